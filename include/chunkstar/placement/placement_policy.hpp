@@ -1,0 +1,54 @@
+/** @file
+ *  @brief The `PlacementPolicy` concept: how many bytes of chunks the compute tier may hold at each
+ *         moment, and on which tier each chunk's optimizer step runs.
+ *
+ *  Models: `static_placement` (static_placement.hpp), `auto_placement` (auto_placement.hpp).
+ */
+#pragma once
+
+#include <chunkstar/runtime/chunk_id.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <string_view>
+
+namespace chunkstar {
+
+/** @brief What the runtime tells a placement policy. Bytes throughout. Chunk payloads with a
+ *  transfer in flight count as resident: they already occupy their destination. */
+struct placement_inputs {
+  std::size_t device_capacity = 0;      ///< the compute tier's budget (chunks + non-model data)
+  std::size_t non_model_now = 0;        ///< non-model bytes live now
+  bool trace_ready = false;             ///< the fields below are from a trace only when true
+  std::size_t non_model_peak_here = 0;  ///< recorded peak during this moment
+  std::size_t non_model_peak_next = 0;  ///< recorded peak during the next moment
+  std::size_t non_model_peak_max = 0;   ///< recorded peak over the iteration
+  std::size_t total_chunk_bytes = 0;    ///< every chunk of every list
+  std::size_t compute_chunk_bytes = 0;  ///< the param and grad lists (what forward/backward touch)
+  std::size_t step_chunk_bytes = 0;     ///< one chunk index across all lists (what one step needs)
+  std::size_t num_chunks = 0;           ///< chunks per list
+};
+
+/** @brief The `PlacementPolicy` concept.
+ *
+ *  Required expressions, for `p` a `const P&`, `in` a `const placement_inputs&`, `c` a `std::size_t`:
+ *  1. `p.chunk_budget(in)` → `std::size_t`: bytes of chunks the compute tier may hold at the
+ *     current moment. The runtime never exceeds `device_capacity - non_model_now` whatever this
+ *     says, and always admits the open scope's working set (or fails with a typed error).
+ *  2. `p.optimizer_tier(in, c)` → `tier`: `tier::device` or `tier::host`, where chunk index `c`'s
+ *     optimizer step runs. Must depend only on `in` and `c` (deterministic).
+ *  3. `p.name()` → convertible to `std::string_view`.
+ */
+template <class P>
+concept PlacementPolicy = requires(const P& p, const placement_inputs& in, std::size_t c) {
+  { p.chunk_budget(in) } -> std::same_as<std::size_t>;
+  { p.optimizer_tier(in, c) } -> std::same_as<tier>;
+  { p.name() } -> std::convertible_to<std::string_view>;
+};
+
+/** @brief `device_capacity - non_model`, saturating at zero. */
+constexpr std::size_t room_after(std::size_t capacity, std::size_t non_model) noexcept {
+  return capacity > non_model ? capacity - non_model : 0;
+}
+
+}  // namespace chunkstar

@@ -1,0 +1,136 @@
+/** @file
+ *  @brief PatrickStar's warm-up tracer, made robust: it records one iteration (moments, chunk use
+ *         order, non-model peak per moment), then serves that trace, detects when an iteration
+ *         leaves it, and re-records instead of trusting a stale trace.
+ */
+#pragma once
+
+#include <chunkstar/tracer/tracer.hpp>
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace chunkstar {
+
+/** @brief Records every iteration; adopts the recording as the trace when there was none or the
+ *  iteration diverged from it. Between adoptions the recorded non-model peaks only grow (a moment
+ *  that used more than recorded raises its peak), so budgets stay safe. */
+class warmup_tracer {
+ public:
+  void begin_iteration() {
+    rec_ = {};
+    moment_ = 0;
+    open_ = false;
+    diverged_ = !has_trace_;
+    ++stats_.iterations;
+  }
+
+  std::size_t open_moment(moment_kind k, std::string_view name) {
+    if (open_) ++moment_;
+    open_ = true;
+    rec_.moments.push_back({k, std::string(name), carry_});
+    if (!diverged_ && (moment_ >= trace_.moments.size() || trace_.moments[moment_].kind != k ||
+                       trace_.moments[moment_].name != name)) {
+      diverged_ = true;
+      ++stats_.divergences;
+    }
+    return moment_;
+  }
+
+  void record_access(chunk_id c) { rec_.accesses.push_back({open_ ? moment_ : 0, c}); }
+
+  void record_non_model(std::size_t bytes) {
+    carry_ = bytes;  // what is live when the next moment opens is part of that moment too
+    if (rec_.moments.empty()) return;
+    auto& peak = rec_.moments.back().non_model_peak;
+    peak = std::max(peak, bytes);
+    if (ready() && bytes > trace_.moments[moment_].non_model_peak) {
+      ++stats_.memory_divergences;
+      trace_.moments[moment_].non_model_peak = bytes;  // budgets from now on include it
+    }
+  }
+
+  void end_iteration() {
+    if (!diverged_ && rec_.moments.size() != trace_.moments.size()) {
+      diverged_ = true;  // fewer moments than the trace: also a divergence
+      ++stats_.divergences;
+    }
+    if (diverged_) adopt();
+    open_ = false;
+  }
+
+  [[nodiscard]] bool ready() const noexcept { return has_trace_ && !diverged_; }
+  [[nodiscard]] std::size_t current_moment() const noexcept { return moment_; }
+  [[nodiscard]] std::size_t num_moments() const noexcept { return ready() ? trace_.moments.size() : 0; }
+
+  [[nodiscard]] std::size_t non_model_peak(std::size_t m) const noexcept {
+    if (!ready()) return 0;
+    return trace_.moments[m % trace_.moments.size()].non_model_peak;
+  }
+
+  [[nodiscard]] std::size_t next_use(chunk_id c, std::size_t m) const noexcept {
+    if (!ready()) return never;
+    const auto it = uses_.find(c);
+    if (it == uses_.end()) return never;
+    const auto& u = it->second;  // sorted moments
+    const auto n = trace_.moments.size();
+    const auto after = std::upper_bound(u.begin(), u.end(), m);
+    return after != u.end() ? *after - m : n - m + u.front();
+  }
+
+  [[nodiscard]] std::span<const trace_access> accesses() const noexcept {
+    return ready() ? std::span<const trace_access>(trace_.accesses) : std::span<const trace_access>();
+  }
+
+  [[nodiscard]] std::size_t first_access_after(std::size_t m) const noexcept {
+    const auto a = accesses();
+    return static_cast<std::size_t>(
+        std::upper_bound(a.begin(), a.end(), m, [](std::size_t v, const trace_access& x) { return v < x.moment; }) -
+        a.begin());
+  }
+
+  [[nodiscard]] tracer_stats stats() const noexcept { return stats_; }
+
+  /** @brief The recorded moments, for reports: kind, scope name and non-model peak. */
+  struct moment_record {
+    moment_kind kind;
+    std::string name;
+    std::size_t non_model_peak = 0;
+  };
+  [[nodiscard]] std::span<const moment_record> moments() const noexcept { return trace_.moments; }
+
+ private:
+  struct recording {
+    std::vector<moment_record> moments;
+    std::vector<trace_access> accesses;
+  };
+
+  void adopt() {
+    trace_ = std::move(rec_);
+    rec_ = {};
+    uses_.clear();
+    for (const auto& a : trace_.accesses) {
+      auto& u = uses_[a.id];
+      if (u.empty() || u.back() != a.moment) u.push_back(a.moment);
+    }
+    has_trace_ = !trace_.moments.empty();
+    diverged_ = false;
+    ++stats_.traces;
+  }
+
+  recording trace_;  // the adopted trace
+  recording rec_;    // the iteration being recorded
+  std::unordered_map<chunk_id, std::vector<std::size_t>> uses_;  // chunk -> moments using it
+  std::size_t moment_ = 0;
+  std::size_t carry_ = 0;
+  bool open_ = false;
+  bool has_trace_ = false;
+  bool diverged_ = true;
+  tracer_stats stats_;
+};
+
+static_assert(Tracer<warmup_tracer>);
+
+}  // namespace chunkstar

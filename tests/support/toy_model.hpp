@@ -1,0 +1,160 @@
+// A small layered model (tanh MLP, MSE loss, scalar Adam) trained through a chunk runtime, so tests
+// can compare runs under different budgets and policies bit for bit.
+#pragma once
+
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace chunkstar::testing {
+
+struct toy_config {
+  int layers = 8;
+  int width = 32;
+  int batch = 8;
+  int steps = 4;
+  std::size_t prefetch = 2;
+  std::uint32_t seed = 7;
+  std::size_t chunk_elems = 2048;
+};
+
+struct toy_result {
+  std::vector<float> params;  // every parameter, concatenated in registration order
+  std::vector<float> losses;
+  runtime_stats stats;
+  std::size_t peak_device = 0;
+  std::size_t capacity = 0;
+};
+
+/** Trains the toy model with the runtime type RT on a simulated device whose capacity is the peak
+ *  activation memory plus `budget_fraction` of the model data. */
+template <class RT, class Placement = typename RT::placement_type>
+toy_result train_toy(const toy_config& cfg, double budget_fraction, Placement placement = {}) {
+  const int L = cfg.layers, D = cfg.width, B = cfg.batch;
+  const std::size_t act_bytes = static_cast<std::size_t>(B * D) * sizeof(float);
+  const std::size_t non_model_peak = static_cast<std::size_t>(L + 3) * act_bytes;
+
+  auto register_all = [&](auto& rt, std::vector<param_id>& w, std::vector<param_id>& b) {
+    std::mt19937 gen(cfg.seed);
+    for (int l = 0; l < L; ++l) {
+      std::normal_distribution<float> dist(0.0f, 1.0f / std::sqrt(static_cast<float>(D)));
+      std::vector<float> init(static_cast<std::size_t>(D * D));
+      for (auto& x : init) x = dist(gen);
+      w.push_back(rt.register_param({"l" + std::to_string(l) + ".w", {D, D}, dtype::f32, tensor_role::weight},
+                                    [init](std::span<float> v) { std::copy(init.begin(), init.end(), v.begin()); }));
+      b.push_back(rt.register_param({"l" + std::to_string(l) + ".b", {D}, dtype::f32, tensor_role::bias}));
+    }
+  };
+  const fixed_chunk_layout layout({.chunk_elems = cfg.chunk_elems, .align_elems = 32});
+
+  // Model bytes, from a runtime that holds everything.
+  std::size_t model_bytes = 0;
+  {
+    simulated_device_space big({.capacity = std::size_t{1} << 30});
+    host_space h;
+    host_copy_engine e;
+    RT probe(big, h, e, {}, layout);
+    std::vector<param_id> w, b;
+    register_all(probe, w, b);
+    probe.finalize();
+    model_bytes = probe.model_bytes();
+  }
+
+  toy_result result;
+  result.capacity = non_model_peak + static_cast<std::size_t>(budget_fraction * static_cast<double>(model_bytes));
+  simulated_device_space dev({.capacity = result.capacity});
+  host_space host;
+  host_copy_engine copier;
+  RT rt(dev, host, copier, {.prefetch_depth = cfg.prefetch}, layout, placement);
+  std::vector<param_id> w, b;
+  register_all(rt, w, b);
+  rt.finalize();
+
+  // Fixed data: inputs x and targets y.
+  std::mt19937 gen(cfg.seed + 1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(B * D)), y(x.size());
+  for (auto& v : x) v = u(gen);
+  for (auto& v : y) v = 0.5f * u(gen);
+
+  for (int step = 1; step <= cfg.steps; ++step) {
+    // Forward: h[l+1] = tanh(W_l h[l] + b_l), activations from the runtime's compute tier.
+    std::vector<float*> h(static_cast<std::size_t>(L + 1));
+    for (auto& p : h) p = static_cast<float*>(rt.allocate_non_model(act_bytes));
+    std::memcpy(h[0], x.data(), act_bytes);
+    for (int l = 0; l < L; ++l) {
+      auto s = rt.forward("layer" + std::to_string(l), {w[static_cast<std::size_t>(l)], b[static_cast<std::size_t>(l)]});
+      const auto W = s.template param<float>(w[static_cast<std::size_t>(l)]);
+      const auto bias = s.template param<float>(b[static_cast<std::size_t>(l)]);
+      for (int n = 0; n < B; ++n)
+        for (int o = 0; o < D; ++o) {
+          float acc = bias[static_cast<std::size_t>(o)];
+          for (int i = 0; i < D; ++i) acc += W[static_cast<std::size_t>(o * D + i)] * h[static_cast<std::size_t>(l)][n * D + i];
+          h[static_cast<std::size_t>(l + 1)][n * D + o] = std::tanh(acc);
+        }
+    }
+    float loss = 0;
+    auto* dh = static_cast<float*>(rt.allocate_non_model(act_bytes));
+    for (int i = 0; i < B * D; ++i) {
+      const float d = h[static_cast<std::size_t>(L)][i] - y[static_cast<std::size_t>(i)];
+      loss += 0.5f * d * d / static_cast<float>(B);
+      dh[i] = d / static_cast<float>(B);
+    }
+    result.losses.push_back(loss);
+    auto* dprev = static_cast<float*>(rt.allocate_non_model(act_bytes));
+    for (int l = L - 1; l >= 0; --l) {
+      auto s = rt.backward("layer" + std::to_string(l), {w[static_cast<std::size_t>(l)], b[static_cast<std::size_t>(l)]});
+      const auto W = s.template param<float>(w[static_cast<std::size_t>(l)]);
+      auto gW = s.template grad<float>(w[static_cast<std::size_t>(l)]);
+      auto gb = s.template grad<float>(b[static_cast<std::size_t>(l)]);
+      const float* out = h[static_cast<std::size_t>(l + 1)];
+      const float* in = h[static_cast<std::size_t>(l)];
+      for (int i = 0; i < B * D; ++i) dh[i] *= 1.0f - out[i] * out[i];  // through tanh
+      for (int n = 0; n < B; ++n)
+        for (int o = 0; o < D; ++o) {
+          gb[static_cast<std::size_t>(o)] += dh[n * D + o];
+          for (int i = 0; i < D; ++i) gW[static_cast<std::size_t>(o * D + i)] += dh[n * D + o] * in[n * D + i];
+        }
+      for (int n = 0; n < B; ++n)
+        for (int i = 0; i < D; ++i) {
+          float acc = 0;
+          for (int o = 0; o < D; ++o) acc += W[static_cast<std::size_t>(o * D + i)] * dh[n * D + o];
+          dprev[n * D + i] = acc;
+        }
+      std::swap(dh, dprev);
+    }
+    rt.deallocate_non_model(dprev, act_bytes);
+    rt.deallocate_non_model(dh, act_bytes);
+    for (auto* p : h) rt.deallocate_non_model(p, act_bytes);
+
+    // Scalar Adam over each chunk, wherever the placement put it.
+    rt.step([&](const step_chunk& c) {
+      const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+      const float bc1 = 1.0f - std::pow(b1, static_cast<float>(step)), bc2 = 1.0f - std::pow(b2, static_cast<float>(step));
+      auto* p = static_cast<float*>(c.param);
+      const auto* g = static_cast<const float*>(c.grad);
+      for (auto t : c.tensors) {
+        const auto& sl = c.slots[t];
+        for (std::size_t i = sl.offset; i < sl.offset + sl.numel; ++i) {
+          c.momentum[i] = b1 * c.momentum[i] + (1 - b1) * g[i];
+          c.variance[i] = b2 * c.variance[i] + (1 - b2) * g[i] * g[i];
+          p[i] -= lr * (c.momentum[i] / bc1) / (std::sqrt(c.variance[i] / bc2) + eps);
+        }
+      }
+    });
+  }
+  for (std::size_t t = 0; t < rt.params().size(); ++t) {
+    std::vector<float> v(rt.params()[t].numel());
+    rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
+    result.params.insert(result.params.end(), v.begin(), v.end());
+  }
+  result.stats = rt.stats();
+  result.peak_device = dev.usage().peak;
+  return result;
+}
+
+}  // namespace chunkstar::testing

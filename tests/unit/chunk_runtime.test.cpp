@@ -1,0 +1,195 @@
+// The chunk runtime: state machine, budgets, divergence, errors, and the same-bits invariant.
+#include <chunkstar/eviction/lru.hpp>
+#include <chunkstar/layout/fixed_chunk_layout.hpp>
+#include <chunkstar/placement/static_placement.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+#include <chunkstar/tracer/null_tracer.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "support/toy_model.hpp"
+
+using namespace chunkstar;
+using chunkstar::testing::toy_config;
+using chunkstar::testing::toy_result;
+
+TEST_CASE("tensor state machine: legal and illegal transitions") {
+  using S = tensor_state;
+  using E = tensor_event;
+  CHECK(transition(S::hold, E::open_scope) == S::compute);
+  CHECK(transition(S::free, E::open_scope) == S::compute);
+  CHECK(transition(S::hold_after_fwd, E::open_scope) == S::compute);
+  CHECK(transition(S::hold_after_bwd, E::open_scope) == S::compute);
+  CHECK(transition(S::compute, E::close_forward) == S::hold_after_fwd);
+  CHECK(transition(S::compute, E::close_backward) == S::hold_after_bwd);
+  CHECK(transition(S::hold_after_fwd, E::end_iteration) == S::hold);
+  CHECK(transition(S::hold_after_bwd, E::end_iteration) == S::hold);
+  CHECK(transition(S::free, E::end_iteration) == S::free);
+  CHECK(transition(S::hold, E::release) == S::free);
+  CHECK_THROWS_AS(transition(S::compute, E::open_scope, "w"), state_error);
+  CHECK_THROWS_AS(transition(S::hold, E::close_forward, "w"), state_error);
+  CHECK_THROWS_AS(transition(S::hold_after_fwd, E::close_backward, "w"), state_error);
+  CHECK_THROWS_AS(transition(S::compute, E::end_iteration, "w"), state_error);
+  CHECK_THROWS_AS(transition(S::compute, E::release, "w"), state_error);
+  try {
+    (void)transition(S::compute, E::release, "blocks.3.weight");
+  } catch (const state_error& e) {
+    CHECK(std::string(e.what()).find("blocks.3.weight") != std::string::npos);
+    CHECK(std::string(e.what()).find("COMPUTE") != std::string::npos);
+  }
+}
+
+namespace {
+
+using lru_rt = chunk_runtime<fixed_chunk_layout, auto_placement, lru_eviction>;
+
+fixed_chunk_layout small_layout() { return fixed_chunk_layout({.chunk_elems = 2048, .align_elems = 32}); }
+
+}  // namespace
+
+TEST_CASE("scopes drive tensor states; moving a chunk in COMPUTE is a typed error") {
+  simulated_device_space dev({.capacity = 1 << 20});
+  host_space host;
+  host_copy_engine copier;
+  lru_rt rt(dev, host, copier, {}, small_layout());
+  const auto a = rt.register_param({"a", {32, 32}, dtype::f32, tensor_role::weight}, [](std::span<float> v) {
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  });
+  const auto b = rt.register_param({"b", {32}, dtype::f32, tensor_role::bias});
+  CHECK_THROWS_AS(rt.register_param({"a", {1}, dtype::f32, tensor_role::bias}), config_error);
+  CHECK_THROWS_AS(rt.register_param({"c", {1}, dtype::bf16, tensor_role::bias}), config_error);
+  rt.finalize();
+  CHECK_THROWS_AS(rt.register_param({"late", {1}, dtype::f32, tensor_role::bias}), state_error);
+  CHECK(rt.state(a) == tensor_state::hold);
+  {
+    auto s = rt.forward("layer0", {a, b});
+    CHECK(rt.state(a) == tensor_state::compute);
+    CHECK(rt.chunk_state({chunk_kind::param, 0}) == tensor_state::compute);
+    CHECK(rt.where({chunk_kind::param, 0}) == tier::device);
+    CHECK(s.param<float>(a)[5] == 5.0f);
+    CHECK_THROWS_AS((void)s.param<bfloat16>(a), config_error);
+    CHECK_THROWS_AS((void)s.grad<float>(a), state_error);
+    CHECK_THROWS_AS(rt.offload({chunk_kind::param, 0}), state_error);
+    CHECK_THROWS_AS(rt.end_iteration(), state_error);
+  }
+  CHECK(rt.state(a) == tensor_state::hold_after_fwd);
+  {
+    auto s = rt.backward("layer0", {a, b});
+    auto g = s.grad<float>(a);
+    CHECK(g[0] == 0.0f);  // FREE gradients come back zeroed
+    g[0] = 2.0f;
+  }
+  CHECK(rt.state(b) == tensor_state::hold_after_bwd);
+  rt.offload({chunk_kind::param, 0});
+  CHECK(rt.where({chunk_kind::param, 0}) == tier::host);
+  std::vector<float> out(32 * 32);
+  rt.read_tensor(a, chunk_kind::grad, out);
+  CHECK(out[0] == 2.0f);
+  rt.end_iteration();
+  CHECK(rt.state(a) == tensor_state::hold);
+}
+
+TEST_CASE("a budget too small for one scope's working set names the scope and the bytes") {
+  // 2048 f32 elements = 8 KiB per chunk; a backward scope needs param + grad = 16 KiB.
+  simulated_device_space dev({.capacity = 12 * 1024});
+  host_space host;
+  host_copy_engine copier;
+  lru_rt rt(dev, host, copier, {}, small_layout());
+  const auto w = rt.register_param({"blocks.0.weight", {2000}, dtype::f32, tensor_role::weight});
+  rt.finalize();
+  { auto s = rt.forward("blocks.0", {w}); }
+  try {
+    auto s = rt.backward("blocks.0", {w});
+    FAIL("expected out_of_memory_error");
+  } catch (const out_of_memory_error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("blocks.0") != std::string::npos);
+    CHECK(what.find("16.0 KiB") != std::string::npos);
+    CHECK(e.requested_bytes() == 16 * 1024);
+    CHECK(e.report().spaces.size() >= 2);
+  }
+}
+
+TEST_CASE("same bits whatever the budget, eviction policy and prefetch") {
+  toy_config base;
+  base.steps = 4;
+  // Reference: everything resident on the compute tier, nothing ever moves down.
+  const toy_result reference = chunkstar::testing::train_toy<chunk_runtime<fixed_chunk_layout, static_placement>>(
+      base, 1.0, static_placement::all_device());
+  REQUIRE(reference.losses.size() == 4);
+  CHECK(reference.losses.back() < reference.losses.front());  // it learns
+  CHECK(reference.stats.bytes_to_host == 0);
+  CHECK(reference.stats.device_steps == reference.stats.steps * 8);
+
+  for (double budget : {0.5, 0.2}) {
+    for (std::size_t prefetch : {std::size_t{0}, std::size_t{2}}) {
+      toy_config c = base;
+      c.prefetch = prefetch;
+      CAPTURE(budget);
+      CAPTURE(prefetch);
+      const auto lru = chunkstar::testing::train_toy<lru_rt>(c, budget);
+      const auto bel = chunkstar::testing::train_toy<chunk_runtime<fixed_chunk_layout>>(c, budget);
+      CHECK(lru.stats.bytes_to_host > 0);  // model data really left the compute tier
+      CHECK(bel.stats.bytes_to_host > 0);
+      if (budget < 0.5) CHECK(bel.stats.evictions > 0);
+      CHECK(lru.params == reference.params);  // bitwise (float ==, no NaNs here)
+      CHECK(bel.params == reference.params);
+      CHECK(lru.losses == reference.losses);
+      CHECK(bel.losses == reference.losses);
+      CHECK(bel.stats.bytes_moved() <= lru.stats.bytes_moved());
+      CHECK(bel.peak_device <= bel.capacity);
+      CHECK(lru.peak_device <= lru.capacity);
+      if (prefetch) CHECK(bel.stats.prefetch_hits > 0);
+    }
+  }
+  // Static placements give the same bits too.
+  const auto all_host = chunkstar::testing::train_toy<chunk_runtime<fixed_chunk_layout, static_placement>>(
+      base, 1.0, static_placement::all_host());
+  CHECK(all_host.params == reference.params);
+  CHECK(all_host.stats.host_steps > 0);
+  const auto half = chunkstar::testing::train_toy<chunk_runtime<fixed_chunk_layout, static_placement>>(
+      base, 1.0, static_placement::fraction(0.5));
+  CHECK(half.params == reference.params);
+}
+
+TEST_CASE("divergence from the trace is detected, counted, survived and re-traced") {
+  simulated_device_space dev({.capacity = 64 * 1024});
+  host_space host;
+  host_copy_engine copier;
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {}, small_layout());
+  std::vector<param_id> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(rt.register_param({"w" + std::to_string(i), {2000}, dtype::f32, tensor_role::weight}));
+  rt.finalize();
+  auto iteration = [&](std::vector<int> order) {
+    for (int i : order) {
+      auto s = rt.forward("layer" + std::to_string(i), {ids[static_cast<std::size_t>(i)]});
+      auto* act = rt.allocate_non_model(4096);
+      rt.deallocate_non_model(act, 4096);
+    }
+    rt.end_iteration();
+  };
+  iteration({0, 1, 2, 3, 4, 5});
+  CHECK(rt.tracer().ready());
+  iteration({0, 1, 2, 3, 4, 5});
+  CHECK(rt.tracer().stats().divergences == 0);
+  iteration({0, 1, 3, 2, 4, 5});  // a different order: diverges at the third scope
+  CHECK(rt.tracer().stats().divergences == 1);
+  CHECK(rt.tracer().stats().traces == 2);  // re-traced at the end of that iteration
+  iteration({0, 1, 3, 2, 4, 5});
+  CHECK(rt.tracer().stats().divergences == 1);
+  iteration({0, 1, 3});  // fewer moments
+  CHECK(rt.tracer().stats().divergences == 2);
+  // More non-model memory than recorded: counted, and budgets follow.
+  iteration({0, 1, 3});
+  {
+    auto s = rt.forward("layer0", {ids[0]});
+    auto* big = rt.allocate_non_model(16384);
+    CHECK(rt.tracer().stats().memory_divergences == 1);
+    rt.deallocate_non_model(big, 16384);
+  }
+  rt.end_iteration();
+}
