@@ -193,3 +193,66 @@ TEST_CASE("divergence from the trace is detected, counted, survived and re-trace
   }
   rt.end_iteration();
 }
+
+TEST_CASE("tied parameters: used in several scopes, nested or not, gradients accumulate") {
+  simulated_device_space dev({.capacity = 1 << 20});
+  host_space host;
+  host_copy_engine copier;
+  lru_rt rt(dev, host, copier, {}, small_layout());
+  const auto emb = rt.register_param({"wte", {64}, dtype::f32, tensor_role::embedding});
+  const auto other = rt.register_param({"w", {64}, dtype::f32, tensor_role::weight});
+  rt.finalize();
+  {
+    auto embed = rt.forward("embed", {emb});
+    {
+      auto head = rt.forward("head", {emb, other});  // nested use of the tied weight
+      CHECK(rt.state(emb) == tensor_state::compute);
+    }
+    CHECK(rt.state(emb) == tensor_state::compute);  // still used by the outer scope
+    CHECK(rt.state(other) == tensor_state::hold_after_fwd);
+  }
+  CHECK(rt.state(emb) == tensor_state::hold_after_fwd);
+  {
+    auto head = rt.backward("head", {emb, other});
+    head.grad<float>(emb)[3] += 1.5f;
+  }
+  rt.offload({chunk_kind::grad, 0});  // moving between uses keeps the partial sum
+  {
+    auto embed = rt.backward("embed", {emb});
+    embed.grad<float>(emb)[3] += 2.0f;
+  }
+  std::vector<float> g(64);
+  rt.read_tensor(emb, chunk_kind::grad, g);
+  CHECK(g[3] == 3.5f);
+  rt.end_iteration();
+}
+
+TEST_CASE("timeline: a Chrome trace with scopes, transfers and counters") {
+  simulated_device_space dev({.capacity = 24 * 1024});
+  host_space host;
+  host_copy_engine copier;
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.timeline = true}, small_layout());
+  std::vector<param_id> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(rt.register_param({"w" + std::to_string(i), {2000}, dtype::f32, tensor_role::weight}));
+  rt.finalize();
+  for (int it = 0; it < 2; ++it) {
+    for (auto id : ids) auto s = rt.forward("f", {id});
+    rt.end_iteration();
+  }
+  const std::string json = rt.timeline_recorder().to_chrome_trace();
+  CHECK(json.find("\"traceEvents\"") != std::string::npos);
+  CHECK(json.find("\"ph\":\"X\",\"name\":\"forward\"") != std::string::npos);
+  CHECK(json.find("\"ph\":\"X\",\"name\":\"chunk\"") != std::string::npos);  // a transfer span
+  CHECK(json.find("\"ph\":\"C\",\"name\":\"device\"") != std::string::npos);
+  // Balanced braces and brackets: the document is well formed.
+  int depth = 0;
+  for (char c : json) {
+    depth += (c == '{' || c == '[') - (c == '}' || c == ']');
+    CHECK(depth >= 0);
+  }
+  CHECK(depth == 0);
+  const std::string path = "chunkstar_timeline_test.json";
+  rt.timeline_recorder().write_chrome_trace(path);
+  CHECK_THROWS_AS(rt.timeline_recorder().write_chrome_trace("/nonexistent-dir/x.json"), config_error);
+  std::remove(path.c_str());
+}

@@ -401,6 +401,9 @@ class chunk_runtime {
   [[nodiscard]] device_space_type& device_space() noexcept { return device_; }
   [[nodiscard]] host_space_type& host_space() noexcept { return host_; }
   [[nodiscard]] copy_engine_type& copy_engine() noexcept { return copier_; }
+  /** @brief Chunk bytes the compute tier may hold at the current moment (placement budget, capped
+   *  by what non-model data leaves). A scope's working set is admitted even above it. */
+  [[nodiscard]] std::size_t chunk_budget() const { return budget_now(); }
   /** @brief Bytes of chunk payloads on the compute tier now (including loads in flight). */
   [[nodiscard]] std::size_t device_chunk_bytes() const noexcept { return resident_[0]; }
   [[nodiscard]] std::size_t host_chunk_bytes() const noexcept { return resident_[1]; }
@@ -656,7 +659,7 @@ class chunk_runtime {
   /** Evicts one chunk from the compute tier (not pinned, not in @p keep, not prefetched-unused).
    *  @p reference_moment: next uses are measured from it. Returns false when nothing can go. */
   bool evict_one(const std::unordered_set<chunk_id>& keep, std::size_t reference_moment,
-                 std::size_t only_if_next_use_after = 0) {
+                 std::size_t only_if_next_use_after = 0, bool include_prefetched = false) {
     candidates_.clear();
     for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
       const auto& l = lists_[k];
@@ -664,7 +667,7 @@ class chunk_runtime {
       for (std::uint32_t c = 0; c < l.chunks.size(); ++c) {
         const auto& s = l.chunks[c];
         const chunk_id id{static_cast<chunk_kind>(k), c};
-        if (s.where != tier::device || s.pinned || s.prefetched || keep.contains(id)) continue;
+        if (s.where != tier::device || s.pinned || (s.prefetched && !include_prefetched) || keep.contains(id)) continue;
         std::size_t next = never;
         if constexpr (Eviction::uses_trace) {
           if (reference_moment != never) next = tracer_.next_use(id, reference_moment);
@@ -675,6 +678,7 @@ class chunk_runtime {
     }
     if (candidates_.empty()) return false;
     const auto victim = candidates_[eviction_.pick(candidates_)].id;
+    slot(victim).prefetched = false;
     start_move(victim, tier::host, move_reason::evict);
     return true;
   }
@@ -695,11 +699,14 @@ class chunk_runtime {
     for (auto id : ids) {
       auto& s = slot(id);
       if (s.where == tier::device) continue;
+      // Within the budget if possible; a speculative prefetch gives way before a demand fails; the
+      // budget is soft (it anticipates later activations), only the device's room is hard.
       while (resident_[0] + bytes_of(id.kind) > budget) {
-        if (!evict_one(keep, m))
-          throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(working) +
-                                        " of chunks on the compute tier but nothing more can be evicted",
-                                    working, memory_report_now());
+        if (evict_one(keep, m) || evict_one(keep, m, 0, /*include_prefetched=*/true)) continue;
+        if (resident_[0] + bytes_of(id.kind) <= hard) break;
+        throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(working) +
+                                      " of chunks on the compute tier but nothing more can be evicted",
+                                  working, memory_report_now());
       }
       if (s.where == tier::none) {
         materialise(id, tier::device);
@@ -710,7 +717,7 @@ class chunk_runtime {
     }
     // The budget may have shrunk since the last moment (the tide): give back the surplus now, before
     // this moment's activations need it.
-    while (resident_[0] > budget && evict_one(keep, m)) {
+    while (resident_[0] > budget && (evict_one(keep, m) || evict_one(keep, m, 0, /*include_prefetched=*/true))) {
     }
     for (auto id : ids) {
       auto& s = slot(id);
