@@ -256,3 +256,41 @@ TEST_CASE("timeline: a Chrome trace with scopes, transfers and counters") {
   CHECK_THROWS_AS(rt.timeline_recorder().write_chrome_trace("/nonexistent-dir/x.json"), config_error);
   std::remove(path.c_str());
 }
+
+TEST_CASE("worked example of docs/design.md: budgets from the trace, Belady's victim") {
+  constexpr std::size_t KiB = 1024;
+  simulated_device_space dev({.capacity = 48 * KiB});
+  host_space host;
+  host_copy_engine copier;
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.prefetch_depth = 0}, small_layout());
+  std::vector<param_id> w;
+  for (int l = 0; l < 4; ++l) w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight}));
+  rt.finalize();
+  CHECK(rt.model_bytes() == 128 * KiB);
+  auto iteration = [&](auto&& at_bwd_l3) {
+    std::vector<void*> acts;
+    for (int l = 0; l < 4; ++l) {
+      auto s = rt.forward("l" + std::to_string(l), {w[static_cast<std::size_t>(l)]});
+      acts.push_back(rt.allocate_non_model(4 * KiB));
+    }
+    for (int l = 3; l >= 0; --l) {
+      auto s = rt.backward("l" + std::to_string(l), {w[static_cast<std::size_t>(l)]});
+      if (l == 3) at_bwd_l3();
+      rt.deallocate_non_model(acts.back(), 4 * KiB);
+      acts.pop_back();
+    }
+    rt.step([](const step_chunk&) {});
+  };
+  iteration([] {});
+  REQUIRE(rt.tracer().ready());
+  CHECK(rt.tracer().num_moments() == 9);
+  const std::size_t expected_peaks[] = {4, 8, 12, 16, 16, 12, 8, 4, 0};
+  for (std::size_t m = 0; m < 9; ++m) CHECK(rt.tracer().non_model_peak(m) == expected_peaks[m] * KiB);
+  iteration([&] {
+    CHECK(rt.chunk_budget() == 32 * KiB);
+    CHECK(rt.where({chunk_kind::param, 0}) == tier::host);  // Belady's victim: next used furthest ahead
+    CHECK(rt.where({chunk_kind::param, 1}) == tier::device);
+    CHECK(rt.where({chunk_kind::param, 2}) == tier::device);
+  });
+  CHECK(rt.stats().host_steps == 8);  // margin < 0: every chunk steps on the host
+}

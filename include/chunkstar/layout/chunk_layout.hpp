@@ -47,7 +47,7 @@ struct chunk_plan {
   [[nodiscard]] std::size_t total_elems() const noexcept { return chunk_elems * num_chunks; }
   /** @brief Elements allocated but holding no tensor (alignment gaps and chunk tails). */
   [[nodiscard]] std::size_t waste_elems() const noexcept { return total_elems() - used_elems(); }
-  /** @brief waste / total, in [0, 1). */
+  /** @brief waste / total, in [0, 1]; 1 only when every tensor is empty. */
   [[nodiscard]] double waste_fraction() const noexcept {
     return total_elems() == 0 ? 0.0 : static_cast<double>(waste_elems()) / static_cast<double>(total_elems());
   }
