@@ -294,3 +294,46 @@ TEST_CASE("worked example of docs/design.md: budgets from the trace, Belady's vi
   });
   CHECK(rt.stats().host_steps == 8);  // margin < 0: every chunk steps on the host
 }
+
+TEST_CASE("untraced sections (evaluation) keep the training trace and the results") {
+  simulated_device_space dev({.capacity = 40 * 1024});
+  host_space host;
+  host_copy_engine copier;
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {}, small_layout());
+  std::vector<param_id> ids;
+  for (int i = 0; i < 6; ++i)
+    ids.push_back(rt.register_param({"w" + std::to_string(i), {2000}, dtype::f32, tensor_role::weight},
+                                    [i](std::span<float> v) { std::fill(v.begin(), v.end(), static_cast<float>(i)); }));
+  rt.finalize();
+  auto train_iteration = [&] {
+    for (auto id : ids) auto s = rt.forward("f", {id});
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+      auto s = rt.backward("b", {*it});
+      s.grad<float>(*it)[0] += 1.0f;
+    }
+    rt.step([](const step_chunk& c) {
+      auto* p = static_cast<float*>(c.param);
+      const auto* g = static_cast<const float*>(c.grad);
+      for (std::size_t i = 0; i < 2048; ++i) p[i] -= 0.5f * g[i];
+    });
+  };
+  train_iteration();
+  train_iteration();
+  const auto divergences = rt.tracer().stats().divergences;
+  {
+    auto eval = rt.untraced();
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {  // a different order than training
+      auto s = rt.forward("eval", {*it});
+      CHECK(s.param<float>(*it)[1] == static_cast<float>(it - ids.rbegin() == 0 ? 5 : 5 - (it - ids.rbegin())));
+    }
+    CHECK_THROWS_AS(rt.step([](const step_chunk&) {}), state_error);
+    CHECK_THROWS_AS((void)rt.untraced(), state_error);
+  }
+  CHECK(rt.state(ids[0]) == tensor_state::hold);
+  train_iteration();
+  CHECK(rt.tracer().stats().divergences == divergences);  // the eval pass did not disturb the trace
+  CHECK(rt.tracer().ready());
+  std::vector<float> v(2000);
+  rt.read_tensor(ids[2], chunk_kind::param, v);
+  CHECK(v[0] == 2.0f - 1.5f);  // three steps of -0.5 * 1
+}

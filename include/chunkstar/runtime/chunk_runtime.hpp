@@ -261,7 +261,7 @@ class chunk_runtime {
     }
     non_model_ += bytes;
     stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, non_model_);
-    tracer_.record_non_model(non_model_);
+    if (!untraced_) tracer_.record_non_model(non_model_);
     sample_counters();
     return p;
   }
@@ -269,7 +269,7 @@ class chunk_runtime {
   void deallocate_non_model(void* p, std::size_t bytes, std::size_t alignment = 64) noexcept {
     device_.deallocate(p, bytes, alignment);
     non_model_ -= bytes;
-    tracer_.record_non_model(non_model_);
+    if (!untraced_) tracer_.record_non_model(non_model_);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -282,6 +282,7 @@ class chunk_runtime {
   void step(F&& f) {
     require_finalized("step");
     require_no_compute("step");
+    if (untraced_) throw state_error("step() inside an untraced section: close the section first");
     const std::size_t m = tracer_.open_moment(moment_kind::optimizer, "optimizer");
     const auto t0 = timeline_.now_us();
     retire_completed();
@@ -349,9 +350,40 @@ class chunk_runtime {
    *  HOLD_AFTER_* tensors return to HOLD and the tracer closes the iteration. */
   void end_iteration() {
     require_no_compute("end_iteration");
+    if (untraced_) throw state_error("end_iteration() inside an untraced section: close the section first");
     for (std::size_t t = 0; t < states_.size(); ++t) states_[t] = transition(states_[t], tensor_event::end_iteration, specs_[t].name);
-    tracer_.end_iteration();
+    if (iteration_open_) tracer_.end_iteration();
     iteration_open_ = false;
+  }
+
+  /** @brief While alive, scopes are not traced: evaluation passes, sampling and other work that
+   *  is not part of the training iteration. Decisions fall back to trace-free behaviour (current-use
+   *  budgets, LRU order, no prefetch), so the training trace stays valid and is not re-recorded.
+   *  On destruction the parameters used return to HOLD. Not nestable; no scope may outlive it. */
+  class untraced_section {
+   public:
+    untraced_section(untraced_section&& o) noexcept : rt_(std::exchange(o.rt_, nullptr)) {}
+    untraced_section& operator=(untraced_section&&) = delete;
+    ~untraced_section() {
+      if (!rt_) return;
+      rt_->untraced_ = false;
+      for (std::size_t t = 0; t < rt_->states_.size(); ++t)
+        if (rt_->states_[t] == tensor_state::hold_after_fwd || rt_->states_[t] == tensor_state::hold_after_bwd)
+          rt_->states_[t] = tensor_state::hold;
+    }
+
+   private:
+    friend class chunk_runtime;
+    explicit untraced_section(chunk_runtime* rt) : rt_(rt) { rt_->untraced_ = true; }
+    chunk_runtime* rt_;
+  };
+
+  /** @brief Starts an untraced section (see untraced_section). */
+  [[nodiscard]] untraced_section untraced() {
+    require_finalized("untraced");
+    require_no_compute("untraced");
+    if (untraced_) throw state_error("untraced() while an untraced section is already open: close it first");
+    return untraced_section(this);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -514,7 +546,7 @@ class chunk_runtime {
     placement_inputs in;
     in.device_capacity = device_.capacity();
     in.non_model_now = non_model_;
-    in.trace_ready = tracer_.ready();
+    in.trace_ready = tracer_.ready() && !untraced_;
     if (in.trace_ready) {
       const auto m = tracer_.current_moment();
       in.non_model_peak_here = tracer_.non_model_peak(m);
@@ -764,7 +796,7 @@ class chunk_runtime {
    *  that live on the host, within the budget; with a trace-aware strategy, evict a chunk only if it
    *  is used later than the one being fetched (never trade a sooner use for a later one). */
   void prefetch(std::size_t m) {
-    if (options_.prefetch_depth == 0 || !tracer_.ready()) return;
+    if (options_.prefetch_depth == 0 || !tracer_.ready() || untraced_ || m == never) return;
     const auto acc = tracer_.accesses();
     if (acc.empty()) return;
     const std::size_t budget = budget_now();
@@ -792,17 +824,17 @@ class chunk_runtime {
   // --- scopes --------------------------------------------------------------------------------------
   void touch(chunk_id id) {
     slot(id).last_use = ++tick_;
-    tracer_.record_access(id);
+    if (!untraced_) tracer_.record_access(id);
   }
 
   void open_scope(moment_kind kind, std::string_view name, const std::vector<param_id>& params) {
     require_finalized(kind == moment_kind::forward ? "forward" : "backward");
-    if (!iteration_open_) {
+    if (!iteration_open_ && !untraced_) {
       tracer_.begin_iteration();
       iteration_open_ = true;
     }
     const auto t0 = timeline_.now_us();
-    const std::size_t m = tracer_.open_moment(kind, name);
+    const std::size_t m = untraced_ ? never : tracer_.open_moment(kind, name);
     retire_completed();
     std::vector<chunk_id> ids;
     for (auto p : params) {
@@ -912,6 +944,7 @@ class chunk_runtime {
   double scope_begin_us_ = 0;
   bool finalized_ = false;
   bool iteration_open_ = false;
+  bool untraced_ = false;
   runtime_stats stats_;
   timeline timeline_;
 };
