@@ -80,6 +80,7 @@ struct step_chunk {
   std::size_t index = 0;
   tier where = tier::host;
   dtype param_type = dtype::f32;
+  std::size_t elems = 0;  ///< capacity of the chunk in elements (the same in every list)
   void* param = nullptr;
   void* grad = nullptr;
   float* master = nullptr;
@@ -298,7 +299,7 @@ class chunk_runtime {
         for (auto id : ids) make_resident_on_host(id);
       }
       for (auto id : ids) ++slot(id).pinned;
-      step_chunk view{.index = c, .where = where, .param_type = options_.param_type,
+      step_chunk view{.index = c, .where = where, .param_type = options_.param_type, .elems = plan_.chunk_elems,
                       .param = slot({chunk_kind::param, c}).data, .grad = slot({chunk_kind::grad, c}).data,
                       .master = has(chunk_kind::master) ? static_cast<float*>(slot({chunk_kind::master, c}).data) : nullptr,
                       .momentum = has(chunk_kind::momentum) ? static_cast<float*>(slot({chunk_kind::momentum, c}).data) : nullptr,
@@ -328,7 +329,7 @@ class chunk_runtime {
       const auto& s = slot({chunk_kind::grad, c});
       if (s.where == tier::none) continue;
       wait_pending(const_cast<chunk_slot&>(s));
-      step_chunk view{.index = c, .where = s.where, .param_type = options_.param_type, .grad = s.data,
+      step_chunk view{.index = c, .where = s.where, .param_type = options_.param_type, .elems = plan_.chunk_elems, .grad = s.data,
                       .tensors = plan_.chunk_tensors[c], .slots = plan_.slots, .specs = specs_};
       f(view);
     }

@@ -1,0 +1,154 @@
+/** @file
+ *  @brief `chunk_adam`: mixed-precision Adam/AdamW over a chunk runtime — one fused scan of the
+ *         gradients (overflow flag and norm), global-norm clipping across ranks, loss scaling, then
+ *         each chunk's step on the tier the placement chose, with per-role parameter groups.
+ */
+#pragma once
+
+#include <chunkstar/optim/adam.hpp>
+#include <chunkstar/optim/clip.hpp>
+#include <chunkstar/optim/grad_check.hpp>
+#include <chunkstar/optim/loss_scaler.hpp>
+#include <chunkstar/optim/param_groups.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+
+namespace chunkstar {
+
+/** @brief The kernels a chunk_adam runs on chunks that live on the host or on a host-accessible
+ *  device (the simulated device). A CUDA platform supplies its own with the same two members. */
+struct host_adam_kernels {
+  /** @brief Overflow flag and sum of (g * scale)^2 over @p count gradients of type @p t at @p grad. */
+  static grad_stats scan(const void* grad, dtype t, std::size_t count, float scale, int threads) {
+    return optim_detail::with_element_type(t, [&](auto g) {
+      using G = decltype(g);
+      return scan_gradients<G>({static_cast<const G*>(grad), count}, scale, threads);
+    });
+  }
+  /** @brief One tensor's Adam(W) step. */
+  static void adam(const adam_chunk& c, const adam_hyper& h, const adam_step_args& a) { adam_step_host(c, h, a); }
+};
+
+/** @brief Numeric knobs of chunk_adam. */
+struct chunk_adam_options {
+  adam_hyper hyper{};          ///< base hyper-parameters; `lr` is replaced by each step's value
+  float max_grad_norm = 0.0f;  ///< global-norm clipping threshold; 0 turns clipping off
+  int threads = 0;             ///< host threads per kernel call (0: OpenMP's default)
+};
+
+/** @brief What one call to chunk_adam::step did. */
+struct optimizer_step_result {
+  bool stepped = false;        ///< false: skipped (overflow), gradients dropped
+  double grad_norm = 0.0;      ///< global norm of the unscaled, averaged gradients (inf on overflow)
+  float clip_coefficient = 1;  ///< factor the gradients were multiplied by
+  float loss_scale = 1;        ///< scale the gradients carried
+};
+
+/** @brief Adam/AdamW with loss scaling, clipping and parameter groups, over any chunk_runtime.
+ *  @tparam Scaler   LossScaler: `dynamic_loss_scaler` for fp16, `static_loss_scaler` otherwise.
+ *  @tparam Kernels  where chunks on the compute tier are stepped (host_adam_kernels on CPU platforms). */
+template <LossScaler Scaler = static_loss_scaler, class Kernels = host_adam_kernels>
+class chunk_adam {
+ public:
+  explicit chunk_adam(chunk_adam_options options = {}, param_groups groups = param_groups::with_default_decay(0.0f),
+                      Scaler scaler = Scaler{})
+      : options_(options), groups_(std::move(groups)), scaler_(std::move(scaler)) {
+    if (options_.max_grad_norm < 0 || !std::isfinite(options_.max_grad_norm))
+      throw config_error("chunk_adam: max_grad_norm must be >= 0 and finite (0 disables clipping), got " +
+                         std::to_string(options_.max_grad_norm));
+  }
+
+  /** @brief The factor to multiply the loss by before backward. */
+  [[nodiscard]] float loss_scale() const { return scaler_.scale(); }
+  /** @brief Steps applied so far (the bias-correction count; skipped steps do not count). */
+  [[nodiscard]] std::int64_t step_count() const noexcept { return steps_; }
+  /** @brief Restores the step count from a checkpoint. */
+  void restore_step_count(std::int64_t steps) {
+    if (steps < 0) throw checkpoint_error("chunk_adam: negative step count " + std::to_string(steps) + " in checkpoint");
+    steps_ = steps;
+  }
+  [[nodiscard]] Scaler& scaler() noexcept { return scaler_; }
+  [[nodiscard]] const param_groups& groups() const noexcept { return groups_; }
+  [[nodiscard]] const chunk_adam_options& options() const noexcept { return options_; }
+
+  /** @brief One optimizer step at learning rate @p lr. Gradients were accumulated over
+   *  @p micro_batches backward passes of a loss multiplied by loss_scale(); they are averaged,
+   *  unscaled and clipped inside the fused update. On overflow the step is skipped, the gradients
+   *  dropped and the iteration ended. A collective when the runtime has several ranks. */
+  template <class Runtime>
+  optimizer_step_result step(Runtime& rt, float lr, int micro_batches = 1) {
+    if (micro_batches < 1) throw config_error("chunk_adam::step: micro_batches must be >= 1, got " + std::to_string(micro_batches));
+    optimizer_step_result r;
+    r.loss_scale = scaler_.scale();
+    const float unscale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches));
+
+    grad_stats local;
+    rt.for_each_grad_chunk([&](const step_chunk& c) {
+      local += scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where);
+    });
+    // One collective gives both answers: a rank with inf/NaN makes the global sum non-finite.
+    double sum_sq = local.sum_sq;
+    rt.communicator().allreduce(std::span<double>(&sum_sq, 1), reduce_op::sum);
+    r.grad_norm = std::sqrt(sum_sq);
+    const bool overflow = !std::isfinite(sum_sq);
+    if (!scaler_.update(overflow)) {
+      rt.zero_grad();
+      rt.end_iteration();
+      return r;
+    }
+    if (options_.max_grad_norm > 0) r.clip_coefficient = clip_coefficient(sum_sq, options_.max_grad_norm).coefficient;
+
+    adam_hyper base = options_.hyper;
+    base.lr = lr;
+    const adam_step_args args{.step = steps_ + 1, .grad_scale = unscale * r.clip_coefficient, .threads = options_.threads};
+    rt.step([&](const step_chunk& c) {
+      const std::size_t ps = dtype_size(c.param_type);
+      for (auto t : c.tensors) {
+        const tensor_slot& sl = c.slots[t];
+        if (sl.numel == 0) continue;
+        adam_chunk a;
+        a.count = sl.numel;
+        a.m = c.momentum + sl.offset;
+        a.v = c.variance + sl.offset;
+        a.grad = static_cast<const std::byte*>(c.grad) + sl.offset * ps;
+        a.grad_type = c.param_type;
+        a.param_type = c.param_type;
+        if (c.master) {  // 16-bit params: fp32 master updated, param rewritten from it
+          a.master = c.master + sl.offset;
+          a.param = static_cast<std::byte*>(c.param) + sl.offset * ps;
+        } else {  // fp32 params are their own master
+          a.master = static_cast<float*>(c.param) + sl.offset;
+        }
+        run_adam<Runtime>(a, groups_.hyper_for(c.specs[t], base), args, c.where);
+      }
+    });
+    ++steps_;
+    r.stepped = true;
+    return r;
+  }
+
+ private:
+  template <class Runtime>
+  static constexpr bool device_on_host = can_access_v<host_exec, typename Runtime::device_space_type>;
+
+  template <class Runtime>
+  grad_stats scan_chunk(const void* g, dtype t, std::size_t n, float scale, tier where) const {
+    if (where == tier::host || device_on_host<Runtime>) return host_adam_kernels::scan(g, t, n, scale, options_.threads);
+    return Kernels::scan(g, t, n, scale, options_.threads);
+  }
+  template <class Runtime>
+  void run_adam(const adam_chunk& a, const adam_hyper& h, const adam_step_args& args, tier where) const {
+    if (where == tier::host || device_on_host<Runtime>) host_adam_kernels::adam(a, h, args);
+    else Kernels::adam(a, h, args);
+  }
+
+  chunk_adam_options options_;
+  param_groups groups_;
+  Scaler scaler_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace chunkstar
