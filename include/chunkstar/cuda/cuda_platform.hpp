@@ -1,0 +1,19 @@
+/** @file
+ *  @brief The CUDA platform for `chunk_runtime`: a CUDA device space, pinned host memory and a
+ *         stream-per-direction copy engine (Tier 1: host compiler and cudart only).
+ */
+#pragma once
+
+#include <chunkstar/cuda/cuda_copy_engine.hpp>
+#include <chunkstar/cuda/device_space.hpp>
+#include <chunkstar/cuda/pinned_host_space.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+namespace chunkstar::cuda {
+
+/** @brief Chunks live on a CUDA device or in pinned host memory, so every move is an asynchronous
+ *  DMA copy on the engine's streams. Use `chunk_adam<Scaler, cuda::device_adam_kernels>`
+ *  (chunk_adam_kernels.cuh) to step chunks on the device. */
+using cuda_platform = platform<device_space, pinned_host_space, cuda_copy_engine>;
+
+}  // namespace chunkstar::cuda
