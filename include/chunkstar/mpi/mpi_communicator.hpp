@@ -1,0 +1,384 @@
+/** @file
+ *  @brief `mpi_communicator`: the `Communicator` over an MPI communicator (target chunkstar::mpi),
+ *         and `mpi_session`, an RAII MPI_Init/MPI_Finalize.
+ */
+#pragma once
+
+#include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/core/error.hpp>
+
+// Only MPI's C API is used; the deprecated C++ bindings (removed in MPI-3) do not compile warning-free.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <climits>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace chunkstar {
+
+namespace detail {
+
+inline std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+inline void mpi_check(int rc, std::string_view call) {
+  if (rc != MPI_SUCCESS) throw communication_error(std::string(call) + " failed: " + mpi_error_string(rc));
+}
+
+/** @brief MPI counts are `int`: refuse what does not fit rather than truncate. */
+inline int mpi_count(std::size_t bytes, std::string_view what) {
+  if (bytes > static_cast<std::size_t>(INT_MAX))
+    throw config_error(std::string(what) + ": " + std::to_string(bytes) +
+                       " bytes per rank exceed MPI's int count limit (2 GiB - 1); split the buffer into smaller "
+                       "collectives (e.g. smaller chunks)");
+  return static_cast<int>(bytes);
+}
+
+/** @brief Completion of MPI nonblocking operations plus an optional local step (the rank-order
+ *  fold) that runs once they are done, in `wait()` or the `ready()` that sees them finish. */
+struct mpi_request_state {
+  std::vector<MPI_Request> requests;
+  std::vector<std::byte> buffer;                     // what the transfer received, owned until done
+  std::function<void(const std::byte*)> finish;      // runs once, after every request completed
+  std::string what;
+  std::exception_ptr failure;
+  bool done = false;
+
+  void complete(int rc) {
+    done = true;
+    if (rc != MPI_SUCCESS) {
+      failure = std::make_exception_ptr(communication_error(what + " failed: " + mpi_error_string(rc)));
+      return;
+    }
+    if (finish) {
+      try {
+        finish(buffer.data());
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+  }
+  void wait() {
+    if (!done) complete(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+    if (failure) std::rethrow_exception(failure);
+  }
+  bool ready() {
+    if (!done) {
+      int flag = 0;
+      const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS || flag) complete(rc);
+    }
+    return done;
+  }
+};
+
+}  // namespace detail
+
+/** @brief Initialises MPI if nobody has, and finalises it on destruction if it did.
+ *
+ *  Requests `MPI_THREAD_SERIALIZED` by default: `mpi_communicator` calls MPI only from the
+ *  thread that issues a collective or waits on its handle, one thread at a time.
+ */
+class mpi_session {
+ public:
+  mpi_session() : mpi_session(nullptr, nullptr) {}
+  mpi_session(int* argc, char*** argv, int required_thread_level = MPI_THREAD_SERIALIZED) {
+    int initialized = 0;
+    detail::mpi_check(MPI_Initialized(&initialized), "MPI_Initialized");
+    if (!initialized) {
+      detail::mpi_check(MPI_Init_thread(argc, argv, required_thread_level, &provided_), "MPI_Init_thread");
+      owns_ = true;
+    } else {
+      detail::mpi_check(MPI_Query_thread(&provided_), "MPI_Query_thread");
+    }
+  }
+  mpi_session(const mpi_session&) = delete;
+  mpi_session& operator=(const mpi_session&) = delete;
+  ~mpi_session() {
+    if (!owns_) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+
+  /** @brief The thread support MPI provides (MPI_THREAD_*). */
+  [[nodiscard]] int thread_level() const noexcept { return provided_; }
+  /** @brief True when this session initialised MPI (and will finalise it). */
+  [[nodiscard]] bool owns_mpi() const noexcept { return owns_; }
+
+ private:
+  int provided_ = MPI_THREAD_SINGLE;
+  bool owns_ = false;
+};
+
+/** @brief `Communicator` over MPI.
+ *
+ *  The constructor duplicates the given communicator (collective: every rank must construct it),
+ *  so chunkstar's traffic never matches the application's, and sets `MPI_ERRORS_RETURN` on the
+ *  duplicate: every MPI failure becomes a `communication_error` carrying MPI's error string. MPI
+ *  must be initialised (see `mpi_session`) and outlive the communicator and its handles. Host
+ *  memory only (MPI_BYTE transfers). Per-rank sizes above 2 GiB - 1 bytes are a `config_error`.
+ *
+ *  Determinism: MPI_Allreduce/MPI_Reduce_scatter may combine in any order, so reductions are never
+ *  left to MPI. Data is moved with MPI_Alltoall/MPI_Allgather and combined locally in rank order
+ *  (`detail::fold_ranks`), giving the same bits as every other model. Costs:
+ *  - `allreduce`: Alltoall of 1/N blocks, local fold, Allgather of the reduced blocks: the same
+ *    2(N-1)/N bytes per element as a ring allreduce, but unpipelined, plus ~2x the buffer in
+ *    temporaries.
+ *  - `reduce_scatter`: Alltoall then local fold: the ring's (N-1)/N volume, N blocks of temporaries.
+ *  - `allreduce_async`: a single MPI_Iallgather of the whole buffer, then the fold in `wait()`:
+ *    (N-1) times the buffer per rank (vs 2(N-1)/N) and N buffers of temporaries. It uses one
+ *    nonblocking collective because a second stage started lazily in `wait()` could be started
+ *    in a different order on different ranks relative to later collectives, which MPI forbids.
+ *  Correctness over speed for now; NCCL is the fast path on GPUs.
+ *
+ *  Asynchronous forms use MPI_I* operations started at the call, in issue order; the local fold,
+ *  where there is one, runs in `wait()` or in the `ready()` that sees the transfer finish. Progress
+ *  of the transfer itself depends on the MPI library (most progress inside MPI calls).
+ */
+class mpi_communicator {
+ public:
+  /** @brief Duplicates `comm` (collective over `comm`). */
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized)
+      throw state_error("mpi_communicator: MPI is not initialised; create a chunkstar::mpi_session (or call "
+                        "MPI_Init) before constructing a communicator");
+    detail::mpi_check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+
+  mpi_communicator(const mpi_communicator&) = delete;
+  mpi_communicator& operator=(const mpi_communicator&) = delete;
+  mpi_communicator(mpi_communicator&& other) noexcept
+      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)), rank_(other.rank_), size_(other.size_) {}
+  mpi_communicator& operator=(mpi_communicator&& other) noexcept {
+    if (this != &other) {
+      release();
+      comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
+      rank_ = other.rank_;
+      size_ = other.size_;
+    }
+    return *this;
+  }
+  ~mpi_communicator() { release(); }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  /** @brief The duplicated communicator (owned by this object). */
+  [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
+
+  void allreduce(void* inout, std::size_t count, dtype t, reduce_op op) {
+    detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
+    allreduce_blocks(inout, count, dtype_size(t), [&](void* dst, const void* const* srcs, std::size_t n) {
+      detail::fold_ranks(dst, srcs, size_, n, t, op);
+    });
+  }
+
+  void allreduce(std::span<double> inout, reduce_op op) {
+    allreduce_blocks(inout.data(), inout.size(), sizeof(double), [&](void* dst, const void* const* srcs, std::size_t n) {
+      detail::fold_ranks_f64(static_cast<double*>(dst), srcs, size_, n, op);
+    });
+  }
+
+  void allgather(const void* send, void* recv, std::size_t bytes) {
+    detail::check_allgather(send, recv, bytes, rank_, size_);
+    const int n = detail::mpi_count(bytes, "allgather");
+    const bool in_place = bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
+    detail::mpi_check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_),
+                      "MPI_Allgather");
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
+    detail::check_reduce_scatter(send, recv, count, t, rank_, size_);
+    const std::size_t block = count * dtype_size(t);
+    const int n = detail::mpi_count(block, "reduce_scatter");
+    if (block == 0) return;
+    if (size_ == 1) {
+      if (recv != send) std::memmove(recv, send, block);
+      return;
+    }
+    std::vector<std::byte> gathered(block * static_cast<std::size_t>(size_));
+    detail::mpi_check(MPI_Alltoall(send, n, MPI_BYTE, gathered.data(), n, MPI_BYTE, comm_), "MPI_Alltoall");
+    fold_gathered(size_, recv, gathered.data(), block, count, t, op);
+  }
+
+  void broadcast(void* buf, std::size_t bytes, int root) {
+    detail::check_buffer(buf, bytes, "broadcast", "buf");
+    detail::check_root(root, size_, "broadcast");
+    detail::mpi_check(MPI_Bcast(buf, detail::mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_), "MPI_Bcast");
+  }
+
+  void ring_shift(const void* send, void* recv, std::size_t bytes) {
+    detail::check_ring_shift(send, recv, bytes);
+    const int n = detail::mpi_count(bytes, "ring_shift");
+    detail::mpi_check(MPI_Sendrecv(send, n, MPI_BYTE, next(), ring_tag, recv, n, MPI_BYTE, prev(), ring_tag, comm_,
+                                   MPI_STATUS_IGNORE),
+                      "MPI_Sendrecv");
+  }
+
+  void barrier() { detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+  comm_handle allreduce_async(void* inout, std::size_t count, dtype t, reduce_op op) {
+    detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
+    return allreduce_gather_async(inout, count * dtype_size(t), [=, nranks = size_](const std::byte* gathered) {
+      fold_gathered(nranks, inout, gathered, count * dtype_size(t), count, t, op);
+    });
+  }
+
+  comm_handle allreduce_async(std::span<double> inout, reduce_op op) {
+    const std::size_t bytes = inout.size_bytes();
+    return allreduce_gather_async(inout.data(), bytes, [=, nranks = size_](const std::byte* gathered) {
+      std::vector<const void*> srcs(static_cast<std::size_t>(nranks));
+      for (std::size_t k = 0; k < srcs.size(); ++k) srcs[k] = gathered + k * bytes;
+      detail::fold_ranks_f64(inout.data(), srcs.data(), nranks, inout.size(), op);
+    });
+  }
+
+  comm_handle allgather_async(const void* send, void* recv, std::size_t bytes) {
+    detail::check_allgather(send, recv, bytes, rank_, size_);
+    const int n = detail::mpi_count(bytes, "allgather");
+    const bool in_place = bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
+    auto state = make_state("MPI_Iallgather", 1);
+    detail::mpi_check(
+        MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &state->requests[0]),
+        "MPI_Iallgather");
+    return comm_handle(std::move(state));
+  }
+
+  comm_handle reduce_scatter_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
+    detail::check_reduce_scatter(send, recv, count, t, rank_, size_);
+    const std::size_t block = count * dtype_size(t);
+    const int n = detail::mpi_count(block, "reduce_scatter");
+    if (block == 0) return {};
+    if (size_ == 1) {
+      if (recv != send) std::memmove(recv, send, block);
+      return {};
+    }
+    auto state = make_state("MPI_Ialltoall", 1);
+    state->buffer.resize(block * static_cast<std::size_t>(size_));
+    detail::mpi_check(MPI_Ialltoall(send, n, MPI_BYTE, state->buffer.data(), n, MPI_BYTE, comm_, &state->requests[0]),
+                      "MPI_Ialltoall");
+    state->finish = [=, nranks = size_](const std::byte* gathered) {
+      fold_gathered(nranks, recv, gathered, block, count, t, op);
+    };
+    return comm_handle(std::move(state));
+  }
+
+  comm_handle broadcast_async(void* buf, std::size_t bytes, int root) {
+    detail::check_buffer(buf, bytes, "broadcast", "buf");
+    detail::check_root(root, size_, "broadcast");
+    auto state = make_state("MPI_Ibcast", 1);
+    detail::mpi_check(MPI_Ibcast(buf, detail::mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &state->requests[0]),
+                      "MPI_Ibcast");
+    return comm_handle(std::move(state));
+  }
+
+  comm_handle ring_shift_async(const void* send, void* recv, std::size_t bytes) {
+    detail::check_ring_shift(send, recv, bytes);
+    const int n = detail::mpi_count(bytes, "ring_shift");
+    auto state = make_state("ring_shift (MPI_Irecv/MPI_Isend)", 2);
+    detail::mpi_check(MPI_Irecv(recv, n, MPI_BYTE, prev(), ring_tag, comm_, &state->requests[0]), "MPI_Irecv");
+    const int rc = MPI_Isend(send, n, MPI_BYTE, next(), ring_tag, comm_, &state->requests[1]);
+    if (rc != MPI_SUCCESS) {
+      MPI_Cancel(&state->requests[0]);
+      MPI_Request_free(&state->requests[0]);
+      state->requests.clear();
+      detail::mpi_check(rc, "MPI_Isend");
+    }
+    return comm_handle(std::move(state));
+  }
+
+ private:
+  // Point-to-point traffic of ring_shift; MPI's non-overtaking rule keeps outstanding shifts in order.
+  static constexpr int ring_tag = 0x5c5;
+
+  [[nodiscard]] int next() const noexcept { return (rank_ + 1) % size_; }
+  [[nodiscard]] int prev() const noexcept { return (rank_ - 1 + size_) % size_; }
+
+  void release() noexcept {
+    if (comm_ == MPI_COMM_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+    comm_ = MPI_COMM_NULL;
+  }
+
+  static std::shared_ptr<detail::mpi_request_state> make_state(std::string what, std::size_t requests) {
+    auto state = std::make_shared<detail::mpi_request_state>();
+    state->what = std::move(what);
+    state->requests.assign(requests, MPI_REQUEST_NULL);
+    return state;
+  }
+
+  /** @brief Folds `size_` consecutive blocks of `block_bytes` (rank k's at k * block_bytes). */
+  static void fold_gathered(int nranks, void* dst, const std::byte* gathered, std::size_t block_bytes,
+                            std::size_t count, dtype t, reduce_op op) {
+    std::vector<const void*> srcs(static_cast<std::size_t>(nranks));
+    for (std::size_t k = 0; k < srcs.size(); ++k) srcs[k] = gathered + k * block_bytes;
+    detail::fold_ranks(dst, srcs.data(), nranks, count, t, op);
+  }
+
+  /** @brief Alltoall of 1/N blocks, local fold of this rank's block, Allgather of the results. */
+  template <class Fold>
+  void allreduce_blocks(void* inout, std::size_t count, std::size_t elem_bytes, Fold fold) {
+    const auto n = static_cast<std::size_t>(size_);
+    if (count == 0 || n == 1) return;  // count is the same on every rank, so all skip together
+    const std::size_t block = (count + n - 1) / n;  // elements; the last blocks are zero-padded
+    const int block_bytes = detail::mpi_count(block * elem_bytes, "allreduce");
+    std::vector<std::byte> padded(n * block * elem_bytes);
+    std::vector<std::byte> gathered(n * block * elem_bytes);
+    std::vector<std::byte> mine(block * elem_bytes);
+    std::memcpy(padded.data(), inout, count * elem_bytes);
+    detail::mpi_check(MPI_Alltoall(padded.data(), block_bytes, MPI_BYTE, gathered.data(), block_bytes, MPI_BYTE, comm_),
+                      "MPI_Alltoall");
+    std::vector<const void*> srcs(n);
+    for (std::size_t k = 0; k < n; ++k) srcs[k] = gathered.data() + k * block * elem_bytes;
+    fold(mine.data(), srcs.data(), block);
+    detail::mpi_check(MPI_Allgather(mine.data(), block_bytes, MPI_BYTE, padded.data(), block_bytes, MPI_BYTE, comm_),
+                      "MPI_Allgather");
+    std::memcpy(inout, padded.data(), count * elem_bytes);
+  }
+
+  /** @brief One MPI_Iallgather of the whole buffer, then `finish` folds it into `inout`. */
+  comm_handle allreduce_gather_async(void* inout, std::size_t bytes, std::function<void(const std::byte*)> finish) {
+    const int n = detail::mpi_count(bytes, "allreduce");
+    if (bytes == 0 || size_ == 1) return {};
+    auto state = make_state("MPI_Iallgather (allreduce)", 1);
+    state->buffer.resize(bytes * static_cast<std::size_t>(size_));
+    detail::mpi_check(
+        MPI_Iallgather(inout, n, MPI_BYTE, state->buffer.data(), n, MPI_BYTE, comm_, &state->requests[0]),
+        "MPI_Iallgather");
+    state->finish = std::move(finish);
+    return comm_handle(std::move(state));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+static_assert(Communicator<mpi_communicator>);
+
+}  // namespace chunkstar

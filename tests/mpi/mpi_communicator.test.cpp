@@ -1,0 +1,136 @@
+// mpi_communicator: the Communicator conformance suite on every MPI rank, bit-identity with
+// in_process_group, and MPI failures surfacing as communication_error.
+#include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/mpi/mpi_communicator.hpp>
+
+#include "support/comm_conformance.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace chunkstar;
+
+static_assert(Communicator<mpi_communicator>);
+static_assert(!std::copyable<mpi_communicator>, "it owns a duplicated MPI_Comm");
+
+mpi_communicator& world() {
+  static mpi_communicator comm(MPI_COMM_WORLD);  // freed after MPI_Finalize is a no-op by design
+  return comm;
+}
+
+struct mpi_fixture {
+  using buffer = comm_test::host_buffer;
+  static constexpr bool exact = true;
+  template <class Body>
+  static void run(Body&& body) {
+    try {
+      body(world());
+    } catch (const std::exception& e) {
+      // One rank leaving the suite would leave the others blocked in a collective.
+      std::fprintf(stderr, "rank %d: unexpected exception, aborting all ranks: %s\n", world().rank(), e.what());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+};
+
+}  // namespace
+
+CHUNKSTAR_COMM_CONFORMANCE(mpi_fixture);
+
+TEST_CASE("mpi_communicator gives the same bits as in_process_group for the same inputs") {
+  mpi_communicator& comm = world();
+  const int n = comm.size();
+  const int r = comm.rank();
+  const std::size_t count = 1001;
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    CAPTURE(dtype_name(t));
+    const std::uint64_t seed = 77 + static_cast<std::uint64_t>(t);
+    auto input = [&](int rank) {
+      std::vector<std::byte> bytes(count * dtype_size(t));
+      for (std::size_t i = 0; i < count; ++i) {
+        const float v = comm_test::test_value(seed, rank, i);
+        const std::uint16_t half = t == dtype::f16 ? float16(v).bits : bfloat16(v).bits;
+        if (t == dtype::f32) std::memcpy(bytes.data() + i * 4, &v, 4);
+        else std::memcpy(bytes.data() + i * 2, &half, 2);
+      }
+      return bytes;
+    };
+    // Over MPI: sync allreduce, async allreduce (a different algorithm), reduce_scatter.
+    auto sync = input(r);
+    comm.allreduce(sync.data(), count, t, reduce_op::sum);
+    auto async = input(r);
+    comm.allreduce_async(async.data(), count, t, reduce_op::sum).wait();
+    std::vector<std::byte> scattered_send;
+    for (int k = 0; k < n; ++k) {
+      const auto part = input(r + 10 * k);
+      scattered_send.insert(scattered_send.end(), part.begin(), part.end());
+    }
+    std::vector<std::byte> scattered(count * dtype_size(t));
+    comm.reduce_scatter(scattered_send.data(), scattered.data(), count, t, reduce_op::sum);
+    // The same on n threads in this process.
+    std::vector<std::byte> local_sync, local_scattered;
+    run_ranks(n, [&](in_process_communicator& c) {
+      auto mine = input(c.rank());
+      c.allreduce(mine.data(), count, t, reduce_op::sum);
+      std::vector<std::byte> send;
+      for (int k = 0; k < n; ++k) {
+        const auto part = input(c.rank() + 10 * k);
+        send.insert(send.end(), part.begin(), part.end());
+      }
+      std::vector<std::byte> out(count * dtype_size(t));
+      c.reduce_scatter(send.data(), out.data(), count, t, reduce_op::sum);
+      if (c.rank() == r) {
+        local_sync = mine;
+        local_scattered = out;
+      }
+    });
+    CHECK(sync == local_sync);
+    CHECK(async == local_sync);
+    CHECK(scattered == local_scattered);
+  }
+}
+
+TEST_CASE("mpi_communicator: MPI failures become communication_error carrying MPI's error string") {
+  mpi_communicator& comm = world();
+  if (comm.size() < 2) return;
+  // Rank 0 receives 8 bytes from its predecessor, which sends 16: MPI reports truncation on rank 0
+  // only; every other rank receives fewer bytes than it allows, which is legal.
+  std::vector<std::byte> send(16, std::byte{1}), recv(16);
+  const std::size_t bytes = comm.rank() == 0 ? 8 : 16;
+  if (comm.rank() == 0) {
+    try {
+      comm.ring_shift(send.data(), recv.data(), bytes);
+      FAIL_CHECK("a truncated receive did not throw");
+    } catch (const communication_error& e) {
+      const std::string what = e.what();
+      CHECK_MESSAGE(what.find("MPI_Sendrecv failed: ") != std::string::npos, what);
+      CHECK_MESSAGE(what.find("truncat") != std::string::npos, what);
+    }
+  } else {
+    CHECK_NOTHROW(comm.ring_shift(send.data(), recv.data(), bytes));
+  }
+  comm.barrier();  // still usable afterwards
+  double x = 1.0;
+  comm.allreduce(std::span<double>(&x, 1), reduce_op::sum);
+  CHECK(x == double(comm.size()));
+}
+
+TEST_CASE("mpi_session and mpi_communicator lifetime") {
+  mpi_session nested;  // MPI is already up: this one neither initialises nor finalises
+  CHECK_FALSE(nested.owns_mpi());
+  mpi_communicator a(MPI_COMM_WORLD);
+  mpi_communicator b(std::move(a));
+  CHECK(a.native() == MPI_COMM_NULL);  // NOLINT(bugprone-use-after-move)
+  CHECK(b.size() == world().size());
+  CHECK(b.rank() == world().rank());
+  int value = b.rank() == 0 ? 42 : -1;
+  b.broadcast(&value, sizeof value, 0);
+  CHECK(value == 42);
+}

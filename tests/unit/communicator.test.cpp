@@ -1,0 +1,338 @@
+// The Communicator concept (both ways), the conformance suite for single_process and
+// in_process_group (1..4 ranks), and in_process_group's failure handling.
+#include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/comm/single_process.hpp>
+
+#include "support/comm_conformance.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace chunkstar;
+
+// ---- the concept, both ways --------------------------------------------------------------
+
+// A type with every required expression, each switchable off (or to a wrong shape) to show that
+// the concept notices. All switches on = a valid model (the positive control).
+template <bool ConstRank = true, bool IntRank = true, bool DoubleAllreduce = true, bool Ring = true, bool AsyncHandle = true,
+          bool Barrier = true>
+struct fake_comm {
+  int rank() const noexcept
+    requires(ConstRank && IntRank)
+  {
+    return 0;
+  }
+  int rank() noexcept
+    requires(!ConstRank)
+  {
+    return 0;
+  }
+  std::size_t rank() const noexcept
+    requires(ConstRank && !IntRank)
+  {
+    return 0;
+  }
+  int size() const noexcept { return 1; }
+  void allreduce(void*, std::size_t, dtype, reduce_op) {}
+  void allreduce(std::span<double>, reduce_op)
+    requires DoubleAllreduce
+  {}
+  void allgather(const void*, void*, std::size_t) {}
+  void reduce_scatter(const void*, void*, std::size_t, dtype, reduce_op) {}
+  void broadcast(void*, std::size_t, int) {}
+  void ring_shift(const void*, void*, std::size_t)
+    requires Ring
+  {}
+  void barrier()
+    requires Barrier
+  {}
+  comm_handle allreduce_async(void*, std::size_t, dtype, reduce_op)
+    requires AsyncHandle
+  {
+    return {};
+  }
+  void allreduce_async(void*, std::size_t, dtype, reduce_op)
+    requires(!AsyncHandle)
+  {}
+  comm_handle allreduce_async(std::span<double>, reduce_op) { return {}; }
+  comm_handle allgather_async(const void*, void*, std::size_t) { return {}; }
+  comm_handle reduce_scatter_async(const void*, void*, std::size_t, dtype, reduce_op) { return {}; }
+  comm_handle broadcast_async(void*, std::size_t, int) { return {}; }
+  comm_handle ring_shift_async(const void*, void*, std::size_t) { return {}; }
+};
+
+static_assert(Communicator<single_process_communicator>);
+static_assert(Communicator<in_process_communicator>);
+static_assert(Communicator<fake_comm<>>);
+static_assert(!Communicator<fake_comm<false>>, "rank() must be callable on a const communicator");
+static_assert(!Communicator<fake_comm<true, false>>, "rank() must return int");
+static_assert(!Communicator<fake_comm<true, true, false>>, "allreduce(span<double>, op) is required");
+static_assert(!Communicator<fake_comm<true, true, true, false>>, "ring_shift is required");
+static_assert(!Communicator<fake_comm<true, true, true, true, false>>, "async forms must return comm_handle");
+static_assert(!Communicator<fake_comm<true, true, true, true, true, false>>, "barrier is required");
+static_assert(!Communicator<int>);
+static_assert(!Communicator<in_process_group>, "the group is not a rank's communicator");
+
+// ---- fixtures for the conformance suite ----------------------------------------------------
+
+struct single_process_fixture {
+  using buffer = comm_test::host_buffer;
+  static constexpr bool exact = true;
+  template <class Body>
+  static void run(Body&& body) {
+    single_process_communicator comm;
+    body(comm);
+  }
+};
+
+template <int N>
+struct in_process_fixture {
+  using buffer = comm_test::host_buffer;
+  static constexpr bool exact = true;
+  template <class Body>
+  static void run(Body&& body) {
+    run_ranks(N, [&](in_process_communicator& comm) { body(comm); });
+  }
+};
+
+// Fails the test run (instead of hanging CI) when `fn` does not finish: the point of these tests
+// is that failures never hang, so a hang is the failure being tested for.
+template <class Fn>
+void bounded(Fn fn) {
+  auto done = std::async(std::launch::async, std::move(fn));
+  if (done.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    std::fprintf(stderr, "FATAL: in_process_group test hung for 120 s (a failure was not propagated)\n");
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  done.get();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+CHUNKSTAR_COMM_CONFORMANCE(single_process_fixture, in_process_fixture<1>, in_process_fixture<2>, in_process_fixture<3>,
+                           in_process_fixture<4>);
+
+// ---- in_process_group failure handling -------------------------------------------------------
+
+TEST_CASE("in_process_group: a rank that throws makes every peer fail with communication_error") {
+  bounded([] {
+    std::vector<std::string> errors(4);
+    std::atomic<int> peers_failed{0};
+    CHECK_THROWS_WITH_AS(run_ranks(4,
+                                   [&](in_process_communicator& comm) {
+                                     float x = 1.0f;
+                                     comm.allreduce(&x, 1, dtype::f32, reduce_op::sum);
+                                     if (comm.rank() == 2) throw std::runtime_error("boom");
+                                     try {
+                                       comm.allreduce(&x, 1, dtype::f32, reduce_op::sum);  // rank 2 never joins
+                                     } catch (const communication_error& e) {
+                                       errors[static_cast<std::size_t>(comm.rank())] = e.what();
+                                       ++peers_failed;
+                                       throw;
+                                     }
+                                   }),
+                         "boom", std::runtime_error);  // the root cause, not a peer's resulting error
+    CHECK(peers_failed == 3);
+    for (int r : {0, 1, 3}) CHECK_MESSAGE(contains(errors[static_cast<std::size_t>(r)], "rank 2 failed: boom"), errors[static_cast<std::size_t>(r)]);
+  });
+}
+
+TEST_CASE("in_process_group: a failure reaches outstanding async handles, and later calls fail at once") {
+  bounded([] {
+    std::atomic<int> handle_errors{0}, later_errors{0};
+    CHECK_THROWS_AS(run_ranks(3,
+                              [&](in_process_communicator& comm) {
+                                if (comm.rank() == 0) throw std::logic_error("rank zero gives up");
+                                std::vector<float> v(100, 1.0f);
+                                comm_handle h = comm.allreduce_async(v.data(), v.size(), dtype::f32, reduce_op::sum);
+                                try {
+                                  h.wait();
+                                } catch (const communication_error& e) {
+                                  if (contains(e.what(), "rank 0 failed: rank zero gives up")) ++handle_errors;
+                                }
+                                CHECK(h.ready());
+                                try {
+                                  comm.barrier();
+                                } catch (const communication_error&) {
+                                  ++later_errors;
+                                }
+                              }),
+                    std::logic_error);
+    CHECK(handle_errors == 2);
+    CHECK(later_errors == 2);
+  });
+}
+
+TEST_CASE("in_process_group: mismatched collective sequences are detected and both calls named") {
+  bounded([] {
+    std::vector<std::string> errors(2);
+    CHECK_THROWS_AS(run_ranks(2,
+                              [&](in_process_communicator& comm) {
+                                comm.barrier();  // call #0 matches
+                                std::vector<float> buf(32);
+                                try {
+                                  if (comm.rank() == 0)
+                                    comm.allreduce(buf.data(), 10, dtype::f32, reduce_op::sum);
+                                  else
+                                    comm.allgather(buf.data(), buf.data() + 8, 8);
+                                } catch (const communication_error& e) {
+                                  errors[static_cast<std::size_t>(comm.rank())] = e.what();
+                                  throw;
+                                }
+                              }),
+                    communication_error);
+    for (const auto& e : errors) {
+      CHECK_MESSAGE(contains(e, "call #1"), e);
+      CHECK_MESSAGE(contains(e, "rank 0 called allreduce(10 x f32, sum)"), e);
+      CHECK_MESSAGE(contains(e, "rank 1 called allgather(8 bytes per rank)"), e);
+    }
+  });
+}
+
+TEST_CASE("in_process_group: same kind but different sizes, dtypes, ops or roots is a mismatch too") {
+  struct variant {
+    const char* name;
+    void (*call)(in_process_communicator&, std::vector<float>&);
+  };
+  const variant variants[] = {
+      {"count", [](in_process_communicator& c, std::vector<float>& b) { c.allreduce(b.data(), c.rank() == 0 ? 4 : 5, dtype::f32, reduce_op::sum); }},
+      {"dtype", [](in_process_communicator& c, std::vector<float>& b) { c.allreduce(b.data(), 4, c.rank() == 0 ? dtype::f32 : dtype::bf16, reduce_op::sum); }},
+      {"op", [](in_process_communicator& c, std::vector<float>& b) { c.allreduce(b.data(), 4, dtype::f32, c.rank() == 0 ? reduce_op::sum : reduce_op::max); }},
+      {"root", [](in_process_communicator& c, std::vector<float>& b) { c.broadcast(b.data(), 16, c.rank() == 0 ? 0 : 1); }},
+  };
+  for (const auto& v : variants) {
+    CAPTURE(v.name);
+    bounded([&] {
+      std::atomic<int> named{0};
+      CHECK_THROWS_AS(run_ranks(2,
+                                [&](in_process_communicator& comm) {
+                                  std::vector<float> buf(16, 1.0f);
+                                  try {
+                                    v.call(comm, buf);
+                                  } catch (const communication_error& e) {
+                                    if (contains(e.what(), "collective mismatch at call #0")) ++named;
+                                    throw;
+                                  }
+                                }),
+                      communication_error);
+      CHECK(named == 2);
+    });
+  }
+}
+
+TEST_CASE("in_process_group: a rank that returns early fails its peers instead of hanging them") {
+  bounded([] {
+    std::string error;
+    CHECK_THROWS_AS(run_ranks(2,
+                              [&](in_process_communicator& comm) {
+                                comm.barrier();
+                                if (comm.rank() == 1) return;  // leaves after one call
+                                try {
+                                  comm.barrier();
+                                } catch (const communication_error& e) {
+                                  error = e.what();
+                                  throw;
+                                }
+                              }),
+                    communication_error);
+    CHECK_MESSAGE(contains(error, "rank 1 left the collective sequence after 1 calls"), error);
+    CHECK_MESSAGE(contains(error, "call #1: barrier()"), error);
+  });
+}
+
+TEST_CASE("in_process_group: driven from the caller's own threads with fail() and leave()") {
+  bounded([] {
+    in_process_group group(2);
+    std::string error;
+    std::thread t0([&] {
+      try {
+        group.communicator(0).barrier();
+      } catch (const communication_error& e) {
+        error = e.what();
+      }
+    });
+    group.fail(1, "out of device memory");
+    t0.join();
+    CHECK(group.poisoned());
+    CHECK_MESSAGE(contains(error, "rank 1 failed: out of device memory"), error);
+  });
+  bounded([] {
+    in_process_group group(2);
+    double sums[2] = {0, 0};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        double x = r + 1.0;
+        group.communicator(r).allreduce(std::span<double>(&x, 1), reduce_op::sum);
+        sums[r] = x;
+        group.leave(r);
+      });
+    for (auto& t : threads) t.join();
+    CHECK(sums[0] == 3.0);
+    CHECK(sums[1] == 3.0);
+    CHECK_FALSE(group.poisoned());
+  });
+}
+
+TEST_CASE("in_process_group: argument and state errors") {
+  CHECK_THROWS_AS(in_process_group(0), config_error);
+  in_process_group group(2);
+  CHECK_THROWS_AS((void)group.communicator(2), config_error);
+  CHECK_THROWS_AS((void)group.communicator(-1), config_error);
+  CHECK_THROWS_AS(group.communicator(0).broadcast(nullptr, 0, 2), config_error);
+  group.run([](in_process_communicator& comm) { comm.barrier(); });
+  CHECK_THROWS_AS(group.run([](in_process_communicator&) {}), state_error);
+}
+
+TEST_CASE("in_process_group: a handle dropped without wait() still completes before its buffers go away") {
+  bounded([] {
+    run_ranks(3, [](in_process_communicator& comm) {
+      std::vector<float> v(1000, 1.0f);
+      { comm_handle h = comm.allreduce_async(v.data(), v.size(), dtype::f32, reduce_op::sum); }
+      CHECK(v[999] == 3.0f);  // the destructor waited
+    });
+  });
+}
+
+TEST_CASE("comm_handle: wait() turns a model's failure into communication_error, once") {
+  struct failing_state {
+    void wait() { throw std::runtime_error("transport broke"); }
+    bool ready() { return true; }
+  };
+  comm_handle h(std::make_shared<failing_state>());
+  CHECK_FALSE(comm_handle().ready() == false);
+  CHECK_THROWS_WITH_AS(h.wait(), "asynchronous collective failed: transport broke", communication_error);
+  CHECK(h.ready());
+  CHECK_NOTHROW(h.wait());
+}
+
+TEST_CASE("in_process_group: barrier() returns only after every rank entered it") {
+  bounded([] {
+    std::atomic<int> entered{0};
+    std::atomic<int> early{0};
+    run_ranks(4, [&](in_process_communicator& comm) {
+      for (int round = 1; round <= 20; ++round) {
+        ++entered;
+        comm.barrier();
+        if (entered.load() < 4 * round) ++early;
+        comm.barrier();  // nobody starts the next round before all have checked this one
+      }
+    });
+    CHECK(early == 0);
+  });
+}
