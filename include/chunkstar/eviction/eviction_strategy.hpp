@@ -2,8 +2,8 @@
  *  @brief The `EvictionStrategy` concept: which chunk leaves a tier when room is needed.
  *
  *  The runtime, not the strategy, decides what may be evicted: candidates never include a chunk
- *  with a tensor in COMPUTE, one needed by the scope being opened, or one with a transfer in
- *  flight. Strategies are therefore small and stateless. Models: `lru_eviction` (lru.hpp),
+ *  with a tensor in COMPUTE or one needed by the scope being opened; a candidate still being
+ *  loaded is waited for before it leaves. Strategies are therefore small and stateless. Models: `lru_eviction` (lru.hpp),
  *  `belady_eviction` (belady.hpp).
  */
 #pragma once

@@ -1,0 +1,317 @@
+/** @file
+ *  @brief Checkpoints of a chunk runtime: parameters and optimizer state as per-tensor safetensors
+ *         records, independent of chunk size, layout, placement and world size.
+ *
+ *  A checkpoint is a directory:
+ *  - `model.safetensors`: every parameter in its param dtype, named as registered (loadable as
+ *    weights by any safetensors reader);
+ *  - `optimizer.safetensors`: per parameter "<name>.master" (F32, only for 16-bit params — an fp32
+ *    param is its own master), "<name>.exp_avg" and "<name>.exp_avg_sq" (F32), and in its metadata
+ *    the trainer's `checkpoint_extra` (step, data position, loss scale, RNG state, config...).
+ *  Both carry checksums; the optimizer file also records the model file's checksum, so files from
+ *  different saves are never combined. The directory is written as `<dir>.tmp` and swapped into
+ *  place atomically. See docs/checkpoints.md.
+ */
+#pragma once
+
+#include <chunkstar/checkpoint/safetensors.hpp>
+#include <chunkstar/core/dtype.hpp>
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/core/tensor_spec.hpp>
+#include <chunkstar/layout/chunk_layout.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace chunkstar {
+
+/** @brief What the trainer stores beside the tensors: any string keys (except the reserved
+ *  "chunkstar." prefix and "format") to string values. */
+using checkpoint_extra = std::map<std::string, std::string>;
+
+/** @brief A runtime whose tensors can be saved and restored. Required expressions (`rt` a runtime,
+ *  `c` a const one, `p` a `param_id`):
+ *  1. `c.params()` → `tensor_spec`s in registration order (`param_id{i}` is the i-th);
+ *  2. `c.options().param_type` (dtype) and `c.options().optimizer_state` (bool): which lists exist
+ *     — param always, master iff optimizer state with a 16-bit param type, momentum and variance
+ *     iff optimizer state;
+ *  3. `c.read_tensor(p, kind, std::span<float>)` and `rt.write_tensor(p, kind, std::span<const float>)`
+ *     copy one tensor of one list, wherever it lives, widening to / narrowing from fp32.
+ *  `chunk_runtime` models it. */
+template <class R>
+concept CheckpointableRuntime = requires(R& rt, const R& c, std::span<float> out, std::span<const float> in) {
+  { c.params() } -> std::convertible_to<std::span<const tensor_spec>>;
+  { c.options().param_type } -> std::convertible_to<dtype>;
+  { c.options().optimizer_state } -> std::convertible_to<bool>;
+  c.read_tensor(param_id{}, chunk_kind::param, out);
+  rt.write_tensor(param_id{}, chunk_kind::param, in);
+};
+
+/** @brief What `load_checkpoint` restores. */
+struct checkpoint_load_options {
+  bool optimizer_state = true;  ///< restore exp_avg/exp_avg_sq (false: weights only, moments untouched)
+  bool allow_unused = false;    ///< accept tensors in the checkpoint that no registered parameter takes
+};
+
+/** @brief File names inside a checkpoint directory. */
+inline constexpr std::string_view checkpoint_model_file = "model.safetensors";
+inline constexpr std::string_view checkpoint_optimizer_file = "optimizer.safetensors";
+
+namespace checkpoint_detail {
+
+inline bool reserved_key(std::string_view k) { return k.starts_with("chunkstar.") || k == "format"; }
+
+inline std::filesystem::path with_suffix(const std::filesystem::path& dir, std::string_view suffix) {
+  std::filesystem::path p = dir;
+  if (!p.has_filename()) p = p.parent_path();  // "ckpt/" names the directory "ckpt"
+  p += suffix;
+  return p;
+}
+
+/** Replaces @p dir by the complete directory @p fresh: an atomic exchange where the OS offers it
+ *  (Linux renameat2; @p try_exchange = false skips it, for tests of the portable path), else rename
+ *  the old one aside, rename the new one in, delete the old one. */
+inline void swap_into_place(const std::filesystem::path& fresh, const std::filesystem::path& dir, bool try_exchange = true) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto parent = dir.parent_path();
+  if (!fs::exists(dir)) {
+    if (::rename(fresh.c_str(), dir.c_str()) != 0) throw checkpoint_error(errno_message("cannot rename '" + fresh.string() + "' to", dir, errno));
+    fsync_directory(parent);
+    return;
+  }
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+  if (try_exchange && ::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_directory(parent);
+    fs::remove_all(fresh, ec);  // now the previous checkpoint; a leftover is harmless
+    return;
+  }
+#else
+  (void)try_exchange;
+#endif
+  const auto old = with_suffix(dir, ".old");
+  fs::remove_all(old, ec);
+  if (::rename(dir.c_str(), old.c_str()) != 0) throw checkpoint_error(errno_message("cannot move the previous checkpoint aside to", old, errno));
+  if (::rename(fresh.c_str(), dir.c_str()) != 0) {
+    const int err = errno;
+    (void)::rename(old.c_str(), dir.c_str());
+    throw checkpoint_error(errno_message("cannot rename '" + fresh.string() + "' to", dir, err));
+  }
+  fsync_directory(parent);
+  fs::remove_all(old, ec);
+}
+
+template <class R>
+tensor_producer list_producer(const R& rt, std::size_t t, chunk_kind k, dtype type) {
+  return [&rt, t, k, type](const byte_sink& sink) {
+    std::vector<float> v(rt.params()[t].numel());
+    rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);
+    switch (type) {
+      case dtype::f32: sink(std::as_bytes(std::span<const float>(v))); break;
+      case dtype::f16: {
+        std::vector<float16> h(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) h[i] = float16(v[i]);
+        sink(std::as_bytes(std::span<const float16>(h)));
+        break;
+      }
+      case dtype::bf16: {
+        std::vector<bfloat16> h(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) h[i] = bfloat16(v[i]);
+        sink(std::as_bytes(std::span<const bfloat16>(h)));
+        break;
+      }
+    }
+  };
+}
+
+}  // namespace checkpoint_detail
+
+/** @brief Saves @p rt's parameters and optimizer state, plus @p extra, as the checkpoint directory
+ *  @p dir (see the file comment). Written as `<dir>.tmp` (files fsynced), then swapped into place;
+ *  an existing checkpoint at @p dir is replaced only once the new one is complete, so a failure or
+ *  crash leaves the previous one readable. Call it on one rank.
+ *  @throws checkpoint_error for a reserved key in @p extra, a @p dir that exists but is not a
+ *  checkpoint, or any I/O failure. */
+template <CheckpointableRuntime R>
+void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkpoint_extra& extra = {}) {
+  namespace fs = std::filesystem;
+  namespace cd = checkpoint_detail;
+  for (const auto& [k, v] : extra)
+    if (cd::reserved_key(k))
+      throw checkpoint_error("checkpoint_extra key '" + k + "' is reserved (\"chunkstar.*\" and \"format\" are written by the library): rename it");
+  std::error_code ec;
+  if (fs::exists(dir, ec) && (!fs::is_directory(dir, ec) || (!fs::is_empty(dir, ec) && !fs::exists(dir / checkpoint_model_file, ec))))
+    throw checkpoint_error("refusing to replace '" + dir.string() + "': it exists and is not a chunkstar checkpoint directory (no " +
+                           std::string(checkpoint_model_file) + "); choose another path or remove it");
+  const auto tmp = cd::with_suffix(dir, ".tmp");
+  fs::remove_all(tmp, ec);  // an interrupted earlier save
+  if (!fs::create_directories(tmp, ec) || ec)
+    throw checkpoint_error("cannot create '" + tmp.string() + "': " + ec.message() + "; make the parent directory writable or choose another path");
+  try {
+    const auto specs = rt.params();
+    const dtype param_type = rt.options().param_type;
+    const bool state = rt.options().optimizer_state;
+    const bool master = state && param_type != dtype::f32;
+
+    safetensors_writer model;
+    model.set_metadata("format", "pt");
+    model.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
+    for (std::size_t t = 0; t < specs.size(); ++t)
+      model.add_producer(specs[t].name, to_safetensors_dtype(param_type), specs[t].shape,
+                         cd::list_producer(rt, t, chunk_kind::param, param_type));
+    const std::uint64_t model_sum = model.write(tmp / checkpoint_model_file);
+
+    safetensors_writer opt;
+    for (const auto& [k, v] : extra) opt.set_metadata(k, v);
+    opt.set_metadata("format", "pt");
+    opt.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
+    opt.set_metadata("chunkstar.optimizer_state", state ? "1" : "0");
+    opt.set_metadata("chunkstar.model_checksum", cd::hex64(model_sum));
+    if (state) {
+      for (std::size_t t = 0; t < specs.size(); ++t) {
+        const auto& s = specs[t];
+        if (master) opt.add_producer(s.name + ".master", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::master, dtype::f32));
+        opt.add_producer(s.name + ".exp_avg", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::momentum, dtype::f32));
+        opt.add_producer(s.name + ".exp_avg_sq", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::variance, dtype::f32));
+      }
+    }
+    opt.write(tmp / checkpoint_optimizer_file);
+    cd::fsync_directory(tmp);
+    cd::swap_into_place(tmp, dir);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+/** @brief Restores @p rt from the checkpoint directory @p dir and returns the trainer's extra
+ *  entries. Call after `finalize()`. Every registered parameter must be present with its shape
+ *  (the chunk size, layout and world size may differ from the saving run). Everything is validated
+ *  — checksums, names, shapes, dtypes — before any tensor of @p rt is written.
+ *  Parameters take the model file's values; a 16-bit runtime's master takes "<name>.master" when
+ *  present, else the (widened) model values; an fp32 runtime loading a 16-bit checkpoint takes the
+ *  master, so no precision is lost.
+ *  @throws checkpoint_error naming the directory and every missing or mismatched tensor. */
+template <CheckpointableRuntime R>
+checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkpoint_load_options options = {}) {
+  namespace fs = std::filesystem;
+  namespace cd = checkpoint_detail;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    std::string hint = "check the path";
+    if (fs::exists(cd::with_suffix(dir, ".old"), ec))
+      hint = "a save was interrupted between two renames: '" + cd::with_suffix(dir, ".old").string() +
+             "' holds the previous checkpoint and '" + cd::with_suffix(dir, ".tmp").string() + "' the new one; rename one to '" + dir.string() + "'";
+    throw checkpoint_error("checkpoint directory '" + dir.string() + "' does not exist: " + hint);
+  }
+  const safetensors_open_options strict{.verify_checksum = true, .require_checksum = true};
+  const auto model = safetensors_file::open(dir / checkpoint_model_file, strict);
+  const auto opt = safetensors_file::open(dir / checkpoint_optimizer_file, strict);
+  const auto meta = [&](const safetensors_file& f, const std::string& k) -> std::string {
+    const auto it = f.metadata().find(k);
+    if (it == f.metadata().end())
+      throw checkpoint_error("checkpoint file '" + f.path().string() + "' has no \"" + k + "\" metadata: it was not written by save_checkpoint");
+    return it->second;
+  };
+  if (meta(opt, "chunkstar.model_checksum") != cd::hex64(*model.checksum()))
+    throw checkpoint_error("checkpoint '" + dir.string() + "': " + std::string(checkpoint_optimizer_file) + " belongs to a different save than " +
+                           std::string(checkpoint_model_file) + " (model checksum mismatch): the files were mixed; use a complete checkpoint directory");
+  const bool file_state = meta(opt, "chunkstar.optimizer_state") == "1";
+  const bool rt_state = rt.options().optimizer_state;
+  const bool rt_master = rt_state && rt.options().param_type != dtype::f32;
+  const bool want_moments = rt_state && options.optimizer_state;
+  if (want_moments && !file_state)
+    throw checkpoint_error("checkpoint '" + dir.string() + "' holds no optimizer state: load it with checkpoint_load_options{.optimizer_state = false} "
+                           "to take the weights only (the optimizer then starts from zero moments)");
+
+  // Validate everything first, so a mismatch leaves the runtime untouched.
+  const auto specs = rt.params();
+  std::vector<std::string> problems;
+  std::map<std::string, bool> used_model, used_opt;
+  for (const auto& t : model.tensors()) used_model[t.name] = false;
+  for (const auto& t : opt.tensors()) used_opt[t.name] = false;
+  auto check = [&](const safetensors_file& f, std::map<std::string, bool>& used, const std::string& name, const tensor_spec& s,
+                   bool required, bool f32_only) -> bool {
+    const auto* t = f.find(name);
+    if (!t) {
+      if (required) problems.push_back("'" + name + "' missing from " + f.path().filename().string());
+      return false;
+    }
+    used[name] = true;
+    if (t->shape != s.shape) problems.push_back("'" + name + "' has shape " + t->shape_string() + " in the checkpoint, " + s.shape_string() + " registered");
+    else if (f32_only ? t->type != safetensors_dtype::f32 : !is_floating(t->type))
+      problems.push_back("'" + name + "' is " + std::string(safetensors_dtype_name(t->type)) + (f32_only ? ", optimizer state must be F32" : ", not a floating-point type"));
+    return true;
+  };
+  std::vector<bool> has_master(specs.size(), false);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto& s = specs[i];
+    check(model, used_model, s.name, s, true, false);
+    has_master[i] = check(opt, used_opt, s.name + ".master", s, false, true);
+    if (file_state) {
+      check(opt, used_opt, s.name + ".exp_avg", s, want_moments, true);
+      check(opt, used_opt, s.name + ".exp_avg_sq", s, want_moments, true);
+    }
+  }
+  if (!options.allow_unused) {
+    std::vector<std::string> unused;
+    for (const auto& [n, u] : used_model)
+      if (!u) unused.push_back(n);
+    for (const auto& [n, u] : used_opt)
+      if (!u) unused.push_back(n);
+    if (!unused.empty()) {
+      std::string list;
+      for (std::size_t i = 0; i < unused.size() && i < 10; ++i) list += (i ? ", '" : "'") + unused[i] + "'";
+      if (unused.size() > 10) list += " and " + std::to_string(unused.size() - 10) + " more";
+      problems.push_back(std::to_string(unused.size()) + " tensor(s) no registered parameter takes: " + list);
+    }
+  }
+  if (!problems.empty()) {
+    std::string msg = "checkpoint '" + dir.string() + "' does not match the runtime's " + std::to_string(specs.size()) + " parameters:";
+    for (std::size_t i = 0; i < problems.size() && i < 20; ++i) msg += "\n  " + problems[i];
+    if (problems.size() > 20) msg += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
+    msg += "\nregister the same parameters (names and shapes) as the run that saved it";
+    if (!options.allow_unused) msg += ", or pass checkpoint_load_options{.allow_unused = true} to skip extra tensors";
+    throw checkpoint_error(msg);
+  }
+
+  std::vector<float> v, full;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto& s = specs[i];
+    const param_id id{static_cast<std::uint32_t>(i)};
+    v.resize(s.numel());
+    model.read_floats(s.name, v);
+    if (has_master[i]) {
+      full.resize(s.numel());
+      opt.read_floats(s.name + ".master", full);
+    } else {
+      full = v;
+    }
+    rt.write_tensor(id, chunk_kind::param, rt_master ? std::span<const float>(v) : std::span<const float>(full));
+    if (rt_master) rt.write_tensor(id, chunk_kind::master, full);
+    if (want_moments) {
+      opt.read_floats(s.name + ".exp_avg", v);
+      rt.write_tensor(id, chunk_kind::momentum, v);
+      opt.read_floats(s.name + ".exp_avg_sq", v);
+      rt.write_tensor(id, chunk_kind::variance, v);
+    }
+  }
+  checkpoint_extra extra;
+  for (const auto& [k, val] : opt.metadata())
+    if (!cd::reserved_key(k)) extra.emplace(k, val);
+  return extra;
+}
+
+/** @brief The default runtime models the concept. */
+static_assert(CheckpointableRuntime<patrickstar_runtime>);
+
+}  // namespace chunkstar

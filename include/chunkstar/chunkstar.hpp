@@ -1,0 +1,53 @@
+/** @file
+ *  @brief Everything in Tier 0 (plain C++20): the concepts, their models, the runtime and the
+ *         optimizer. CUDA (chunkstar/cuda/), NCCL (chunkstar/nccl/) and MPI (chunkstar/mpi/)
+ *         headers are included separately, by the programs that link those targets.
+ */
+#pragma once
+
+#include <chunkstar/config.hpp>
+
+#include <chunkstar/core/dtype.hpp>
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/core/memory_report.hpp>
+#include <chunkstar/core/tensor_spec.hpp>
+#include <chunkstar/core/units.hpp>
+
+#include <chunkstar/memory/copy_engine.hpp>
+#include <chunkstar/memory/host_copy_engine.hpp>
+#include <chunkstar/memory/host_space.hpp>
+#include <chunkstar/memory/memory_space.hpp>
+#include <chunkstar/memory/simulated_device_space.hpp>
+
+#include <chunkstar/layout/chunk_layout.hpp>
+#include <chunkstar/layout/fixed_chunk_layout.hpp>
+#include <chunkstar/layout/searched_chunk_layout.hpp>
+
+#include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/comm/single_process.hpp>
+
+#include <chunkstar/tracer/null_tracer.hpp>
+#include <chunkstar/tracer/tracer.hpp>
+#include <chunkstar/tracer/warmup_tracer.hpp>
+
+#include <chunkstar/placement/auto_placement.hpp>
+#include <chunkstar/placement/placement_policy.hpp>
+#include <chunkstar/placement/static_placement.hpp>
+
+#include <chunkstar/eviction/belady.hpp>
+#include <chunkstar/eviction/eviction_strategy.hpp>
+#include <chunkstar/eviction/lru.hpp>
+
+#include <chunkstar/optim/adam.hpp>
+#include <chunkstar/optim/clip.hpp>
+#include <chunkstar/optim/grad_check.hpp>
+#include <chunkstar/optim/loss_scaler.hpp>
+#include <chunkstar/optim/lr_schedule.hpp>
+#include <chunkstar/optim/param_groups.hpp>
+
+#include <chunkstar/runtime/chunk_adam.hpp>
+#include <chunkstar/runtime/chunk_id.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+#include <chunkstar/runtime/runtime_stats.hpp>
+#include <chunkstar/runtime/timeline.hpp>
