@@ -46,6 +46,9 @@
 #include <chunkstar/optim/lr_schedule.hpp>
 #include <chunkstar/optim/param_groups.hpp>
 
+#include <chunkstar/checkpoint/runtime_checkpoint.hpp>
+#include <chunkstar/checkpoint/safetensors.hpp>
+
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_id.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>

@@ -28,6 +28,8 @@ class json_error : public std::runtime_error {
   std::size_t position_;
 };
 
+struct json_member;
+
 /** @brief A parsed value. `begin`/`end` delimit its raw text; for strings, the text between the
  *  quotes (still escaped), which is what lets the checksum locate its own digits. */
 struct json_value {
@@ -35,9 +37,15 @@ struct json_value {
   kind type = kind::object;
   std::string text;                                         ///< string value (unescaped)
   std::int64_t integer = 0;                                 ///< integer value
-  std::vector<std::pair<std::string, json_value>> members;  ///< object members, in file order
+  std::vector<json_member> members;                         ///< object members, in file order
   std::vector<json_value> items;                            ///< array items
   std::size_t begin = 0, end = 0;
+};
+
+/** @brief One key and value of an object. */
+struct json_member {
+  std::string key;
+  json_value value;
 };
 
 /** @brief Name of a kind, for messages. */
@@ -118,14 +126,14 @@ class json_reader {
       const std::size_t key_pos = pos_;
       std::string key = string_value().text;
       for (const auto& m : v.members)
-        if (m.first == key) {
+        if (m.key == key) {
           pos_ = key_pos;
           fail("duplicate key \"" + key + "\"");
         }
       skip_ws();
       expect(':');
       skip_ws();
-      v.members.emplace_back(std::move(key), value(depth + 1));
+      v.members.push_back({std::move(key), value(depth + 1)});
       skip_ws();
       if (peek() == ',') {
         ++pos_;
