@@ -49,8 +49,9 @@ struct gpt_preset {
 
 /** @brief The presets, smallest first. GPT-2/GPT-3 shapes with a 256-token vocabulary, so each
  *         has fewer parameters than its namesake (the 50257-row embedding is gone). */
-inline constexpr std::array<gpt_preset, 6> presets{{
+inline constexpr std::array<gpt_preset, 7> presets{{
     {"tiny", {.vocab = 256, .context = 128, .layers = 4, .heads = 4, .width = 64}, "~0.2M params, for tests"},
+    {"mini", {.vocab = 256, .context = 128, .layers = 6, .heads = 8, .width = 256}, "~4.8M params, train_gpt's default"},
     {"small", {.vocab = 256, .context = 256, .layers = 6, .heads = 6, .width = 384}, "~11M params"},
     {"gpt2", {.vocab = 256, .context = 1024, .layers = 12, .heads = 12, .width = 768}, "GPT-2 124M shapes, ~86M params"},
     {"350m", {.vocab = 256, .context = 1024, .layers = 24, .heads = 16, .width = 1024}, "GPT-2 medium shapes, ~303M params"},

@@ -83,7 +83,7 @@ void check_grad(const std::string& what, double* x, std::size_t n, const double*
 
 TEST_CASE("presets: param_count agrees with the spec list and with the advertised sizes") {
   const std::vector<std::pair<std::string, std::pair<double, double>>> expect{
-      {"tiny", {0.15e6, 0.3e6}}, {"small", {8e6, 12e6}},      {"gpt2", {80e6, 90e6}},
+      {"tiny", {0.15e6, 0.3e6}}, {"mini", {4.5e6, 5.0e6}},    {"small", {8e6, 12e6}},      {"gpt2", {80e6, 90e6}},
       {"350m", {290e6, 310e6}},  {"760m", {690e6, 720e6}},    {"1.3b", {1.1e9, 1.3e9}}};
   for (const auto& [name, range] : expect) {
     const gpt_config c = gpt::parse_preset(name);

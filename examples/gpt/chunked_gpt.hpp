@@ -1,0 +1,250 @@
+/** @file
+ *  @brief The GPT model with all of its model data in a chunkstar runtime: parameters registered
+ *         stage by stage, every stage's forward and backward inside an access scope, activations
+ *         from the runtime's compute-tier allocator.
+ *
+ *  The kernels compute in fp32. With 16-bit parameters (bf16, fp16) a scope widens the stage's
+ *  parameters into fp32 staging buffers on the compute tier and, in backward, adds the fp32
+ *  gradients into the 16-bit gradient chunks; the fp32 master copy lives in the runtime's master
+ *  chunks and is what the optimizer updates.
+ */
+#pragma once
+
+#include "gpt_model.hpp"
+
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+/** @brief One micro-batch's shape. */
+struct batch_shape {
+  std::size_t batch = 8;
+  std::size_t seq = 128;
+};
+
+template <class Runtime>
+class chunked_gpt {
+ public:
+  /** @brief Registers every parameter of @p c (in execution order) with @p rt, initialised from
+   *  @p seed; call `rt.finalize()` afterwards (or use finalize()). */
+  chunked_gpt(Runtime& rt, const gpt_config& c, batch_shape shape, std::uint64_t seed)
+      : rt_(rt), c_(c), shape_(shape), sizes_(compute_activation_sizes(c, shape.batch, shape.seq)) {
+    const auto type = rt.options().param_type;
+    std::size_t index = 0;
+    for (auto& layer : param_layers(c, type)) {
+      stage s{layer.name, {}};
+      for (auto& spec : layer.tensors) {
+        const auto i = index++;
+        s.ids.push_back(rt.register_param(spec, [c, spec, i, seed](std::span<float> v) {
+          init_tensor<float>(c, spec, i, v.data(), seed);
+        }));
+      }
+      stages_.push_back(std::move(s));
+    }
+  }
+
+  void finalize() { rt_.finalize(); }
+
+  [[nodiscard]] const gpt_config& config() const noexcept { return c_; }
+  [[nodiscard]] batch_shape shape() const noexcept { return shape_; }
+  [[nodiscard]] std::size_t tokens_per_batch() const noexcept { return shape_.batch * shape_.seq; }
+
+  /** @brief Forward and backward of one micro-batch; gradients (of loss × @p loss_scale) are added
+   *  into the runtime's gradient chunks. Returns the mean loss. */
+  double forward_backward(const int* tokens, const int* targets, float loss_scale = 1.0f) {
+    const std::size_t B = shape_.batch, T = shape_.seq;
+    detail::check_tokens(c_, tokens, B * T, "tokens");
+    detail::check_tokens(c_, targets, B * T, "targets");
+    forward_pass fp(*this);
+    const double loss = fp.run(tokens, targets);
+
+    buffer<float> ws_mem(rt_, sizes_.workspace);
+    const auto w = bind_backward_workspace<float>(c_, B, T, ws_mem.data());
+    {
+      auto s = rt_.backward("final", final_ids());
+      layer_views v(*this, s, final_ids(), true);
+      head_backward<float>(c_, B, T, v.p[2], v.p[0], fp.block_output(c_.layers), fp.head, targets, v.g[2], v.g[0],
+                           v.g[1], w, loss_scale);
+      v.flush_grads(s, final_ids());
+    }
+    fp.head_mem.reset();
+    for (int l = c_.layers - 1; l >= 0; --l) {
+      const auto& ids = stages_[static_cast<std::size_t>(l) + 1].ids;
+      auto s = rt_.backward(stages_[static_cast<std::size_t>(l) + 1].name, ids);
+      layer_views v(*this, s, ids, true);
+      block_backward<float>(c_, B, T, block_of(v.p), block_of(v.g), fp.block_output(l), fp.blocks[static_cast<std::size_t>(l)], w);
+      v.flush_grads(s, ids);
+      fp.block_mem[static_cast<std::size_t>(l)].reset();
+    }
+    {
+      const auto& ids = stages_[0].ids;
+      auto s = rt_.backward("embedding", ids);
+      layer_views v(*this, s, ids, true);
+      embedding_backward<float>(c_, B, T, tokens, v.g[0], v.g[1], w);
+      v.flush_grads(s, ids);
+    }
+    return loss;
+  }
+
+  /** @brief Forward only (validation): the mean loss. Wrap calls in `rt.untraced()`. */
+  double loss(const int* tokens, const int* targets) {
+    detail::check_tokens(c_, tokens, tokens_per_batch(), "tokens");
+    forward_pass fp(*this);
+    return fp.run(tokens, targets);
+  }
+
+  /** @brief Next-token probabilities after @p context (1 <= size <= seq), for sampling. Uses row 0
+   *  of a batch; wrap calls in `rt.untraced()`. */
+  std::vector<float> next_token_probs(std::span<const int> context) {
+    const std::size_t T = shape_.seq;
+    std::vector<int> tokens(tokens_per_batch(), 0), targets(tokens_per_batch(), 0);
+    const std::size_t n = std::min(context.size(), T);
+    std::copy(context.end() - static_cast<std::ptrdiff_t>(n), context.end(), tokens.begin());
+    forward_pass fp(*this);
+    fp.run(tokens.data(), targets.data());
+    const float* row = fp.head.probs + (n - 1) * static_cast<std::size_t>(c_.vocab);
+    return {row, row + c_.vocab};
+  }
+
+ private:
+  struct stage {
+    std::string name;
+    std::vector<chunkstar::param_id> ids;
+  };
+
+  /** A float buffer on the compute tier, freed on destruction or reset(). */
+  template <class T>
+  class buffer {
+   public:
+    buffer() = default;
+    buffer(Runtime& rt, std::size_t n) : rt_(&rt), bytes_(n * sizeof(T)), p_(static_cast<T*>(rt.allocate_non_model(bytes_))) {}
+    buffer(buffer&& o) noexcept : rt_(o.rt_), bytes_(o.bytes_), p_(std::exchange(o.p_, nullptr)) {}
+    buffer& operator=(buffer&& o) noexcept {
+      reset();
+      rt_ = o.rt_;
+      bytes_ = o.bytes_;
+      p_ = std::exchange(o.p_, nullptr);
+      return *this;
+    }
+    ~buffer() { reset(); }
+    void reset() noexcept {
+      if (p_) rt_->deallocate_non_model(p_, bytes_);
+      p_ = nullptr;
+    }
+    [[nodiscard]] T* data() const noexcept { return p_; }
+
+   private:
+    Runtime* rt_ = nullptr;
+    std::size_t bytes_ = 0;
+    T* p_ = nullptr;
+  };
+
+  /** fp32 views of a scope's parameters (and gradients in backward): the chunk memory itself for
+   *  fp32 models, zero-copy; widened staging copies for 16-bit models. */
+  class layer_views {
+   public:
+    std::vector<float*> p, g;
+    layer_views(chunked_gpt& m, typename Runtime::scope& s, const std::vector<chunkstar::param_id>& ids, bool grads)
+        : m_(m) {
+      for (auto id : ids) {
+        p.push_back(view(s, id, false));
+        if (grads) g.push_back(view(s, id, true));
+      }
+    }
+    /** Adds staged fp32 gradients into the 16-bit gradient chunks (no-op for fp32 models). */
+    void flush_grads(typename Runtime::scope& s, const std::vector<chunkstar::param_id>& ids) {
+      if (m_.rt_.options().param_type == chunkstar::dtype::f32) return;
+      for (std::size_t i = 0; i < ids.size(); ++i) with_16bit(s, ids[i], true, [&](auto span) {
+          for (std::size_t k = 0; k < span.size(); ++k)
+            span[k] = chunkstar::from_float<typename decltype(span)::value_type>(chunkstar::to_float(span[k]) + g[i][k]);
+        });
+    }
+
+   private:
+    template <class F>
+    void with_16bit(typename Runtime::scope& s, chunkstar::param_id id, bool grad, F&& f) {
+      if (m_.rt_.options().param_type == chunkstar::dtype::bf16)
+        f(grad ? s.template grad<chunkstar::bfloat16>(id) : s.template param<chunkstar::bfloat16>(id));
+      else
+        f(grad ? s.template grad<chunkstar::float16>(id) : s.template param<chunkstar::float16>(id));
+    }
+    float* view(typename Runtime::scope& s, chunkstar::param_id id, bool grad) {
+      if (m_.rt_.options().param_type == chunkstar::dtype::f32)
+        return (grad ? s.template grad<float>(id) : s.template param<float>(id)).data();
+      const std::size_t n = m_.rt_.spec(id).numel();
+      staging_.emplace_back(m_.rt_, n);
+      float* out = staging_.back().data();
+      if (grad) std::memset(out, 0, n * sizeof(float));
+      else with_16bit(s, id, false, [&](auto span) {
+          for (std::size_t k = 0; k < n; ++k) out[k] = chunkstar::to_float(span[k]);
+        });
+      return out;
+    }
+    chunked_gpt& m_;
+    std::vector<buffer<float>> staging_;
+  };
+
+  /** The forward of one batch, keeping what backward needs. */
+  struct forward_pass {
+    chunked_gpt& m;
+    buffer<float> emb_mem, scratch_mem, head_mem;
+    std::vector<buffer<float>> block_mem;
+    float* encoded = nullptr;
+    std::vector<block_activations<float>> blocks;
+    head_activations<float> head{};
+
+    explicit forward_pass(chunked_gpt& model) : m(model) {}
+
+    const float* block_output(int l) const { return l == 0 ? encoded : blocks[static_cast<std::size_t>(l) - 1].res3; }
+
+    double run(const int* tokens, const int* targets) {
+      const gpt_config& c = m.c_;
+      const std::size_t B = m.shape_.batch, T = m.shape_.seq;
+      emb_mem = buffer<float>(m.rt_, m.sizes_.embedding);
+      scratch_mem = buffer<float>(m.rt_, m.sizes_.scratch);
+      encoded = emb_mem.data();
+      {
+        auto s = m.rt_.forward("embedding", m.stages_[0].ids);
+        layer_views v(m, s, m.stages_[0].ids, false);
+        embedding_forward<float>(c, B, T, tokens, v.p[0], v.p[1], encoded);
+      }
+      for (int l = 0; l < c.layers; ++l) {
+        const auto& st = m.stages_[static_cast<std::size_t>(l) + 1];
+        block_mem.emplace_back(m.rt_, m.sizes_.block);
+        blocks.push_back(bind_block_activations<float>(c, B, T, block_mem.back().data()));
+        auto s = m.rt_.forward(st.name, st.ids);
+        layer_views v(m, s, st.ids, false);
+        block_forward<float>(c, B, T, block_of(v.p), block_output(l), blocks.back(), scratch_mem.data());
+      }
+      scratch_mem.reset();
+      head_mem = buffer<float>(m.rt_, m.sizes_.head);
+      float* h = head_mem.data();
+      const std::size_t N = B * T, C = c.width, V = c.vocab;
+      head = {h, h + N * C, h + N * C + N, h + N * C + 2 * N, h + N * C + 2 * N + N * V, h + N * C + 2 * N + 2 * N * V};
+      auto s = m.rt_.forward("final", m.final_ids());
+      layer_views v(m, s, m.final_ids(), false);
+      return head_forward<float>(c, B, T, v.p[2], v.p[0], v.p[1], block_output(c.layers), head, targets);
+    }
+  };
+
+  static block_params<float> block_of(const std::vector<float*>& t) {
+    return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11]};
+  }
+  /** The head's scope: the final LayerNorm and the tied embedding (wte), which is the LM head. */
+  std::vector<chunkstar::param_id> final_ids() const {
+    return {stages_.back().ids[0], stages_.back().ids[1], stages_[0].ids[0]};
+  }
+
+  Runtime& rt_;
+  gpt_config c_;
+  batch_shape shape_;
+  activation_sizes sizes_;
+  std::vector<stage> stages_;
+};
+
+}  // namespace gpt

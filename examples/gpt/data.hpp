@@ -1,0 +1,82 @@
+/** @file
+ *  @brief Byte-level text data: loading (a file, or the embedded default corpus), a train /
+ *         validation split, and batches that are a pure function of (seed, step, micro-batch), so
+ *         resuming needs nothing but the step number.
+ */
+#pragma once
+
+#include <chunkstar/core/error.hpp>
+
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+// The embedded default corpus (generated from data/corpus.txt at build time).
+extern const unsigned char gpt_default_corpus[];
+extern const std::size_t gpt_default_corpus_size;
+
+namespace gpt {
+
+/** @brief A corpus split into training and held-out bytes. */
+struct text_data {
+  std::string source;  ///< file name, or "embedded default corpus"
+  std::vector<std::uint8_t> train;
+  std::vector<std::uint8_t> val;
+};
+
+/** @brief Loads @p path (all of it, as bytes), or the embedded corpus when @p path is empty, and
+ *  holds out the last @p val_fraction for validation. Throws config_error when the file cannot be
+ *  read or is too short for sequences of @p seq tokens. */
+inline text_data load_text(const std::string& path, std::size_t seq, double val_fraction = 0.1) {
+  std::vector<std::uint8_t> bytes;
+  text_data d;
+  if (path.empty()) {
+    bytes.assign(gpt_default_corpus, gpt_default_corpus + gpt_default_corpus_size);
+    d.source = "embedded default corpus (GPL-3, Apache-2.0 and GFDL-1.3 license texts)";
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw chunkstar::config_error("cannot read --data '" + path + "': check the path and permissions");
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    d.source = path;
+  }
+  const auto val = static_cast<std::size_t>(static_cast<double>(bytes.size()) * val_fraction);
+  if (bytes.size() - val < 2 * (seq + 1) || val < seq + 1)
+    throw chunkstar::config_error("--data '" + d.source + "' has " + std::to_string(bytes.size()) +
+                                  " bytes: too short for sequences of " + std::to_string(seq) +
+                                  " tokens; use a longer text or a smaller --seq");
+  d.train.assign(bytes.begin(), bytes.end() - static_cast<std::ptrdiff_t>(val));
+  d.val.assign(bytes.end() - static_cast<std::ptrdiff_t>(val), bytes.end());
+  return d;
+}
+
+namespace detail {
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace detail
+
+/** @brief Fills a [B, T] batch: sequence b starts at a position drawn from (seed, key, b); targets
+ *  are the next bytes. @p key identifies the batch (step and micro-batch, or a validation index). */
+inline void fill_batch(const std::vector<std::uint8_t>& data, std::uint64_t seed, std::uint64_t key, std::size_t B,
+                       std::size_t T, int* tokens, int* targets) {
+  const std::size_t span = data.size() - T - 1;
+  for (std::size_t b = 0; b < B; ++b) {
+    const std::size_t start = detail::mix(seed ^ detail::mix(key * 0x100000001b3ull + b)) % (span + 1);
+    for (std::size_t t = 0; t < T; ++t) {
+      tokens[b * T + t] = data[start + t];
+      targets[b * T + t] = data[start + t + 1];
+    }
+  }
+}
+
+/** @brief The batch key of micro-batch @p micro of optimizer step @p step (1-based). */
+inline std::uint64_t train_key(std::int64_t step, int micro) {
+  return (static_cast<std::uint64_t>(step) << 16) | static_cast<std::uint64_t>(micro);
+}
+
+}  // namespace gpt
