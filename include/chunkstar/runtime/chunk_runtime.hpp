@@ -291,10 +291,12 @@ class chunk_runtime {
     require_finalized("step");
     require_no_compute("step");
     if (untraced_) throw state_error("step() inside an untraced section: close the section first");
-    const std::size_t m = tracer_.open_moment(moment_kind::optimizer, "optimizer");
     const auto t0 = timeline_.now_us();
-    retire_completed();
     for (std::uint32_t c = 0; c < plan_.num_chunks; ++c) {
+      // One moment per chunk index, so the trace orders the step's chunks like any scope's: Belady
+      // sees which state is needed next and the prefetcher loads the next chunks while this steps.
+      const std::size_t m = tracer_.open_moment(moment_kind::optimizer, "optimizer");
+      retire_completed();
       const tier where = placement_.optimizer_tier(inputs(), c);
       std::vector<chunk_id> ids;
       for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
@@ -306,7 +308,7 @@ class chunk_runtime {
         for (auto id : ids) make_resident_on_host(id);
       }
       for (auto id : ids) ++slot(id).pinned;
-      if (options_.prefetch_depth) prefetch_step(c);
+      prefetch(m);
       step_chunk view{.index = c, .where = where, .param_type = options_.param_type, .elems = plan_.chunk_elems,
                       .param = slot({chunk_kind::param, c}).data, .grad = slot({chunk_kind::grad, c}).data,
                       .master = has(chunk_kind::master) ? static_cast<float*>(slot({chunk_kind::master, c}).data) : nullptr,
@@ -322,7 +324,6 @@ class chunk_runtime {
       for (auto id : ids) --slot(id).pinned;
       ++(where == tier::device ? stats_.device_steps : stats_.host_steps);
     }
-    prefetch(m);  // the next iteration's first chunks
     timeline_.span(timeline::track::optimizer, "optimizer step", t0, timeline_.now_us());
     ++stats_.steps;
     zero_grad();
@@ -672,6 +673,9 @@ class chunk_runtime {
 
   void start_move(chunk_id id, tier to, move_reason why) {
     auto& s = slot(id);
+    if (s.pinned)  // the invariant every caller must keep: a chunk in use never moves
+      throw state_error("internal: chunk " + to_string(id) + " is in use and cannot move to the " +
+                        std::string(tier_name(to)) + "; please report this as a chunkstar bug");
     wait_pending(s);  // one copy per chunk at a time
     const std::size_t bytes = bytes_of(id.kind);
     const std::size_t a = options_.payload_alignment;
@@ -829,7 +833,7 @@ class chunk_runtime {
       auto& s = slot(a.id);
       const std::size_t bytes = bytes_of(a.id.kind);
       if (s.where == tier::none) reserved += bytes;  // a FREE gradient will take room on the device first
-      if (s.where != tier::host) continue;
+      if (s.where != tier::host || s.pinned) continue;  // pinned: in use on the host right now
       // Only free budget is used: evicting for a prefetch moved 2-8x the optimal bytes in
       // bench_replay, while fetching into free room alone keeps Belady at the optimum.
       if (resident_[0] + reserved + bytes > budget) break;
@@ -844,23 +848,6 @@ class chunk_runtime {
     s.prefetched = true;
     s.last_use = ++tick_;  // for LRU, a chunk just fetched is not the stalest
     ++stats_.prefetches;
-  }
-
-  /** During the optimizer step every chunk is one moment of the trace, so the trace cannot order
-   *  them: load the next chunks that step on the device while this one steps. */
-  void prefetch_step(std::uint32_t c) {
-    std::size_t started = 0;
-    for (std::uint32_t next = c + 1; next < plan_.num_chunks && started < options_.prefetch_depth; ++next) {
-      if (placement_.optimizer_tier(inputs(), next) != tier::device) continue;
-      for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
-        if (!lists_[k].present) continue;
-        const chunk_id id{static_cast<chunk_kind>(k), next};
-        if (slot(id).where != tier::host) continue;
-        if (resident_[0] + bytes_of(id.kind) > budget_now()) return;
-        start_prefetch(id);
-      }
-      ++started;
-    }
   }
 
   // --- scopes --------------------------------------------------------------------------------------
