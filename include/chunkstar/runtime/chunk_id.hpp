@@ -6,7 +6,6 @@
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
 
-#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -20,7 +19,13 @@ namespace chunkstar {
 struct chunk_id {
   chunk_kind kind = chunk_kind::param;
   std::uint32_t index = 0;
-  friend constexpr auto operator<=>(const chunk_id&, const chunk_id&) = default;
+  // Written out rather than defaulted: nvcc 13 leaves defaulted friend comparisons undefined at link time.
+  friend constexpr bool operator==(const chunk_id& a, const chunk_id& b) noexcept {
+    return a.kind == b.kind && a.index == b.index;
+  }
+  friend constexpr bool operator<(const chunk_id& a, const chunk_id& b) noexcept {
+    return a.kind != b.kind ? a.kind < b.kind : a.index < b.index;
+  }
 };
 
 /** @brief "param#3". */

@@ -68,7 +68,7 @@ struct runtime_options {
 /** @brief Handle of a registered parameter. */
 struct param_id {
   std::uint32_t value = 0;
-  friend constexpr auto operator<=>(const param_id&, const param_id&) = default;
+  friend constexpr bool operator==(const param_id& a, const param_id& b) noexcept { return a.value == b.value; }
 };
 
 /** @brief Fills a parameter's initial values (fp32; the runtime narrows them to the param dtype). */
