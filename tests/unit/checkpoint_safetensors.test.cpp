@@ -47,7 +47,7 @@ void write_file(const fs::path& p, std::span<const std::byte> b) {
 
 std::vector<std::byte> bytes_of(std::string_view s) {
   std::vector<std::byte> b(s.size());
-  std::memcpy(b.data(), s.data(), s.size());
+  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());  // memcpy(nullptr, ..., 0) is UB
   return b;
 }
 
