@@ -36,6 +36,7 @@ struct min_step {
   std::vector<std::uint32_t> need;  ///< chunks that must be resident during the step
   std::size_t capacity = 0;         ///< chunks the device may hold during the step
   bool drop_after = false;          ///< drop every droppable chunk after this step
+  std::vector<std::uint32_t> drop;  ///< drop these (droppable) chunks after this step
   int iteration = 0;                ///< which repetition of the trace the step belongs to (for costs per iteration)
 };
 
@@ -50,6 +51,11 @@ struct min_result {
   std::vector<std::size_t> moves_per_iteration;  ///< loads + evictions, indexed by min_step::iteration
   [[nodiscard]] std::size_t moves() const noexcept { return loads + evictions; }
 };
+
+/** @brief Whether droppable chunk @p c is dropped at the end of step @p s. */
+inline bool drops(const min_step& s, std::uint32_t c) {
+  return s.drop_after || std::find(s.drop.begin(), s.drop.end(), c) != s.drop.end();
+}
 
 /** @brief Runs MIN over @p steps. @p droppable and @p initial are indexed by chunk id. */
 inline min_result belady_min(const std::vector<min_step>& steps, const std::vector<bool>& droppable,
@@ -72,9 +78,9 @@ inline min_result belady_min(const std::vector<min_step>& steps, const std::vect
       upcoming[c] = t;
     }
     // A drop at the end of step t - 1 kills droppable chunks for steps before it.
-    if (t > 0 && steps[t - 1].drop_after)
+    if (t > 0)
       for (std::size_t c = 0; c < n; ++c)
-        if (droppable[c]) upcoming[c] = never;
+        if (droppable[c] && drops(steps[t - 1], static_cast<std::uint32_t>(c))) upcoming[c] = never;
   }
 
   min_result r;
@@ -119,9 +125,9 @@ inline min_result belady_min(const std::vector<min_step>& steps, const std::vect
     }
     while (resident > cap) evict_furthest();  // the capacity shrank since the last step
     for (auto c : s.need) in_need[c] = false;
-    if (s.drop_after) {
+    if (s.drop_after || !s.drop.empty()) {
       for (std::size_t c = 0; c < n; ++c) {
-        if (!droppable[c] || at[c] == min_place::absent) continue;
+        if (!droppable[c] || at[c] == min_place::absent || !drops(s, static_cast<std::uint32_t>(c))) continue;
         if (at[c] == min_place::device) --resident;
         at[c] = min_place::absent;
       }
@@ -179,7 +185,7 @@ inline std::size_t optimal_moves(const std::vector<min_step>& steps, const std::
         at = min_place::device;
         since = t + 1;
       }
-      if (steps[t].drop_after && droppable[c]) {
+      if (droppable[c] && drops(steps[t], static_cast<std::uint32_t>(c))) {
         if (at == min_place::device && since <= t) intervals.push_back({since, t, 1});
         at = min_place::absent;
       }

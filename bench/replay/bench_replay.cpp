@@ -178,14 +178,16 @@ std::pair<double, double> offline_references(const RT& rt, std::size_t capacity,
   struct group {
     std::size_t moment;
     std::vector<std::uint32_t> need;
+    std::vector<std::uint32_t> drop;  // the runtime frees a chunk's gradient right after its step
   };
   std::vector<group> one;
   for (const auto& a : acc) {
     const bool optimizer = moments[a.moment].kind == moment_kind::optimizer;
     const bool same = !one.empty() && one.back().moment == a.moment &&
                       (!optimizer || (one.back().need.back() % n_chunks) == a.id.index);
-    if (!same) one.push_back({a.moment, {}});
+    if (!same) one.push_back({a.moment, {}, {}});
     one.back().need.push_back(dense(a.id));
+    if (optimizer && one.back().drop.empty()) one.back().drop.push_back(dense({chunk_kind::grad, a.id.index}));
   }
   std::vector<std::size_t> cap_of_moment(M);
   for (std::size_t m = 0; m < M; ++m) {
@@ -201,7 +203,7 @@ std::pair<double, double> offline_references(const RT& rt, std::size_t capacity,
     std::vector<bench::min_step> s;
     for (int r = 0; r < reps; ++r)
       for (std::size_t g = 0; g < one.size(); ++g)
-        s.push_back({one[g].need, cap_of_moment[one[g].moment], g + 1 == one.size(), r});
+        s.push_back({one[g].need, cap_of_moment[one[g].moment], g + 1 == one.size(), one[g].drop, r});
     return s;
   };
   const int r1 = 2, r2 = 2 + iterations;

@@ -308,7 +308,10 @@ class chunk_runtime {
         for (auto id : ids) make_resident_on_host(id);
       }
       for (auto id : ids) ++slot(id).pinned;
-      prefetch(m);
+      // The trace holds device accesses only, so it cannot know that a later chunk of this step
+      // needs its lists on the host first: never fetch those up just to move them down again.
+      prefetch(m, [&](chunk_id id) { return id.index > c && placement_.optimizer_tier(inputs(), id.index) == tier::host; });
+      if (options_.prefetch_depth) offload_ahead(c);
       step_chunk view{.index = c, .where = where, .param_type = options_.param_type, .elems = plan_.chunk_elems,
                       .param = slot({chunk_kind::param, c}).data, .grad = slot({chunk_kind::grad, c}).data,
                       .master = has(chunk_kind::master) ? static_cast<float*>(slot({chunk_kind::master, c}).data) : nullptr,
@@ -323,6 +326,12 @@ class chunk_runtime {
       }
       for (auto id : ids) --slot(id).pinned;
       ++(where == tier::device ? stats_.device_steps : stats_.host_steps);
+      // The gradient is spent: free it now rather than after the loop, so a host-side step never
+      // needs every chunk's gradient on the host at once. A param stepped on the host goes back to
+      // the compute tier while there is budget, which is where forward wants it.
+      release_grad(c);
+      if (where == tier::host && resident_[0] + bytes_of(chunk_kind::param) <= budget_now())
+        start_move({chunk_kind::param, c}, tier::device, move_reason::load);
     }
     timeline_.span(timeline::track::optimizer, "optimizer step", t0, timeline_.now_us());
     ++stats_.steps;
@@ -348,12 +357,7 @@ class chunk_runtime {
    *  step (fp16 overflow) or to start a new accumulation. */
   void zero_grad() {
     require_no_compute("zero_grad");
-    for (auto& s : list(chunk_kind::grad).chunks) {
-      if (s.where == tier::none) continue;
-      wait_pending(s);
-      count_resident(s.where, bytes_of(chunk_kind::grad), -1);
-      free_payload(s, bytes_of(chunk_kind::grad));
-    }
+    for (std::uint32_t c = 0; c < plan_.num_chunks; ++c) release_grad(c);
   }
 
   /** @brief Ends an iteration without a step (e.g. after an evaluation pass, or a skipped step):
@@ -813,6 +817,12 @@ class chunk_runtime {
    *  the smallest budget of every moment until then (activations grow in forward), next to the FREE
    *  gradients that will be materialised before it. Prefetch never evicts. */
   void prefetch(std::size_t m) {
+    prefetch(m, [](chunk_id) { return false; });
+  }
+
+  /** As prefetch(m), skipping chunks for which @p skip returns true. */
+  template <class Skip>
+  void prefetch(std::size_t m, Skip&& skip) {
     if (options_.prefetch_depth == 0 || !tracer_.ready() || untraced_ || m == never) return;
     const auto acc = tracer_.accesses();
     if (acc.empty()) return;
@@ -833,7 +843,7 @@ class chunk_runtime {
       auto& s = slot(a.id);
       const std::size_t bytes = bytes_of(a.id.kind);
       if (s.where == tier::none) reserved += bytes;  // a FREE gradient will take room on the device first
-      if (s.where != tier::host || s.pinned) continue;  // pinned: in use on the host right now
+      if (s.where != tier::host || s.pinned || skip(a.id)) continue;  // pinned: in use on the host now
       // Only free budget is used: evicting for a prefetch moved 2-8x the optimal bytes in
       // bench_replay, while fetching into free room alone keeps Belady at the optimum.
       if (resident_[0] + reserved + bytes > budget) break;
@@ -848,6 +858,32 @@ class chunk_runtime {
     s.prefetched = true;
     s.last_use = ++tick_;  // for LRU, a chunk just fetched is not the stalest
     ++stats_.prefetches;
+  }
+
+  /** Drops chunk @p c's gradient payload (FREE): the next backward use starts from zero. */
+  void release_grad(std::uint32_t c) {
+    auto& s = slot({chunk_kind::grad, c});
+    if (s.where == tier::none) return;
+    wait_pending(s);
+    count_resident(s.where, bytes_of(chunk_kind::grad), -1);
+    free_payload(s, bytes_of(chunk_kind::grad));
+    s.prefetched = false;
+  }
+
+  /** While chunk @p c steps, start moving the next host-stepped chunks' lists down, so their
+   *  copies overlap this chunk's step instead of stalling the next one. */
+  void offload_ahead(std::uint32_t c) {
+    for (std::uint32_t next = c + 1, n = 0; next < plan_.num_chunks && n < options_.prefetch_depth; ++next, ++n) {
+      if (placement_.optimizer_tier(inputs(), next) != tier::host) continue;
+      for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
+        if (!lists_[k].present) continue;
+        const chunk_id id{static_cast<chunk_kind>(k), next};
+        auto& s = slot(id);
+        if (s.where != tier::device || s.pinned) continue;
+        s.prefetched = false;
+        start_move(id, tier::host, move_reason::offload);
+      }
+    }
   }
 
   // --- scopes --------------------------------------------------------------------------------------
