@@ -567,8 +567,7 @@ class chunk_runtime {
     if (in.trace_ready) {
       in.non_model_peak_here = tracer_.non_model_peak(m);
       in.non_model_peak_next = tracer_.non_model_peak(m + 1);
-      for (std::size_t i = 0; i < tracer_.num_moments(); ++i)
-        in.non_model_peak_max = std::max(in.non_model_peak_max, tracer_.non_model_peak(i));
+      in.non_model_peak_max = trace_peak_max();
     }
     for (const auto& l : lists_) {
       if (!l.present) continue;
@@ -583,6 +582,19 @@ class chunk_runtime {
 
   /** Chunk bytes the compute tier may hold now: the policy's budget, never above what the device has
    *  left after non-model data. */
+  /** The trace's highest non-model peak; recomputed only when the trace or a recorded peak changed
+   *  (budgets are asked for at every moment, the trace changes rarely). */
+  [[nodiscard]] std::size_t trace_peak_max() const {
+    const auto st = tracer_.stats();
+    const std::pair<std::size_t, std::size_t> key{st.traces, st.memory_divergences};
+    if (key != peak_max_key_) {
+      peak_max_ = 0;
+      for (std::size_t i = 0; i < tracer_.num_moments(); ++i) peak_max_ = std::max(peak_max_, tracer_.non_model_peak(i));
+      peak_max_key_ = key;
+    }
+    return peak_max_;
+  }
+
   [[nodiscard]] std::size_t budget_now() const { return budget_at(tracer_.current_moment()); }
 
   [[nodiscard]] std::size_t budget_at(std::size_t m) const {
@@ -1010,6 +1022,8 @@ class chunk_runtime {
   bool finalized_ = false;
   bool iteration_open_ = false;
   bool untraced_ = false;
+  mutable std::size_t peak_max_ = 0;
+  mutable std::pair<std::size_t, std::size_t> peak_max_key_{never, never};
   runtime_stats stats_;
   timeline timeline_;
 };
