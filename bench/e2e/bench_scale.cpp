@@ -22,7 +22,7 @@ struct options {
   std::vector<std::size_t> device_budgets{std::size_t{64} << 20};
   std::vector<std::size_t> host_budgets{std::size_t{256} << 20};
   std::string preset = "small";
-  std::size_t batch = 1, seq = 64;
+  std::size_t batch = 1, seq = 16;  // short sequences: activations are not model data, keep them small
   int steps = 3;
   std::string layout = "page";
   bool all_widths = true;  // false: the preset's width only (depth searched)  // page: chunk sizes in whole 2 MiB pages; trainer: train_gpt's search
@@ -220,7 +220,7 @@ int write_plot(const options& o, const std::vector<search_result>& results) {
 void usage() {
   std::printf(
       "usage: bench_scale [--device-budget SIZES (64MiB)] [--host-budget SIZES (256MiB)] [--preset NAME (small)]\n"
-      "                   [--batch B (1)] [--seq T (64)] [--steps N (3)] [--layout page|trainer]\n"
+      "                   [--batch B (1)] [--seq T (16)] [--steps N (3)] [--layout page|trainer]\n"
       "                   [--widths all|preset (all: every width of the family; preset: its own)]\n"
       "                   [--json FILE] [--plot FILE.png] [--quick]\n"
       "SIZES: comma-separated, e.g. 128MiB,256MiB; every device budget is paired with every host budget.\n");
