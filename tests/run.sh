@@ -7,6 +7,8 @@
 #          ctest on every label but `slow` (all labels with --with-slow; only `unit` with --quick).
 #   asan   ASan+UBSan, no CUDA tests, examples or benchmarks; ctest label `unit` (and `slow` with
 #          --with-slow). Skipped by --quick.
+#   tsan   ThreadSanitizer on the threaded suites (copy engines, spaces, rank groups, runtime).
+#          Skipped by --quick.
 # Every stage runs even when an earlier one failed; the exit code is non-zero if any failed.
 set -euo pipefail
 
@@ -50,7 +52,9 @@ stage() {
   else
     # -k 0 and testing what did build: one broken target should not hide every other result.
     local build_ok=1
-    cmake --build "$dir" --parallel "$jobs" -- -k 0 || build_ok=0
+    local targets=()
+    for t in ${stage_targets:-}; do targets+=(--target "$t"); done
+    cmake --build "$dir" --parallel "$jobs" "${targets[@]}" -- -k 0 || build_ok=0
     echo "=== stage $name: ctest ${ctest_args[*]}"
     if ! (cd "$dir" && ctest --output-on-failure -j"$jobs" "${ctest_args[@]}"); then
       result="FAILED (tests)"
@@ -87,6 +91,20 @@ if ((!quick)); then
     "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
     -DCHUNKSTAR_BUILD_CUDA_TESTS=OFF -DCHUNKSTAR_BUILD_BENCHMARKS=OFF -DCHUNKSTAR_BUILD_EXAMPLES=OFF \
     -DCHUNKSTAR_VERIFY_HEADERS=OFF
+fi
+
+if ((!quick)); then
+  # ThreadSanitizer on the threaded code: copy engines (worker threads), spaces (concurrent
+  # allocation), in-process rank groups and the runtime (asynchronous moves). Tests that use OpenMP
+  # stay out: libgomp is not built with TSan.
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$repo/tests/tsan.supp}
+  tsan_tests=(copy_engine memory_space communicator chunk_runtime eviction_optimality)
+  stage_targets="${tsan_tests[*]/#/test_}"
+  stage tsan "$build_root/tests-tsan" -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$" -- \
+    -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS=-O1 -g -fsanitize=thread" \
+    -DCHUNKSTAR_BUILD_CUDA_TESTS=OFF -DCHUNKSTAR_BUILD_BENCHMARKS=OFF -DCHUNKSTAR_BUILD_EXAMPLES=OFF \
+    -DCHUNKSTAR_VERIFY_HEADERS=OFF -DCHUNKSTAR_ENABLE_MPI=OFF
+  stage_targets=
 fi
 
 echo
