@@ -5,6 +5,8 @@
 # else 90) in OUT_DIR/build, runs every CTest test labelled `cuda` and then any GPU benchmark
 # binaries named bench_*_cuda, and writes into OUT_DIR:
 #   nvidia-smi.txt, configure.log, build.log, ctest.log, bench_<name>.log, summary.txt
+# The GPU machine may lack Debian's doctest-dev and has no network: copy /usr/include/doctest/doctest.h
+# to build/deps/doctest/doctest.h here and carry `build/deps` along (tests/CMakeLists.txt looks there).
 # Self-contained (no package installation, no network); the exit code is non-zero when the build,
 # a test or a benchmark failed, or when no GPU was visible (every cuda test would only skip).
 set -uo pipefail
