@@ -13,7 +13,7 @@
  */
 #pragma once
 
-#include <chunkstar/checkpoint/detail/json.hpp>
+#include <chunkstar/checkpoint/detail/header_json.hpp>
 #include <chunkstar/checkpoint/detail/posix_file.hpp>
 #include <chunkstar/checkpoint/detail/xxh64.hpp>
 #include <chunkstar/core/dtype.hpp>
