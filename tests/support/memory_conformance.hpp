@@ -350,6 +350,78 @@ TEST_CASE_TEMPLATE_DEFINE("CopyEngine conformance", F, copy_engine_conformance) 
     CHECK(back == data);
   }
 
+  SUBCASE("zero_async zeroes exactly its range on either side, in order, outside the copy stats") {
+    for (copy_side side : {copy_side::host, copy_side::device}) {
+      CAPTURE(static_cast<int>(side));
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4099}, (std::size_t{2} << 20) + 5}) {
+        CAPTURE(n);
+        const std::size_t cap = n + 64, off = 3;
+        void* block = f.alloc(side, cap);
+        const auto junk = pattern(cap, 4242u + static_cast<std::uint32_t>(n));
+        f.put(side, block, junk.data(), cap);
+        const copy_stats before = e.stats();
+        auto h = e.zero_async(at(block, off), n);
+        h.wait();
+        CHECK(h.ready());
+        std::vector<unsigned char> back(cap), expect = junk;
+        std::fill_n(expect.begin() + static_cast<std::ptrdiff_t>(off), n, static_cast<unsigned char>(0));
+        f.get(side, back.data(), block, cap);
+        CHECK(back == expect);
+        const copy_stats after = e.stats();
+        CHECK(after.total_bytes() == before.total_bytes());
+        f.free(side, block, cap);
+      }
+    }
+    // Ordered behind earlier host_to_host jobs: a copy then a zero of the same bytes leaves zeros.
+    const std::size_t n = std::size_t{4} << 20;
+    buffers b(f, copy_direction::host_to_host, n);
+    const auto data = pattern(n, 4343);
+    f.put(copy_side::host, b.src, data.data(), n);
+    (void)e.copy_async(b.dst, b.src, n, copy_direction::host_to_host);
+    e.zero_async(b.dst, n).wait();
+    std::vector<unsigned char> back(n);
+    f.get(copy_side::host, back.data(), b.dst, n);
+    CHECK(std::all_of(back.begin(), back.end(), [](unsigned char c) { return c == 0; }));
+  }
+
+  SUBCASE("order_after: a load into the buffer an eviction still reads starts after the eviction") {
+    // A big eviction (device -> host) and a small load into the same device buffer: unordered, the
+    // load would finish first and overwrite bytes the eviction has yet to read.
+    const std::size_t big = std::size_t{32} << 20, small = 4096;
+    void* buffer = f.alloc(copy_side::device, big);
+    void* evicted = f.alloc(copy_side::host, big);
+    void* incoming = f.alloc(copy_side::host, small);
+    for (int rep = 0; rep < 3; ++rep) {
+      CAPTURE(rep);
+      const auto old_data = pattern(big, 6000u + static_cast<std::uint32_t>(rep));
+      const auto new_data = pattern(small, 7000u + static_cast<std::uint32_t>(rep));
+      f.put(copy_side::device, buffer, old_data.data(), big);
+      f.put(copy_side::host, incoming, new_data.data(), small);
+      auto out = e.copy_async(evicted, buffer, big, copy_direction::to_host);
+      e.order_after(out, copy_direction::to_device);
+      auto in = e.copy_async(buffer, incoming, small, copy_direction::to_device);
+      in.wait();
+      CHECK(out.ready());  // in order: the load could not finish before the eviction
+      std::vector<unsigned char> back(big);
+      f.get(copy_side::host, back.data(), evicted, big);
+      CHECK(back == old_data);
+      std::vector<unsigned char> now(small);
+      f.get(copy_side::device, now.data(), buffer, small);
+      CHECK(now == new_data);
+      // The same for a zero fill on the local lane.
+      out = e.copy_async(evicted, buffer, big, copy_direction::to_host);
+      e.order_after(out, copy_direction::host_to_host);
+      e.zero_async(buffer, small).wait();
+      CHECK(out.ready());
+    }
+    // An empty (ready) handle orders nothing and does not block.
+    e.order_after(decltype(e.copy_async(nullptr, nullptr, 0, copy_direction::to_device)){}, copy_direction::to_device);
+    e.synchronize();
+    f.free(copy_side::device, buffer, big);
+    f.free(copy_side::host, evicted, big);
+    f.free(copy_side::host, incoming, small);
+  }
+
   SUBCASE("synchronize waits for every direction; stats count bytes and copies per direction") {
     const copy_stats before = e.stats();
     std::vector<std::unique_ptr<buffers>> bufs;

@@ -66,6 +66,24 @@ struct good_engine {
   good_engine(const good_engine&) = delete;
   void copy(void*, const void*, std::size_t, copy_direction);
   good_handle copy_async(void*, const void*, std::size_t, copy_direction);
+  good_handle zero_async(void*, std::size_t);
+  void order_after(const good_handle&, copy_direction);
+  void synchronize();
+  copy_stats stats() const;
+};
+struct engine_without_zero {  // copies but cannot zero a chunk asynchronously
+  engine_without_zero(const engine_without_zero&) = delete;
+  void copy(void*, const void*, std::size_t, copy_direction);
+  good_handle copy_async(void*, const void*, std::size_t, copy_direction);
+  void order_after(const good_handle&, copy_direction);
+  void synchronize();
+  copy_stats stats() const;
+};
+struct engine_without_order {  // cannot make one direction wait for another
+  engine_without_order(const engine_without_order&) = delete;
+  void copy(void*, const void*, std::size_t, copy_direction);
+  good_handle copy_async(void*, const void*, std::size_t, copy_direction);
+  good_handle zero_async(void*, std::size_t);
   void synchronize();
   copy_stats stats() const;
 };
@@ -73,18 +91,24 @@ struct engine_without_synchronize {
   engine_without_synchronize(const engine_without_synchronize&) = delete;
   void copy(void*, const void*, std::size_t, copy_direction);
   good_handle copy_async(void*, const void*, std::size_t, copy_direction);
+  good_handle zero_async(void*, std::size_t);
+  void order_after(const good_handle&, copy_direction);
   copy_stats stats() const;
 };
 struct engine_returning_int {
   engine_returning_int(const engine_returning_int&) = delete;
   void copy(void*, const void*, std::size_t, copy_direction);
   int copy_async(void*, const void*, std::size_t, copy_direction);
+  int zero_async(void*, std::size_t);
+  void order_after(int, copy_direction);
   void synchronize();
   copy_stats stats() const;
 };
 struct copyable_engine {
   void copy(void*, const void*, std::size_t, copy_direction);
   good_handle copy_async(void*, const void*, std::size_t, copy_direction);
+  good_handle zero_async(void*, std::size_t);
+  void order_after(const good_handle&, copy_direction);
   void synchronize();
   copy_stats stats() const;
 };
@@ -92,6 +116,8 @@ struct engine_with_mutable_stats {
   engine_with_mutable_stats(const engine_with_mutable_stats&) = delete;
   void copy(void*, const void*, std::size_t, copy_direction);
   good_handle copy_async(void*, const void*, std::size_t, copy_direction);
+  good_handle zero_async(void*, std::size_t);
+  void order_after(const good_handle&, copy_direction);
   void synchronize();
   copy_stats stats();  // not const
 };
@@ -104,6 +130,8 @@ static_assert(!CopyHandle<handle_without_ready>);
 static_assert(CopyEngine<good_engine>);
 static_assert(CopyEngine<host_copy_engine>);
 static_assert(!CopyEngine<int>);
+static_assert(!CopyEngine<engine_without_zero>);
+static_assert(!CopyEngine<engine_without_order>);
 static_assert(!CopyEngine<engine_without_synchronize>);
 static_assert(!CopyEngine<engine_returning_int>);
 static_assert(!CopyEngine<copyable_engine>);

@@ -87,6 +87,28 @@ class cuda_copy_engine {
     return cuda_copy_handle(std::move(r));
   }
 
+  /** @brief Queues cudaMemsetAsync(dst, 0, bytes) on the `host_to_host` stream (`dst` in device
+   *  or pinned memory). Not a link transfer: not counted in stats. */
+  cuda_copy_handle zero_async(void* dst, std::size_t bytes) {
+    auto r = std::make_shared<detail::copy_record>();
+    const device_guard g(device_);
+    const std::lock_guard lock(mutex_);
+    cudaStream_t s = streams_[static_cast<std::size_t>(copy_direction::host_to_host)].get();
+    if (bytes != 0) CHUNKSTAR_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, s));
+    r->end.record(s);
+    return cuda_copy_handle(std::move(r));
+  }
+
+  /** @brief Work queued on `d`'s stream from now on waits for `h` (cudaStreamWaitEvent). */
+  void order_after(const cuda_copy_handle& h, copy_direction d) {
+    const auto i = static_cast<std::size_t>(d);
+    if (i >= copy_direction_count) throw config_error("cuda_copy_engine: unknown copy_direction");
+    if (h.event() == nullptr) return;
+    const device_guard g(device_);
+    const std::lock_guard lock(mutex_);
+    CHUNKSTAR_CUDA_CHECK(cudaStreamWaitEvent(streams_[i].get(), h.event(), 0));
+  }
+
   /** @brief Waits for every copy on every stream. */
   void synchronize() {
     for (auto& s : streams_) s.synchronize();

@@ -91,14 +91,23 @@ concept CopyHandle = std::copyable<H> && std::default_initializable<H> && requir
  *  2. `e.copy_async(dst, src, n, d)` → a `CopyHandle`: queues the copy behind earlier ones in `d`
  *     and returns at once; `src` and `dst` must stay valid until the handle is ready. Errors of the
  *     copy itself surface from the handle's `wait()`.
- *  3. `e.synchronize()`: waits until every submitted copy, in every direction, has finished.
- *  4. `ce.stats()` → `copy_stats`: bytes and copies per direction and the link's busy time.
+ *  3. `e.zero_async(dst, n)` → a `CopyHandle`: fills `n` bytes at `dst` (memory of either space)
+ *     with zero bytes and returns at once; queued behind earlier `host_to_host` jobs, never paced
+ *     and not counted in stats: it writes inside one space, it does not cross the link (a gradient
+ *     chunk is zeroed this way while the previous layer computes, like cudaMemsetAsync).
+ *  4. `e.order_after(h, d)`, `h` a handle from this engine: jobs submitted to `d` from now on start
+ *     only once `h` is ready; the caller does not wait (cudaStreamWaitEvent). A load can so reuse
+ *     the device buffer an eviction is still reading. A failure of `h` surfaces from `h` alone.
+ *  5. `e.synchronize()`: waits until every submitted job, in every direction, has finished.
+ *  6. `ce.stats()` → `copy_stats`: bytes and copies per direction and the link's busy time.
  *  Engines own threads or streams, so they are not copyable; all members are thread-safe.
  */
 template <class E>
 concept CopyEngine = requires(E& e, const E& ce, void* dst, const void* src, std::size_t n, copy_direction d) {
   e.copy(dst, src, n, d);
   { e.copy_async(dst, src, n, d) } -> CopyHandle;
+  { e.zero_async(dst, n) } -> std::same_as<decltype(e.copy_async(dst, src, n, d))>;
+  e.order_after(e.copy_async(dst, src, n, d), d);
   e.synchronize();
   { ce.stats() } -> std::same_as<copy_stats>;
 } && !std::copyable<E>;

@@ -86,6 +86,32 @@ class host_copy_engine {
     return enqueue(d, job{[dst, src, bytes] { checked_memcpy(dst, src, bytes); }, {}, bytes, true});
   }
 
+  /** @brief Queues a fill of `bytes` zero bytes at `dst` on the `host_to_host` worker (never paced,
+   *  not counted in stats). A null `dst` with bytes > 0 fails with config_error from wait(). */
+  host_copy_handle zero_async(void* dst, std::size_t bytes) {
+    return enqueue(copy_direction::host_to_host, job{[dst, bytes] {
+                                                       if (bytes == 0) return;
+                                                       if (dst == nullptr)
+                                                         throw config_error("host_copy_engine: zero_async of " + std::to_string(bytes) +
+                                                                            " bytes at a null address; pass a block obtained from a memory space");
+                                                       std::memset(dst, 0, bytes);
+                                                     },
+                                                     {}, bytes, false});
+  }
+
+  /** @brief Jobs submitted to `d` from now on start only after `h` is ready: `d`'s worker waits
+   *  for it, the caller does not. A failure of `h` is reported by `h`, not by later jobs. */
+  void order_after(const host_copy_handle& h, copy_direction d) {
+    if (h.ready()) return;
+    (void)enqueue(d, job{[h] {
+                           try {
+                             h.wait();
+                           } catch (...) {  // the job that failed reports it through its own handle
+                           }
+                         },
+                         {}, 0, false});
+  }
+
   /** @brief Runs `f` on `d`'s worker, in order with that direction's copies (for example a host-side
    *  conversion that must follow a copy). Not counted in stats, not paced; an exception from `f`
    *  is rethrown by the handle's wait(). */
