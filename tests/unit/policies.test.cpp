@@ -75,6 +75,10 @@ TEST_CASE_TEMPLATE_DEFINE("Tracer conformance", T, tracer_conformance) {
     CHECK(t.non_model_peak(0) == 100);
     CHECK(t.non_model_peak(1) == 300);
     CHECK(t.non_model_peak(2) == 300);  // 300 was live when moment 2 opened
+    CHECK(t.non_model_peak_from(2, 0) == 300);
+    CHECK(t.non_model_peak_from(2, 1) == 50);   // after its first change the moment stays at 50
+    CHECK(t.non_model_peak_from(2, 9) == 300);  // more changes than recorded: the whole peak
+    CHECK(t.non_model_peak_from(1, 1) == 300);
     CHECK(t.next_use(a, 0) == 3);        // wraps into the next iteration
     CHECK(t.next_use(b, 1) == 1);
     CHECK(t.next_use(b, 2) == 2);        // 3 - 2 + 1
@@ -82,11 +86,16 @@ TEST_CASE_TEMPLATE_DEFINE("Tracer conformance", T, tracer_conformance) {
     CHECK(t.accesses().size() == 3);
     CHECK(t.first_access_after(0) == 1);
     CHECK(t.first_access_after(2) == 3);
+    CHECK(t.kind_of(1) == moment_kind::forward);
+    CHECK(t.kind_of(2) == moment_kind::backward);
+    CHECK(t.kind_of(5) == moment_kind::backward);  // wraps
   } else {
+    CHECK(t.kind_of(2) == moment_kind::forward);
     CHECK(t.num_moments() == 0);
     CHECK(t.next_use(a, 0) == never);
     CHECK(t.accesses().empty());
     CHECK(t.non_model_peak(0) == 0);
+    CHECK(t.non_model_peak_from(2, 1) == 0);
   }
 }
 TEST_CASE_TEMPLATE_INVOKE(tracer_conformance, null_tracer, warmup_tracer);
@@ -112,6 +121,27 @@ TEST_CASE("warmup tracer: ready after one iteration, divergence re-traces") {
   CHECK(t.stats().divergences == 1);
   CHECK(t.ready());
   CHECK(t.moments()[1].name == "c");
+}
+
+TEST_CASE("warmup tracer: a moment that allocates more than recorded raises its remaining peaks") {
+  warmup_tracer t;
+  auto iteration = [&](std::size_t second) {
+    t.begin_iteration();
+    t.open_moment(moment_kind::backward, "a");
+    t.record_non_model(400);
+    t.record_non_model(100);
+    t.record_non_model(second);
+    t.end_iteration();
+  };
+  iteration(50);
+  REQUIRE(t.ready());
+  CHECK(t.non_model_peak_from(0, 2) == 100);
+  CHECK(t.non_model_peak_from(0, 3) == 50);
+  iteration(700);  // the last change exceeds every recorded peak
+  CHECK(t.stats().memory_divergences == 1);
+  CHECK(t.non_model_peak(0) == 700);
+  CHECK(t.non_model_peak_from(0, 2) == 700);
+  CHECK(t.non_model_peak_from(0, 3) == 700);
 }
 
 // --- PlacementPolicy ------------------------------------------------------------------------------

@@ -22,9 +22,11 @@ class null_tracer {
   [[nodiscard]] std::size_t current_moment() const noexcept { return moment_ == 0 ? 0 : moment_ - 1; }
   [[nodiscard]] std::size_t num_moments() const noexcept { return 0; }
   [[nodiscard]] std::size_t non_model_peak(std::size_t) const noexcept { return 0; }
+  [[nodiscard]] std::size_t non_model_peak_from(std::size_t, std::size_t) const noexcept { return 0; }
   [[nodiscard]] std::size_t next_use(chunk_id, std::size_t) const noexcept { return never; }
   [[nodiscard]] std::span<const trace_access> accesses() const noexcept { return {}; }
   [[nodiscard]] std::size_t first_access_after(std::size_t) const noexcept { return 0; }
+  [[nodiscard]] moment_kind kind_of(std::size_t) const noexcept { return moment_kind::forward; }
   [[nodiscard]] tracer_stats stats() const noexcept { return stats_; }
 
  private:

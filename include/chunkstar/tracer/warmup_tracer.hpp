@@ -31,6 +31,7 @@ class warmup_tracer {
     if (open_) ++moment_;
     open_ = true;
     rec_.moments.push_back({k, std::string(name), carry_});
+    rec_.levels.push_back({carry_});
     if (!diverged_ && (moment_ >= trace_.moments.size() || trace_.moments[moment_].kind != k ||
                        trace_.moments[moment_].name != name)) {
       diverged_ = true;
@@ -46,9 +47,15 @@ class warmup_tracer {
     if (rec_.moments.empty()) return;
     auto& peak = rec_.moments.back().non_model_peak;
     peak = std::max(peak, bytes);
-    if (ready() && bytes > trace_.moments[moment_].non_model_peak) {
-      ++stats_.memory_divergences;
-      trace_.moments[moment_].non_model_peak = bytes;  // budgets from now on include it
+    auto& levels = rec_.levels.back();
+    levels.push_back(bytes);
+    if (ready()) {
+      if (bytes > trace_.moments[moment_].non_model_peak) {
+        ++stats_.memory_divergences;
+        trace_.moments[moment_].non_model_peak = bytes;  // budgets from now on include it
+      }
+      auto& tail = tails_[moment_];  // and so do the peaks of the rest of this moment
+      for (std::size_t e = 0; e < std::min(levels.size(), tail.size()); ++e) tail[e] = std::max(tail[e], bytes);
     }
   }
 
@@ -68,6 +75,14 @@ class warmup_tracer {
   [[nodiscard]] std::size_t non_model_peak(std::size_t m) const noexcept {
     if (!ready()) return 0;
     return trace_.moments[m % trace_.moments.size()].non_model_peak;
+  }
+
+  /** @brief Peak non-model bytes of moment @p m from its @p e-th non-model change on (e = 0: the
+   *  whole moment); the whole moment's peak when the moment has fewer recorded changes. */
+  [[nodiscard]] std::size_t non_model_peak_from(std::size_t m, std::size_t e) const noexcept {
+    if (!ready()) return 0;
+    const auto& tail = tails_[m % trace_.moments.size()];
+    return e < tail.size() ? tail[e] : trace_.moments[m % trace_.moments.size()].non_model_peak;
   }
 
   [[nodiscard]] std::size_t next_use(chunk_id c, std::size_t m) const noexcept {
@@ -91,6 +106,10 @@ class warmup_tracer {
         a.begin());
   }
 
+  [[nodiscard]] moment_kind kind_of(std::size_t m) const noexcept {
+    return ready() ? trace_.moments[m % trace_.moments.size()].kind : moment_kind::forward;
+  }
+
   [[nodiscard]] tracer_stats stats() const noexcept { return stats_; }
 
   /** @brief The recorded moments, for reports: kind, scope name and non-model peak. */
@@ -105,11 +124,16 @@ class warmup_tracer {
   struct recording {
     std::vector<moment_record> moments;
     std::vector<trace_access> accesses;
+    std::vector<std::vector<std::size_t>> levels;  // per moment: non-model bytes at opening, after each change
   };
 
   void adopt() {
     trace_ = std::move(rec_);
     rec_ = {};
+    tails_ = std::move(trace_.levels);  // suffix maxima: the peak from each change to the moment's end
+    trace_.levels.clear();
+    for (auto& t : tails_)
+      for (std::size_t e = t.size(); e-- > 1;) t[e - 1] = std::max(t[e - 1], t[e]);
     uses_.clear();
     for (const auto& a : trace_.accesses) {
       auto& u = uses_[a.id];
@@ -122,7 +146,8 @@ class warmup_tracer {
 
   recording trace_;  // the adopted trace
   recording rec_;    // the iteration being recorded
-  std::unordered_map<chunk_id, std::vector<std::size_t>> uses_;  // chunk -> moments using it
+  std::unordered_map<chunk_id, std::vector<std::size_t>> uses_;
+  std::vector<std::vector<std::size_t>> tails_;  // per moment: peak from each non-model change on  // chunk -> moments using it
   std::size_t moment_ = 0;
   std::size_t carry_ = 0;
   bool open_ = false;
