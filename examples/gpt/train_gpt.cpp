@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   app.add_option("--host-budget", o.host_budget, "Host memory for chunks, e.g. 4GiB, or 'unlimited'");
   app.add_option("--link-bandwidth", o.link_bandwidth, "Modelled host<->device bandwidth per second, e.g. 8GiB (0: memcpy speed)");
   app.add_option("--chunk-elems", o.chunk_elems, "Chunk size in elements (0: searched)");
-  app.add_option("--prefetch", o.prefetch, "Chunks prefetched ahead (0: off)");
+  app.add_option("--prefetch", o.prefetch, "Most chunk loads in flight ahead of the next scope (0: prefetch off)");
   app.add_option("--lr", o.lr, "Peak learning rate");
   app.add_option("--min-lr", o.min_lr, "Final learning rate of the cosine schedule");
   app.add_option("--warmup", o.warmup, "Linear warm-up steps");

@@ -364,3 +364,166 @@ TEST_CASE("prefetch: loads ahead into free budget, hits, and never adds traffic"
   CHECK(on.bytes_moved() == off.bytes_moved());
   CHECK(on.demand_loads < off.demand_loads);
 }
+
+namespace {
+
+/** A layered model whose forward scopes allocate their activations and whose backward scopes free
+ *  them (so the budget follows the tide, within moments too), stepped on the compute tier. Returns
+ *  the stats of the iterations after `warmup` and the final parameters. */
+template <class RT>
+std::pair<runtime_stats, std::vector<float>> train_layers(double budget_fraction, std::size_t depth, int warmup, int measured) {
+  constexpr int layers = 8;
+  constexpr std::size_t act = 4096, chunk_bytes = 2048 * sizeof(float);
+  std::size_t acts_peak = 0;
+  for (int l = 0; l < layers; ++l) acts_peak += act * static_cast<std::size_t>(1 + l % 3);
+  const std::size_t model = 2 * layers * chunk_bytes;  // params and grads
+  simulated_device_space dev({.capacity = acts_peak + static_cast<std::size_t>(budget_fraction * static_cast<double>(model)),
+                              .link = {.bandwidth_bytes_per_s = 2e9, .latency_s = 5e-6}});
+  host_space host;
+  host_copy_engine copier(copy_model{.bandwidth_bytes_per_s = 2e9, .latency_s = 5e-6});
+  RT rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = depth}, small_layout());
+  std::vector<param_id> w;
+  for (int l = 0; l < layers; ++l)
+    w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight},
+                                  [l](std::span<float> v) {
+                                    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(l) + 1e-3f * static_cast<float>(i % 97);
+                                  }));
+  rt.finalize();
+  runtime_stats before;
+  for (int it = 0; it < warmup + measured; ++it) {
+    if (it == warmup) before = rt.stats();
+    std::vector<std::pair<void*, std::size_t>> acts;
+    for (int l = 0; l < layers; ++l) {
+      auto s = rt.forward("l" + std::to_string(l), {w[static_cast<std::size_t>(l)]});
+      const std::size_t bytes = act * static_cast<std::size_t>(1 + l % 3);
+      acts.emplace_back(rt.allocate_non_model(bytes), bytes);
+      CHECK(s.template param<float>(w[static_cast<std::size_t>(l)])[5] != 0.0f);
+    }
+    for (int l = layers - 1; l >= 0; --l) {
+      auto s = rt.backward("l" + std::to_string(l), {w[static_cast<std::size_t>(l)]});
+      const auto p = s.template param<float>(w[static_cast<std::size_t>(l)]);
+      auto g = s.template grad<float>(w[static_cast<std::size_t>(l)]);
+      for (std::size_t i = 0; i < g.size(); i += 7) g[i] += 0.25f * p[i];
+      rt.deallocate_non_model(acts.back().first, acts.back().second);
+      acts.pop_back();
+    }
+    rt.step([](const step_chunk& c) {
+      auto* p = static_cast<float*>(c.param);
+      const auto* g = static_cast<const float*>(c.grad);
+      for (std::size_t i = 0; i < 2000; ++i) p[i] -= 0.5f * g[i];
+    });
+  }
+  CHECK(dev.peak() <= dev.capacity());
+  runtime_stats d = rt.stats();
+  d.bytes_to_device -= before.bytes_to_device;
+  d.bytes_to_host -= before.bytes_to_host;
+  d.evictions -= before.evictions;
+  d.loads -= before.loads;
+  d.prefetch_hits -= before.prefetch_hits;
+  d.demand_loads -= before.demand_loads;
+  std::vector<float> params;
+  for (auto id : w) {
+    std::vector<float> v(2000);
+    rt.read_tensor(id, chunk_kind::param, v);
+    params.insert(params.end(), v.begin(), v.end());
+  }
+  return {d, params};
+}
+
+}  // namespace
+
+TEST_CASE("prefetch replays the demand path: the same bytes and victims, only earlier") {
+  // Two warm-up iterations: the first records the trace, the second settles into the steady state
+  // prefetch keeps; from then on every eviction and load is the demand path's own.
+  for (double budget : {0.6, 0.4, 0.25}) {
+    CAPTURE(budget);
+    const auto [bel_off, bel_params] = train_layers<chunk_runtime<fixed_chunk_layout>>(budget, 0, 2, 4);
+    const auto [lru_off, lru_params] = train_layers<lru_rt>(budget, 0, 2, 4);
+    CHECK(bel_off.bytes_to_host > 0);
+    if (budget < 0.5) CHECK(bel_off.bytes_to_device > 0);
+    CHECK(bel_off.bytes_moved() <= lru_off.bytes_moved());
+    CHECK(bel_params == lru_params);
+    for (std::size_t depth : {std::size_t{1}, std::size_t{4}}) {
+      CAPTURE(depth);
+      const auto [bel_on, bel_on_params] = train_layers<chunk_runtime<fixed_chunk_layout>>(budget, depth, 2, 4);
+      const auto [lru_on, lru_on_params] = train_layers<lru_rt>(budget, depth, 2, 4);
+      CHECK(bel_on.bytes_to_device == bel_off.bytes_to_device);
+      CHECK(bel_on.bytes_to_host == bel_off.bytes_to_host);
+      CHECK(bel_on.evictions == bel_off.evictions);
+      CHECK(lru_on.bytes_to_device == lru_off.bytes_to_device);
+      CHECK(lru_on.bytes_to_host == lru_off.bytes_to_host);
+      CHECK(bel_on.prefetch_hits > 0);
+      if (budget < 0.5) CHECK(bel_on.demand_loads < bel_off.demand_loads);
+      CHECK(bel_on_params == bel_params);  // and the same bits
+      CHECK(lru_on_params == bel_params);
+    }
+  }
+}
+
+TEST_CASE("the tide within a moment: freeing activations raises the budget and starts the next loads") {
+  constexpr std::size_t KiB = 1024;
+  simulated_device_space dev({.capacity = 64 * KiB});
+  host_space host;
+  host_copy_engine copier;
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = 1}, small_layout());
+  std::vector<param_id> w;
+  for (int l = 0; l < 4; ++l) w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight}));
+  rt.finalize();
+  std::size_t rises = 0, started = 0;
+  for (int it = 0; it < 3; ++it) {
+    std::vector<void*> acts;
+    for (int l = 0; l < 4; ++l) {
+      auto s = rt.forward("l" + std::to_string(l), {w[static_cast<std::size_t>(l)]});
+      acts.push_back(rt.allocate_non_model(12 * KiB));
+    }
+    for (int l = 3; l >= 0; --l) {
+      auto s = rt.backward("l" + std::to_string(l), {w[static_cast<std::size_t>(l)]});
+      const auto budget = rt.chunk_budget();
+      const auto prefetches = rt.stats().prefetches;
+      rt.deallocate_non_model(acts.back(), 12 * KiB);
+      acts.pop_back();
+      if (it == 2 && l > 0) {  // traced: the rest of this moment allocates nothing more
+        CHECK(rt.chunk_budget() == budget + 12 * KiB);
+        rises += 1;
+        started += rt.stats().prefetches - prefetches;
+      }
+    }
+    rt.step([](const step_chunk&) {});
+  }
+  CHECK(rises == 3);
+  CHECK(started > 0);  // the next layer's chunks started loading inside this moment
+  CHECK(rt.tracer().stats().memory_divergences == 0);
+}
+
+TEST_CASE("a chunk moves again before its last copy landed: copies are ordered, data intact") {
+  simulated_device_space dev({.capacity = 2 * 8192, .link = {.bandwidth_bytes_per_s = 5e7}});
+  host_space host;
+  host_copy_engine copier(copy_model{.bandwidth_bytes_per_s = 5e7});  // 8 KiB takes ~160 us
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = 0}, small_layout());
+  std::vector<param_id> w;
+  for (int l = 0; l < 3; ++l)
+    w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight},
+                                  [l](std::span<float> v) {
+                                    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(100 * l) + static_cast<float>(i);
+                                  }));
+  rt.finalize();
+  for (int round = 0; round < 20; ++round) {
+    for (int l = 0; l < 3; ++l) {
+      const auto id = w[static_cast<std::size_t>(l)];
+      {
+        auto s = rt.forward("f", {id});
+        const auto v = s.param<float>(id);
+        CHECK(v[0] == static_cast<float>(100 * l));
+        CHECK(v[1999] == static_cast<float>(100 * l + 1999));
+        v[1] = static_cast<float>(100 * l + 1);  // rewrite what is there
+      }
+      // Down and straight back up while the first copy is still on the slow link: the load takes
+      // over the buffer the eviction reads, ordered after it on the copy engine.
+      rt.offload({chunk_kind::param, static_cast<std::uint32_t>(l)});
+      auto s = rt.forward("f", {id});
+      CHECK(s.param<float>(id)[1000] == static_cast<float>(100 * l + 1000));
+    }
+  }
+  CHECK(rt.stats().buffer_reuses > 0);
+  CHECK(dev.peak() <= dev.capacity());
+}

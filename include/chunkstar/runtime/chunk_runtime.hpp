@@ -60,7 +60,7 @@ using simulated_platform = platform<simulated_device_space, host_space, host_cop
 struct runtime_options {
   dtype param_type = dtype::f32;     ///< compute precision of params and grads
   bool optimizer_state = true;       ///< allocate master (for 16-bit params), momentum and variance lists
-  std::size_t prefetch_depth = 2;    ///< chunks loaded ahead from the trace; 0 turns prefetch off
+  std::size_t prefetch_depth = 2;    ///< most loads in flight ahead of the next moment; 0 turns prefetch off
   std::size_t payload_alignment = 4096;  ///< alignment of chunk payloads (copies and SIMD like it)
   bool timeline = false;             ///< record a Chrome-trace timeline (see `timeline()`)
 };
@@ -135,15 +135,9 @@ class chunk_runtime {
 
   ~chunk_runtime() {
     copier_.synchronize();
+    for (auto& r : retiring_) release_buffer(r);
     for (auto& list : lists_)
-      for (auto& s : list.chunks) {
-        if (s.pending) {  // the copy has finished (synchronize); free the buffer it read from
-          const auto a = options_.payload_alignment;
-          if (s.source_tier == tier::device) device_.deallocate(s.source, list.desc.chunk_bytes, a);
-          else host_.deallocate(s.source, list.desc.chunk_bytes, a);
-        }
-        free_payload(s, list.desc.chunk_bytes);
-      }
+      for (auto& s : list.chunks) free_payload(s, list.desc.chunk_bytes);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -259,7 +253,7 @@ class chunk_runtime {
   void* allocate_non_model(std::size_t bytes, std::size_t alignment = 64) {
     void* p = device_.try_allocate(bytes, alignment);
     while (p == nullptr) {
-      if (!retire_one_pending() && !evict_one({}, never)) {
+      if (!retire_one_pending(tier::device) && !evict_one({}, never)) {
         throw out_of_memory_error("cannot allocate " + format_bytes(bytes) +
                                       " of non-model memory on the compute tier: every chunk there is in use. "
                                       "Raise the device budget, shrink the micro-batch, or use smaller chunks",
@@ -269,15 +263,26 @@ class chunk_runtime {
     }
     non_model_ += bytes;
     stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, non_model_);
-    if (!untraced_) tracer_.record_non_model(non_model_);
+    if (!untraced_) {
+      tracer_.record_non_model(non_model_);
+      ++non_model_changes_;
+    }
     sample_counters();
     return p;
   }
-  /** @brief Frees memory from allocate_non_model. */
+  /** @brief Frees memory from allocate_non_model. The budget of the rest of the moment may rise
+   *  (the trace knows what the moment still allocates), so the next chunks start loading now. */
   void deallocate_non_model(void* p, std::size_t bytes, std::size_t alignment = 64) noexcept {
     device_.deallocate(p, bytes, alignment);
     non_model_ -= bytes;
-    if (!untraced_) tracer_.record_non_model(non_model_);
+    if (untraced_) return;
+    tracer_.record_non_model(non_model_);
+    ++non_model_changes_;
+    if (step_chunk_ != never || !iteration_open_) return;  // the step prefetches for itself
+    try {
+      prefetch(tracer_.current_moment());
+    } catch (...) {  // an optimisation only: what cannot start now loads on demand at its scope
+    }
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -296,6 +301,8 @@ class chunk_runtime {
       // One moment per chunk index, so the trace orders the step's chunks like any scope's: Belady
       // sees which state is needed next and the prefetcher loads the next chunks while this steps.
       const std::size_t m = tracer_.open_moment(moment_kind::optimizer, "optimizer");
+      non_model_changes_ = 0;
+      step_chunk_ = c;
       retire_completed();
       const tier where = placement_.optimizer_tier(inputs(), c);
       std::vector<chunk_id> ids;
@@ -322,6 +329,7 @@ class chunk_runtime {
         f(view);
       } catch (...) {
         for (auto id : ids) --slot(id).pinned;
+        step_chunk_ = never;
         throw;
       }
       for (auto id : ids) --slot(id).pinned;
@@ -333,6 +341,7 @@ class chunk_runtime {
       if (where == tier::host && resident_[0] + bytes_of(chunk_kind::param) <= budget_now())
         start_move({chunk_kind::param, c}, tier::device, move_reason::load);
     }
+    step_chunk_ = never;
     timeline_.span(timeline::track::optimizer, "optimizer step", t0, timeline_.now_us());
     ++stats_.steps;
     zero_grad();
@@ -500,14 +509,21 @@ class chunk_runtime {
  private:
   static constexpr bool device_is_host_accessible = can_access_v<host_exec, device_space_type>;
 
+  using copy_handle = decltype(std::declval<copy_engine_type&>().copy_async(nullptr, nullptr, 0, copy_direction::to_device));
+
+  /** A payload buffer an in-flight copy still reads (the chunk has moved on); freed once `done`. */
+  struct retiring_buffer {
+    copy_handle done;
+    void* buffer = nullptr;  // null once a load took it over (device_buffer)
+    tier where = tier::none;
+    std::size_t bytes = 0;
+    double submitted_us = 0;
+  };
+
   struct chunk_slot {
     tier where = tier::none;       // logical tier; decisions use only logical state (deterministic)
     void* data = nullptr;          // payload in `where` (valid once `pending` is ready)
-    std::optional<decltype(std::declval<copy_engine_type&>().copy_async(nullptr, nullptr, 0, copy_direction::to_device))>
-        pending;                   // copy into `data` still running
-    void* source = nullptr;        // the buffer the pending copy reads; freed when it completes
-    tier source_tier = tier::none;
-    double submitted_us = 0;
+    std::optional<copy_handle> pending;  // the copy (or zero fill) into `data`, until seen complete
     std::size_t last_use = 0;      // LRU tick
     std::uint32_t pinned = 0;      // open scopes / steps using it: never moves while > 0
     bool prefetched = false;       // loaded ahead and not yet used by a scope
@@ -565,7 +581,9 @@ class chunk_runtime {
     in.non_model_now = non_model_;
     in.trace_ready = tracer_.ready() && !untraced_;
     if (in.trace_ready) {
-      in.non_model_peak_here = tracer_.non_model_peak(m);
+      // The current moment's peak from here on (it falls once its activations are freed).
+      in.non_model_peak_here = m == tracer_.current_moment() ? tracer_.non_model_peak_from(m, non_model_changes_)
+                                                             : tracer_.non_model_peak(m);
       in.non_model_peak_next = tracer_.non_model_peak(m + 1);
       in.non_model_peak_max = trace_peak_max();
     }
@@ -627,16 +645,12 @@ class chunk_runtime {
   }
 
   void zero_device(void* p, std::size_t bytes) {
-    if constexpr (device_is_host_accessible) {
-      std::memset(p, 0, bytes);
-    } else {
-      std::vector<std::byte> zeros(bytes);
-      copier_.copy(p, zeros.data(), bytes, copy_direction::to_device);
-    }
+    if constexpr (device_is_host_accessible) std::memset(p, 0, bytes);
+    else copier_.zero_async(p, bytes).wait();
   }
 
   // --- transfers -----------------------------------------------------------------------------------
-  /** Completes a slot's pending copy (stall time counted) and frees its source buffer. */
+  /** Waits until a slot's payload has arrived (stall time counted); rethrows a failed copy. */
   void wait_pending(chunk_slot& s) const {
     if (!s.pending) return;
     auto* self = const_cast<chunk_runtime*>(this);
@@ -645,43 +659,73 @@ class chunk_runtime {
       s.pending->wait();
       self->stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    self->finish_pending(s);
-  }
-
-  void finish_pending(chunk_slot& s) {
-    s.pending->wait();  // rethrows a failed copy
-    const std::size_t bytes = bytes_for(s);
-    if (s.source_tier == tier::device) device_.deallocate(s.source, bytes, options_.payload_alignment);
-    else host_.deallocate(s.source, bytes, options_.payload_alignment);
-    timeline_.span(s.where == tier::device ? timeline::track::to_device : timeline::track::to_host, "chunk",
-                   s.submitted_us, timeline_.now_us());
+    s.pending->wait();
     s.pending.reset();
-    s.source = nullptr;
-    s.source_tier = tier::none;
   }
 
-  [[nodiscard]] std::size_t bytes_for(const chunk_slot& s) const {
-    for (const auto& l : lists_)
-      if (l.present && !l.chunks.empty() && &s >= l.chunks.data() && &s < l.chunks.data() + l.chunks.size())
-        return l.desc.chunk_bytes;
-    return 0;
+  /** Frees a retiring buffer (its copy is done) and records the copy on the timeline. */
+  void release_buffer(retiring_buffer& r) noexcept {
+    if (r.buffer != nullptr) {
+      if (r.where == tier::device) device_.deallocate(r.buffer, r.bytes, options_.payload_alignment);
+      else host_.deallocate(r.buffer, r.bytes, options_.payload_alignment);
+      r.buffer = nullptr;
+    }
+    timeline_.span(r.where == tier::device ? timeline::track::to_host : timeline::track::to_device, "chunk",
+                   r.submitted_us, timeline_.now_us());
   }
 
+  /** Frees the buffers of finished copies and forgets finished slot copies; never waits. */
   void retire_completed() {
+    std::erase_if(retiring_, [&](retiring_buffer& r) {
+      if (!r.done.ready()) return false;
+      release_buffer(r);
+      return true;
+    });
     for (auto& l : lists_)
       for (auto& s : l.chunks)
-        if (s.pending && s.pending->ready()) finish_pending(s);
+        if (s.pending && s.pending->ready()) wait_pending(s);
   }
 
-  /** Physically frees one buffer whose copy is in flight (waits for the oldest); false if none. */
-  bool retire_one_pending() {
-    chunk_slot* oldest = nullptr;
-    for (auto& l : lists_)
-      for (auto& s : l.chunks)
-        if (s.pending && (!oldest || s.submitted_us < oldest->submitted_us)) oldest = &s;
-    if (!oldest) return false;
-    wait_pending(*oldest);
-    return true;
+  /** A device buffer of @p bytes for a job on @p lane that never blocks the caller: a free one when
+   *  the device has room for it and for the non-model memory this moment may still allocate; else
+   *  the buffer of the oldest eviction still in flight (same size), with @p lane ordered after that
+   *  eviction's copy (so activations never wait for an eviction to finish); else a free one if any.
+   *  Null when none exists. */
+  void* device_buffer(std::size_t bytes, copy_direction lane) {
+    std::size_t in_use = resident_[0] + non_model_;
+    for (const auto& r : retiring_)
+      if (r.buffer != nullptr && r.where == tier::device) in_use += r.bytes;
+    std::size_t growth = 0;  // non-model bytes the trace says may still come in this moment
+    if (tracer_.ready() && !untraced_) {
+      const auto m = tracer_.current_moment();
+      growth = room_after(std::max(tracer_.non_model_peak(m), tracer_.non_model_peak(m + 1)), non_model_);
+    }
+    if (in_use + bytes + growth <= device_.capacity())
+      if (void* p = device_.try_allocate(bytes, options_.payload_alignment)) return p;
+    for (auto& r : retiring_) {  // oldest first
+      if (r.buffer == nullptr || r.where != tier::device || r.bytes != bytes) continue;
+      copier_.order_after(r.done, lane);
+      ++stats_.buffer_reuses;
+      return std::exchange(r.buffer, nullptr);  // the eviction no longer frees it: it is ours
+    }
+    return device_.try_allocate(bytes, options_.payload_alignment);
+  }
+
+  /** Frees the buffers on tier @p from whose copies are done, or else waits for the oldest copy
+   *  still reading one; false if no copy reads a buffer on @p from. */
+  bool retire_one_pending(tier from) {
+    const auto before = retiring_.size();
+    retire_completed();
+    if (retiring_.size() != before) return true;
+    for (auto& r : retiring_) {
+      if (r.buffer == nullptr || r.where != from) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      r.done.wait();
+      stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      retire_completed();
+      return true;
+    }
+    return false;
   }
 
   /** Starts moving a slot's payload to @p to; the logical tier changes at once. */
@@ -692,13 +736,13 @@ class chunk_runtime {
     if (s.pinned)  // the invariant every caller must keep: a chunk in use never moves
       throw state_error("internal: chunk " + to_string(id) + " is in use and cannot move to the " +
                         std::string(tier_name(to)) + "; please report this as a chunkstar bug");
-    wait_pending(s);  // one copy per chunk at a time
     const std::size_t bytes = bytes_of(id.kind);
     const std::size_t a = options_.payload_alignment;
-    void* dst = nullptr;
+    const auto dir = to == tier::device ? copy_direction::to_device : copy_direction::to_host;
+    void* dst = to == tier::device ? device_buffer(bytes, dir) : nullptr;
     for (;;) {
-      dst = to == tier::device ? device_.try_allocate(bytes, a) : host_.try_allocate(bytes, a);
-      if (dst != nullptr || !retire_one_pending()) break;
+      if (dst == nullptr) dst = to == tier::device ? device_.try_allocate(bytes, a) : host_.try_allocate(bytes, a);
+      if (dst != nullptr || !retire_one_pending(to)) break;
     }
     if (dst == nullptr) {
       throw out_of_memory_error("no room on the " + std::string(tier_name(to)) + " for chunk " + to_string(id) + " (" +
@@ -707,11 +751,10 @@ class chunk_runtime {
                                                       : ": the device is full of non-model data; raise the device budget"),
                                 bytes, memory_report_now());
     }
-    const auto dir = to == tier::device ? copy_direction::to_device : copy_direction::to_host;
+    // A chunk may move again before its last copy landed: this copy reads it only after that one.
+    if (s.pending && !s.pending->ready()) copier_.order_after(*s.pending, dir);
     s.pending = copier_.copy_async(dst, s.data, bytes, dir);
-    s.source = s.data;
-    s.source_tier = s.where;
-    s.submitted_us = timeline_.now_us();
+    retiring_.push_back({*s.pending, s.data, s.where, bytes, timeline_.now_us()});
     count_resident(s.where, bytes, -1);
     s.data = dst;
     s.where = to;
@@ -721,8 +764,8 @@ class chunk_runtime {
   }
 
   // --- eviction ------------------------------------------------------------------------------------
-  /** Evicts one chunk from the compute tier (not pinned, not in @p keep; one still being loaded is
-   *  waited for first).
+  /** Evicts one chunk from the compute tier (not pinned, not in @p keep; one still being loaded
+   *  leaves once it has arrived, ordered on the copy engine).
    *  @p reference_moment: next uses are measured from it. Returns false when nothing can go. */
   bool evict_one(const std::unordered_set<chunk_id>& keep, std::size_t reference_moment) {
     candidates_.clear();
@@ -808,60 +851,163 @@ class chunk_runtime {
   void materialise(chunk_id id, tier where) {
     auto& s = slot(id);
     const std::size_t bytes = bytes_of(id.kind);
+    s.data = where == tier::device ? device_buffer(bytes, copy_direction::host_to_host) : nullptr;
     for (;;) {
-      s.data = where == tier::device ? device_.try_allocate(bytes, options_.payload_alignment)
-                                     : host_.try_allocate(bytes, options_.payload_alignment);
-      if (s.data || !retire_one_pending()) break;
+      if (!s.data) s.data = where == tier::device ? device_.try_allocate(bytes, options_.payload_alignment)
+                                                  : host_.try_allocate(bytes, options_.payload_alignment);
+      if (s.data || !retire_one_pending(where)) break;
     }
     if (!s.data)
       throw out_of_memory_error("no room on the " + std::string(tier_name(where)) + " for chunk " + to_string(id) + " (" +
                                     format_bytes(bytes) + "): raise that tier's budget",
                                 bytes, memory_report_now());
     s.where = where;
-    if (where == tier::device) zero_device(s.data, bytes);
-    else std::memset(s.data, 0, bytes);
+    if (where == tier::device) {
+      // Zeroed on the copy engine's local lane (a device memset): the scope using it waits for
+      // it, and a prefetched gradient is zeroed while the previous layer computes.
+      s.pending = copier_.zero_async(s.data, bytes);
+    } else {
+      std::memset(s.data, 0, bytes);
+    }
     count_resident(where, bytes, +1);
     ++stats_.materialised;
   }
 
-  /** Prefetch: walk the trace after moment @p m and start loading up to `prefetch_depth` chunks
-   *  that live on the host, in order of use. A chunk fetched now stays until its use, so it must fit
-   *  the smallest budget of every moment until then (activations grow in forward), next to the FREE
-   *  gradients that will be materialised before it. Prefetch never evicts. */
+  /** Prefetch during moment @p m: replays, on today's state, what make_resident_on_device will do
+   *  at the coming moments of the trace, and does those evictions and loads now, in the same order,
+   *  so the copies run under compute. The simulated state evolves as the real one will: the chunks
+   *  in use now are released, a step releases its gradient, LRU ticks advance with the accesses,
+   *  budgets follow the placement. The same eviction strategy then picks the same victims, so
+   *  prefetch moves exactly the bytes the demand path would, only earlier (bench_replay checks this
+   *  against the offline optimum). Carrying out stops at the first step that cannot happen yet: a
+   *  victim in use now or used before its planned eviction, a load that does not fit the smallest
+   *  budget until its use, a chunk @p skip rejects, or more than `prefetch_depth` loads in flight
+   *  (the next moment's loads are always started). */
   void prefetch(std::size_t m) {
     prefetch(m, [](chunk_id) { return false; });
   }
 
-  /** As prefetch(m), skipping chunks for which @p skip returns true. */
+  /** As prefetch(m), never loading a chunk for which @p skip returns true. */
   template <class Skip>
   void prefetch(std::size_t m, Skip&& skip) {
     if (options_.prefetch_depth == 0 || !tracer_.ready() || untraced_ || m == never) return;
-    const auto acc = tracer_.accesses();
-    if (acc.empty()) return;
     const std::size_t n = tracer_.num_moments();
-    std::size_t budget = budget_at(m), upto = m;  // min of the budgets of moments m..upto
-    const std::size_t start = tracer_.first_access_after(m);
-    std::size_t started = 0, reserved = 0;
-    std::unordered_set<chunk_id> seen;
-    for (std::size_t i = 0; i < acc.size() && started < options_.prefetch_depth; ++i) {
-      const auto& a = acc[(start + i) % acc.size()];
-      if (a.moment == m) break;  // wrapped around to this moment: nothing further ahead
-      const std::size_t distance = (a.moment + n - m) % n;
-      while ((upto + n - m) % n < distance) {
-        upto = (upto + 1) % n;
-        budget = std::min(budget, budget_at(upto));
+    if (n == 0) return;
+    refresh_moment_needs();
+    const std::size_t per_kind = plan_.num_chunks;
+    auto dense = [&](chunk_id id) { return static_cast<std::size_t>(id.kind) * per_kind + id.index; };
+
+    // The simulated state: what is on the compute tier, and the LRU ticks. Loads still in flight
+    // count against the depth.
+    sim_on_device_.assign(num_chunk_kinds * per_kind, 0);
+    sim_last_use_.assign(num_chunk_kinds * per_kind, 0);
+    sim_keep_.assign(num_chunk_kinds * per_kind, 0);
+    std::size_t resident = 0, tick = tick_, in_flight = 0;
+    for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
+      if (!lists_[k].present) continue;
+      for (std::uint32_t c = 0; c < per_kind; ++c) {
+        const auto& sl = lists_[k].chunks[c];
+        sim_last_use_[k * per_kind + c] = sl.last_use;
+        if (sl.where == tier::device) {
+          sim_on_device_[k * per_kind + c] = 1;
+          resident += lists_[k].desc.chunk_bytes;
+          if (sl.prefetched && sl.pending && !sl.pending->ready()) ++in_flight;
+        }
       }
-      if (!seen.insert(a.id).second) continue;
-      auto& s = slot(a.id);
-      const std::size_t bytes = bytes_of(a.id.kind);
-      if (s.where == tier::none) reserved += bytes;  // a FREE gradient will take room on the device first
-      if (s.where != tier::host || s.pinned || skip(a.id)) continue;  // pinned: in use on the host now
-      // Only free budget is used: evicting for a prefetch moved 2-8x the optimal bytes in
-      // bench_replay, while fetching into free room alone keeps Belady at the optimum.
-      if (resident_[0] + reserved + bytes > budget) break;
-      start_prefetch(a.id);
-      ++started;
     }
+    auto sim_drop = [&](chunk_id id) {
+      if (std::exchange(sim_on_device_[dense(id)], 0)) resident -= bytes_of(id.kind);
+    };
+
+    std::size_t releases = step_chunk_;  // a step frees its gradient when its moment ends
+    std::size_t fits = budget_now();     // smallest budget of the moments from now to the planned one
+    for (std::size_t d = 1; d < n; ++d) {
+      const std::size_t k = (m + d) % n;
+      if (releases != never) sim_drop({chunk_kind::grad, static_cast<std::uint32_t>(releases)});
+      releases = never;
+      const auto& needed = moment_needs_[k];
+      for (auto id : needed) sim_last_use_[dense(id)] = ++tick;
+      if (tracer_.kind_of(k) == moment_kind::optimizer) {
+        if (needed.empty()) return;  // a host-side step: its moves are the step's own, not simulated
+        releases = needed.front().index;
+      }
+
+      // make_resident_on_device at moment k, simulated. Its budget: its non-model use when it
+      // opens is within its recorded peak.
+      auto at_k = inputs(k);
+      at_k.non_model_now = tracer_.non_model_peak(k);
+      std::size_t working = 0;
+      for (auto id : needed) {
+        working += bytes_of(id.kind);
+        sim_keep_[dense(id)] = 1;
+      }
+      const std::size_t budget = std::max(placement_.chunk_budget(at_k), working);
+      const bool done = [&] {
+        auto evict = [&]() -> bool {  // the victim evict_one would pick at moment k
+          candidates_.clear();
+          for (std::size_t kind = 0; kind < num_chunk_kinds; ++kind) {
+            if (!lists_[kind].present) continue;
+            for (std::uint32_t c = 0; c < per_kind; ++c) {
+              const std::size_t x = kind * per_kind + c;
+              if (!sim_on_device_[x] || sim_keep_[x]) continue;
+              const chunk_id id{static_cast<chunk_kind>(kind), c};
+              std::size_t next_use = never;
+              if constexpr (Eviction::uses_trace) next_use = tracer_.next_use(id, k);
+              candidates_.push_back({id, lists_[kind].desc.chunk_bytes, sim_last_use_[x], next_use});
+            }
+          }
+          if (candidates_.empty()) return false;
+          const auto victim = candidates_[eviction_.pick(candidates_)].id;
+          sim_drop(victim);
+          auto& v = slot(victim);
+          // Early only if nothing uses it before moment k: not now, not in between.
+          if (v.pinned || tracer_.next_use(victim, m) < d) return false;
+          v.prefetched = false;
+          start_move(victim, tier::host, move_reason::evict);
+          return true;
+        };
+        for (auto id : needed) {
+          if (sim_on_device_[dense(id)]) continue;
+          const std::size_t bytes = bytes_of(id.kind);
+          while (resident + bytes > budget)
+            if (!evict()) return false;
+          auto& s = slot(id);
+          // On the device for real, absent only in the simulation: a gradient whose step (and
+          // release) is still to come. Loading it is for after that release, not now.
+          if (s.where == tier::device || s.pinned || skip(id) || resident_[0] + bytes > fits) return false;
+          const bool transfer = s.where == tier::host;
+          if (transfer && d > 1 && in_flight >= options_.prefetch_depth) return false;
+          sim_on_device_[dense(id)] = 1;
+          resident += bytes;
+          if (transfer) {
+            start_prefetch(id);
+            ++in_flight;
+          } else {
+            materialise(id, tier::device);  // a FREE gradient: a zero fill, not a transfer
+            s.prefetched = true;
+            s.last_use = ++tick_;  // like a fetched chunk: prepared now, not the stalest
+          }
+        }
+        while (resident > budget)  // the tide goes out: the surplus leaves too
+          if (!evict()) return false;
+        return true;
+      }();
+      for (auto id : needed) sim_keep_[dense(id)] = 0;
+      if (!done) return;
+      fits = std::min(fits, budget_at(k));
+    }
+  }
+
+  /** The distinct chunks each moment of the trace uses, in order of use; rebuilt when the trace is. */
+  void refresh_moment_needs() {
+    const auto key = tracer_.stats().traces;
+    if (key == moment_needs_key_ && moment_needs_.size() == tracer_.num_moments()) return;
+    moment_needs_.assign(tracer_.num_moments(), {});
+    for (const auto& a : tracer_.accesses()) {
+      auto& v = moment_needs_.at(a.moment);
+      if (std::find(v.begin(), v.end(), a.id) == v.end()) v.push_back(a.id);
+    }
+    moment_needs_key_ = key;
   }
 
   void start_prefetch(chunk_id id) {
@@ -912,6 +1058,7 @@ class chunk_runtime {
     }
     const auto t0 = timeline_.now_us();
     const std::size_t m = untraced_ ? never : tracer_.open_moment(kind, name);
+    non_model_changes_ = 0;
     retire_completed();
     std::vector<chunk_id> ids;
     for (auto p : params) {
@@ -1015,6 +1162,12 @@ class chunk_runtime {
   std::vector<tensor_state> states_;
   std::vector<std::uint32_t> refs_;
   std::vector<eviction_candidate> candidates_;
+  std::vector<retiring_buffer> retiring_;        // buffers in-flight copies still read, oldest first
+  std::vector<char> sim_on_device_;              // prefetch's simulated state, by dense chunk index
+  std::vector<std::size_t> sim_last_use_;
+  std::vector<char> sim_keep_;
+  std::vector<std::vector<chunk_id>> moment_needs_;  // by moment of the trace (refresh_moment_needs)
+  std::size_t moment_needs_key_ = never;
   std::array<std::size_t, 2> resident_{};  // chunk bytes on device, on host
   std::size_t non_model_ = 0;
   std::size_t tick_ = 0;
@@ -1022,6 +1175,8 @@ class chunk_runtime {
   bool finalized_ = false;
   bool iteration_open_ = false;
   bool untraced_ = false;
+  std::size_t step_chunk_ = never;
+  std::size_t non_model_changes_ = 0;  // allocate/deallocate_non_model calls in this moment  // the chunk index stepping now (its gradient goes at the end)
   mutable std::size_t peak_max_ = 0;
   mutable std::pair<std::size_t, std::size_t> peak_max_key_{never, never};
   runtime_stats stats_;

@@ -11,7 +11,7 @@
 namespace chunkstar {
 
 /** @brief Counters since construction (or the last `reset_stats()`). Every counter except the
- *  times is a deterministic function of the program and the policies, never of timing. */
+ *  times and `buffer_reuses` is a deterministic function of the program and the policies, never of timing. */
 struct runtime_stats {
   std::uint64_t bytes_to_device = 0;  ///< chunk payload bytes copied host -> compute tier
   std::uint64_t bytes_to_host = 0;    ///< chunk payload bytes copied compute tier -> host
@@ -27,6 +27,9 @@ struct runtime_stats {
   std::uint64_t device_steps = 0;     ///< chunk steps run on the compute tier
   std::uint64_t host_steps = 0;       ///< chunk steps run on the host
   double stall_s = 0;                 ///< time spent waiting for copies
+  /// Loads (and zero fills) that took over the device buffer of an eviction still in flight
+  /// instead of waiting for it to be freed. Depends on timing, like the times.
+  std::uint64_t buffer_reuses = 0;
   std::size_t peak_device_chunk_bytes = 0;  ///< most chunk bytes on the compute tier at once
   std::size_t peak_non_model_bytes = 0;     ///< most non-model bytes at once
   std::size_t peak_host_chunk_bytes = 0;    ///< most chunk bytes on the host at once
