@@ -56,6 +56,7 @@ struct options {
   std::size_t prefetch_depth = 2;
   int iterations = 3;
   bool quick = false;
+  std::string policy;  // empty: both
   std::vector<double> budgets{1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1};
   std::string json, plot;
 };
@@ -157,6 +158,7 @@ struct row {
   double iteration_s = 0, compute_s = 0, modelled_compute_s = 0, transfer_s = 0, link_s = 0, stall_s = 0;
   double overhead_s = 0;  // iteration - compute - stall: runtime bookkeeping, zeroing gradients, allocation
   double evictions = 0, loads = 0, prefetches = 0, prefetch_hits = 0, demand_loads = 0;
+  double lookahead_fraction = 0;
   [[nodiscard]] double bound_s() const { return std::max(compute_s, transfer_s); }
   [[nodiscard]] double duplex_bound_s() const { return std::max(compute_s, link_s); }
 };
@@ -164,8 +166,13 @@ struct row {
 /** The offline references for the recorded trace of @p rt at device capacity @p capacity, per
  *  iteration in steady state: cost(R2 iterations) - cost(R1 iterations), divided by R2 - R1, both
  *  windows starting with every parameter on the host, so start and end effects cancel. */
+struct references {
+  double belady_min_bytes = 0, optimum_bytes = 0;
+  double lookahead_fraction = 0;  // moments whose chunks fit next to the next moment's
+};
+
 template <class RT>
-std::pair<double, double> offline_references(const RT& rt, std::size_t capacity, std::size_t chunk_bytes, int iterations) {
+references offline_references(const RT& rt, std::size_t capacity, std::size_t chunk_bytes, int iterations) {
   using bench::min_place;
   const auto& tr = rt.tracer();
   const auto acc = tr.accesses();
@@ -213,7 +220,17 @@ std::pair<double, double> offline_references(const RT& rt, std::size_t capacity,
        static_cast<double>(bench::belady_min(s1, droppable, initial).moves())) / iterations;
   const double opt_per_it = (static_cast<double>(bench::optimal_moves(s2, droppable, initial)) -
                              static_cast<double>(bench::optimal_moves(s1, droppable, initial))) / iterations;
-  return {min_per_it * static_cast<double>(chunk_bytes), opt_per_it * static_cast<double>(chunk_bytes)};
+  // A look-ahead is possible at a moment when its chunks and the next moment's fit the budget at
+  // once: only then can the next moment's loads overlap this moment's compute.
+  std::size_t fit = 0;
+  for (std::size_t g = 0; g < one.size(); ++g) {
+    auto both = one[g].need;
+    for (auto c : one[(g + 1) % one.size()].need)
+      if (std::find(both.begin(), both.end(), c) == both.end()) both.push_back(c);
+    if (both.size() <= cap_of_moment[one[g].moment]) ++fit;
+  }
+  return {min_per_it * static_cast<double>(chunk_bytes), opt_per_it * static_cast<double>(chunk_bytes),
+          static_cast<double>(fit) / static_cast<double>(one.size())};
 }
 
 template <class Eviction>
@@ -292,7 +309,10 @@ row run_config(const options& o, double fraction, bool prefetch, std::size_t mod
     });
   };
 
-  iteration();  // warm-up: the tracer records the trace
+  // Warm-up: the first iteration records the trace; the second moves from that iteration's
+  // demand-only placement to the steady state prefetch keeps (LRU may differ there by a chunk).
+  iteration();
+  iteration();
   rt.copy_engine().synchronize();
   const auto before = rt.stats();
   const auto copies_before = rt.copy_engine().stats();
@@ -328,13 +348,14 @@ row run_config(const options& o, double fraction, bool prefetch, std::size_t mod
   r.demand_loads = static_cast<double>(after.demand_loads - before.demand_loads) / its;
   if (dev.peak() > dev.capacity()) throw state_error("the simulated device exceeded its capacity");
 
-  const auto [min_b, opt_b] = offline_references(rt, r.capacity, r.chunk_bytes, o.iterations);
-  r.belady_min_bytes = min_b;
-  r.optimum_bytes = opt_b;
+  const auto refs = offline_references(rt, r.capacity, r.chunk_bytes, o.iterations);
+  r.belady_min_bytes = refs.belady_min_bytes;
+  r.optimum_bytes = refs.optimum_bytes;
+  r.lookahead_fraction = refs.lookahead_fraction;
 
   // Nothing faked: every parameter must hold exactly what plain fp32 arithmetic gives after
   // 1 + iterations SGD steps (gradients at every grad_stride-th element, zero elsewhere).
-  const int steps = 1 + o.iterations;
+  const int steps = 2 + o.iterations;
   std::vector<float> got;
   for (std::size_t t = 0; t < mdl.params.size(); ++t) {
     got.resize(mdl.params[t].numel);
@@ -378,12 +399,12 @@ void write_json(const std::string& path, const std::vector<row>& rows, const opt
                   "\"belady_min_bytes\": %.0f, \"optimum_bytes\": %.0f, \"iteration_s\": %.6f, \"compute_s\": %.6f, "
                   "\"modelled_compute_s\": %.6f, \"transfer_s\": %.6f, \"link_s\": %.6f, \"stall_s\": %.6f, \"overhead_s\": %.6f, "
                   "\"evictions\": %.1f, \"loads\": %.1f, \"prefetches\": %.1f, \"prefetch_hits\": %.1f, "
-                  "\"demand_loads\": %.1f, \"bandwidth_bytes_per_s\": %.0f}%s\n",
+                  "\"demand_loads\": %.1f, \"lookahead_fraction\": %.3f, \"bandwidth_bytes_per_s\": %.0f}%s\n",
                   json_escape(r.policy).c_str(), r.prefetch ? "true" : "false", r.prefetch ? o.prefetch_depth : 0,
                   r.budget_fraction, r.capacity, r.model_bytes, r.non_model_peak, r.chunk_bytes, r.num_chunks,
                   r.bytes_moved, r.bytes_to_device, r.bytes_to_host, r.belady_min_bytes, r.optimum_bytes, r.iteration_s,
                   r.compute_s, r.modelled_compute_s, r.transfer_s, r.link_s, r.stall_s, r.overhead_s, r.evictions, r.loads,
-                  r.prefetches, r.prefetch_hits, r.demand_loads, o.bandwidth, i + 1 < rows.size() ? "," : "");
+                  r.prefetches, r.prefetch_hits, r.demand_loads, r.lookahead_fraction, o.bandwidth, i + 1 < rows.size() ? "," : "");
     f << buf;
   }
   f << "]\n";
@@ -446,7 +467,8 @@ int write_plot(const std::string& png, const std::vector<row>& rows) {
 void usage() {
   std::printf(
       "usage: bench_replay [--quick] [--json FILE] [--plot FILE.png] [--bandwidth BYTES_PER_S] [--layers N]\n"
-      "                    [--width N] [--flops FLOP_PER_S] [--prefetch-depth N] [--iterations N]\n");
+      "                    [--width N] [--flops FLOP_PER_S] [--prefetch-depth N] [--iterations N]\n"
+      "                    [--budgets F,F,...] [--policy lru|belady]\n");
 }
 
 options parse(int argc, char** argv) {
@@ -466,6 +488,15 @@ options parse(int argc, char** argv) {
     else if (a == "--flops") o.flops = std::stod(value());
     else if (a == "--prefetch-depth") o.prefetch_depth = static_cast<std::size_t>(std::stoul(value()));
     else if (a == "--iterations") o.iterations = std::stoi(value());
+    else if (a == "--budgets") {
+      o.budgets.clear();
+      std::string list = value();
+      for (std::size_t at = 0; at < list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        o.budgets.push_back(std::stod(list.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    } else if (a == "--policy") o.policy = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -479,6 +510,10 @@ options parse(int argc, char** argv) {
     o.iterations = 2;
     o.budgets = {1.0, 0.5, 0.3};
   }
+  for (double f : o.budgets)
+    if (!(f > 0 && f <= 1)) throw config_error("--budgets takes fractions of the model data in (0, 1], e.g. 0.5,0.2");
+  if (!o.policy.empty() && o.policy != "lru" && o.policy != "belady")
+    throw config_error("--policy is lru or belady, not '" + o.policy + "'");
   if (o.layers < 1 || o.width < 32 || o.width % 32 != 0 || o.bandwidth <= 0 || o.flops <= 0 || o.iterations < 1)
     throw config_error("need --layers >= 1, --width a multiple of 32, positive --bandwidth and --flops, --iterations >= 1");
   return o;
@@ -514,22 +549,23 @@ int main(int argc, char** argv) try {
                 o.bandwidth / 1e9, o.latency * 1e6, o.flops / 1e12, o.prefetch_depth);
   }
   std::vector<row> rows;
-  std::printf("\n%-7s %-4s %6s %9s %9s %9s %6s %6s %9s %9s %9s %9s %7s %8s %6s %7s %6s\n", "policy", "pf", "budget",
+  std::printf("\n%-7s %-4s %6s %9s %9s %9s %6s %6s %9s %9s %9s %9s %7s %8s %6s %7s %6s %6s\n", "policy", "pf", "budget",
               "moved MiB", "MIN MiB", "opt MiB", "/MIN", "/opt", "iter ms", "comp ms", "xfer ms", "link ms", "iter/bd",
-              "stall ms", "ovh ms", "evicts", "hits");
+              "stall ms", "ovh ms", "evicts", "hits", "ahead");
   for (double f : o.budgets) {
     for (int pol = 0; pol < 2; ++pol) {
+      if (!o.policy.empty() && o.policy != (pol == 0 ? "lru" : "belady")) continue;
       for (bool pf : {false, true}) {
         const row r = pol == 0 ? run_config<lru_eviction>(o, f, pf, model_data, non_model_peak)
                                : run_config<belady_eviction>(o, f, pf, model_data, non_model_peak);
         const double mib = 1048576.0;
-        std::printf("%-7s %-4s %5.0f%% %9.1f %9.1f %9.1f %6.3f %6.3f %9.2f %9.2f %9.2f %9.2f %7.3f %8.2f %6.2f %7.1f %6.1f\n",
+        std::printf("%-7s %-4s %5.0f%% %9.1f %9.1f %9.1f %6.3f %6.3f %9.2f %9.2f %9.2f %9.2f %7.3f %8.2f %6.2f %7.1f %6.1f %5.0f%%\n",
                     r.policy.c_str(), r.prefetch ? "on" : "off", 100 * r.budget_fraction, r.bytes_moved / mib,
                     r.belady_min_bytes / mib, r.optimum_bytes / mib,
                     r.belady_min_bytes > 0 ? r.bytes_moved / r.belady_min_bytes : (r.bytes_moved == 0 ? 1.0 : INFINITY),
                     r.optimum_bytes > 0 ? r.bytes_moved / r.optimum_bytes : (r.bytes_moved == 0 ? 1.0 : INFINITY),
                     r.iteration_s * 1e3, r.compute_s * 1e3, r.transfer_s * 1e3, r.link_s * 1e3,
-                    r.iteration_s / r.bound_s(), r.stall_s * 1e3, r.overhead_s * 1e3, r.evictions, r.prefetch_hits);
+                    r.iteration_s / r.bound_s(), r.stall_s * 1e3, r.overhead_s * 1e3, r.evictions, r.prefetch_hits, 100 * r.lookahead_fraction);
         std::fflush(stdout);
         rows.push_back(r);
       }
@@ -537,7 +573,8 @@ int main(int argc, char** argv) try {
   }
   std::printf("\nMIN = Belady's MIN and opt = exact optimum for the recorded trace and budget (offline, per iteration);\n"
               "iter/bd = iteration time / max(compute, transfer); link = busier direction of the duplex link;\n"
-              "ovh = iteration - compute - stall (runtime bookkeeping, zeroing gradients, allocation).\n");
+              "ovh = iteration - compute - stall (runtime bookkeeping, allocation, threads sharing the cores);\n"
+              "ahead = moments whose chunks fit the budget next to the next moment's (a look-ahead is possible).\n");
   if (!o.json.empty()) {
     write_json(o.json, rows, o);
     std::printf("json: %s\n", o.json.c_str());
