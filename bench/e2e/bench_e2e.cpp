@@ -34,7 +34,7 @@ struct options {
   std::string json, plot;
   std::string preset = "small";
   std::size_t batch = 4, seq = 128;
-  int iterations = 0;  // measured iterations per trainer and configuration; 0: 15 (overhead), 5 (offload)
+  int iterations = 0;  // measured iterations per trainer and configuration; 0: 31 (overhead), 5 (offload)
   int warmup = 2;      // iterations before measuring (the first one records the trace)
   double bandwidth = 2e9;
   double latency = 10e-6;
@@ -42,7 +42,7 @@ struct options {
   std::vector<double> budgets{1.0, 0.75, 0.5, 0.25, 0.1};
   bool quick = false;
 
-  [[nodiscard]] int overhead_iterations() const { return iterations ? iterations : 15; }
+  [[nodiscard]] int overhead_iterations() const { return iterations ? iterations : 31; }
   [[nodiscard]] int offload_iterations() const { return iterations ? iterations : 5; }
 };
 
@@ -424,7 +424,7 @@ int write_plot(const options& o, const overhead_result* ov, const std::vector<of
 void usage() {
   std::printf(
       "usage: bench_e2e [--mode overhead|offload|all] [--json FILE] [--plot FILE.png] [--quick]\n"
-      "                 [--preset NAME (small)] [--batch B (4)] [--seq T (128)] [--iterations N (15 overhead, 5 offload)]\n"
+      "                 [--preset NAME (small)] [--batch B (4)] [--seq T (128)] [--iterations N (31 overhead, 5 offload)]\n"
       "                 [--warmup N (2)] [--bandwidth BYTES_PER_S (2e9)] [--prefetch-depth N (2)]\n"
       "                 [--budgets 1,0.75,0.5,0.25,0.1]\n");
 }
