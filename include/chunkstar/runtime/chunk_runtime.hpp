@@ -983,8 +983,7 @@ class chunk_runtime {
             start_prefetch(id);
             ++in_flight;
           } else {
-            materialise(id, tier::device);  // a FREE gradient: a zero fill, not a transfer
-            s.prefetched = true;
+            materialise(id, tier::device);  // a FREE gradient: a zero fill, not a transfer (no hit)
             s.last_use = ++tick_;  // like a fetched chunk: prepared now, not the stalest
           }
         }
