@@ -163,14 +163,14 @@ struct row {
   [[nodiscard]] double duplex_bound_s() const { return std::max(compute_s, link_s); }
 };
 
-/** The offline references for the recorded trace of @p rt at device capacity @p capacity, per
- *  iteration in steady state: cost(R2 iterations) - cost(R1 iterations), divided by R2 - R1, both
- *  windows starting with every parameter on the host, so start and end effects cancel. */
 struct references {
   double belady_min_bytes = 0, optimum_bytes = 0;
   double lookahead_fraction = 0;  // moments whose chunks fit next to the next moment's
 };
 
+/** The offline references for the recorded trace of @p rt at device capacity @p capacity, per
+ *  iteration in steady state: cost(R2 iterations) - cost(R1 iterations), divided by R2 - R1, both
+ *  windows starting with every parameter on the host, so start and end effects cancel. */
 template <class RT>
 references offline_references(const RT& rt, std::size_t capacity, std::size_t chunk_bytes, int iterations) {
   using bench::min_place;
@@ -354,7 +354,7 @@ row run_config(const options& o, double fraction, bool prefetch, std::size_t mod
   r.lookahead_fraction = refs.lookahead_fraction;
 
   // Nothing faked: every parameter must hold exactly what plain fp32 arithmetic gives after
-  // 1 + iterations SGD steps (gradients at every grad_stride-th element, zero elsewhere).
+  // 2 + iterations SGD steps (gradients at every grad_stride-th element, zero elsewhere).
   const int steps = 2 + o.iterations;
   std::vector<float> got;
   for (std::size_t t = 0; t < mdl.params.size(); ++t) {

@@ -368,8 +368,8 @@ TEST_CASE("prefetch: loads ahead into free budget, hits, and never adds traffic"
 namespace {
 
 /** A layered model whose forward scopes allocate their activations and whose backward scopes free
- *  them (so the budget follows the tide, within moments too), stepped on the compute tier. Returns
- *  the stats of the iterations after `warmup` and the final parameters. */
+ *  them (so the budget follows the tide, within moments too), stepped where RT's placement says.
+ *  Returns the stats of the iterations after `warmup` and the final parameters. */
 template <class RT>
 std::pair<runtime_stats, std::vector<float>> train_layers(double budget_fraction, std::size_t depth, int warmup, int measured) {
   constexpr int layers = 8;

@@ -89,27 +89,20 @@ class host_copy_engine {
   /** @brief Queues a fill of `bytes` zero bytes at `dst` on the `host_to_host` worker (never paced,
    *  not counted in stats). A null `dst` with bytes > 0 fails with config_error from wait(). */
   host_copy_handle zero_async(void* dst, std::size_t bytes) {
-    return enqueue(copy_direction::host_to_host, job{[dst, bytes] {
-                                                       if (bytes == 0) return;
-                                                       if (dst == nullptr)
-                                                         throw config_error("host_copy_engine: zero_async of " + std::to_string(bytes) +
-                                                                            " bytes at a null address; pass a block obtained from a memory space");
-                                                       std::memset(dst, 0, bytes);
-                                                     },
-                                                     {}, bytes, false});
+    return enqueue(copy_direction::host_to_host, job{[dst, bytes] { checked_memset(dst, bytes); }, {}, bytes, false});
   }
 
   /** @brief Jobs submitted to `d` from now on start only after `h` is ready: `d`'s worker waits
    *  for it, the caller does not. A failure of `h` is reported by `h`, not by later jobs. */
   void order_after(const host_copy_handle& h, copy_direction d) {
     if (h.ready()) return;
-    (void)enqueue(d, job{[h] {
-                           try {
-                             h.wait();
-                           } catch (...) {  // the job that failed reports it through its own handle
-                           }
-                         },
-                         {}, 0, false});
+    auto wait_quietly = [h] {
+      try {
+        h.wait();
+      } catch (...) {  // the job that failed reports it through its own handle
+      }
+    };
+    (void)enqueue(d, job{wait_quietly, {}, 0, false});
   }
 
   /** @brief Runs `f` on `d`'s worker, in order with that direction's copies (for example a host-side
@@ -174,6 +167,15 @@ class host_copy_engine {
                          "-byte copy overlap; copy between distinct blocks");
     }
     std::memcpy(dst, src, bytes);
+  }
+
+  static void checked_memset(void* dst, std::size_t bytes) {
+    if (bytes == 0) return;
+    if (dst == nullptr) {
+      throw config_error("host_copy_engine: zero_async of " + std::to_string(bytes) +
+                         " bytes at a null address; pass a block obtained from a memory space");
+    }
+    std::memset(dst, 0, bytes);
   }
 
   host_copy_handle enqueue(copy_direction d, job j) {

@@ -1174,8 +1174,8 @@ class chunk_runtime {
   bool finalized_ = false;
   bool iteration_open_ = false;
   bool untraced_ = false;
-  std::size_t step_chunk_ = never;
-  std::size_t non_model_changes_ = 0;  // allocate/deallocate_non_model calls in this moment  // the chunk index stepping now (its gradient goes at the end)
+  std::size_t step_chunk_ = never;     // the chunk index stepping now (its gradient goes at the end)
+  std::size_t non_model_changes_ = 0;  // allocate/deallocate_non_model calls in this moment
   mutable std::size_t peak_max_ = 0;
   mutable std::pair<std::size_t, std::size_t> peak_max_key_{never, never};
   runtime_stats stats_;

@@ -47,16 +47,16 @@ struct tracer_stats {
  *  7. `ct.current_moment()`, `ct.num_moments()` → `std::size_t`.
  *  8. `ct.non_model_peak(m)` → `std::size_t`: recorded peak non-model bytes during moment `m`
  *     (`m` ≥ num_moments wraps into the next iteration).
- *  8b. `ct.non_model_peak_from(m, e)` → `std::size_t`: the peak of moment `m` from its `e`-th
+ *  9. `ct.non_model_peak_from(m, e)` → `std::size_t`: the peak of moment `m` from its `e`-th
  *     non-model change (record_non_model call) on, to its end; `e` = 0 is the whole moment. Lets the
  *     budget rise within a moment once its activations are freed (the tide within a moment).
- *  9. `ct.next_use(c, m)` → `std::size_t`: moments from `m` to the next use of `c` strictly after `m`,
- *     wrapping into the next iteration; `never` when `c` is not in the trace.
- *  10. `ct.accesses()` → `std::span<const trace_access>` in moment order; `ct.first_access_after(m)`
+ *  10. `ct.next_use(c, m)` → `std::size_t`: moments from `m` to the next use of `c` strictly after `m`,
+ *      wrapping into the next iteration; `never` when `c` is not in the trace.
+ *  11. `ct.accesses()` → `std::span<const trace_access>` in moment order; `ct.first_access_after(m)`
  *      → `std::size_t`, index of the first access at a moment > `m` (== size when none).
- *  11. `ct.kind_of(m)` → `moment_kind`: the recorded kind of moment `m` (`m` ≥ num_moments wraps);
+ *  12. `ct.kind_of(m)` → `moment_kind`: the recorded kind of moment `m` (`m` ≥ num_moments wraps);
  *      `moment_kind::forward` without a trace.
- *  12. `ct.stats()` → `tracer_stats`.
+ *  13. `ct.stats()` → `tracer_stats`.
  */
 template <class T>
 concept Tracer = requires(T& t, const T& ct, moment_kind k, std::string_view name, chunk_id c, std::size_t b) {
