@@ -8,6 +8,7 @@
 //             host<->device link; iteration time against an all-resident trainer run alongside.
 //
 // See docs/performance.md for the results and how to read them.
+#include "../bench_cli.hpp"
 #include "e2e_support.hpp"
 
 #include <chunkstar/eviction/belady.hpp>
@@ -450,13 +451,7 @@ options parse(int argc, char** argv) {
     else if (a == "--bandwidth") o.bandwidth = std::stod(value());
     else if (a == "--prefetch-depth") o.prefetch_depth = std::stoul(value());
     else if (a == "--budgets") {
-      o.budgets.clear();
-      std::string list = value();
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        o.budgets.push_back(std::stod(list.substr(at, comma - at)));
-        at = comma + 1;
-      }
+      o.budgets = chunkstar::bench::parse_number_list(a, value());
       budgets_set = true;
     } else if (a == "--help" || a == "-h") {
       usage();

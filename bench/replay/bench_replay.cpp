@@ -4,6 +4,7 @@
 // Every row is compared with offline references computed from the recorded trace alone: Belady's
 // MIN and the exact optimum (belady_min.hpp), and with the time bound max(compute, transfer).
 // See docs/replay.md.
+#include "../bench_cli.hpp"
 #include "belady_min.hpp"
 
 #include <chunkstar/eviction/belady.hpp>
@@ -488,15 +489,8 @@ options parse(int argc, char** argv) {
     else if (a == "--flops") o.flops = std::stod(value());
     else if (a == "--prefetch-depth") o.prefetch_depth = static_cast<std::size_t>(std::stoul(value()));
     else if (a == "--iterations") o.iterations = std::stoi(value());
-    else if (a == "--budgets") {
-      o.budgets.clear();
-      std::string list = value();
-      for (std::size_t at = 0; at < list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        o.budgets.push_back(std::stod(list.substr(at, comma - at)));
-        at = comma + 1;
-      }
-    } else if (a == "--policy") o.policy = value();
+    else if (a == "--budgets") o.budgets = bench::parse_number_list(a, value());
+    else if (a == "--policy") o.policy = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);

@@ -768,26 +768,37 @@ class chunk_runtime {
    *  leaves once it has arrived, ordered on the copy engine).
    *  @p reference_moment: next uses are measured from it. Returns false when nothing can go. */
   bool evict_one(const std::unordered_set<chunk_id>& keep, std::size_t reference_moment) {
-    candidates_.clear();
-    for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
-      const auto& l = lists_[k];
-      if (!l.present) continue;
-      for (std::uint32_t c = 0; c < l.chunks.size(); ++c) {
-        const auto& s = l.chunks[c];
-        const chunk_id id{static_cast<chunk_kind>(k), c};
-        if (s.where != tier::device || s.pinned || keep.contains(id)) continue;
-        std::size_t next = never;
-        if constexpr (Eviction::uses_trace) {
-          if (reference_moment != never) next = tracer_.next_use(id, reference_moment);
-        }
-        candidates_.push_back({id, l.desc.chunk_bytes, s.last_use, next});
-      }
-    }
+    collect_candidates(reference_moment, [&](chunk_id id, const chunk_slot& s) -> std::optional<std::size_t> {
+      if (s.where != tier::device || s.pinned || keep.contains(id)) return std::nullopt;
+      return s.last_use;
+    });
     if (candidates_.empty()) return false;
     const auto victim = candidates_[eviction_.pick(candidates_)].id;
     slot(victim).prefetched = false;
     start_move(victim, tier::host, move_reason::evict);
     return true;
+  }
+
+  /** Fills candidates_ with the chunks @p eligible accepts — `eligible(id, slot)` returns the
+   *  chunk's LRU tick, or nothing — with next uses measured from @p reference (`never`: none).
+   *  The demand path and prefetch's simulation of it share this, so both see the same candidates. */
+  template <class Eligible>
+  void collect_candidates(std::size_t reference, Eligible&& eligible) {
+    candidates_.clear();
+    for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
+      const auto& l = lists_[k];
+      if (!l.present) continue;
+      for (std::uint32_t c = 0; c < l.chunks.size(); ++c) {
+        const chunk_id id{static_cast<chunk_kind>(k), c};
+        const std::optional<std::size_t> tick = eligible(id, l.chunks[c]);
+        if (!tick) continue;
+        std::size_t next = never;
+        if constexpr (Eviction::uses_trace) {
+          if (reference != never) next = tracer_.next_use(id, reference);
+        }
+        candidates_.push_back({id, l.desc.chunk_bytes, *tick, next});
+      }
+    }
   }
 
   /** Makes every chunk in @p ids resident on the compute tier within the budget. */
@@ -944,18 +955,11 @@ class chunk_runtime {
       const std::size_t budget = std::max(placement_.chunk_budget(at_k), working);
       const bool done = [&] {
         auto evict = [&]() -> bool {  // the victim evict_one would pick at moment k
-          candidates_.clear();
-          for (std::size_t kind = 0; kind < num_chunk_kinds; ++kind) {
-            if (!lists_[kind].present) continue;
-            for (std::uint32_t c = 0; c < per_kind; ++c) {
-              const std::size_t x = kind * per_kind + c;
-              if (!sim_on_device_[x] || sim_keep_[x]) continue;
-              const chunk_id id{static_cast<chunk_kind>(kind), c};
-              std::size_t next_use = never;
-              if constexpr (Eviction::uses_trace) next_use = tracer_.next_use(id, k);
-              candidates_.push_back({id, lists_[kind].desc.chunk_bytes, sim_last_use_[x], next_use});
-            }
-          }
+          collect_candidates(k, [&](chunk_id id, const chunk_slot&) -> std::optional<std::size_t> {
+            const std::size_t x = dense(id);
+            if (!sim_on_device_[x] || sim_keep_[x]) return std::nullopt;
+            return sim_last_use_[x];
+          });
           if (candidates_.empty()) return false;
           const auto victim = candidates_[eviction_.pick(candidates_)].id;
           sim_drop(victim);
