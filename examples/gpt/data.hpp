@@ -6,12 +6,18 @@
 #pragma once
 
 #include <chunkstar/core/error.hpp>
+#include <chunkstar/core/units.hpp>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
-#include <fstream>
-#include <iterator>
+#include <cstring>
 #include <string>
 #include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 // The embedded default corpus (generated from data/corpus.txt at build time).
 extern const unsigned char gpt_default_corpus[];
@@ -26,19 +32,56 @@ struct text_data {
   std::vector<std::uint8_t> val;
 };
 
+/** @brief Largest --data file load_text reads (the whole corpus is held in memory). */
+inline constexpr std::size_t max_text_bytes = std::size_t{4} << 30;
+
 /** @brief Loads @p path (all of it, as bytes), or the embedded corpus when @p path is empty, and
- *  holds out the last @p val_fraction for validation. Throws config_error when the file cannot be
- *  read or is too short for sequences of @p seq tokens. */
-inline text_data load_text(const std::string& path, std::size_t seq, double val_fraction = 0.1) {
+ *  holds out the last @p val_fraction for validation. Throws config_error, naming the file and
+ *  what to do, when it is not a regular file (a directory, a FIFO, a device: none of them could
+ *  be read to an end, and opening a FIFO never blocks here), cannot be read, is larger than
+ *  @p max_bytes, or is too short for sequences of @p seq tokens. */
+inline text_data load_text(const std::string& path, std::size_t seq, double val_fraction = 0.1,
+                           std::size_t max_bytes = max_text_bytes) {
   std::vector<std::uint8_t> bytes;
   text_data d;
   if (path.empty()) {
     bytes.assign(gpt_default_corpus, gpt_default_corpus + gpt_default_corpus_size);
     d.source = "embedded default corpus (GPL-3, Apache-2.0 and GFDL-1.3 license texts)";
   } else {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw chunkstar::config_error("cannot read --data '" + path + "': check the path and permissions");
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    const auto fail = [&](const std::string& why) -> void {
+      throw chunkstar::config_error("cannot use --data '" + path + "': " + why);
+    };
+    int fd;
+    do fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) fail(std::string(std::strerror(errno)) + "; check the path and permissions");
+    struct closer {
+      int fd;
+      ~closer() { ::close(fd); }
+    } close_fd{fd};
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) fail(std::strerror(errno));
+    if (!S_ISREG(st.st_mode))
+      fail(std::string(S_ISDIR(st.st_mode) ? "it is a directory" : S_ISFIFO(st.st_mode) ? "it is a FIFO" : "it is a device or socket") +
+           ", not a regular file; pass a text file");
+    if (static_cast<std::uint64_t>(st.st_size) > max_bytes)
+      fail("it has " + chunkstar::format_bytes(static_cast<std::size_t>(st.st_size)) + ", more than the " + chunkstar::format_bytes(max_bytes) +
+           " train_gpt reads into memory; train on a part of it");
+    // Read to the end (files in /proc report size 0), never past the cap.
+    bytes.resize(static_cast<std::size_t>(st.st_size));
+    std::size_t used = 0;
+    for (;;) {
+      if (used == bytes.size()) {
+        if (bytes.size() > max_bytes) fail("it grew past the " + chunkstar::format_bytes(max_bytes) + " train_gpt reads into memory");
+        bytes.resize(std::max<std::size_t>(2 * bytes.size(), 1 << 16));
+      }
+      const ssize_t n = ::read(fd, bytes.data() + used, bytes.size() - used);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail(std::string("reading it failed: ") + std::strerror(errno));
+      if (n == 0) break;
+      used += static_cast<std::size_t>(n);
+    }
+    bytes.resize(used);
     d.source = path;
   }
   const auto val = static_cast<std::size_t>(static_cast<double>(bytes.size()) * val_fraction);

@@ -225,6 +225,13 @@ inline activation_sizes compute_activation_sizes(const gpt_config& c, std::size_
     throw chunkstar::config_error("batch [" + std::to_string(B) + ", " + std::to_string(Tn) +
                                   "]: need B >= 1 and 1 <= T <= context (" + std::to_string(c.context) +
                                   "); shorten the sequence or raise the context");
+  // The attention scores (B * heads * T^2 per block) dominate; refuse shapes whose sizes would not
+  // even be representable rather than wrap.
+  const double scores = static_cast<double>(B) * c.heads * static_cast<double>(Tn) * static_cast<double>(Tn);
+  const double rows = static_cast<double>(B) * static_cast<double>(Tn) * (c.width + c.vocab);
+  if (scores > 0x1p50 || rows > 0x1p50)
+    throw chunkstar::config_error("batch [" + std::to_string(B) + ", " + std::to_string(Tn) +
+                                  "]: its activations would need more than 2^50 elements; use a smaller batch or sequence");
   const std::size_t N = B * Tn, C = c.width, V = c.vocab, NH = c.heads;
   activation_sizes s;
   s.embedding = N * C;

@@ -27,7 +27,12 @@ struct gpt_config {
   int width = 0;    ///< C: channels of the residual stream
 };
 
-/** @brief Throws chunkstar::config_error unless every dimension is positive and heads divide width. */
+/** @brief Largest vocab, context and width validate() accepts (2^20), and largest layer count (2^16). */
+inline constexpr int max_dimension = 1 << 20;
+inline constexpr int max_layers = 1 << 16;
+
+/** @brief Throws chunkstar::config_error unless every dimension is positive and within bounds and
+ *  heads divide width. */
 inline void validate(const gpt_config& c) {
   const auto bad = [&](const std::string& why) {
     throw chunkstar::config_error(
@@ -37,6 +42,10 @@ inline void validate(const gpt_config& c) {
   };
   if (c.vocab <= 0 || c.context <= 0 || c.layers <= 0 || c.heads <= 0 || c.width <= 0)
     bad("every dimension must be positive; pick a preset or set all five");
+  // Bounds far above any trainable shape, so that no size computed from them overflows.
+  if (c.vocab > max_dimension || c.context > max_dimension || c.width > max_dimension || c.layers > max_layers)
+    bad("a dimension is too large: vocab, context and width may be at most " + std::to_string(max_dimension) +
+        ", layers at most " + std::to_string(max_layers));
   if (c.width % c.heads != 0) bad("width must be a multiple of heads (each head gets width/heads channels)");
 }
 

@@ -4,8 +4,16 @@
 // device is simulated on the CPU (host memory with a hard capacity), so the run shows what chunkstar
 // does on a GPU whose memory is smaller than the model's data: chunks move, evictions happen, and
 // the loss falls exactly as it would with everything resident (same bits).
+//
+// Everything that can be checked is checked before any work starts (`prepare`): options, the data
+// file, the checkpoint to resume and its configuration, the output paths, and the memory the run
+// needs. A fatal error prints one message and ends the process at once (`fatal`), with an exit code
+// that says what kind of failure it was (train_options.hpp, `--help`).
 #include "chunked_gpt.hpp"
 #include "data.hpp"
+#include "preflight.hpp"
+#include "run_record.hpp"
+#include "train_options.hpp"
 
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/eviction/lru.hpp>
@@ -19,108 +27,133 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
+#include <optional>
 #include <random>
 #include <string>
+#include <system_error>
 
 using namespace chunkstar;
+using gpt::train_options;
 
 namespace {
 
-struct options {
-  std::string data;  // empty: the embedded corpus
-  std::string preset = "mini";
-  int layers = 0, width = 0, heads = 0, context = 0;  // 0: from the preset
-  std::size_t batch = 4, seq = 64;
-  int accum = 1;
-  std::int64_t steps = 200;
-  std::int64_t stop_after = 0;  // stop early at this step (the schedule still spans --steps)
-  std::string precision = "fp32";
-  std::string policy = "patrickstar";
-  std::string device_budget = "auto", host_budget = "unlimited", link_bandwidth = "0";
-  double device_fraction = 0.4;  // --device-budget auto: activations + this share of the model data
-  std::size_t chunk_elems = 0;   // 0: searched between the largest tensor and 4x it
-  std::size_t prefetch = 2;
-  float lr = 3e-3f, min_lr = 3e-4f, weight_decay = 0.1f, clip = 1.0f;
-  std::int64_t warmup = 20;
-  std::string schedule = "cosine";
-  std::uint64_t seed = 1337;
-  std::int64_t val_every = 50, val_batches = 8;
-  std::string save, resume, trace;
-  std::int64_t save_every = 0;
-  int sample = 200;
+/** Writing an output failed while the run was under way (exit code 4: the input was fine). */
+struct output_error : chunkstar::error {
+  using chunkstar::error::error;
 };
-
-std::size_t bytes_option(const std::string& name, const std::string& value) {
-  if (value == "unlimited") return SIZE_MAX;
-  const auto b = parse_bytes(value);
-  if (!b) throw config_error(name + " '" + value + "' is not a size: write e.g. 64MiB, 1.5GiB or 1000000");
-  return *b;
-}
-
-dtype precision_type(const std::string& p) {
-  if (p == "fp32") return dtype::f32;
-  if (p == "bf16") return dtype::bf16;
-  if (p == "fp16") return dtype::f16;
-  throw config_error("--precision '" + p + "': use fp32, bf16 or fp16");
-}
 
 /** The chunk layout: a fixed size if asked, else searched between the largest tensor and 4x it (so
  *  a stage spans a few chunks and there is something to move). */
-searched_chunk_layout make_layout(const options& o, const gpt::gpt_config& cfg) {
+searched_chunk_layout make_layout(const train_options& o, const gpt::gpt_config& cfg) {
   std::size_t largest = 0;
   for (const auto& s : gpt::param_specs(cfg)) largest = std::max(largest, s.numel());
   const std::size_t align = 32, lo = (largest + align - 1) / align * align;
   if (o.chunk_elems) {
-    const std::size_t c = (o.chunk_elems + align - 1) / align * align;
+    const std::size_t c = (static_cast<std::size_t>(o.chunk_elems) + align - 1) / align * align;
+    if (c < lo)
+      throw config_error("--chunk-elems " + std::to_string(o.chunk_elems) + " is smaller than the largest tensor (" +
+                         std::to_string(largest) + " elements), and a tensor never straddles chunks: use at least " +
+                         std::to_string(lo) + ", or 0 to search a size");
     return searched_chunk_layout({.min_chunk_elems = c, .max_chunk_elems = c, .step_elems = align, .align_elems = align});
   }
   return searched_chunk_layout({.min_chunk_elems = lo, .max_chunk_elems = 4 * lo, .step_elems = align, .align_elems = align});
 }
 
 /** Peak non-model bytes on the compute tier for one micro-batch (activations, workspace, staging). */
-std::size_t activation_bytes(const gpt::gpt_config& cfg, const options& o) {
-  const auto s = gpt::compute_activation_sizes(cfg, o.batch, o.seq);
+std::size_t activation_bytes(const gpt::gpt_config& cfg, const train_options& o) {
+  const auto s = gpt::compute_activation_sizes(cfg, static_cast<std::size_t>(o.batch), static_cast<std::size_t>(o.seq));
   std::size_t largest_stage = 0;
   for (const auto& l : gpt::param_layers(cfg)) {
     std::size_t n = 0;
     for (const auto& t : l.tensors) n += t.numel();
     largest_stage = std::max(largest_stage, n);
   }
-  const std::size_t staging = precision_type(o.precision) == dtype::f32 ? 0 : 2 * (largest_stage + cfg.vocab * cfg.width);
+  const std::size_t staging =
+      gpt::precision_type(o.precision) == dtype::f32 ? 0 : 2 * (largest_stage + static_cast<std::size_t>(cfg.vocab) * cfg.width);
   return (s.forward_total() + s.workspace + staging) * sizeof(float) + 64 * 1024;  // + alignment slack
+}
+
+// ------------------------------------------------------------------------------------------------
+// Before any work: what this run is, every input checked.
+struct run_plan {
+  gpt::gpt_config cfg;
+  gpt::text_data data;
+  std::vector<gpt::record_field> record;  // the configuration a checkpoint stores
+  std::optional<gpt::resume_state> resume;
+  std::int64_t first_step = 1, last_step = 0;
+};
+
+run_plan prepare(const train_options& o) {
+  run_plan p;
+  p.cfg = gpt::model_config(o);
+  gpt::validate_options(o, p.cfg);
+  gpt::validate_allow_change(o.allow_change);
+  if (!o.allow_change.empty() && o.resume.empty()) throw config_error("--allow-change applies only with --resume DIR");
+  // Bytes per parameter (16 in every precision) before any layout is planned for an absurd shape.
+  const double data_bytes = 16.0 * static_cast<double>(gpt::param_count(p.cfg));
+  gpt::check_memory({.model_data = data_bytes > 1.8e19 ? SIZE_MAX : static_cast<std::size_t>(data_bytes)});
+
+  p.data = gpt::load_text(o.data, static_cast<std::size_t>(o.seq));
+  p.record = gpt::run_record(o, p.cfg, gpt::data_checksum(p.data.train, p.data.val));
+  p.last_step = o.stop_after > 0 ? o.stop_after : o.steps;
+  if (!o.resume.empty()) {
+    const auto extra = read_checkpoint_extra(o.resume);
+    gpt::check_resume_config(p.record, extra, o.allow_change, o.resume);
+    p.resume = gpt::parse_resume_state(extra, o.resume);
+    p.first_step = p.resume->step + 1;
+    if (p.first_step > p.last_step)
+      throw config_error("--resume '" + o.resume + "': the checkpoint completed step " + std::to_string(p.resume->step) +
+                         " and this run ends at step " + std::to_string(p.last_step) +
+                         (o.stop_after > 0 ? " (--stop-after)" : " (--steps)") +
+                         ": nothing is left to train; raise --steps (with --allow-change steps) or --stop-after");
+  }
+  if (!o.save.empty()) check_checkpoint_target(o.save);
+  if (!o.trace.empty()) gpt::probe_output_file("--trace", o.trace);
+  return p;
 }
 
 // ------------------------------------------------------------------------------------------------
 // The training run, for one runtime assembly and one loss scaler.
 template <class Runtime, class Scaler>
-int train(const options& o, const gpt::gpt_config& cfg, typename Runtime::placement_type placement) {
-  // Data: bytes are tokens.
-  const gpt::text_data data = gpt::load_text(o.data, o.seq);
+int train(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement) {
+  const gpt::gpt_config& cfg = plan.cfg;
+  const gpt::text_data& data = plan.data;  // bytes are tokens
   std::printf("data: %s, %zu train / %zu validation bytes\n", data.source.c_str(), data.train.size(), data.val.size());
 
   // Memory: a simulated device with a hard capacity, the host, and the link between them.
-  const dtype type = precision_type(o.precision);
+  const dtype type = gpt::precision_type(o.precision);
   const auto layout = make_layout(o, cfg);
   std::size_t model_bytes = 0;
   {  // the model data a runtime of this shape holds, to size the default budget
-    const auto plan = layout.plan(gpt::param_specs(cfg, type));
-    for (const auto& l : make_chunk_lists(plan, {.param_type = type})) model_bytes += l.chunk_bytes * l.num_chunks;
+    const auto chunks = layout.plan(gpt::param_specs(cfg, type));
+    for (const auto& l : make_chunk_lists(chunks, {.param_type = type})) model_bytes += l.chunk_bytes * l.num_chunks;
   }
   const std::size_t act = activation_bytes(cfg, o);
   const std::size_t device_capacity =
       o.device_budget == "auto" ? act + static_cast<std::size_t>(o.device_fraction * static_cast<double>(model_bytes))
-                                : bytes_option("--device-budget", o.device_budget);
-  const std::size_t host_capacity = bytes_option("--host-budget", o.host_budget);
-  const double bandwidth = static_cast<double>(bytes_option("--link-bandwidth", o.link_bandwidth));
+                                : gpt::bytes_option("--device-budget", o.device_budget);
+  const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
+  if (device_capacity <= act)
+    throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations (" +
+                       format_bytes(act) + "): raise it, or lower --batch or --seq");
+  if (host_capacity != SIZE_MAX && model_bytes > host_capacity + (device_capacity - act))
+    throw config_error("the model data (" + format_bytes(model_bytes) + ") does not fit in --host-budget " + format_bytes(host_capacity) +
+                       " plus the device's room beside the activations (" + format_bytes(device_capacity - act) +
+                       "): raise --host-budget or --device-budget, or train a smaller model");
+  gpt::check_memory({.model_data = model_bytes, .activations = act, .device = device_capacity});
+  const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
   const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? 10e-6 : 0.0};
   simulated_device_space device({.capacity = device_capacity, .link = link, .name = "device"});
   host_space host({.capacity = host_capacity});
   host_copy_engine copier(link);
 
   // The runtime and the model: every parameter registered in execution order.
-  Runtime rt(device, host, copier, {.param_type = type, .prefetch_depth = o.prefetch, .timeline = !o.trace.empty()},
+  Runtime rt(device, host, copier,
+             {.param_type = type, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty()},
              layout, placement);
-  gpt::chunked_gpt<Runtime> model(rt, cfg, {o.batch, o.seq}, o.seed);
+  const gpt::batch_shape shape{static_cast<std::size_t>(o.batch), static_cast<std::size_t>(o.seq)};
+  gpt::chunked_gpt<Runtime> model(rt, cfg, shape, o.seed);
   model.finalize();
   std::printf("model: %d layers, width %d, %d heads, context %d: %zu parameters\n", cfg.layers, cfg.width, cfg.heads,
               cfg.context, gpt::param_count(cfg));
@@ -135,31 +168,29 @@ int train(const options& o, const gpt::gpt_config& cfg, typename Runtime::placem
   chunk_adam<Scaler> opt({.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = o.weight_decay},
                           .max_grad_norm = o.clip},
                          param_groups::with_default_decay(o.weight_decay));
-  const warmup_cosine cosine{.peak = o.lr, .min = o.min_lr, .warmup_steps = o.warmup, .total_steps = o.steps};
+  const warmup_cosine cosine = gpt::cosine_schedule(o);
   auto lr_at = [&](std::int64_t step) { return o.schedule == "constant" ? o.lr : cosine(step); };
 
-  std::int64_t first_step = 1;
-  if (!o.resume.empty()) {
-    const auto extra = load_checkpoint(rt, o.resume);
-    first_step = std::stoll(extra.at("step")) + 1;
-    opt.restore_step_count(std::stoll(extra.at("optimizer_steps")));
+  if (plan.resume) {  // its configuration and state were checked by prepare()
+    (void)load_checkpoint(rt, o.resume);
+    opt.restore_step_count(plan.resume->optimizer_steps);
     if constexpr (std::is_same_v<Scaler, dynamic_loss_scaler>)
-      opt.scaler().restore(std::stof(extra.at("loss_scale")), std::stoll(extra.at("clean_steps")));
-    std::printf("resumed from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(first_step - 1));
+      if (plan.resume->loss_scale) opt.scaler().restore(*plan.resume->loss_scale, plan.resume->clean_steps);
+    std::printf("resumed from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(plan.resume->step));
   }
   auto save = [&](std::int64_t step) {
-    checkpoint_extra extra{{"step", std::to_string(step)},
-                           {"optimizer_steps", std::to_string(opt.step_count())},
-                           {"seed", std::to_string(o.seed)},
-                           {"preset", o.preset},
-                           {"precision", o.precision}};
+    std::optional<float> scale;
+    std::int64_t clean = 0;
     if constexpr (std::is_same_v<Scaler, dynamic_loss_scaler>) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(opt.loss_scale()));
-      extra["loss_scale"] = buf;
-      extra["clean_steps"] = std::to_string(opt.scaler().clean_steps());
+      scale = opt.loss_scale();
+      clean = opt.scaler().clean_steps();
     }
-    save_checkpoint(rt, o.save, extra);
+    try {
+      save_checkpoint(rt, o.save, gpt::save_record(plan.record, o, step, opt.step_count(), scale, clean));
+    } catch (const chunkstar::error& e) {
+      throw output_error(std::string("saving the checkpoint of step ") + std::to_string(step) + " failed (the previous checkpoint in '" +
+                         o.save + "', if any, is intact): " + e.what());
+    }
     std::printf("saved checkpoint to %s (step %lld)\n", o.save.c_str(), static_cast<long long>(step));
   };
 
@@ -169,7 +200,7 @@ int train(const options& o, const gpt::gpt_config& cfg, typename Runtime::placem
     auto eval = rt.untraced();  // evaluation is not part of the training trace
     double sum = 0;
     for (std::int64_t b = 0; b < o.val_batches; ++b) {
-      gpt::fill_batch(data.val, o.seed, static_cast<std::uint64_t>(b), o.batch, o.seq, tokens.data(), targets.data());
+      gpt::fill_batch(data.val, o.seed, static_cast<std::uint64_t>(b), shape.batch, shape.seq, tokens.data(), targets.data());
       sum += model.loss(tokens.data(), targets.data());
     }
     return sum / static_cast<double>(o.val_batches);
@@ -178,23 +209,23 @@ int train(const options& o, const gpt::gpt_config& cfg, typename Runtime::placem
   // The training loop.
   using clock = std::chrono::steady_clock;
   const auto run_start = clock::now();
-  double first_loss = 0, last_loss = 0, last_val = 0;
+  double first_loss = 0, last_loss = 0;
+  std::optional<double> last_val;
   std::int64_t skipped = 0;
-  const std::int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
-  for (std::int64_t step = first_step; step <= last_step; ++step) {
+  for (std::int64_t step = plan.first_step; step <= plan.last_step; ++step) {
     const auto t0 = clock::now();
     const runtime_stats before = rt.stats();
     double loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
-      gpt::fill_batch(data.train, o.seed, gpt::train_key(step, micro), o.batch, o.seq, tokens.data(), targets.data());
-      loss += model.forward_backward(tokens.data(), targets.data(), opt.loss_scale()) / o.accum;
+      gpt::fill_batch(data.train, o.seed, gpt::train_key(step, micro), shape.batch, shape.seq, tokens.data(), targets.data());
+      loss += model.forward_backward(tokens.data(), targets.data(), opt.loss_scale()) / static_cast<double>(o.accum);
     }
     const float lr = lr_at(step);
-    const auto r = opt.step(rt, lr, o.accum);
+    const auto r = opt.step(rt, lr, static_cast<int>(o.accum));
     skipped += r.stepped ? 0 : 1;
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     const runtime_stats& s = rt.stats();
-    if (step == first_step) first_loss = loss;
+    if (step == plan.first_step) first_loss = loss;
     last_loss = loss;
     std::printf("step %5lld/%lld | loss %.6f | %7.0f tok/s | lr %.2e | norm %6.3f%s | device %s / %s | host %s | "
                 "moved %s | stall %.1f ms\n",
@@ -204,19 +235,21 @@ int train(const options& o, const gpt::gpt_config& cfg, typename Runtime::placem
                 format_bytes(device_capacity).c_str(), format_bytes(rt.host_chunk_bytes()).c_str(),
                 format_bytes(s.bytes_moved() - before.bytes_moved()).c_str(), 1e3 * (s.stall_s - before.stall_s));
     device.reset_peak();
-    if (o.val_every > 0 && (step % o.val_every == 0 || step == last_step)) {
+    if (o.val_every > 0 && (step % o.val_every == 0 || step == plan.last_step)) {
       last_val = validation_loss();
-      std::printf("validation loss %.6f at step %lld\n", last_val, static_cast<long long>(step));
+      std::printf("validation loss %.6f at step %lld\n", *last_val, static_cast<long long>(step));
     }
-    if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == last_step)) save(step);
+    if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == plan.last_step)) save(step);
     std::fflush(stdout);
   }
 
   // Summary, and a sample from the model.
   const double total = std::chrono::duration<double>(clock::now() - run_start).count();
   const runtime_stats& s = rt.stats();
-  std::printf("\nsummary: %lld steps in %.1f s, loss %.4f -> %.4f, validation %.4f, %lld skipped\n",
-              static_cast<long long>(last_step - first_step + 1), total, first_loss, last_loss, last_val,
+  char val[32] = "none";
+  if (last_val) std::snprintf(val, sizeof val, "%.4f", *last_val);
+  std::printf("\nsummary: %lld steps in %.1f s, loss %.4f -> %.4f, validation %s, %lld skipped\n",
+              static_cast<long long>(plan.last_step - plan.first_step + 1), total, first_loss, last_loss, val,
               static_cast<long long>(skipped));
   std::printf("chunks: %s to device, %s to host, %llu loads (%llu prefetched, %llu hits), %llu evictions, "
               "%llu offloads, stall %.2f s; optimizer steps on device %llu, on host %llu\n",
@@ -233,7 +266,7 @@ int train(const options& o, const gpt::gpt_config& cfg, typename Runtime::placem
     auto gen = rt.untraced();
     std::mt19937_64 rng(o.seed);
     std::vector<int> text{'T', 'h', 'e', ' '};
-    for (int i = 0; i < o.sample; ++i) {
+    for (std::int64_t i = 0; i < o.sample; ++i) {
       const auto probs = model.next_token_probs(text);
       std::discrete_distribution<int> pick(probs.begin(), probs.end());
       text.push_back(pick(rng));
@@ -243,30 +276,86 @@ int train(const options& o, const gpt::gpt_config& cfg, typename Runtime::placem
     std::printf("\nsample:\n%s\n", out.c_str());
   }
   if (!o.trace.empty()) {
-    rt.timeline_recorder().write_chrome_trace(o.trace);
+    try {
+      rt.timeline_recorder().write_chrome_trace(o.trace);
+    } catch (const chunkstar::error& e) {
+      throw output_error(e.what());
+    }
     std::printf("timeline written to %s (open it in https://ui.perfetto.dev)\n", o.trace.c_str());
   }
-  return 0;
+  return gpt::exit_ok;
 }
 
 template <class Scaler>
-int with_policy(const options& o, const gpt::gpt_config& cfg) {
+int with_policy(const train_options& o, const run_plan& plan) {
   using belady_rt = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction>;
   using lru_rt = chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction>;
   using static_rt = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction>;
-  if (o.policy == "patrickstar") return train<belady_rt, Scaler>(o, cfg, {});
-  if (o.policy == "lru") return train<lru_rt, Scaler>(o, cfg, {});
-  if (o.policy == "resident") return train<static_rt, Scaler>(o, cfg, static_placement::all_device());
-  if (o.policy == "offload") return train<static_rt, Scaler>(o, cfg, static_placement::all_host());
-  throw config_error("--policy '" + o.policy + "': use patrickstar (auto placement, Belady), lru (auto placement, "
-                     "LRU), resident (everything on the device) or offload (optimizer and idle chunks on the host)");
+  if (o.policy == "patrickstar") return train<belady_rt, Scaler>(o, plan, {});
+  if (o.policy == "lru") return train<lru_rt, Scaler>(o, plan, {});
+  if (o.policy == "resident") return train<static_rt, Scaler>(o, plan, static_placement::all_device());
+  return train<static_rt, Scaler>(o, plan, static_placement::all_host());  // "offload" (validated)
 }
+
+/** Ends the process now with @p code after printing @p message: no destructor or atexit handler
+ *  runs, so a BLAS worker stuck in its allocator (or any other thread) cannot keep a failed run
+ *  alive. Checkpoints are written atomically, so nothing on disk is half-done. */
+[[noreturn]] void fatal(int code, const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+int run(const train_options& o) {
+  const char* phase = "checking the options";
+  try {
+    const run_plan plan = prepare(o);
+    phase = "training";
+    return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler>(o, plan)
+                                                          : with_policy<static_loss_scaler>(o, plan);
+  } catch (const output_error& e) {
+    fatal(gpt::exit_io, e.what());
+  } catch (const out_of_memory_error& e) {
+    fatal(gpt::exit_out_of_memory, std::string("out of memory while ") + phase + ": " + e.what());
+  } catch (const config_error& e) {
+    fatal(gpt::exit_bad_input, e.what());
+  } catch (const io_error& e) {  // reading --data or the checkpoint to resume
+    fatal(gpt::exit_bad_input, e.what());
+  } catch (const chunkstar::error& e) {
+    fatal(gpt::exit_internal, std::string("internal error while ") + phase + " (please report it): " + e.what());
+  } catch (const std::bad_alloc&) {
+    fatal(gpt::exit_out_of_memory, std::string("out of host memory while ") + phase +
+                                       ": lower --batch, --seq or the model size, or raise the process's memory limit");
+  } catch (const std::system_error& e) {
+    const bool resource = e.code() == std::errc::resource_unavailable_try_again || e.code() == std::errc::not_enough_memory;
+    fatal(resource ? gpt::exit_out_of_memory : gpt::exit_io,
+          std::string(resource ? "out of resources while " : "a system call failed while ") + phase + ": " + e.what() +
+              (resource ? " (a thread or buffer could not be created; check ulimit -v and ulimit -u)" : ""));
+  } catch (const std::exception& e) {
+    fatal(gpt::exit_internal, std::string("unexpected error while ") + phase + " (please report it): " + e.what());
+  }
+}
+
+constexpr const char* exit_codes_help =
+    "Exit status: 0 success; 1 internal error (a bug: please report it); 2 bad input (an option, the --data file, or the "
+    "checkpoint to --resume: the message names it and what to do); 3 out of memory (a memory space, the host, or a "
+    "resource limit such as ulimit -v; a memory report follows the message); 4 writing an output (--save, --trace) failed "
+    "during the run.\n"
+    "Checkpoints (--save DIR): written atomically into a temporary directory beside DIR and swapped into place, under an "
+    "advisory lock on DIR.lock, so concurrent writers take turns and a crash leaves the previous checkpoint; DIR is "
+    "replaced only if it is empty or a chunkstar checkpoint. Every option and output path is checked before training "
+    "starts; --resume compares the checkpoint's configuration with the options and names each difference "
+    "(--allow-change lets the listed ones change).";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  options o;
+  train_options o;
   CLI::App app{"train_gpt: a byte-level GPT whose model data lives in chunkstar chunks"};
+  app.footer(exit_codes_help);
+  // A later occurrence of an option overrides an earlier one (so `run.sh --steps 10` works).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--data", o.data, "Text file to train on (default: the embedded corpus)");
   app.add_option("--preset", o.preset, "Model preset: tiny, mini, small, gpt2, 350m, 760m, 1.3b");
   app.add_option("--layers", o.layers, "Override the preset's number of blocks");
@@ -287,7 +376,7 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", o.prefetch, "Most chunk loads in flight ahead of the next scope (0: prefetch off)");
   app.add_option("--lr", o.lr, "Peak learning rate");
   app.add_option("--min-lr", o.min_lr, "Final learning rate of the cosine schedule");
-  app.add_option("--warmup", o.warmup, "Linear warm-up steps");
+  app.add_option("--warmup", o.warmup, "Linear warm-up steps (-1: min(20, steps / 10))");
   app.add_option("--schedule", o.schedule, "cosine or constant");
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (not on biases and norms)");
   app.add_option("--clip", o.clip, "Global gradient-norm clipping threshold (0: off)");
@@ -297,22 +386,19 @@ int main(int argc, char** argv) {
   app.add_option("--save", o.save, "Directory to save checkpoints to (at the end, and every --save-every steps)");
   app.add_option("--save-every", o.save_every, "Save every N steps");
   app.add_option("--resume", o.resume, "Checkpoint directory to resume from");
+  app.add_option("--allow-change", o.allow_change,
+                 "With --resume: options whose value may differ from the checkpoint's (comma-separated, or all): "
+                 "data, seed, precision, batch, seq, accum, steps, schedule, lr, min-lr, warmup, weight-decay, clip")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--trace", o.trace, "Write a Chrome-trace timeline (JSON) of memory and transfers");
   app.add_option("--sample", o.sample, "Bytes to generate at the end (0: none)");
-  CLI11_PARSE(app, argc, argv);
   try {
-    gpt::gpt_config cfg = gpt::parse_preset(o.preset);
-    if (o.layers) cfg.layers = o.layers;
-    if (o.width) cfg.width = o.width;
-    if (o.heads) cfg.heads = o.heads;
-    if (o.context) cfg.context = o.context;
-    if (o.seq > static_cast<std::size_t>(cfg.context)) o.seq = static_cast<std::size_t>(cfg.context);
-    gpt::validate(cfg);
-    if (o.schedule != "cosine" && o.schedule != "constant") throw config_error("--schedule '" + o.schedule + "': use cosine or constant");
-    return precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler>(o, cfg)
-                                                     : with_policy<static_loss_scaler>(o, cfg);
-  } catch (const chunkstar::error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "error: %s\n(train_gpt --help lists the options)\n", e.what());
+    return gpt::exit_bad_input;
   }
+  return run(o);
 }

@@ -253,7 +253,7 @@ TEST_CASE("timeline: a Chrome trace with scopes, transfers and counters") {
   CHECK(depth == 0);
   const std::string path = "chunkstar_timeline_test.json";
   rt.timeline_recorder().write_chrome_trace(path);
-  CHECK_THROWS_AS(rt.timeline_recorder().write_chrome_trace("/nonexistent-dir/x.json"), config_error);
+  CHECK_THROWS_AS(rt.timeline_recorder().write_chrome_trace("/nonexistent-dir/x.json"), io_error);
   std::remove(path.c_str());
 }
 

@@ -9,11 +9,12 @@
  *    param is its own master), "<name>.exp_avg" and "<name>.exp_avg_sq" (F32), and in its metadata
  *    the trainer's `checkpoint_extra` (step, data position, loss scale, RNG state, config...).
  *  Both carry checksums; the optimizer file also records the model file's checksum, so files from
- *  different saves are never combined. The directory is written as `<dir>.tmp` and swapped into
- *  place atomically. See docs/checkpoints.md.
+ *  different saves are never combined. The directory is written as `<dir>.tmp.<pid>.<n>` and swapped
+ *  into place atomically, under an advisory lock on `<dir>.lock`. See docs/checkpoints.md.
  */
 #pragma once
 
+#include <chunkstar/checkpoint/detail/checkpoint_dir.hpp>
 #include <chunkstar/checkpoint/safetensors.hpp>
 #include <chunkstar/core/dtype.hpp>
 #include <chunkstar/core/error.hpp>
@@ -21,6 +22,7 @@
 #include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
 
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <cstdio>
@@ -62,53 +64,9 @@ struct checkpoint_load_options {
   bool allow_unused = false;    ///< accept tensors in the checkpoint that no registered parameter takes
 };
 
-/** @brief File names inside a checkpoint directory. */
-inline constexpr std::string_view checkpoint_model_file = "model.safetensors";
-inline constexpr std::string_view checkpoint_optimizer_file = "optimizer.safetensors";
-
 namespace checkpoint_detail {
 
 inline bool reserved_key(std::string_view k) { return k.starts_with("chunkstar.") || k == "format"; }
-
-inline std::filesystem::path with_suffix(const std::filesystem::path& dir, std::string_view suffix) {
-  std::filesystem::path p = dir;
-  if (!p.has_filename()) p = p.parent_path();  // "ckpt/" names the directory "ckpt"
-  p += suffix;
-  return p;
-}
-
-/** Replaces @p dir by the complete directory @p fresh: an atomic exchange where the OS offers it
- *  (Linux renameat2; @p try_exchange = false skips it, for tests of the portable path), else rename
- *  the old one aside, rename the new one in, delete the old one. */
-inline void swap_into_place(const std::filesystem::path& fresh, const std::filesystem::path& dir, bool try_exchange = true) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const auto parent = dir.parent_path();
-  if (!fs::exists(dir)) {
-    if (::rename(fresh.c_str(), dir.c_str()) != 0) throw checkpoint_error(errno_message("cannot rename '" + fresh.string() + "' to", dir, errno));
-    fsync_directory(parent);
-    return;
-  }
-#if defined(__linux__) && defined(RENAME_EXCHANGE)
-  if (try_exchange && ::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-    fsync_directory(parent);
-    fs::remove_all(fresh, ec);  // now the previous checkpoint; a leftover is harmless
-    return;
-  }
-#else
-  (void)try_exchange;
-#endif
-  const auto old = with_suffix(dir, ".old");
-  fs::remove_all(old, ec);
-  if (::rename(dir.c_str(), old.c_str()) != 0) throw checkpoint_error(errno_message("cannot move the previous checkpoint aside to", old, errno));
-  if (::rename(fresh.c_str(), dir.c_str()) != 0) {
-    const int err = errno;
-    (void)::rename(old.c_str(), dir.c_str());
-    throw checkpoint_error(errno_message("cannot rename '" + fresh.string() + "' to", dir, err));
-  }
-  fsync_directory(parent);
-  fs::remove_all(old, ec);
-}
 
 template <class R>
 tensor_producer list_producer(const R& rt, std::size_t t, chunk_kind k, dtype type) {
@@ -135,27 +93,58 @@ tensor_producer list_producer(const R& rt, std::size_t t, chunk_kind k, dtype ty
 
 }  // namespace checkpoint_detail
 
+/** @brief How `save_checkpoint` and `load_checkpoint` wait for another process using the same
+ *  checkpoint (the advisory lock on `<dir>.lock`). */
+struct checkpoint_lock_options {
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};  ///< then checkpoint_error naming the holder
+};
+
+/** @brief Throws `checkpoint_error` now if `save_checkpoint(rt, dir)` would refuse @p dir or could
+ *  not write beside it — so a trainer checks its output path before training rather than after.
+ *  Creates the missing parent directories (as a save would) and a probe directory that it removes
+ *  again; touches nothing else. */
+inline void check_checkpoint_target(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  namespace cd = checkpoint_detail;
+  std::error_code ec;
+  if (dir.empty()) throw checkpoint_error("checkpoint path is empty: name a directory to save to");
+  cd::refuse_unless_replaceable(dir);
+  const auto parent = cd::parent_of(dir);
+  fs::create_directories(parent, ec);
+  if (!fs::is_directory(parent, ec))
+    throw checkpoint_error("cannot save a checkpoint to '" + dir.string() + "': '" + parent.string() +
+                           "' is not a directory and cannot be created; choose another path");
+  const auto probe = cd::make_temp_directory(dir);
+  fs::remove(probe, ec);
+}
+
 /** @brief Saves @p rt's parameters and optimizer state, plus @p extra, as the checkpoint directory
- *  @p dir (see the file comment). Written as `<dir>.tmp` (files fsynced), then swapped into place;
- *  an existing checkpoint at @p dir is replaced only once the new one is complete, so a failure or
- *  crash leaves the previous one readable. Call it on one rank.
- *  @throws checkpoint_error for a reserved key in @p extra, a @p dir that exists but is not a
- *  checkpoint, or any I/O failure. */
+ *  @p dir (see the file comment). Holds the exclusive lock on `<dir>.lock` throughout, so
+ *  concurrent writers to one directory take turns; writes into a new temporary directory
+ *  `<dir>.tmp.<pid>.<n>` (files fsynced), then swaps it into place. An existing @p dir is replaced
+ *  only when it is empty or a chunkstar checkpoint (recognised by the metadata chunkstar writes,
+ *  and holding nothing else), and only once the new checkpoint is complete, so a failure or a crash
+ *  leaves the previous one readable. Nothing is deleted that this save did not create, except the
+ *  checkpoint it replaces and temporaries of killed earlier saves. Call it on one rank.
+ *  After a throw: @p dir is as it was and this save's temporary is gone.
+ *  @throws checkpoint_error for a reserved key in @p extra, a @p dir that may not be replaced, a
+ *  lock held longer than @p lock.timeout, or any I/O failure. */
 template <CheckpointableRuntime R>
-void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkpoint_extra& extra = {}) {
+void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkpoint_extra& extra = {},
+                     checkpoint_lock_options lock = {}) {
   namespace fs = std::filesystem;
   namespace cd = checkpoint_detail;
   for (const auto& [k, v] : extra)
     if (cd::reserved_key(k))
       throw checkpoint_error("checkpoint_extra key '" + k + "' is reserved (\"chunkstar.*\" and \"format\" are written by the library): rename it");
   std::error_code ec;
-  if (fs::exists(dir, ec) && (!fs::is_directory(dir, ec) || (!fs::is_empty(dir, ec) && !fs::exists(dir / checkpoint_model_file, ec))))
-    throw checkpoint_error("refusing to replace '" + dir.string() + "': it exists and is not a chunkstar checkpoint directory (no " +
-                           std::string(checkpoint_model_file) + "); choose another path or remove it");
-  const auto tmp = cd::with_suffix(dir, ".tmp");
-  fs::remove_all(tmp, ec);  // an interrupted earlier save
-  if (!fs::create_directories(tmp, ec) || ec)
-    throw checkpoint_error("cannot create '" + tmp.string() + "': " + ec.message() + "; make the parent directory writable or choose another path");
+  if (dir.empty()) throw checkpoint_error("checkpoint path is empty: name a directory to save to");
+  cd::refuse_unless_replaceable(dir);  // before a lock file is created beside something not ours
+  fs::create_directories(cd::parent_of(dir), ec);
+  const cd::directory_lock held(dir, /*exclusive=*/true, lock.timeout);
+  cd::refuse_unless_replaceable(dir);  // again under the lock: what the swap will replace
+  cd::remove_stale_temps(dir);
+  const auto tmp = cd::make_temp_directory(dir);
   try {
     const auto specs = rt.params();
     const dtype param_type = rt.options().param_type;
@@ -202,17 +191,28 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
  *  master, so no precision is lost.
  *  @throws checkpoint_error naming the directory and every missing or mismatched tensor. */
 template <CheckpointableRuntime R>
-checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkpoint_load_options options = {}) {
+checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkpoint_load_options options = {},
+                                 checkpoint_lock_options lock = {}) {
   namespace fs = std::filesystem;
   namespace cd = checkpoint_detail;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
+    std::string what = "does not exist";
     std::string hint = "check the path";
-    if (fs::exists(cd::with_suffix(dir, ".old"), ec))
-      hint = "a save was interrupted between two renames: '" + cd::with_suffix(dir, ".old").string() +
-             "' holds the previous checkpoint and '" + cd::with_suffix(dir, ".tmp").string() + "' the new one; rename one to '" + dir.string() + "'";
-    throw checkpoint_error("checkpoint directory '" + dir.string() + "' does not exist: " + hint);
+    if (fs::exists(dir, ec)) {
+      what = "is not a directory";
+      hint = "pass the directory save_checkpoint wrote (it holds " + std::string(checkpoint_model_file) + " and " +
+             std::string(checkpoint_optimizer_file) + ")";
+    } else if (const auto left = cd::interrupted_swap_leftovers(dir); !left.empty()) {
+      hint = "a save was interrupted while swapping directories; the complete checkpoint is in one of";
+      for (const auto& p : left) hint += " '" + p.string() + "'";
+      hint += ": rename it to '" + dir.string() + "'";
+    }
+    throw checkpoint_error("checkpoint directory '" + dir.string() + "' " + what + ": " + hint);
   }
+  // A shared lock: a concurrent save waits, so both files come from one save. Read-only media
+  // (no lock file possible) are read without it.
+  const cd::directory_lock held(dir, /*exclusive=*/false, lock.timeout, /*optional_if_unwritable=*/true);
   const safetensors_open_options strict{.verify_checksum = true, .require_checksum = true};
   const auto model = safetensors_file::open(dir / checkpoint_model_file, strict);
   const auto opt = safetensors_file::open(dir / checkpoint_optimizer_file, strict);
@@ -308,6 +308,25 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
   checkpoint_extra extra;
   for (const auto& [k, val] : opt.metadata())
     if (!cd::reserved_key(k)) extra.emplace(k, val);
+  return extra;
+}
+
+/** @brief The trainer's entries (`checkpoint_extra`) of the checkpoint @p dir, verified (checksum)
+ *  but without touching any runtime: what a trainer compares with its options before it builds one.
+ *  @throws checkpoint_error as load_checkpoint does for a missing, foreign or corrupt checkpoint. */
+inline checkpoint_extra read_checkpoint_extra(const std::filesystem::path& dir, checkpoint_lock_options lock = {}) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw checkpoint_error("checkpoint directory '" + dir.string() + "' " + (fs::exists(dir, ec) ? "is not a directory" : "does not exist") +
+                           ": pass the directory save_checkpoint wrote");
+  const checkpoint_detail::directory_lock held(dir, false, lock.timeout, true);
+  const auto opt = safetensors_file::open(dir / checkpoint_optimizer_file, {.verify_checksum = true, .require_checksum = true});
+  if (!opt.metadata().contains("chunkstar.model_checksum"))
+    throw checkpoint_error("checkpoint file '" + opt.path().string() + "' has no \"chunkstar.model_checksum\" metadata: it was not written by save_checkpoint");
+  checkpoint_extra extra;
+  for (const auto& [k, val] : opt.metadata())
+    if (!checkpoint_detail::reserved_key(k)) extra.emplace(k, val);
   return extra;
 }
 

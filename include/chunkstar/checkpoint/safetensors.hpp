@@ -8,7 +8,7 @@
  *
  *  chunkstar adds one metadata key, `chunkstar.checksum` = "xxh64:<16 hex digits>": the XXH64 of the
  *  whole file with those 16 digits read as '0'. Other tools ignore it; our reader verifies it.
- *  Files are written to `<path>.tmp.<pid>`, fsynced, renamed over `<path>`, and the directory is
+ *  Files are written to `<path>.tmp.<pid>.<n>`, fsynced, renamed over `<path>`, and the directory is
  *  fsynced, so a reader sees the old file or the new one, never a mixture.
  */
 #pragma once
@@ -20,6 +20,7 @@
 #include <chunkstar/core/error.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -273,15 +274,16 @@ class safetensors_writer {
     return {std::move(h), digits_at};
   }
 
-  /** @brief Writes the file: to `<path>.tmp.<pid>`, fsync, rename over @p path, fsync the directory.
+  /** @brief Writes the file: to `<path>.tmp.<pid>.<n>`, fsync, rename over @p path, fsync the directory.
    *  On any failure the temporary file is removed and @p path is untouched.
    *  @returns the checksum stored in the file.
    *  @throws checkpoint_error naming the file and the failing operation. */
   std::uint64_t write(const std::filesystem::path& path) const {
     namespace cd = checkpoint_detail;
     const auto [h, digits_at] = header();
+    static std::atomic<unsigned> serial{0};  // two writers in one process never share a temporary
     std::filesystem::path tmp = path;
-    tmp += ".tmp." + std::to_string(::getpid());
+    tmp += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial++);
     auto fd = cd::open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, "cannot create");
     try {
       cd::xxh64 hash;
@@ -421,7 +423,9 @@ class safetensors_file {
     namespace cd = checkpoint_detail;
     safetensors_file f;
     f.path_ = path;
-    f.fd_ = cd::open_file(path, O_RDONLY, "cannot open checkpoint file");
+    // O_NONBLOCK: a FIFO or device in the checkpoint's place must not block the open (file_size
+    // then rejects anything but a regular file); reads of regular files ignore the flag.
+    f.fd_ = cd::open_file(path, O_RDONLY | O_NONBLOCK, "cannot open checkpoint file");
     const std::uint64_t size = cd::file_size(f.fd_.get(), path);
     f.file_size_ = size;
     if (size < 8)

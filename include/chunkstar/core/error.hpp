@@ -53,10 +53,16 @@ class communication_error : public error {
   using error::error;
 };
 
-/** @brief A checkpoint could not be written, or one being read is corrupt, truncated or foreign. */
-class checkpoint_error : public error {
+/** @brief A file could not be read or written (disk full, permissions, a path that cannot work). */
+class io_error : public error {
  public:
   using error::error;
+};
+
+/** @brief A checkpoint could not be written, or one being read is corrupt, truncated or foreign. */
+class checkpoint_error : public io_error {
+ public:
+  using io_error::io_error;
 };
 
 }  // namespace chunkstar

@@ -6,14 +6,18 @@
 
 #include <chunkstar/core/error.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <unistd.h>
 
 namespace chunkstar {
 
@@ -52,12 +56,26 @@ class timeline {
     return events_.size();
   }
 
-  /** @brief Writes the Chrome trace JSON object format to @p path. */
+  /** @brief Writes the Chrome trace JSON object format to @p path (atomically: a temporary renamed
+   *  over it). @throws io_error naming the file. */
   void write_chrome_trace(const std::string& path) const {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    if (!out) throw config_error("cannot open timeline file '" + path + "' for writing: check the directory exists and is writable");
-    out << to_chrome_trace();
-    if (!out) throw config_error("failed writing timeline file '" + path + "': check free disk space");
+    // Written beside the target and renamed over it: a failure leaves any earlier file whole.
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out) throw io_error("cannot open timeline file '" + tmp + "' for writing: check the directory exists and is writable");
+      out << to_chrome_trace();
+      out.flush();
+      if (!out) {
+        std::remove(tmp.c_str());
+        throw io_error("failed writing timeline file '" + tmp + "': check free disk space");
+      }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      const int err = errno;
+      std::remove(tmp.c_str());
+      throw io_error("cannot rename '" + tmp + "' to timeline file '" + path + "': " + std::strerror(err));
+    }
   }
 
   /** @brief The Chrome trace JSON text. */

@@ -1,0 +1,240 @@
+// train_gpt's checks before any work: every bad option is a config_error naming it, nothing wraps;
+// the data loader refuses what it could never read to an end; resume metadata is parsed with range
+// checks and the configuration compared field by field; output paths and memory are probed.
+#include "data.hpp"
+#include "preflight.hpp"
+#include "run_record.hpp"
+#include "train_options.hpp"
+
+#include <chunkstar/checkpoint/runtime_checkpoint.hpp>
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace chunkstar;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() / ("chunkstar_opts_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+/** Validates options @p o after @p change, as train_gpt does before any work. */
+void check(const std::function<void(gpt::train_options&)>& change) {
+  gpt::train_options o;
+  o.preset = "tiny";
+  change(o);
+  gpt::validate_options(o, gpt::model_config(o));
+}
+
+}  // namespace
+
+TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error that names it") {
+  check([](gpt::train_options&) {});
+  check([](gpt::train_options& o) { o.steps = 2; });  // the default warm-up shrinks with a short run
+  check([](gpt::train_options& o) { o.schedule = "constant"; o.warmup = 500; o.min_lr = 9; });  // unused by constant
+  struct bad_case {
+    const char* option;
+    std::function<void(gpt::train_options&)> change;
+  };
+  const std::vector<bad_case> cases = {
+      {"--batch", [](auto& o) { o.batch = 1000000000000; }},
+      {"--batch", [](auto& o) { o.batch = -1; }},
+      {"--batch", [](auto& o) { o.batch = 0; }},
+      {"--seq", [](auto& o) { o.seq = 129; }},  // tiny's context is 128
+      {"--seq", [](auto& o) { o.seq = -1; }},
+      {"--accum", [](auto& o) { o.accum = 0; }},
+      {"--accum", [](auto& o) { o.accum = 1 << 16; }},  // the batch key holds 16 bits of micro-batch
+      {"--steps", [](auto& o) { o.steps = 0; }},
+      {"--steps", [](auto& o) { o.steps = -3; }},
+      {"--stop-after", [](auto& o) { o.stop_after = 201; }},
+      {"--stop-after", [](auto& o) { o.stop_after = -1; }},
+      {"--warmup", [](auto& o) { o.warmup = -5; }},
+      {"--warmup", [](auto& o) { o.steps = 10; o.warmup = 20; }},
+      {"--min-lr", [](auto& o) { o.min_lr = 1; o.lr = 0.1f; }},
+      {"--lr", [](auto& o) { o.lr = 0; }},
+      {"--lr", [](auto& o) { o.lr = std::numeric_limits<float>::quiet_NaN(); }},
+      {"--clip", [](auto& o) { o.clip = -1; }},
+      {"--weight-decay", [](auto& o) { o.weight_decay = std::numeric_limits<float>::infinity(); }},
+      {"--val-batches", [](auto& o) { o.val_batches = 0; }},
+      {"--val-every", [](auto& o) { o.val_every = -1; }},
+      {"--save-every", [](auto& o) { o.save_every = -2; }},
+      {"--save-every", [](auto& o) { o.save_every = 5; }},  // without --save
+      {"--sample", [](auto& o) { o.sample = -1; }},
+      {"--prefetch", [](auto& o) { o.prefetch = -1; }},
+      {"--chunk-elems", [](auto& o) { o.chunk_elems = -1; }},
+      {"--policy", [](auto& o) { o.policy = "fastest"; }},
+      {"--schedule", [](auto& o) { o.schedule = "linear"; }},
+      {"--precision", [](auto& o) { o.precision = "fp8"; }},
+      {"--device-budget", [](auto& o) { o.device_budget = "lots"; }},
+      {"--host-budget", [](auto& o) { o.host_budget = "-1GiB"; }},
+      {"--link-bandwidth", [](auto& o) { o.link_bandwidth = "fast"; }},
+      {"--layers", [](auto& o) { o.layers = 2147483647; }},
+      {"--layers", [](auto& o) { o.layers = -1; }},
+      {"--width", [](auto& o) { o.width = std::int64_t{1} << 40; }},
+      {"--context", [](auto& o) { o.context = -7; }},
+      {"--trace", [](auto& o) { o.trace = "x"; o.save = "x"; }},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.option);
+    CHECK_THROWS_WITH_AS(check(c.change), doctest::Contains(c.option), config_error);
+  }
+  CHECK_THROWS_WITH_AS(check([](auto& o) { o.preset = "huge"; }), doctest::Contains("unknown model preset"), config_error);
+  CHECK_THROWS_WITH_AS(check([](auto& o) { o.width = 65; }), doctest::Contains("multiple of heads"), config_error);
+  // Shapes whose sizes would overflow are refused, not wrapped.
+  CHECK_THROWS_AS(check([](auto& o) { o.context = 1 << 20; o.seq = 1 << 20; o.batch = 1 << 20; }), config_error);
+  CHECK_THROWS_AS(gpt::validate({.vocab = 256, .context = 8, .layers = 1 << 20, .heads = 1, .width = 8}), config_error);
+}
+
+TEST_CASE("the data loader refuses directories, FIFOs, devices and unreadable files at once") {
+  temp_dir tmp;
+  CHECK_THROWS_WITH_AS((void)gpt::load_text(tmp.path.string(), 8), doctest::Contains("is a directory"), config_error);
+  const auto fifo = (tmp.path / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  CHECK_THROWS_WITH_AS((void)gpt::load_text(fifo, 8), doctest::Contains("is a FIFO"), config_error);  // and never blocks
+  CHECK_THROWS_WITH_AS((void)gpt::load_text("/dev/zero", 8), doctest::Contains("device"), config_error);
+  if (fs::exists("/proc/self/mem")) CHECK_THROWS_AS((void)gpt::load_text("/proc/self/mem", 8), config_error);
+  CHECK_THROWS_AS((void)gpt::load_text((tmp.path / "missing").string(), 8), config_error);
+  std::ofstream(tmp.path / "short.txt") << "hello";
+  CHECK_THROWS_WITH_AS((void)gpt::load_text((tmp.path / "short.txt").string(), 8), doctest::Contains("too short"), config_error);
+  std::ofstream(tmp.path / "big.txt") << std::string(5000, 'a');
+  CHECK_THROWS_WITH_AS((void)gpt::load_text((tmp.path / "big.txt").string(), 8, 0.1, 4096), doctest::Contains("more than"), config_error);
+  const auto ok = gpt::load_text((tmp.path / "big.txt").string(), 8);
+  CHECK(ok.train.size() + ok.val.size() == 5000);
+}
+
+TEST_CASE("resume state: every entry parsed with range checks; crafted values are refused, not misread") {
+  const checkpoint_extra good{{"step", "10"}, {"optimizer_steps", "9"}};
+  const auto r = gpt::parse_resume_state(good, "ck");
+  CHECK(r.step == 10);
+  CHECK(r.optimizer_steps == 9);
+  CHECK(!r.loss_scale);
+  const std::vector<checkpoint_extra> bad = {
+      {{"step", "abc"}, {"optimizer_steps", "1"}},
+      {{"optimizer_steps", "1"}},                                  // no step
+      {{"step", "99999999999999999999"}, {"optimizer_steps", "1"}},  // 20 digits
+      {{"step", "1e3"}, {"optimizer_steps", "1"}},                 // not resumed at step 1
+      {{"step", "-5"}, {"optimizer_steps", "0"}},                  // not resumed at step -4
+      {{"step", " 7"}, {"optimizer_steps", "0"}},
+      {{"step", "10"}},                                            // no optimizer_steps
+      {{"step", "10"}, {"optimizer_steps", "11"}},                 // more Adam steps than steps
+      {{"step", "10"}, {"optimizer_steps", "9"}, {"loss_scale", "abc"}, {"clean_steps", "0"}},
+      {{"step", "10"}, {"optimizer_steps", "9"}, {"loss_scale", "inf"}, {"clean_steps", "0"}},
+      {{"step", "10"}, {"optimizer_steps", "9"}, {"loss_scale", "-2"}, {"clean_steps", "0"}},
+      {{"step", "10"}, {"optimizer_steps", "9"}, {"loss_scale", "1024"}},  // no clean_steps
+  };
+  for (const auto& e : bad) {
+    std::string text;
+    for (const auto& [k, v] : e) text += k + "=" + v + " ";
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS((void)gpt::parse_resume_state(e, "ck"), doctest::Contains("--resume 'ck'"), config_error);
+  }
+  const auto scaled = gpt::parse_resume_state({{"step", "3"}, {"optimizer_steps", "2"}, {"loss_scale", "65536"}, {"clean_steps", "4"}}, "ck");
+  CHECK(scaled.loss_scale == 65536.0f);
+  CHECK(scaled.clean_steps == 4);
+}
+
+TEST_CASE("resume configuration: each difference named; shape never changes; --allow-change lets the rest") {
+  gpt::train_options o;
+  o.preset = "tiny";
+  const auto cfg = gpt::model_config(o);
+  const auto saved = gpt::run_record(o, cfg, "abc");
+  checkpoint_extra extra = gpt::save_record(saved, o, 5, 5, std::nullopt, 0);
+  gpt::check_resume_config(saved, extra, {}, "ck");  // the same options: fine
+
+  auto changed = o;
+  changed.lr = 1e-3f;
+  changed.precision = "fp16";
+  const auto now = gpt::run_record(changed, cfg, "abc");
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(now, extra, {}, "ck"), doctest::Contains("--lr: checkpoint 0.003"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(now, extra, {}, "ck"), doctest::Contains("--allow-change precision,lr"), config_error);
+  CHECK_THROWS_AS(gpt::check_resume_config(now, extra, {"lr"}, "ck"), config_error);
+  gpt::check_resume_config(now, extra, {"lr", "precision"}, "ck");
+  gpt::check_resume_config(now, extra, {"all"}, "ck");
+  // Other data is noticed through its checksum.
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(gpt::run_record(o, cfg, "def"), extra, {}, "ck"), doctest::Contains("--data"), config_error);
+
+  auto wider = o;
+  wider.width = 128;
+  const auto wide = gpt::run_record(wider, gpt::model_config(wider), "abc");
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(wide, extra, {"all"}, "ck"), doctest::Contains("shape differs"), config_error);
+  // A checkpoint without the record (another trainer, an older train_gpt).
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(saved, {{"step", "5"}}, {}, "ck"), doctest::Contains("not recorded"), config_error);
+  CHECK_THROWS_AS(gpt::validate_allow_change({"lr", "layers"}), config_error);
+  gpt::validate_allow_change({"all", "min-lr", "weight-decay"});
+}
+
+TEST_CASE("crafted metadata re-sealed with a valid checksum reaches the strict parser, never a crash") {
+  temp_dir tmp;
+  const auto dir = tmp.path / "ck";
+  fs::create_directories(dir);
+  safetensors_writer model;
+  model.set_metadata("chunkstar.param_type", "f32");
+  const std::vector<float> w(4, 1.0f);
+  model.add_values<float>("w", {4}, w);
+  const auto sum = model.write(dir / "model.safetensors");
+  safetensors_writer opt;  // the checksum is recomputed by the writer: the file verifies
+  opt.set_metadata("chunkstar.param_type", "f32");
+  opt.set_metadata("chunkstar.optimizer_state", "0");
+  opt.set_metadata("chunkstar.model_checksum", checkpoint_detail::hex64(sum));
+  opt.set_metadata("step", "abc");
+  (void)opt.write(dir / "optimizer.safetensors");
+  const auto extra = read_checkpoint_extra(dir);
+  CHECK(extra.at("step") == "abc");
+  CHECK_THROWS_WITH_AS((void)gpt::parse_resume_state(extra, dir.string()), doctest::Contains("'step' is 'abc'"), config_error);
+}
+
+TEST_CASE("output files are probed before the run: missing directories and non-files are refused, nothing is left") {
+  temp_dir tmp;
+  gpt::probe_output_file("--trace", (tmp.path / "t.json").string());
+  CHECK(fs::is_empty(tmp.path));
+  CHECK_THROWS_WITH_AS(gpt::probe_output_file("--trace", "/nonexistent-dir/t.json"), doctest::Contains("--trace"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::probe_output_file("--trace", tmp.path.string()), doctest::Contains("not a regular file"), config_error);
+  std::ofstream(tmp.path / "old.json") << "keep";
+  gpt::probe_output_file("--trace", (tmp.path / "old.json").string());
+  CHECK(fs::file_size(tmp.path / "old.json") == 4);  // probed, not truncated
+}
+
+TEST_CASE("memory: more than the machine has, or more address space than ulimit -v leaves, is refused up front") {
+  CHECK_THROWS_AS(gpt::check_memory({.model_data = std::size_t{1} << 62}), out_of_memory_error);
+  gpt::check_memory({.model_data = 1 << 20});
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // the limit must not reach the test runner
+    rlimit lim{std::size_t{256} << 20, std::size_t{256} << 20};
+    ::setrlimit(RLIMIT_AS, &lim);
+    int rc = 1;
+    try {
+      gpt::check_memory({.model_data = 64 << 20});
+    } catch (const out_of_memory_error& e) {
+      rc = std::string(e.what()).find("ulimit -v") != std::string::npos ? 0 : 2;
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}

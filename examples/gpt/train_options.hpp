@@ -1,0 +1,180 @@
+/** @file
+ *  @brief train_gpt's options, and every check on them that can run before any work starts: ranges
+ *         of numbers (nothing wraps or overflows), names, the model's shape, the schedule, and the
+ *         memory the run will need against what this machine and process may have.
+ *
+ *  A check that fails throws `chunkstar::config_error` naming the option and what to do; the
+ *  trainer turns that into exit code 2 before it reads data or allocates model memory.
+ */
+#pragma once
+
+#include "gpt_model.hpp"
+#include "model_config.hpp"
+
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/core/units.hpp>
+#include <chunkstar/optim/lr_schedule.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+/** @brief The process exit codes train_gpt documents (`--help`). */
+enum exit_code : int {
+  exit_ok = 0,
+  exit_internal = 1,       ///< a bug: an internal state error or an unexpected exception
+  exit_bad_input = 2,      ///< an option, the --data file, or the checkpoint to --resume
+  exit_out_of_memory = 3,  ///< a memory space, the host, or a resource limit (ulimit -v, threads)
+  exit_io = 4,             ///< writing an output (checkpoint, timeline) failed while running
+};
+
+/** @brief Every option of train_gpt, as parsed (signed, so that "-1" arrives as -1 and is refused
+ *  rather than wrapping into a huge unsigned value). */
+struct train_options {
+  std::string data;  // empty: the embedded corpus
+  std::string preset = "mini";
+  std::int64_t layers = 0, width = 0, heads = 0, context = 0;  // 0: from the preset
+  std::int64_t batch = 4, seq = 64;
+  std::int64_t accum = 1;
+  std::int64_t steps = 200;
+  std::int64_t stop_after = 0;  // stop early at this step (the schedule still spans --steps)
+  std::string precision = "fp32";
+  std::string policy = "patrickstar";
+  std::string device_budget = "auto", host_budget = "unlimited", link_bandwidth = "0";
+  double device_fraction = 0.4;  // --device-budget auto: activations + this share of the model data
+  std::int64_t chunk_elems = 0;  // 0: searched between the largest tensor and 4x it
+  std::int64_t prefetch = 2;
+  float lr = 3e-3f, min_lr = 3e-4f, weight_decay = 0.1f, clip = 1.0f;
+  std::int64_t warmup = -1;  // -1: min(20, steps / 10)
+  std::string schedule = "cosine";
+  std::uint64_t seed = 1337;
+  std::int64_t val_every = 50, val_batches = 8;
+  std::string save, resume, trace;
+  std::int64_t save_every = 0;
+  std::int64_t sample = 200;
+  std::vector<std::string> allow_change;  // --allow-change: configuration a resume may change
+};
+
+/** @brief Largest values the numeric options accept (far beyond any useful run, well inside every
+ *  type they flow into: the batch key keeps 16 bits for the micro-batch, 47 for the step). */
+struct option_limits {
+  static constexpr std::int64_t batch = 1 << 20;
+  static constexpr std::int64_t accum = (1 << 16) - 1;
+  static constexpr std::int64_t steps = std::int64_t{1} << 40;
+  static constexpr std::int64_t prefetch = 1024;
+  static constexpr std::int64_t chunk_elems = std::int64_t{1} << 36;
+  static constexpr std::int64_t sample = 1 << 20;
+  static constexpr std::int64_t val_batches = 1 << 20;
+};
+
+namespace detail {
+inline std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+[[noreturn]] inline void bad_option(const std::string& option, const std::string& why) {
+  throw chunkstar::config_error(option + " " + why);
+}
+inline void require_range(const char* option, std::int64_t v, std::int64_t lo, std::int64_t hi, const std::string& hint = {}) {
+  if (v < lo || v > hi)
+    bad_option(option, std::to_string(v) + " is out of range: use a value from " + std::to_string(lo) + " to " +
+                           std::to_string(hi) + (hint.empty() ? "" : " (" + hint + ")"));
+}
+inline void require_finite(const char* option, double v, double lo, bool lo_open = false) {
+  if (!std::isfinite(v) || v < lo || (lo_open && v == lo))
+    bad_option(option, number(v) + " must be a finite number " + (lo_open ? "above " : "at least ") + number(lo));
+}
+template <std::size_t N>
+void require_one_of(const char* option, const std::string& v, const char* const (&names)[N]) {
+  std::string list;
+  for (const char* n : names) {
+    if (v == n) return;
+    list += (list.empty() ? "" : ", ") + std::string(n);
+  }
+  bad_option(option, "'" + v + "' is not one of: " + list);
+}
+}  // namespace detail
+
+/** @brief "unlimited" or a byte size ("64MiB", "1.5GiB", "1000000"); config_error naming @p option otherwise. */
+inline std::size_t bytes_option(const std::string& option, const std::string& value) {
+  if (value == "unlimited") return SIZE_MAX;
+  const auto b = chunkstar::parse_bytes(value);
+  if (!b) detail::bad_option(option, "'" + value + "' is not a size: write e.g. 64MiB, 1.5GiB or 1000000");
+  return *b;
+}
+
+/** @brief The parameter dtype of --precision. */
+inline chunkstar::dtype precision_type(const std::string& p) {
+  if (p == "fp32") return chunkstar::dtype::f32;
+  if (p == "bf16") return chunkstar::dtype::bf16;
+  if (p == "fp16") return chunkstar::dtype::f16;
+  detail::bad_option("--precision", "'" + p + "' is not one of: fp32, bf16, fp16");
+}
+
+/** @brief The model shape: the preset with the --layers/--width/--heads/--context overrides,
+ *  validated (bounds included). */
+inline gpt_config model_config(const train_options& o) {
+  gpt_config c = parse_preset(o.preset);
+  const auto take = [](const char* option, std::int64_t v, int& field, std::int64_t hi) {
+    if (v == 0) return;
+    detail::require_range(option, v, 1, hi, "0 keeps the preset's value");
+    field = static_cast<int>(v);
+  };
+  take("--layers", o.layers, c.layers, max_layers);
+  take("--width", o.width, c.width, max_dimension);
+  take("--heads", o.heads, c.heads, max_dimension);
+  take("--context", o.context, c.context, max_dimension);
+  validate(c);
+  return c;
+}
+
+/** @brief Warm-up steps: --warmup, or by default min(20, steps / 10), so a short run leaves warm-up. */
+inline std::int64_t warmup_steps(const train_options& o) { return o.warmup >= 0 ? o.warmup : std::min<std::int64_t>(20, o.steps / 10); }
+
+/** @brief The learning-rate schedule of the options (validated by the caller). */
+inline chunkstar::warmup_cosine cosine_schedule(const train_options& o) {
+  return {.peak = o.lr, .min = o.min_lr, .warmup_steps = warmup_steps(o), .total_steps = o.steps};
+}
+
+/** @brief Checks every option against its range and the others, throwing config_error naming the
+ *  first that is wrong. Pure: touches no file and allocates nothing big. */
+inline void validate_options(const train_options& o, const gpt_config& cfg) {
+  using detail::require_range;
+  require_range("--batch", o.batch, 1, option_limits::batch);
+  require_range("--seq", o.seq, 1, cfg.context, "the longest sequence is the model's context; raise it with --context");
+  (void)compute_activation_sizes(cfg, static_cast<std::size_t>(o.batch), static_cast<std::size_t>(o.seq));
+  require_range("--accum", o.accum, 1, option_limits::accum);
+  require_range("--steps", o.steps, 1, option_limits::steps);
+  require_range("--stop-after", o.stop_after, 0, o.steps, "0 runs all --steps");
+  require_range("--prefetch", o.prefetch, 0, option_limits::prefetch, "0 turns prefetch off");
+  require_range("--chunk-elems", o.chunk_elems, 0, option_limits::chunk_elems, "0 searches a size");
+  require_range("--val-every", o.val_every, 0, option_limits::steps, "0 never validates");
+  if (o.val_every > 0) require_range("--val-batches", o.val_batches, 1, option_limits::val_batches, "with --val-every 0 it is unused");
+  require_range("--save-every", o.save_every, 0, option_limits::steps, "0 saves only at the end");
+  require_range("--sample", o.sample, 0, option_limits::sample, "0 generates nothing");
+  if (o.save_every > 0 && o.save.empty()) detail::bad_option("--save-every", "needs --save DIR to say where checkpoints go");
+  detail::require_one_of("--policy", o.policy, {"patrickstar", "lru", "resident", "offload"});
+  detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
+  (void)precision_type(o.precision);
+  detail::require_finite("--lr", o.lr, 0.0, true);
+  detail::require_finite("--weight-decay", o.weight_decay, 0.0);
+  detail::require_finite("--clip", o.clip, 0.0);
+  if (o.schedule == "cosine") {
+    detail::require_finite("--min-lr", o.min_lr, 0.0);
+    if (o.min_lr > o.lr) detail::bad_option("--min-lr", detail::number(o.min_lr) + " is above --lr " + detail::number(o.lr) + ": the cosine decays from --lr down to --min-lr");
+    if (o.warmup != -1) require_range("--warmup", o.warmup, 0, o.steps, "warm-up is part of --steps; -1 picks min(20, steps / 10)");
+    cosine_schedule(o).validate();
+  }
+  (void)bytes_option("--host-budget", o.host_budget);
+  (void)bytes_option("--link-bandwidth", o.link_bandwidth);
+  if (o.device_budget != "auto") (void)bytes_option("--device-budget", o.device_budget);
+  if (!o.trace.empty() && o.trace == o.save) detail::bad_option("--trace", "and --save name the same path");
+}
+
+}  // namespace gpt

@@ -1,0 +1,255 @@
+/** @file
+ *  @brief The checkpoint directory's life cycle, kept apart from the tensors: recognising a
+ *         chunkstar checkpoint by its own metadata, the advisory lock that serialises writers, a
+ *         temporary directory unique to each writer, and the swap of a complete directory into
+ *         place. Everything here deletes only what this writer created, or a checkpoint it replaces.
+ */
+#pragma once
+
+#include <chunkstar/checkpoint/detail/posix_file.hpp>
+#include <chunkstar/checkpoint/safetensors.hpp>
+#include <chunkstar/core/error.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace chunkstar {
+
+/** @brief File names inside a checkpoint directory. */
+inline constexpr std::string_view checkpoint_model_file = "model.safetensors";
+inline constexpr std::string_view checkpoint_optimizer_file = "optimizer.safetensors";
+
+namespace checkpoint_detail {
+
+/** "<dir><suffix>" beside @p dir ("ckpt/" names the directory "ckpt"). */
+inline std::filesystem::path with_suffix(const std::filesystem::path& dir, std::string_view suffix) {
+  std::filesystem::path p = dir;
+  if (!p.has_filename()) p = p.parent_path();
+  p += suffix;
+  return p;
+}
+
+inline std::filesystem::path parent_of(const std::filesystem::path& dir) {
+  auto p = with_suffix(dir, "").parent_path();
+  return p.empty() ? std::filesystem::path(".") : p;
+}
+
+/** Why @p file is not a safetensors file written by chunkstar, or empty when it is one: it opens
+ *  and validates (the checksum is not recomputed) and carries chunkstar's own metadata. */
+inline std::string not_chunkstar_file(const std::filesystem::path& file) {
+  try {
+    const auto f = safetensors_file::open(file, {.verify_checksum = false});
+    const auto& m = f.metadata();
+    if (!m.contains(std::string(safetensors_checksum_key)) || !m.contains("chunkstar.param_type"))
+      return "'" + file.filename().string() + "' has no chunkstar metadata (written by another tool)";
+    return {};
+  } catch (const error& e) {
+    return e.what();
+  }
+}
+
+/** Why save_checkpoint may not replace the existing @p dir, or empty when it may: @p dir is an
+ *  empty directory, or holds nothing but the two checkpoint files, each written by chunkstar. */
+inline std::string not_replaceable(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::symlink_status(dir, ec);
+  if (ec) return "cannot inspect it: " + ec.message();
+  if (!fs::is_directory(st)) return fs::is_symlink(st) ? "it is a symbolic link" : "it is not a directory";
+  std::vector<std::string> foreign;
+  int ours = 0;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if ((name == checkpoint_model_file || name == checkpoint_optimizer_file) && it->is_regular_file(ec)) {
+      if (auto why = not_chunkstar_file(it->path()); !why.empty()) return why;
+      ++ours;
+    } else {
+      foreign.push_back("'" + name + "'");
+    }
+  }
+  if (ec) return "cannot list it: " + ec.message();
+  if (!foreign.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < foreign.size() && i < 5; ++i) list += (i ? ", " : "") + foreign[i];
+    if (foreign.size() > 5) list += " and " + std::to_string(foreign.size() - 5) + " more";
+    return "it holds " + list + ", which a chunkstar checkpoint does not" + (ours ? " (besides checkpoint files)" : "");
+  }
+  return {};
+}
+
+/** Throws checkpoint_error when @p dir exists and save_checkpoint may not replace it. */
+inline void refuse_unless_replaceable(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) return;
+  if (const auto why = not_replaceable(dir); !why.empty())
+    throw checkpoint_error("refusing to replace '" + dir.string() + "' with a checkpoint: " + why +
+                           "; a save replaces only an empty directory or a chunkstar checkpoint, so choose another path or move it away");
+}
+
+/** An exclusive (writers) or shared (readers) advisory lock on `<dir>.lock`, a small file beside
+ *  the checkpoint that holds the last writer's pid. The kernel drops the lock when its holder dies,
+ *  so a killed writer never blocks the next one; the file itself stays (deleting a lock file races
+ *  with the next locker). Waits at most @p timeout, then throws naming the holder. */
+class directory_lock {
+ public:
+  directory_lock() = default;
+  directory_lock(const std::filesystem::path& dir, bool exclusive, std::chrono::milliseconds timeout,
+                 bool optional_if_unwritable = false) {
+    path_ = with_suffix(dir, ".lock");
+    int fd;
+    do fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+      if (optional_if_unwritable && (errno == EACCES || errno == EROFS || errno == EPERM)) return;  // read-only media
+      throw checkpoint_error(errno_message("cannot open the checkpoint lock file", path_, errno) +
+                             ": make the directory that holds the checkpoint writable or choose another path");
+    }
+    fd_ = unique_fd(fd);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (::flock(fd_.get(), (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) break;
+      if (errno == EINTR) continue;
+      if (errno != EWOULDBLOCK)
+        throw checkpoint_error(errno_message("cannot lock", path_, errno) + ": the file system may not support flock; save elsewhere");
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw checkpoint_error("another process (" + holder() + ") has held '" + path_.string() + "' for more than " +
+                               std::to_string(timeout.count() / 1000.0).substr(0, 5) +
+                               " s while saving or loading this checkpoint: wait for it to finish, or use another path");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (exclusive) {  // for the message a waiting writer prints; failure to record it is harmless
+      const std::string pid = std::to_string(::getpid()) + "\n";
+      if (::ftruncate(fd_.get(), 0) == 0) (void)!::pwrite(fd_.get(), pid.data(), pid.size(), 0);
+    }
+  }
+  [[nodiscard]] bool held() const noexcept { return static_cast<bool>(fd_); }
+
+ private:
+  [[nodiscard]] std::string holder() const {
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_.get(), buf, sizeof buf - 1, 0);
+    const std::string s = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+    const auto digits = s.substr(0, s.find_first_not_of("0123456789"));
+    return digits.empty() ? "pid unknown" : "pid " + digits;
+  }
+
+  std::filesystem::path path_;
+  unique_fd fd_;  // closing it releases the lock
+};
+
+/** The prefix of every temporary directory of a save to @p dir: `<dir>.tmp.` then pid and serial. */
+inline std::string temp_prefix(const std::filesystem::path& dir) { return with_suffix(dir, ".tmp.").filename().string(); }
+
+/** Creates a new, empty temporary directory beside @p dir that no one else uses: `<dir>.tmp.<pid>.<n>`
+ *  made with mkdir, which fails rather than reuse an existing path. */
+inline std::filesystem::path make_temp_directory(const std::filesystem::path& dir) {
+  static std::atomic<unsigned> serial{0};
+  for (int attempt = 0;; ++attempt) {
+    const auto p = with_suffix(dir, ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial++));
+    if (::mkdir(p.c_str(), 0755) == 0) return p;
+    if (errno != EEXIST || attempt > 1000)
+      throw checkpoint_error(errno_message("cannot create the temporary directory", p, errno) +
+                             ": make the parent directory writable or choose another path");
+  }
+}
+
+/** True when @p name is one of the files save_checkpoint writes into its temporary directory. */
+inline bool own_temp_entry(std::string_view name) {
+  return name == checkpoint_model_file || name == checkpoint_optimizer_file ||
+         name.starts_with(std::string(checkpoint_model_file) + ".tmp.") ||
+         name.starts_with(std::string(checkpoint_optimizer_file) + ".tmp.");
+}
+
+/** Removes temporary directories that killed writers left beside @p dir. Call with the exclusive
+ *  lock held, so no live writer is using one. Only `<dir>.tmp.<pid>.<n>` directories whose pid is
+ *  not running and that hold nothing but the files a save writes are touched. */
+inline void remove_stale_temps(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto prefix = temp_prefix(dir);
+  for (fs::directory_iterator it(parent_of(dir), ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if (!name.starts_with(prefix) || !it->is_directory(ec)) continue;
+    const auto rest = name.substr(prefix.size());
+    const auto dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789.") != std::string::npos) continue;
+    const long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
+    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;  // alive, or not ours to judge
+    bool only_ours = true;
+    std::error_code ec2;
+    for (fs::directory_iterator f(it->path(), ec2), fend; !ec2 && f != fend; f.increment(ec2))
+      only_ours = only_ours && own_temp_entry(f->path().filename().string()) && f->is_regular_file(ec2);
+    if (only_ours && !ec2) fs::remove_all(it->path(), ec2);
+  }
+}
+
+/** Replaces @p dir by the complete directory @p fresh (which the caller created). The previous
+ *  @p dir must be absent or replaceable (checked by the caller under the lock). An atomic exchange
+ *  where the OS offers it (Linux renameat2; @p try_exchange = false skips it, for tests of the
+ *  portable path); else rename the old one aside to a new unique name, the new one in, and delete
+ *  the old. */
+inline void swap_into_place(const std::filesystem::path& fresh, const std::filesystem::path& dir, bool try_exchange = true) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto parent = parent_of(dir);
+  if (!fs::exists(fs::symlink_status(dir, ec))) {
+    if (::rename(fresh.c_str(), dir.c_str()) != 0) throw checkpoint_error(errno_message("cannot rename '" + fresh.string() + "' to", dir, errno));
+    fsync_directory(parent);
+    return;
+  }
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+  if (try_exchange && ::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_directory(parent);
+    fs::remove_all(fresh, ec);  // now the previous checkpoint; a leftover is harmless
+    return;
+  }
+#else
+  (void)try_exchange;
+#endif
+  // A name nothing else has: rename() would replace an existing empty directory.
+  fs::path old;
+  for (unsigned n = 0;; ++n) {
+    old = with_suffix(dir, ".old." + std::to_string(::getpid()) + "." + std::to_string(n));
+    if (!fs::exists(fs::symlink_status(old, ec))) break;
+  }
+  if (::rename(dir.c_str(), old.c_str()) != 0) throw checkpoint_error(errno_message("cannot move the previous checkpoint aside to", old, errno));
+  if (::rename(fresh.c_str(), dir.c_str()) != 0) {
+    const int err = errno;
+    (void)::rename(old.c_str(), dir.c_str());
+    throw checkpoint_error(errno_message("cannot rename '" + fresh.string() + "' to", dir, err));
+  }
+  fsync_directory(parent);
+  fs::remove_all(old, ec);
+}
+
+/** Directories beside @p dir that an interrupted portable swap left: `<dir>.old.*` and `<dir>.tmp.*`. */
+inline std::vector<std::filesystem::path> interrupted_swap_leftovers(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> out;
+  std::error_code ec;
+  const auto old_prefix = with_suffix(dir, ".old.").filename().string(), tmp_prefix = temp_prefix(dir);
+  for (fs::directory_iterator it(parent_of(dir), ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if ((name.starts_with(old_prefix) || name.starts_with(tmp_prefix)) && it->is_directory(ec)) out.push_back(it->path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace checkpoint_detail
+}  // namespace chunkstar
