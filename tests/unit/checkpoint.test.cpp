@@ -388,6 +388,7 @@ struct failing_runtime {
   mutable int reads_left = 0;
   std::span<const tensor_spec> params() const { return specs; }
   const runtime_options& options() const { return opts; }
+  bool has_list(chunk_kind k) const { return opts.optimizer_state.has(k, opts.param_type); }
   void read_tensor(param_id, chunk_kind, std::span<float> out) const {
     if (reads_left-- == 0) throw checkpoint_error("device lost");
     std::fill(out.begin(), out.end(), 0.0f);

@@ -43,9 +43,9 @@ using checkpoint_extra = std::map<std::string, std::string>;
 /** @brief A runtime whose tensors can be saved and restored. Required expressions (`rt` a runtime,
  *  `c` a const one, `p` a `param_id`):
  *  1. `c.params()` → `tensor_spec`s in registration order (`param_id{i}` is the i-th);
- *  2. `c.options().param_type` (dtype) and `c.options().optimizer_state` (bool): which lists exist
- *     — param always, master iff optimizer state with a 16-bit param type, momentum and variance
- *     iff optimizer state;
+ *  2. `c.options().param_type` (dtype) and `c.has_list(kind)` (bool): which lists exist — param
+ *     always, master for 16-bit params with optimizer state, momentum and variance as the
+ *     optimizer's state description says;
  *  3. `c.read_tensor(p, kind, std::span<float>)` and `rt.write_tensor(p, kind, std::span<const float>)`
  *     copy one tensor of one list, wherever it lives, widening to / narrowing from fp32.
  *  `chunk_runtime` models it. */
@@ -53,7 +53,7 @@ template <class R>
 concept CheckpointableRuntime = requires(R& rt, const R& c, std::span<float> out, std::span<const float> in) {
   { c.params() } -> std::convertible_to<std::span<const tensor_spec>>;
   { c.options().param_type } -> std::convertible_to<dtype>;
-  { c.options().optimizer_state } -> std::convertible_to<bool>;
+  { c.has_list(chunk_kind::momentum) } -> std::convertible_to<bool>;
   c.read_tensor(param_id{}, chunk_kind::param, out);
   rt.write_tensor(param_id{}, chunk_kind::param, in);
 };
@@ -148,8 +148,7 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
   try {
     const auto specs = rt.params();
     const dtype param_type = rt.options().param_type;
-    const bool state = rt.options().optimizer_state;
-    const bool master = state && param_type != dtype::f32;
+    const bool master = rt.has_list(chunk_kind::master), mom = rt.has_list(chunk_kind::momentum), var = rt.has_list(chunk_kind::variance);
 
     safetensors_writer model;
     model.set_metadata("format", "pt");
@@ -163,15 +162,13 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
     for (const auto& [k, v] : extra) opt.set_metadata(k, v);
     opt.set_metadata("format", "pt");
     opt.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
-    opt.set_metadata("chunkstar.optimizer_state", state ? "1" : "0");
+    opt.set_metadata("chunkstar.optimizer_state", mom ? "1" : "0");
     opt.set_metadata("chunkstar.model_checksum", cd::hex64(model_sum));
-    if (state) {
-      for (std::size_t t = 0; t < specs.size(); ++t) {
-        const auto& s = specs[t];
-        if (master) opt.add_producer(s.name + ".master", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::master, dtype::f32));
-        opt.add_producer(s.name + ".exp_avg", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::momentum, dtype::f32));
-        opt.add_producer(s.name + ".exp_avg_sq", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::variance, dtype::f32));
-      }
+    for (std::size_t t = 0; t < specs.size(); ++t) {
+      const auto& s = specs[t];
+      if (master) opt.add_producer(s.name + ".master", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::master, dtype::f32));
+      if (mom) opt.add_producer(s.name + ".exp_avg", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::momentum, dtype::f32));
+      if (var) opt.add_producer(s.name + ".exp_avg_sq", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::variance, dtype::f32));
     }
     opt.write(tmp / checkpoint_optimizer_file);
     cd::fsync_directory(tmp);
@@ -226,9 +223,8 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
     throw checkpoint_error("checkpoint '" + dir.string() + "': " + std::string(checkpoint_optimizer_file) + " belongs to a different save than " +
                            std::string(checkpoint_model_file) + " (model checksum mismatch): the files were mixed; use a complete checkpoint directory");
   const bool file_state = meta(opt, "chunkstar.optimizer_state") == "1";
-  const bool rt_state = rt.options().optimizer_state;
-  const bool rt_master = rt_state && rt.options().param_type != dtype::f32;
-  const bool want_moments = rt_state && options.optimizer_state;
+  const bool rt_master = rt.has_list(chunk_kind::master), rt_var = rt.has_list(chunk_kind::variance);
+  const bool want_moments = rt.has_list(chunk_kind::momentum) && options.optimizer_state;
   if (want_moments && !file_state)
     throw checkpoint_error("checkpoint '" + dir.string() + "' holds no optimizer state: load it with checkpoint_load_options{.optimizer_state = false} "
                            "to take the weights only (the optimizer then starts from zero moments)");
@@ -259,7 +255,7 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
     has_master[i] = check(opt, used_opt, s.name + ".master", s, false, true);
     if (file_state) {
       check(opt, used_opt, s.name + ".exp_avg", s, want_moments, true);
-      check(opt, used_opt, s.name + ".exp_avg_sq", s, want_moments, true);
+      check(opt, used_opt, s.name + ".exp_avg_sq", s, want_moments && rt_var, true);
     }
   }
   if (!options.allow_unused) {
@@ -301,8 +297,10 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
     if (want_moments) {
       opt.read_floats(s.name + ".exp_avg", v);
       rt.write_tensor(id, chunk_kind::momentum, v);
-      opt.read_floats(s.name + ".exp_avg_sq", v);
-      rt.write_tensor(id, chunk_kind::variance, v);
+      if (rt_var) {
+        opt.read_floats(s.name + ".exp_avg_sq", v);
+        rt.write_tensor(id, chunk_kind::variance, v);
+      }
     }
   }
   checkpoint_extra extra;

@@ -9,6 +9,8 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -136,6 +138,47 @@ template <class T>
 CHUNKSTAR_HOST_DEVICE constexpr T from_float(float x) noexcept {
   if constexpr (std::is_same_v<T, float>) return x;
   else return T(x);
+}
+
+/** @brief Widens `out.size()` elements of type @p t at @p src (any alignment) to float: exact. */
+inline void widen_to_float(const std::byte* src, dtype t, std::span<float> out) noexcept {
+  switch (t) {
+    case dtype::f32: std::memcpy(out.data(), src, out.size_bytes()); break;
+    case dtype::f16:
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        float16 h;
+        std::memcpy(&h, src + i * sizeof h, sizeof h);
+        out[i] = to_float(h);
+      }
+      break;
+    case dtype::bf16:
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        bfloat16 h;
+        std::memcpy(&h, src + i * sizeof h, sizeof h);
+        out[i] = to_float(h);
+      }
+      break;
+  }
+}
+
+/** @brief Narrows @p in to type @p t at @p dst (`in.size() * dtype_size(t)` bytes) with
+ *  round-to-nearest-even; exact for values the type represents. */
+inline void narrow_from_float(std::span<const float> in, dtype t, std::byte* dst) noexcept {
+  switch (t) {
+    case dtype::f32: std::memcpy(dst, in.data(), in.size_bytes()); break;
+    case dtype::f16:
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        const float16 h(in[i]);
+        std::memcpy(dst + i * sizeof h, &h, sizeof h);
+      }
+      break;
+    case dtype::bf16:
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        const bfloat16 h(in[i]);
+        std::memcpy(dst + i * sizeof h, &h, sizeof h);
+      }
+      break;
+  }
 }
 
 }  // namespace chunkstar

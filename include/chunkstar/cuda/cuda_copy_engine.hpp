@@ -109,6 +109,24 @@ class cuda_copy_engine {
     CHUNKSTAR_CUDA_CHECK(cudaStreamWaitEvent(streams_[i].get(), h.event(), 0));
   }
 
+  /** @brief A handle ready once the work queued on the user's stream @p user so far has finished
+   *  (an event recorded there): pass it to order_after so later copies of the memory that work
+   *  used wait for it on the device, never on the host (the runtime's stream contract). */
+  cuda_copy_handle record(cudaStream_t user) {
+    auto r = std::make_shared<detail::copy_record>();
+    const device_guard g(device_);
+    r->end.record(user);
+    return cuda_copy_handle(std::move(r));
+  }
+
+  /** @brief Makes work queued on the user's stream @p user from now on wait for @p h (a copy's
+   *  completion) without blocking the host: a kernel can so consume a chunk still arriving. */
+  void wait_on(cudaStream_t user, const cuda_copy_handle& h) {
+    if (h.event() == nullptr) return;
+    const device_guard g(device_);
+    CHUNKSTAR_CUDA_CHECK(cudaStreamWaitEvent(user, h.event(), 0));
+  }
+
   /** @brief Waits for every copy on every stream. */
   void synchronize() {
     for (auto& s : streams_) s.synchronize();

@@ -7,13 +7,17 @@
 #include <chunkstar/cuda/cuda_copy_engine.hpp>
 #include <chunkstar/cuda/device_space.hpp>
 #include <chunkstar/cuda/pinned_host_space.hpp>
-#include <chunkstar/runtime/chunk_runtime.hpp>
+#include <chunkstar/runtime/platform.hpp>
 
 namespace chunkstar::cuda {
 
 /** @brief Chunks live on a CUDA device or in pinned host memory, so every move is an asynchronous
- *  DMA copy on the engine's streams. Use `chunk_adam<Scaler, cuda::device_adam_kernels>`
- *  (chunk_adam_kernels.cuh) to step chunks on the device. */
-using cuda_platform = platform<device_space, pinned_host_space, cuda_copy_engine>;
+ *  DMA copy on the engine's streams. User kernels run on the user's `cudaStream_t`, handed back to
+ *  the runtime when a scope closes (`scope::close(stream)`), so later moves of its chunks wait for
+ *  them on the device. Use `chunk_adam<Scaler, cuda::device_adam_kernels>` (chunk_adam_kernels.cuh)
+ *  to step chunks on the device. */
+using cuda_platform = platform<device_space, pinned_host_space, cuda_copy_engine, cudaStream_t>;
+
+static_assert(Platform<cuda_platform>);
 
 }  // namespace chunkstar::cuda

@@ -88,11 +88,42 @@ constexpr std::string_view chunk_kind_name(chunk_kind k) noexcept {
  *  or in the param chunk's slot after the last backward use (PatrickStar's memory saving). */
 enum class grad_storage : std::uint8_t { separate, shared_with_param };
 
+/** @brief The optimizer-state lists that accompany the parameters — fp32 lists with the param
+ *  list's slots — as a description: which ones exist is the optimizer's choice, not fixed.
+ *  `true` converts to Adam's lists, `false` to none. */
+struct optimizer_state_lists {
+  bool master = true;        ///< an fp32 master for 16-bit params (an fp32 param is its own master)
+  std::uint8_t moments = 2;  ///< moment lists: 0 (SGD), 1 (momentum: SGD with momentum), 2 (momentum, variance: Adam)
+
+  constexpr optimizer_state_lists() noexcept = default;
+  constexpr optimizer_state_lists(bool master_list, std::uint8_t moment_lists) noexcept
+      : master(master_list), moments(moment_lists) {}
+  /** @brief `true`: Adam's lists (master, momentum, variance); `false`: none (inference, tests). */
+  constexpr optimizer_state_lists(bool adam) noexcept  // NOLINT(google-explicit-constructor): a flag reads naturally
+      : master(adam), moments(adam ? 2 : 0) {}
+  static constexpr optimizer_state_lists adam() noexcept { return {true, 2}; }
+  static constexpr optimizer_state_lists sgd_momentum() noexcept { return {true, 1}; }
+  static constexpr optimizer_state_lists none() noexcept { return {false, 0}; }
+
+  /** @brief True when any state list exists. */
+  [[nodiscard]] constexpr bool any() const noexcept { return master || moments > 0; }
+  /** @brief True when list @p k exists for parameters of type @p param_type. */
+  [[nodiscard]] constexpr bool has(chunk_kind k, dtype param_type) const noexcept {
+    switch (k) {
+      case chunk_kind::param: case chunk_kind::grad: return true;
+      case chunk_kind::master: return master && param_type != dtype::f32;
+      case chunk_kind::momentum: return moments >= 1;
+      case chunk_kind::variance: return moments >= 2;
+    }
+    return false;
+  }
+};
+
 /** @brief Which lists to build and with which element types. */
 struct chunk_list_options {
   dtype param_type = dtype::f32;  ///< compute precision; grads use it too
   grad_storage grads = grad_storage::separate;
-  bool optimizer_state = true;    ///< master (only when param_type != f32), momentum, variance
+  optimizer_state_lists optimizer_state{};  ///< default: Adam's (master for 16-bit params, momentum, variance)
 };
 
 /** @brief One list of the parallel family: `num_chunks` chunks of `chunk_bytes` each, sharing
@@ -105,19 +136,16 @@ struct chunk_list_desc {
   bool aliases_param = false;  ///< grad list stored in the param chunks (grad_storage::shared_with_param)
 };
 
-/** @brief The parallel lists for @p plan: param, grad, then (with optimizer state) master — an fp32
- *  param list needs no separate master — momentum and variance; all with identical slots. */
+/** @brief The parallel lists for @p plan: param, grad, then the optimizer-state lists the options
+ *  describe (master — an fp32 param list needs no separate master —, momentum, variance); all with
+ *  identical slots. */
 inline std::vector<chunk_list_desc> make_chunk_lists(const chunk_plan& plan, const chunk_list_options& o) {
   std::vector<chunk_list_desc> lists;
-  auto add = [&](chunk_kind k, dtype t, bool alias) {
-    lists.push_back({k, t, plan.chunk_elems * dtype_size(t), plan.num_chunks, alias});
-  };
-  add(chunk_kind::param, o.param_type, false);
-  add(chunk_kind::grad, o.param_type, o.grads == grad_storage::shared_with_param);
-  if (o.optimizer_state) {
-    if (o.param_type != dtype::f32) add(chunk_kind::master, dtype::f32, false);
-    add(chunk_kind::momentum, dtype::f32, false);
-    add(chunk_kind::variance, dtype::f32, false);
+  for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) {
+    if (!o.optimizer_state.has(k, o.param_type)) continue;
+    const dtype t = k == chunk_kind::param || k == chunk_kind::grad ? o.param_type : dtype::f32;
+    lists.push_back({k, t, plan.chunk_elems * dtype_size(t), plan.num_chunks,
+                     k == chunk_kind::grad && o.grads == grad_storage::shared_with_param});
   }
   return lists;
 }

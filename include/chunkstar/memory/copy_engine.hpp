@@ -32,6 +32,11 @@ inline constexpr std::size_t copy_direction_count = 3;
   return "?";
 }
 
+/** @brief The stream of a host platform: user work on host-accessible memory runs on the calling
+ *  thread, so it is complete when the call that did it returns, and nothing needs ordering.
+ *  Engines of such platforms offer `record(host_stream)`, an already ready handle. */
+struct host_stream {};
+
 /** @brief A modelled link between host and (simulated) device: a copy of `b` bytes takes at least
  *  `latency_s + b / bandwidth_bytes_per_s`. A zero bandwidth means "not modelled". */
 struct copy_model {

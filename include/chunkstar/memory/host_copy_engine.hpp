@@ -105,6 +105,10 @@ class host_copy_engine {
     (void)enqueue(d, job{wait_quietly, {}, 0, false});
   }
 
+  /** @brief A handle for "the user's work so far": on the host that work ran on the calling
+   *  thread and is complete, so the handle is ready (the stream contract, trivially). */
+  [[nodiscard]] host_copy_handle record(host_stream) const noexcept { return {}; }
+
   /** @brief Runs `f` on `d`'s worker, in order with that direction's copies (for example a host-side
    *  conversion that must follow a copy). Not counted in stats, not paced; an exception from `f`
    *  is rethrown by the handle's wait(). */

@@ -17,6 +17,8 @@ namespace chunkstar {
 /** @brief What the runtime tells a placement policy. Bytes throughout. Chunk payloads with a
  *  transfer in flight count as resident: they already occupy their destination. */
 struct placement_inputs {
+  std::size_t moment = 0;               ///< the moment asked about: its index in the iteration (the trace's, when ready)
+  moment_kind kind = moment_kind::forward;  ///< what that moment is: forward, backward or the optimizer step
   std::size_t device_capacity = 0;      ///< the compute tier's budget (chunks + non-model data)
   std::size_t non_model_now = 0;        ///< non-model bytes live now
   bool trace_ready = false;             ///< the fields below are from a trace only when true
@@ -32,8 +34,10 @@ struct placement_inputs {
 /** @brief The `PlacementPolicy` concept.
  *
  *  Required expressions, for `p` a `const P&`, `in` a `const placement_inputs&`, `c` a `std::size_t`:
- *  1. `p.chunk_budget(in)` → `std::size_t`: bytes of chunks the compute tier may hold at the
- *     current moment. The runtime never exceeds `device_capacity - non_model_now` whatever this
+ *  1. `p.chunk_budget(in)` → `std::size_t`: bytes of chunks the compute tier may hold at moment
+ *     `in.moment` (the current one, or a coming one when the prefetcher plans ahead; `in.kind`
+ *     says whether it is forward, backward or the optimizer step, so a policy may budget each
+ *     phase differently). The runtime never exceeds `device_capacity - non_model_now` whatever this
  *     says, and always admits the open scope's working set (or fails with a typed error).
  *  2. `p.optimizer_tier(in, c)` → `tier`: `tier::device` or `tier::host`, where chunk index `c`'s
  *     optimizer step runs. Must depend only on `in` and `c` (deterministic).

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 namespace chunkstar {
@@ -77,33 +78,39 @@ class chunk_adam {
   /** @brief One optimizer step at learning rate @p lr. Gradients were accumulated over
    *  @p micro_batches backward passes of a loss multiplied by loss_scale(); they are averaged,
    *  unscaled and clipped inside the fused update. On overflow the step is skipped, the gradients
-   *  dropped and the iteration ended. A collective when the runtime has several ranks. */
+   *  dropped and the iteration ended. The global norm: the local gradients' norm, summed over ranks
+   *  when the runtime's gradients are sharded (`gradient_mode::sharded`: a collective), taken as it
+   *  is when they are local or replicated (every rank holds the same sum).
+   *  After a throw (no room, a failed copy...), call step() again with the same arguments: it
+   *  finishes that step with the norm, clip and scale already decided, so every chunk is updated
+   *  exactly once; `abandon()` forgets it instead. */
   template <class Runtime>
   optimizer_step_result step(Runtime& rt, float lr, int micro_batches = 1) {
     if (micro_batches < 1) throw config_error("chunk_adam::step: micro_batches must be >= 1, got " + std::to_string(micro_batches));
-    optimizer_step_result r;
-    r.loss_scale = scaler_.scale();
-    const float unscale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches));
-
-    grad_stats local;
-    rt.for_each_grad_chunk([&](const step_chunk& c) {
-      local += scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where);
-    });
-    // One collective gives both answers: a rank with inf/NaN makes the global sum non-finite.
-    double sum_sq = local.sum_sq;
-    rt.communicator().allreduce(std::span<double>(&sum_sq, 1), reduce_op::sum);
-    r.grad_norm = std::sqrt(sum_sq);
-    const bool overflow = !std::isfinite(sum_sq);
-    if (!scaler_.update(overflow)) {
-      rt.zero_grad();
-      rt.end_iteration();
-      return r;
+    if (!pending_) {
+      optimizer_step_result r;
+      r.loss_scale = scaler_.scale();
+      const float unscale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches));
+      grad_stats local;
+      rt.for_each_grad_chunk([&](const step_chunk& c) {
+        local += scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where);
+      });
+      // One collective gives both answers: a rank with inf/NaN makes the global sum non-finite.
+      double sum_sq = local.sum_sq;
+      if (rt.gradients() == gradient_mode::sharded) rt.communicator().allreduce(std::span<double>(&sum_sq, 1), reduce_op::sum);
+      r.grad_norm = std::sqrt(sum_sq);
+      const bool overflow = !std::isfinite(sum_sq);
+      if (!scaler_.update(overflow)) {
+        rt.zero_grad();
+        rt.end_iteration();
+        return r;
+      }
+      if (options_.max_grad_norm > 0) r.clip_coefficient = clip_coefficient(sum_sq, options_.max_grad_norm).coefficient;
+      adam_hyper base = options_.hyper;
+      base.lr = lr;
+      pending_ = pending{r, base, {.step = steps_ + 1, .grad_scale = unscale * r.clip_coefficient, .threads = options_.threads}};
     }
-    if (options_.max_grad_norm > 0) r.clip_coefficient = clip_coefficient(sum_sq, options_.max_grad_norm).coefficient;
-
-    adam_hyper base = options_.hyper;
-    base.lr = lr;
-    const adam_step_args args{.step = steps_ + 1, .grad_scale = unscale * r.clip_coefficient, .threads = options_.threads};
+    const pending p = *pending_;
     rt.step([&](const step_chunk& c) {
       const std::size_t ps = dtype_size(c.param_type);
       for (auto t : c.tensors) {
@@ -122,13 +129,19 @@ class chunk_adam {
         } else {  // fp32 params are their own master
           a.master = static_cast<float*>(c.param) + sl.offset;
         }
-        run_adam<Runtime>(a, groups_.hyper_for(c.specs[t], base), args, c.where);
+        run_adam<Runtime>(a, groups_.hyper_for(c.specs[t], p.base), p.args, c.where);
       }
     });
+    pending_.reset();
     ++steps_;
+    optimizer_step_result r = p.result;
     r.stepped = true;
     return r;
   }
+
+  /** @brief Forgets a step that threw part-way (see step()); the runtime's own progress is dropped
+   *  by its end_iteration(). */
+  void abandon() noexcept { pending_.reset(); }
 
  private:
   template <class Runtime>
@@ -145,10 +158,18 @@ class chunk_adam {
     else Kernels::adam(a, h, args);
   }
 
+  /** A step decided (norm, clip, scale) whose update has not finished. */
+  struct pending {
+    optimizer_step_result result;
+    adam_hyper base;
+    adam_step_args args;
+  };
+
   chunk_adam_options options_;
   param_groups groups_;
   Scaler scaler_;
   std::int64_t steps_ = 0;
+  std::optional<pending> pending_;
 };
 
 }  // namespace chunkstar

@@ -1,0 +1,533 @@
+/** @file
+ *  @brief `chunk_store`: the chunks themselves — one slot per chunk of every list, its payload, the
+ *         tier it lives in, the copy in flight into it, its pins — and the mechanics that change
+ *         them: allocate, move, zero-fill, release, wait, retire the buffers finished copies read.
+ *         It decides nothing: what moves where, and when, is the caller's choice.
+ *
+ *  Every operation gives the strong guarantee on the logical state (tier, payload, residency
+ *  counters): it changes it after its last call that can throw, so after a throw the chunk is where
+ *  it was. Decisions read only that logical state, never whether a copy happens to have finished,
+ *  so they are deterministic. The destructor waits for every copy and never throws.
+ */
+#pragma once
+
+#include <chunkstar/core/dtype.hpp>
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/core/memory_report.hpp>
+#include <chunkstar/core/units.hpp>
+#include <chunkstar/layout/chunk_layout.hpp>
+#include <chunkstar/memory/copy_engine.hpp>
+#include <chunkstar/memory/memory_space.hpp>
+#include <chunkstar/runtime/chunk_id.hpp>
+#include <chunkstar/runtime/platform.hpp>
+#include <chunkstar/runtime/runtime_stats.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace chunkstar {
+
+/** @brief Why a chunk moves (counted separately in runtime_stats). */
+enum class move_reason : std::uint8_t { load, evict, offload };
+
+/** @brief The chunks of a runtime on platform @p P. */
+template <Platform P>
+class chunk_store {
+ public:
+  using device_space_type = typename P::device_space;
+  using host_space_type = typename P::host_space;
+  using copy_engine_type = typename P::copy_engine;
+  using copy_handle = decltype(std::declval<copy_engine_type&>().copy_async(nullptr, nullptr, 0, copy_direction::to_device));
+
+  /** @brief Whether host code may dereference compute-tier payloads (the simulated device). */
+  static constexpr bool device_is_host_accessible = can_access_v<host_exec, device_space_type>;
+
+  /** @brief One chunk. `last_use` / `loaded_at` are ticks (see eviction_candidate). */
+  struct slot {
+    tier where = tier::free;              ///< logical tier; decisions use only logical state
+    void* data = nullptr;                 ///< payload in `where` (valid once `pending` is ready)
+    std::optional<copy_handle> pending;   ///< the copy (or zero fill) into `data`, until seen complete
+    std::optional<copy_handle> user_done; ///< the user's work on this payload (scope closed on a stream)
+    std::size_t last_use = 0;             ///< LRU tick of the latest access
+    std::size_t loaded_at = 0;            ///< tick of its arrival on its tier
+    std::uint32_t pinned = 0;             ///< open scopes / steps / collectives using it: never moves while > 0
+    bool prefetched = false;              ///< loaded ahead of its use and not used since
+    int owner = 0;                        ///< the rank that owns it (ZeRO)
+  };
+
+  chunk_store(device_space_type& device, host_space_type& host, copy_engine_type& copier, std::size_t alignment,
+              runtime_stats& stats)
+      : device_(device), host_(host), copier_(copier), alignment_(alignment), stats_(stats) {}
+
+  chunk_store(const chunk_store&) = delete;
+  chunk_store& operator=(const chunk_store&) = delete;
+
+  ~chunk_store() {
+    try {
+      copier_.synchronize();
+    } catch (...) {  // a failed copy was (or will never be) reported by its handle; free anyway
+    }
+    for (auto& r : retiring_) release(r);
+    for (std::size_t k = 0; k < num_chunk_kinds; ++k)
+      for (auto& s : lists_[k].chunks) free_payload(s, lists_[k].desc.chunk_bytes);
+  }
+
+  // --- shape ---------------------------------------------------------------------------------------
+  /** @brief Creates the slots of @p lists (all FREE); chunk c is owned by rank c mod @p world. */
+  void build(std::span<const chunk_list_desc> lists, int world) {
+    for (const auto& d : lists) {
+      auto& l = lists_[static_cast<std::size_t>(d.kind)];
+      l.present = true;
+      l.desc = d;
+      l.chunks.resize(d.num_chunks);
+      for (std::size_t c = 0; c < d.num_chunks; ++c) l.chunks[c].owner = static_cast<int>(c % static_cast<std::size_t>(world));
+      num_chunks_ = d.num_chunks;
+    }
+  }
+  [[nodiscard]] bool has(chunk_kind k) const noexcept { return lists_[static_cast<std::size_t>(k)].present; }
+  [[nodiscard]] const chunk_list_desc& desc(chunk_kind k) const { return lists_[static_cast<std::size_t>(k)].desc; }
+  [[nodiscard]] std::size_t bytes_of(chunk_kind k) const { return desc(k).chunk_bytes; }
+  [[nodiscard]] std::size_t num_chunks() const noexcept { return num_chunks_; }
+  [[nodiscard]] slot& at(chunk_id id) { return lists_[static_cast<std::size_t>(id.kind)].chunks.at(id.index); }
+  [[nodiscard]] const slot& at(chunk_id id) const { return lists_[static_cast<std::size_t>(id.kind)].chunks.at(id.index); }
+  /** @brief Calls `f(chunk_id, slot&)` for every chunk of every list, kinds in enum order. */
+  template <class F>
+  void for_each(F&& f) {
+    for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
+      if (!lists_[k].present) continue;
+      for (std::uint32_t c = 0; c < lists_[k].chunks.size(); ++c) f(chunk_id{static_cast<chunk_kind>(k), c}, lists_[k].chunks[c]);
+    }
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
+      if (!lists_[k].present) continue;
+      for (std::uint32_t c = 0; c < lists_[k].chunks.size(); ++c) f(chunk_id{static_cast<chunk_kind>(k), c}, lists_[k].chunks[c]);
+    }
+  }
+  /** @brief Bytes of every list's chunks (what device + host hold). */
+  [[nodiscard]] std::size_t model_bytes() const noexcept {
+    std::size_t b = 0;
+    for (const auto& l : lists_)
+      if (l.present && !l.desc.aliases_param) b += l.desc.chunk_bytes * l.desc.num_chunks;
+    return b;
+  }
+
+  // --- residency -----------------------------------------------------------------------------------
+  /** @brief Logical chunk payload bytes on tier @p t (a payload with a copy in flight counts where it goes). */
+  [[nodiscard]] std::size_t resident(tier t) const noexcept { return resident_[static_cast<std::size_t>(t)]; }
+  /** @brief Bytes of buffers on tier @p t that in-flight copies still read (freed when they land). */
+  [[nodiscard]] std::size_t retiring(tier t) const noexcept {
+    std::size_t b = 0;
+    for (const auto& r : retiring_)
+      if (r.buffer != nullptr && r.where == t) b += r.bytes;
+    return b;
+  }
+  /** @brief A new tick (accesses and arrivals share it, so ticks order events). */
+  std::size_t tick() noexcept { return ++tick_; }
+  [[nodiscard]] std::size_t current_tick() const noexcept { return tick_; }
+  /** @brief Chunk @p id is used now (LRU). */
+  void touch(chunk_id id) { at(id).last_use = tick(); }
+
+  // --- pins ----------------------------------------------------------------------------------------
+  void pin(chunk_id id) { ++at(id).pinned; }
+  void unpin(chunk_id id) noexcept { --lists_[static_cast<std::size_t>(id.kind)].chunks[id.index].pinned; }
+
+  /** @brief Pins a set of chunks for its lifetime (a scope, a step's chunk index, a collective):
+   *  an exception on the way out can never leave a chunk pinned. Move-only. */
+  class pin_set {
+   public:
+    pin_set() = default;
+    pin_set(chunk_store& store, std::vector<chunk_id> ids) : store_(&store), ids_(std::move(ids)) {
+      for (auto id : ids_) store_->pin(id);
+    }
+    pin_set(pin_set&& o) noexcept : store_(std::exchange(o.store_, nullptr)), ids_(std::move(o.ids_)) {}
+    pin_set& operator=(pin_set&& o) noexcept {
+      if (this != &o) {
+        reset();
+        store_ = std::exchange(o.store_, nullptr);
+        ids_ = std::move(o.ids_);
+      }
+      return *this;
+    }
+    ~pin_set() { reset(); }
+    void reset() noexcept {
+      if (store_)
+        for (auto id : ids_) store_->unpin(id);
+      store_ = nullptr;
+    }
+    [[nodiscard]] std::span<const chunk_id> ids() const noexcept { return ids_; }
+
+   private:
+    chunk_store* store_ = nullptr;
+    std::vector<chunk_id> ids_;
+  };
+
+  // --- mechanics -----------------------------------------------------------------------------------
+  /** @brief Gives chunk @p id a zeroed payload at finalize: on the host, spilling to the device
+   *  when the host is full (model data may exceed either tier alone). */
+  void allocate_initial(chunk_id id) {
+    auto& s = at(id);
+    const std::size_t bytes = bytes_of(id.kind);
+    tier got = tier::host;
+    void* p = host_.try_allocate(bytes, alignment_);
+    if (p == nullptr) {
+      p = device_.try_allocate(bytes, alignment_);
+      got = tier::device;
+    }
+    if (p == nullptr)
+      throw out_of_memory_error("model data does not fit: a chunk of " + format_bytes(bytes) + " found no room on the host or the device (model data " +
+                                    format_bytes(model_bytes()) + "). Raise the host space's capacity or the device space's, use a smaller model, "
+                                    "or fewer optimizer-state lists (runtime_options::optimizer_state)",
+                                bytes, report());
+    if (got == tier::host || device_is_host_accessible) {
+      std::memset(p, 0, bytes);
+    } else {
+      try {
+        copier_.zero_async(p, bytes).wait();
+      } catch (...) {
+        device_.deallocate(p, bytes, alignment_);
+        throw;
+      }
+    }
+    s.data = p;
+    s.where = got;
+    s.loaded_at = tick();
+    count(got, bytes, +1);
+  }
+
+  /** @brief Starts moving chunk @p id's payload to tier @p to (device or host). The logical tier
+   *  changes at once; the old buffer retires when the copy lands. A device destination takes a
+   *  free buffer when the device has room for it plus @p device_reserve bytes (what this moment's
+   *  activations may still need), else the buffer of an eviction still in flight (the load ordered
+   *  after it). @throws out_of_memory_error when @p to has no room; state_error if @p id is pinned. */
+  void move(chunk_id id, tier to, move_reason why, std::size_t device_reserve = 0) {
+    auto& s = at(id);
+    if (s.pinned)  // the invariant every caller must keep: a chunk in use never moves
+      throw state_error("internal: chunk " + to_string(id) + " is in use and cannot move to the " + std::string(tier_name(to)) +
+                        "; please report this as a chunkstar bug");
+    if (!holds_payload(s.where)) throw state_error("internal: chunk " + to_string(id) + " has no payload to move");
+    const std::size_t bytes = bytes_of(id.kind);
+    const auto dir = to == tier::device ? copy_direction::to_device : copy_direction::to_host;
+    retiring_.reserve(retiring_.size() + 2);  // recording the copy (or giving back a buffer) cannot throw
+    buffer dst = to == tier::device ? device_buffer(bytes, dir, device_reserve) : buffer{};
+    for (;;) {
+      if (dst.p == nullptr) dst.p = allocate_on(to, bytes);
+      if (dst.p != nullptr || !retire_one(to)) break;
+    }
+    if (dst.p == nullptr)
+      throw out_of_memory_error("no room on the " + std::string(tier_name(to)) + " for chunk " + to_string(id) + " (" + format_bytes(bytes) + ")" +
+                                    (to == tier::host ? ": host and device are both full; raise the host space's capacity"
+                                                      : ": the device is full of non-model data; raise the device space's capacity or lower the activation memory"),
+                                bytes, report());
+    std::optional<copy_handle> h;
+    try {
+      // Ordered after what still uses the source: the user's work on it, and its own last copy.
+      if (s.user_done) copier_.order_after(*s.user_done, dir);
+      if (s.pending && !s.pending->ready()) copier_.order_after(*s.pending, dir);
+      h = copier_.copy_async(dst.p, s.data, bytes, dir);
+    } catch (...) {
+      give_back(dst, to, bytes);
+      throw;
+    }
+    retiring_.push_back({*h, s.data, s.where, bytes, now_us()});
+    count(s.where, bytes, -1);
+    s.pending = std::move(h);
+    s.user_done.reset();
+    s.data = dst.p;
+    s.where = to;
+    s.loaded_at = tick();
+    count(to, bytes, +1);
+    (to == tier::device ? stats_.bytes_to_device : stats_.bytes_to_host) += bytes;
+    ++(why == move_reason::load ? stats_.loads : why == move_reason::evict ? stats_.evictions : stats_.offloads);
+  }
+
+  /** @brief Gives FREE chunk @p id a zeroed payload on @p where: on the device zeroed by the copy
+   *  engine's local lane (a memset off the critical path; the scope that uses it waits for it).
+   *  @p device_reserve as for move(). */
+  void materialise(chunk_id id, tier where, std::size_t device_reserve = 0) {
+    auto& s = at(id);
+    if (holds_payload(s.where)) throw state_error("internal: chunk " + to_string(id) + " already has a payload");
+    const std::size_t bytes = bytes_of(id.kind);
+    retiring_.reserve(retiring_.size() + 1);
+    buffer p = where == tier::device ? device_buffer(bytes, copy_direction::host_to_host, device_reserve) : buffer{};
+    for (;;) {
+      if (p.p == nullptr) p.p = allocate_on(where, bytes);
+      if (p.p != nullptr || !retire_one(where)) break;
+    }
+    if (p.p == nullptr)
+      throw out_of_memory_error("no room on the " + std::string(tier_name(where)) + " for chunk " + to_string(id) + " (" +
+                                    format_bytes(bytes) + "): raise that space's capacity",
+                                bytes, report());
+    std::optional<copy_handle> h;
+    if (where == tier::device) {
+      try {
+        h = copier_.zero_async(p.p, bytes);
+      } catch (...) {
+        give_back(p, where, bytes);
+        throw;
+      }
+    } else {
+      std::memset(p.p, 0, bytes);
+    }
+    s.data = p.p;
+    s.where = where;
+    s.pending = std::move(h);
+    s.loaded_at = tick();
+    count(where, bytes, +1);
+    ++stats_.materialised;
+  }
+
+  /** @brief Drops chunk @p id's payload (FREE; a gradient after its step). Waits for a copy into
+   *  it first; a failed copy is dropped with the payload. */
+  void release(chunk_id id) noexcept {
+    auto& s = at(id);
+    if (!holds_payload(s.where)) return;
+    if (s.pending) {
+      try {
+        s.pending->wait();
+      } catch (...) {  // the payload is discarded: its copy's failure no longer matters
+      }
+      s.pending.reset();
+    }
+    count(s.where, bytes_of(id.kind), -1);
+    free_payload(s, bytes_of(id.kind));
+    s.user_done.reset();
+    s.prefetched = false;
+  }
+
+  /** @brief Waits until chunk @p id's payload has arrived (stall time counted); rethrows a failed
+   *  copy (the payload is then not valid; the chunk keeps its tier). */
+  void wait(chunk_id id) { wait(at(id)); }
+  void wait(slot& s) {
+    if (!s.pending) return;
+    if (!s.pending->ready()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      s.pending->wait();
+      stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    s.pending->wait();
+    s.pending.reset();
+  }
+
+  /** @brief Frees the buffers of finished copies and forgets finished slot copies; never waits. */
+  void retire_completed() {
+    std::erase_if(retiring_, [&](retiring_buffer& r) {
+      if (!r.done.ready()) return false;
+      release(r);
+      return true;
+    });
+    for (auto& l : lists_)
+      for (auto& s : l.chunks)
+        if (s.pending && s.pending->ready()) wait(s);
+  }
+
+  /** @brief Frees the buffers on tier @p t whose copies are done, or else waits for the oldest copy
+   *  still reading one; false if no copy reads a buffer on @p t. */
+  bool retire_one(tier t) {
+    const auto before = retiring_.size();
+    retire_completed();
+    if (retiring_.size() != before) return true;
+    for (auto& r : retiring_) {
+      if (r.buffer == nullptr || r.where != t) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      r.done.wait();
+      stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      retire_completed();
+      return true;
+    }
+    return false;
+  }
+
+  /** @brief The user's work up to @p done uses chunk @p id's payload: its next move waits for it. */
+  void order_after_user(chunk_id id, const copy_handle& done) { at(id).user_done = done; }
+
+  /** @brief Restarts the chunk and device peaks of the stats from the current levels. */
+  void restart_peaks() noexcept {
+    stats_.peak_device_bytes = device_.used();
+    stats_.peak_device_chunk_bytes = resident(tier::device);
+    stats_.peak_host_chunk_bytes = resident(tier::host);
+  }
+  /** @brief Records the device space's use in `peak_device_bytes` (call after allocating from it). */
+  void note_device_peak() noexcept { stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_.used()); }
+
+  // --- bytes -----------------------------------------------------------------------------------
+  /** @brief Copies @p out.size() bytes at byte @p offset of chunk @p id's payload into @p out
+   *  (wherever it lives; waits for its copy). */
+  void read(chunk_id id, std::size_t offset, std::span<std::byte> out) {
+    auto& s = at(id);
+    wait(s);
+    const std::byte* src = static_cast<const std::byte*>(s.data) + offset;
+    if (s.where == tier::device && !device_is_host_accessible) copier_.copy(out.data(), src, out.size(), copy_direction::to_host);
+    else std::memcpy(out.data(), src, out.size());
+  }
+  /** @brief Writes @p in at byte @p offset of chunk @p id's payload (wherever it lives). */
+  void write(chunk_id id, std::size_t offset, std::span<const std::byte> in) {
+    auto& s = at(id);
+    wait(s);
+    std::byte* dst = static_cast<std::byte*>(s.data) + offset;
+    if (s.where == tier::device && !device_is_host_accessible) copier_.copy(dst, in.data(), in.size(), copy_direction::to_device);
+    else std::memcpy(dst, in.data(), in.size());
+  }
+
+  /** @brief Reads @p out.size() elements at element @p offset of chunk @p id as fp32 (a FREE chunk
+   *  reads as zeros), wherever the payload lives. */
+  void read_values(chunk_id id, std::size_t offset, std::span<float> out) {
+    if (at(id).where == tier::free) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      return;
+    }
+    const dtype t = desc(id.kind).type;
+    std::vector<std::byte> staging(out.size() * dtype_size(t));
+    read(id, offset * dtype_size(t), staging);
+    widen_to_float(staging.data(), t, out);
+  }
+  /** @brief Writes @p in (narrowed with RNE) at element @p offset of chunk @p id; a FREE chunk gets
+   *  a zeroed payload on the host first. */
+  void write_values(chunk_id id, std::size_t offset, std::span<const float> in) {
+    if (at(id).where == tier::free) materialise(id, tier::host);
+    const dtype t = desc(id.kind).type;
+    std::vector<std::byte> staging(in.size() * dtype_size(t));
+    narrow_from_float(in, t, staging.data());
+    write(id, offset * dtype_size(t), staging);
+  }
+
+  /** @brief What is wrong with the bookkeeping (empty: nothing). @p pins_allowed: scopes or a
+   *  step are open, so chunks may be pinned. */
+  [[nodiscard]] std::vector<std::string> violations(bool pins_allowed, std::size_t non_model) const {
+    std::vector<std::string> v;
+    std::array<std::size_t, num_tiers> sum{};
+    for_each([&](chunk_id id, const slot& s) {
+      if (holds_payload(s.where) != (s.data != nullptr)) v.push_back(to_string(id) + ": payload and tier disagree");
+      if (holds_payload(s.where)) sum[static_cast<std::size_t>(s.where)] += bytes_of(id.kind);
+      if (s.pinned && !pins_allowed) v.push_back(to_string(id) + " is pinned with no scope or step open");
+    });
+    for (auto t : {tier::device, tier::host, tier::disk})
+      if (sum[static_cast<std::size_t>(t)] != resident(t)) v.push_back("resident bytes on the " + std::string(tier_name(t)) + " disagree with the slots");
+    if (device_.used() < resident(tier::device) + retiring(tier::device) + non_model)
+      v.push_back("the device space holds less than the runtime accounts for");
+    return v;
+  }
+
+  // --- reports ---------------------------------------------------------------------------------
+  [[nodiscard]] memory_report report() const {
+    memory_report r;
+    r.spaces.push_back(device_.usage());
+    r.spaces.push_back(host_.usage());
+    return r;
+  }
+  device_space_type& device() noexcept { return device_; }
+  host_space_type& host() noexcept { return host_; }
+  copy_engine_type& copier() noexcept { return copier_; }
+
+  /** @brief Called with (submitted µs, now µs, source tier) for every copy whose buffer retires. */
+  std::function<void(double, tier)> on_copy_retired;
+  /** @brief Clock of the observer (µs), for copy spans; none: 0. */
+  std::function<double()> clock;
+
+ private:
+  /** A payload buffer an in-flight copy still reads (the chunk has moved on); freed once `done`. */
+  struct retiring_buffer {
+    copy_handle done;
+    void* buffer = nullptr;  // null once a load took it over (device_buffer)
+    tier where = tier::free;
+    std::size_t bytes = 0;
+    double submitted_us = 0;
+  };
+  struct list {
+    bool present = false;
+    chunk_list_desc desc;
+    std::vector<slot> chunks;
+  };
+
+  double now_us() const { return clock ? clock() : 0.0; }
+
+  void* allocate_on(tier t, std::size_t bytes) {
+    return t == tier::device ? device_.try_allocate(bytes, alignment_) : host_.try_allocate(bytes, alignment_);
+  }
+  void free_on(tier t, void* p, std::size_t bytes) noexcept {
+    if (p == nullptr) return;
+    if (t == tier::device) device_.deallocate(p, bytes, alignment_);
+    else host_.deallocate(p, bytes, alignment_);
+  }
+  void free_payload(slot& s, std::size_t bytes) noexcept {
+    if (s.data == nullptr) return;
+    free_on(s.where, s.data, bytes);
+    s.data = nullptr;
+    s.where = tier::free;
+  }
+  void release(retiring_buffer& r) noexcept {
+    if (r.buffer != nullptr) {
+      free_on(r.where, r.buffer, r.bytes);
+      r.buffer = nullptr;
+    }
+    if (on_copy_retired) {
+      try {
+        on_copy_retired(r.submitted_us, r.where);
+      } catch (...) {  // an observer must not break memory management
+      }
+    }
+  }
+
+  /** A buffer for a new payload; `reused` holds the copy that still reads it when it was taken
+   *  over from an eviction in flight. */
+  struct buffer {
+    void* p = nullptr;
+    std::optional<copy_handle> reused;
+  };
+
+  /** Undoes getting @p b after a failure: a taken-over buffer goes back to retire with its copy
+   *  (capacity was reserved), a fresh one is freed. */
+  void give_back(buffer& b, tier t, std::size_t bytes) noexcept {
+    if (b.p == nullptr) return;
+    if (b.reused) retiring_.push_back({*b.reused, b.p, t, bytes, now_us()});
+    else free_on(t, b.p, bytes);
+    b.p = nullptr;
+  }
+
+  /** A device buffer of @p bytes for a job on @p lane that never blocks the caller: a free one when
+   *  the device has room for it and for @p reserve more bytes; else the buffer of the oldest
+   *  eviction still in flight (same size), with @p lane ordered after that eviction's copy; else a
+   *  free one if any. Null when none exists. */
+  buffer device_buffer(std::size_t bytes, copy_direction lane, std::size_t reserve) {
+    if (device_.used() + bytes + reserve <= device_.capacity())
+      if (void* p = device_.try_allocate(bytes, alignment_)) return {p, std::nullopt};
+    for (auto& r : retiring_) {  // oldest first
+      if (r.buffer == nullptr || r.where != tier::device || r.bytes != bytes) continue;
+      copier_.order_after(r.done, lane);
+      ++stats_.buffer_reuses;
+      return {std::exchange(r.buffer, nullptr), r.done};  // the eviction no longer frees it: it is ours
+    }
+    return {device_.try_allocate(bytes, alignment_), std::nullopt};
+  }
+
+  void count(tier t, std::size_t bytes, int sign) noexcept {
+    auto& r = resident_[static_cast<std::size_t>(t)];
+    r = sign > 0 ? r + bytes : r - bytes;
+    stats_.peak_device_chunk_bytes = std::max(stats_.peak_device_chunk_bytes, resident(tier::device));
+    stats_.peak_host_chunk_bytes = std::max(stats_.peak_host_chunk_bytes, resident(tier::host));
+    note_device_peak();
+  }
+
+  device_space_type& device_;
+  host_space_type& host_;
+  copy_engine_type& copier_;
+  std::size_t alignment_;
+  runtime_stats& stats_;
+  std::array<list, num_chunk_kinds> lists_;
+  std::vector<retiring_buffer> retiring_;  // buffers in-flight copies still read, oldest first
+  std::array<std::size_t, num_tiers> resident_{};
+  std::size_t num_chunks_ = 0;
+  std::size_t tick_ = 0;
+};
+
+}  // namespace chunkstar

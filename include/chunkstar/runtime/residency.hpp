@@ -1,0 +1,306 @@
+/** @file
+ *  @brief `residency_manager`: which chunks are on the compute tier at each moment. It asks the
+ *         placement for budgets and the eviction strategy for victims (among candidates it
+ *         filters: never a pinned chunk or one the current moment needs), makes a moment's chunks
+ *         resident (evicting as needed), and carries out the prefetch planner's transfers. The
+ *         chunk store moves the bytes.
+ *
+ *  After a throw (no room, a copy engine or policy that throws) every chunk is in a consistent
+ *  tier: the moves done before the failure stand, the failed one did not happen, nothing is pinned
+ *  by the manager (it never pins).
+ */
+#pragma once
+
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/core/units.hpp>
+#include <chunkstar/eviction/eviction_strategy.hpp>
+#include <chunkstar/placement/placement_policy.hpp>
+#include <chunkstar/runtime/chunk_store.hpp>
+#include <chunkstar/runtime/non_model.hpp>
+#include <chunkstar/runtime/prefetch_planner.hpp>
+#include <chunkstar/tracer/tracer.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+namespace chunkstar {
+
+/** @brief Budgets, victims and residency on the compute tier. */
+template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
+class residency_manager {
+ public:
+  using store_type = chunk_store<P>;
+
+  residency_manager(store_type& store, const Placement& placement, const Eviction& eviction, const TracerT& tracer,
+                    const compute_level& level, std::size_t prefetch_depth, runtime_stats& stats)
+      : store_(store), placement_(placement), eviction_(eviction), tracer_(tracer), level_(level), depth_(prefetch_depth),
+        stats_(stats) {}
+
+  // --- budgets -------------------------------------------------------------------------------------
+  /** @brief The placement's view at moment @p m (the current non-model use is today's). */
+  [[nodiscard]] placement_inputs inputs(std::size_t m) const {
+    placement_inputs in;
+    in.moment = m;
+    in.device_capacity = store_.device().capacity();
+    in.non_model_now = level_.non_model;
+    in.trace_ready = trace_ready();
+    in.kind = in.trace_ready ? tracer_.kind_of(m) : level_.kind;
+    if (in.trace_ready) {
+      // The current moment's peak from here on (it falls once its activations are freed).
+      in.non_model_peak_here = m == tracer_.current_moment() ? tracer_.non_model_peak_from(m, level_.changes) : tracer_.non_model_peak(m);
+      in.non_model_peak_next = tracer_.non_model_peak(m + 1);
+      in.non_model_peak_max = trace_peak_max();
+    }
+    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) {
+      if (!store_.has(k)) continue;
+      const auto& d = store_.desc(k);
+      in.total_chunk_bytes += d.chunk_bytes * d.num_chunks;
+      in.step_chunk_bytes += d.chunk_bytes;
+      if (k == chunk_kind::param || k == chunk_kind::grad) in.compute_chunk_bytes += d.chunk_bytes * d.num_chunks;
+    }
+    in.num_chunks = store_.num_chunks();
+    return in;
+  }
+  [[nodiscard]] placement_inputs inputs() const { return inputs(tracer_.current_moment()); }
+
+  /** @brief Chunk bytes the compute tier may hold at moment @p m: the policy's budget, never above
+   *  what the device has left after non-model data. */
+  [[nodiscard]] std::size_t budget_at(std::size_t m) const {
+    const auto in = inputs(m);
+    return std::min(placement_.chunk_budget(in), room_after(in.device_capacity, in.non_model_now));
+  }
+  [[nodiscard]] std::size_t budget_now() const { return budget_at(tracer_.current_moment()); }
+
+  /** @brief Non-model bytes the trace says this moment (or the next) may still allocate: room a
+   *  new chunk buffer must leave free. */
+  [[nodiscard]] std::size_t device_reserve() const {
+    if (!trace_ready()) return 0;
+    const auto m = tracer_.current_moment();
+    return room_after(std::max(tracer_.non_model_peak(m), tracer_.non_model_peak(m + 1)), level_.non_model);
+  }
+
+  /** @brief Where chunk index @p c's optimizer step runs (the placement's choice). */
+  [[nodiscard]] tier optimizer_tier(std::size_t c) const { return placement_.optimizer_tier(inputs(), c); }
+
+  // --- the demand path -----------------------------------------------------------------------------
+  /** @brief Makes every chunk in @p ids resident on the compute tier within the budget, evicting
+   *  victims the strategy picks, and waits for them (a chunk loaded ahead counts a prefetch hit).
+   *  @p who names the scope in errors. */
+  void make_resident_on_device(std::span<const chunk_id> ids, std::string_view who, std::size_t m) {
+    const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
+    std::size_t working = 0;
+    for (auto id : ids) working += store_.bytes_of(id.kind);
+    const std::size_t hard = room_after(store_.device().capacity(), level_.non_model);
+    if (working > hard)
+      throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(working) +
+                                    " of chunks on the compute tier but only " + format_bytes(hard) +
+                                    " is left after non-model data: give the device space at least " +
+                                    format_bytes(working + level_.non_model) +
+                                    " (its capacity), or use smaller chunks (fixed_layout_options::chunk_elems, "
+                                    "searched_layout_options::max_chunk_elems)",
+                                working, report());
+    const std::size_t budget = std::max(budget_now(), working);
+    for (auto id : ids) {
+      auto& s = store_.at(id);
+      if (s.where == tier::device) continue;
+      // Within the budget if possible; the budget is soft (it anticipates later activations), only
+      // the device's room is hard.
+      while (store_.resident(tier::device) + store_.bytes_of(id.kind) > budget) {
+        if (evict_one(keep, m)) continue;
+        if (store_.resident(tier::device) + store_.bytes_of(id.kind) <= hard) break;
+        throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(working) +
+                                      " of chunks on the compute tier but nothing more can be evicted (every other chunk there is in use)",
+                                  working, report());
+      }
+      if (s.where == tier::free) {
+        store_.materialise(id, tier::device, device_reserve());
+      } else {
+        store_.move(id, tier::device, move_reason::load, device_reserve());
+        ++stats_.demand_loads;
+      }
+    }
+    // The budget may have shrunk since the last moment (the tide): give back the surplus now, before
+    // this moment's activations need it.
+    while (store_.resident(tier::device) > budget && evict_one(keep, m)) {
+    }
+    for (auto id : ids) {
+      auto& s = store_.at(id);
+      if (s.prefetched) {
+        ++stats_.prefetch_hits;
+        s.prefetched = false;
+      }
+      store_.wait(s);
+    }
+  }
+
+  /** @brief Makes chunk @p id resident on the host (a host-side optimizer step) and waits for it. */
+  void make_resident_on_host(chunk_id id) {
+    auto& s = store_.at(id);
+    if (s.where == tier::free) {
+      store_.materialise(id, tier::host);
+    } else if (s.where == tier::device) {
+      s.prefetched = false;
+      store_.move(id, tier::host, move_reason::offload);
+    }
+    store_.wait(s);
+  }
+
+  /** @brief Evicts one chunk from the compute tier (not pinned, not in @p keep), the victim the
+   *  strategy picks with next uses measured from moment @p reference (`never`: none). False when
+   *  nothing can go. */
+  bool evict_one(const std::unordered_set<chunk_id>& keep, std::size_t reference) {
+    collect_candidates(reference, [&](chunk_id id, const typename store_type::slot& s) {
+      return s.where == tier::device && !s.pinned && !keep.contains(id);
+    });
+    if (candidates_.empty()) return false;
+    const auto victim = candidates_[eviction_.pick(candidates_)].id;
+    store_.at(victim).prefetched = false;
+    store_.move(victim, tier::host, move_reason::evict);
+    return true;
+  }
+
+  /** @brief Makes room for @p bytes of non-model memory: finished copies retire first, then one
+   *  victim goes. False when nothing more can be freed. */
+  bool free_one_for_non_model() {
+    return store_.retire_one(tier::device) || evict_one({}, never);
+  }
+
+  // --- prefetch ------------------------------------------------------------------------------------
+  /** @brief Starts now the transfers the demand path will make at the coming moments of the trace
+   *  (see plan_prefetch), never loading a chunk for which @p skip returns true. An optimisation:
+   *  a transfer that fails (no room, a copy engine error) ends the prefetch and is left to the
+   *  demand path, which reports it; internal errors propagate. */
+  template <class Skip>
+  void prefetch(std::size_t m, Skip&& skip) {
+    if (depth_ == 0 || !trace_ready() || m == never) return;
+    std::vector<transfer_op> ops;
+    try {
+      needs_.refresh(tracer_);
+      ops = plan_prefetch(snapshot(m), tracer_, needs_, eviction_, budgets(), skip);
+    } catch (const state_error&) {
+      throw;
+    } catch (const std::exception&) {
+      return;  // a policy that failed plans nothing now; the demand path will ask it again
+    }
+    for (const auto& op : ops) {
+      try {
+        carry_out(op);
+      } catch (const state_error&) {
+        throw;
+      } catch (const std::exception&) {
+        return;
+      }
+    }
+  }
+  void prefetch(std::size_t m) {
+    prefetch(m, [](chunk_id) { return false; });
+  }
+
+  /** @brief Loads chunk @p id ahead of its use (counted as a prefetch; a scope finding it counts a
+   *  hit). @p touch: for LRU, a chunk the prefetcher just fetched is not the stalest. */
+  void load_ahead(chunk_id id, bool touch = true) {
+    store_.move(id, tier::device, move_reason::load, device_reserve());
+    auto& s = store_.at(id);
+    s.prefetched = true;
+    if (touch) s.last_use = store_.tick();
+    ++stats_.prefetches;
+  }
+
+  /** @brief The memory report of the stores' spaces plus the runtime's view. */
+  [[nodiscard]] memory_report report() const {
+    memory_report r = store_.report();
+    r.spaces.push_back({"chunks on device", store_.device().capacity(), store_.resident(tier::device), stats_.peak_device_chunk_bytes, 0});
+    r.spaces.push_back({"non-model on device", store_.device().capacity(), level_.non_model, stats_.peak_non_model_bytes, 0});
+    return r;
+  }
+
+ private:
+  [[nodiscard]] bool trace_ready() const { return tracer_.ready() && !level_.untraced; }
+
+  /** The trace's highest non-model peak; recomputed only when the trace or a recorded peak changed. */
+  [[nodiscard]] std::size_t trace_peak_max() const {
+    const auto st = tracer_.stats();
+    const std::pair<std::size_t, std::size_t> key{st.traces, st.memory_divergences};
+    if (key != peak_max_key_) {
+      peak_max_ = 0;
+      for (std::size_t i = 0; i < tracer_.num_moments(); ++i) peak_max_ = std::max(peak_max_, tracer_.non_model_peak(i));
+      peak_max_key_ = key;
+    }
+    return peak_max_;
+  }
+
+  /** Fills candidates_ with the chunks @p eligible accepts, next uses measured from @p reference. */
+  template <class Eligible>
+  void collect_candidates(std::size_t reference, Eligible&& eligible) {
+    candidates_.clear();
+    store_.for_each([&](chunk_id id, const typename store_type::slot& s) {
+      if (!eligible(id, s)) return;
+      std::size_t next = never;
+      if constexpr (Eviction::uses_trace) {
+        if (reference != never) next = tracer_.next_use(id, reference);
+      }
+      candidates_.push_back({id, store_.bytes_of(id.kind), s.last_use, next, s.loaded_at});
+    });
+  }
+
+  [[nodiscard]] prefetch_snapshot snapshot(std::size_t m) const {
+    prefetch_snapshot s;
+    s.moment = m;
+    s.per_kind = store_.num_chunks();
+    s.chunks.resize(num_chunk_kinds * s.per_kind);
+    store_.for_each([&](chunk_id id, const typename store_type::slot& sl) {
+      s.bytes[static_cast<std::size_t>(id.kind)] = store_.bytes_of(id.kind);
+      s.chunks[s.dense(id)] = {sl.where, sl.pinned > 0, sl.last_use, sl.loaded_at};
+      if (sl.where == tier::device && sl.prefetched && sl.pending && !sl.pending->ready()) ++s.in_flight;
+    });
+    s.device_resident = store_.resident(tier::device);
+    s.tick = store_.current_tick();
+    s.releasing = level_.releasing;
+    s.fits = budget_now();
+    s.depth = depth_;
+    return s;
+  }
+
+  [[nodiscard]] prefetch_budgets budgets() const {
+    return {[this](std::size_t k) {
+              auto at_k = inputs(k);
+              at_k.non_model_now = tracer_.non_model_peak(k);  // its use when it opens is within its recorded peak
+              return placement_.chunk_budget(at_k);
+            },
+            [this](std::size_t k) { return budget_at(k); }};
+  }
+
+  void carry_out(const transfer_op& op) {
+    switch (op.what) {
+      case transfer_op::kind::evict:
+        store_.at(op.id).prefetched = false;
+        store_.move(op.id, tier::host, move_reason::evict);
+        break;
+      case transfer_op::kind::load: load_ahead(op.id); break;
+      case transfer_op::kind::zero:
+        store_.materialise(op.id, tier::device, device_reserve());  // a zero fill, not a transfer (no hit)
+        store_.touch(op.id);  // like a fetched chunk: prepared now, not the stalest
+        break;
+    }
+  }
+
+  store_type& store_;
+  const Placement& placement_;
+  const Eviction& eviction_;
+  const TracerT& tracer_;
+  const compute_level& level_;
+  std::size_t depth_;
+  runtime_stats& stats_;
+  std::vector<eviction_candidate> candidates_;
+  trace_needs needs_;
+  mutable std::size_t peak_max_ = 0;
+  mutable std::pair<std::size_t, std::size_t> peak_max_key_{never, never};
+};
+
+}  // namespace chunkstar

@@ -1,0 +1,32 @@
+/** @file
+ *  @brief `runtime_options`: the numeric knobs of a chunk runtime (values, not types), and
+ *         `gradient_mode`, how the gradients of several ranks relate.
+ */
+#pragma once
+
+#include <chunkstar/core/dtype.hpp>
+#include <chunkstar/layout/chunk_layout.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace chunkstar {
+
+/** @brief How gradients relate across ranks, which decides how the global gradient norm is formed:
+ *  `local` — each rank's gradients are its own (one rank, or independent ranks): norm of the local
+ *  gradients; `replicated` — every rank holds the same, already summed gradients (data parallelism
+ *  with all-reduced gradients, see data_parallel.hpp): the local norm is the global one;
+ *  `sharded` — each rank holds a distinct part (ZeRO): the squared norms are summed over ranks. */
+enum class gradient_mode : std::uint8_t { local, replicated, sharded };
+
+/** @brief Numeric knobs of a runtime (values, not types). */
+struct runtime_options {
+  dtype param_type = dtype::f32;                ///< compute precision of params and grads
+  optimizer_state_lists optimizer_state{};      ///< which optimizer-state lists exist (default Adam's; false: none)
+  std::size_t prefetch_depth = 2;               ///< most loads in flight ahead of the next moment; 0 turns prefetch off
+  std::size_t payload_alignment = 4096;         ///< alignment of chunk payloads (copies and SIMD like it)
+  bool timeline = false;                        ///< record a Chrome-trace timeline (see `timeline_recorder()`)
+  gradient_mode gradients = gradient_mode::local;  ///< how the gradients of ranks relate (the norm)
+};
+
+}  // namespace chunkstar
