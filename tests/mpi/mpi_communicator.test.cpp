@@ -1,4 +1,5 @@
-// mpi_communicator: the Communicator conformance suite on every MPI rank, bit-identity with
+// mpi_communicator: the installed Communicator conformance checks on every MPI rank (as doctest
+// cases, and framework-free with the ranks' verdicts allreduced), bit-identity with
 // in_process_group, and MPI failures surfacing as communication_error.
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/mpi/mpi_communicator.hpp>
@@ -44,6 +45,16 @@ struct mpi_fixture {
 
 CHUNKSTAR_COMM_CONFORMANCE(mpi_fixture);
 
+TEST_CASE("mpi_communicator conformance without a test framework: each rank reports, an allreduce combines") {
+  mpi_communicator& comm = world();
+  const auto report = chunkstar::testing::check_communicator(comm);
+  CHECK_MESSAGE(report.ok(), report.to_string());
+  // What a user's MPI program does with its ranks' reports: one verdict for the job.
+  double failed = static_cast<double>(report.failed);
+  comm.allreduce(std::span<double>(&failed, 1), reduce_op::sum);
+  CHECK(failed == 0.0);
+}
+
 TEST_CASE("mpi_communicator gives the same bits as in_process_group for the same inputs") {
   mpi_communicator& comm = world();
   const int n = comm.size();
@@ -55,7 +66,7 @@ TEST_CASE("mpi_communicator gives the same bits as in_process_group for the same
     auto input = [&](int rank) {
       std::vector<std::byte> bytes(count * dtype_size(t));
       for (std::size_t i = 0; i < count; ++i) {
-        const float v = comm_test::test_value(seed, rank, i);
+        const float v = chunkstar::testing::communicator_test_value(seed, rank, i);
         const std::uint16_t half = t == dtype::f16 ? float16(v).bits : bfloat16(v).bits;
         if (t == dtype::f32) std::memcpy(bytes.data() + i * 4, &v, 4);
         else std::memcpy(bytes.data() + i * 2, &half, 2);

@@ -1,40 +1,54 @@
-// ChunkLayout: the conformance suite for both models, then what is particular to each: the
-// next-fit rule, option validation, and the searched layout's optimality against brute force.
+// ChunkLayout: the installed conformance check (chunkstar/testing/layout_conformance.hpp) for both
+// models, for a layout written here as a user would, and against broken layouts it must reject;
+// then what is particular to each model: the next-fit rule, option validation, messages, and the
+// searched layout's optimality against brute force.
 #include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
 #include <chunkstar/layout/searched_chunk_layout.hpp>
-
-#include <support/layout_conformance.hpp>
+#include <chunkstar/testing/layout_conformance.hpp>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace chunkstar;
-using chunkstar::testing::plan_law_violation;
+using chunkstar::testing::for_each_small_layout_case;
 using chunkstar::testing::spec_of_numel;
 
-template <>
-struct chunkstar::testing::layout_conformance_traits<fixed_chunk_layout> {
-  static fixed_chunk_layout make(std::size_t max_chunk_elems, std::size_t align) {
-    return fixed_chunk_layout({.chunk_elems = max_chunk_elems, .align_elems = align});
-  }
-};
+namespace {
 
-template <>
-struct chunkstar::testing::layout_conformance_traits<searched_chunk_layout> {
-  static searched_chunk_layout make(std::size_t max_chunk_elems, std::size_t align) {
-    return searched_chunk_layout(
-        {.min_chunk_elems = align, .max_chunk_elems = max_chunk_elems, .step_elems = align, .align_elems = align});
-  }
-};
+// The factories the conformance check builds layouts with: chunks of at most `bound` elements.
+fixed_chunk_layout make_fixed(std::size_t bound, std::size_t align) {
+  return fixed_chunk_layout({.chunk_elems = bound, .align_elems = align});
+}
+searched_chunk_layout make_searched(std::size_t bound, std::size_t align) {
+  return searched_chunk_layout({.min_chunk_elems = align, .max_chunk_elems = bound, .step_elems = align, .align_elems = align});
+}
 
-TEST_CASE_TEMPLATE_INVOKE(chunk_layout_conformance, fixed_chunk_layout, searched_chunk_layout);
-TEST_CASE_TEMPLATE_INVOKE(chunk_layout_edge_cases, fixed_chunk_layout, searched_chunk_layout);
+// "" when the plan keeps every ChunkLayout law, else the first broken one (for CHECK(... == "")).
+std::string plan_law_violation(const chunk_plan& p, std::span<const tensor_spec> specs, std::size_t align,
+                               std::size_t max_chunk_elems) {
+  return chunkstar::testing::plan_law_violation(specs, p, align, max_chunk_elems).value_or("");
+}
+
+}  // namespace
+
+TEST_CASE("ChunkLayout: the installed conformance check passes for both models") {
+  const auto fixed = chunkstar::testing::check_chunk_layout(make_fixed);
+  CHECK_MESSAGE(fixed.ok(), fixed.to_string());
+  CHECK(fixed.subject == "ChunkLayout 'fixed'");
+  CHECK(fixed.checks > 25u * 11111u);  // the whole small domain was walked
+  const auto searched = chunkstar::testing::check_chunk_layout(make_searched);
+  CHECK_MESSAGE(searched.ok(), searched.to_string());
+  CHECK(searched.subject == "ChunkLayout 'searched'");
+}
 
 namespace {
 
@@ -111,10 +125,46 @@ std::size_t reference_waste(const std::vector<std::size_t>& sizes, std::size_t c
   return chunks * c - used;
 }
 
-std::vector<tensor_spec> specs_of(const std::vector<std::size_t>& sizes) {
-  std::vector<tensor_spec> specs;
-  for (std::size_t i = 0; i < sizes.size(); ++i) specs.push_back(spec_of_numel(sizes[i], i));
-  return specs;
+std::vector<tensor_spec> specs_of(const std::vector<std::size_t>& sizes) { return chunkstar::testing::specs_of_numels(sizes); }
+
+// Bytes of one element, from the storage types (not from dtype_size).
+std::size_t element_bytes(dtype t) {
+  switch (t) {
+    case dtype::f32: return sizeof(float);
+    case dtype::f16: return sizeof(float16);
+    case dtype::bf16: return sizeof(bfloat16);
+  }
+  return 0;
+}
+
+// The first way `make_chunk_lists(p, ...)` breaks parallelism, over every option, or "".
+std::string chunk_lists_violation(const chunk_plan& p) {
+  for (dtype pt : {dtype::f32, dtype::f16, dtype::bf16})
+    for (grad_storage gs : {grad_storage::separate, grad_storage::shared_with_param})
+      for (bool opt : {false, true}) {
+        const auto lists = make_chunk_lists(p, {.param_type = pt, .grads = gs, .optimizer_state = opt});
+        std::vector<chunk_kind> want{chunk_kind::param, chunk_kind::grad};
+        if (opt) {
+          if (pt != dtype::f32) want.push_back(chunk_kind::master);
+          want.push_back(chunk_kind::momentum);
+          want.push_back(chunk_kind::variance);
+        }
+        const std::string ctx = std::string(dtype_name(pt)) + (gs == grad_storage::separate ? " separate" : " shared") +
+                                (opt ? " +opt" : "") + ": ";
+        if (lists.size() != want.size()) return ctx + "wrong number of lists";
+        for (std::size_t k = 0; k < lists.size(); ++k) {
+          const auto& l = lists[k];
+          const dtype t = (want[k] == chunk_kind::param || want[k] == chunk_kind::grad) ? pt : dtype::f32;
+          if (l.kind != want[k]) return ctx + "list " + std::to_string(k) + " has the wrong kind";
+          if (l.type != t) return ctx + std::string(chunk_kind_name(l.kind)) + " has the wrong dtype";
+          if (l.num_chunks != p.num_chunks) return ctx + std::string(chunk_kind_name(l.kind)) + " not parallel";
+          if (l.chunk_bytes != p.chunk_elems * element_bytes(t))
+            return ctx + std::string(chunk_kind_name(l.kind)) + " chunk_bytes != chunk_elems * element size";
+          if (l.aliases_param != (l.kind == chunk_kind::grad && gs == grad_storage::shared_with_param))
+            return ctx + std::string(chunk_kind_name(l.kind)) + " aliases_param wrong";
+        }
+      }
+  return {};
 }
 
 // GPT-2 small (124M): wte, wpe, 12 blocks, final norm, in registration (= use) order.
@@ -152,15 +202,22 @@ TEST_CASE("both layouts pack next-fit: checked on every small tensor list") {
     ++checked;
     if (!bad.empty() && ++failures <= 10) FAIL_CHECK(who << ": " << bad);
   };
-  chunkstar::testing::for_small_domain<fixed_chunk_layout>(
+  for_each_small_layout_case(
+      make_fixed, {},
       [&](const fixed_chunk_layout& l, std::size_t, std::size_t chunk, const std::vector<std::size_t>& sizes,
           const std::vector<tensor_spec>& specs) {
         if (!sizes.empty() && *std::max_element(sizes.begin(), sizes.end()) > chunk) return;
         const chunk_plan p = l.plan(specs);
         if (p.chunk_elems != chunk && ++failures <= 10) FAIL_CHECK("fixed plan changed the chunk size");
         check(p, sizes, "fixed");
+        // make_chunk_lists is the same for every layout: checked on the plans of one.
+        if (sizes.size() <= 2) {
+          const std::string bad = chunk_lists_violation(p);
+          if (!bad.empty() && ++failures <= 10) FAIL_CHECK("make_chunk_lists: " << bad);
+        }
       });
-  chunkstar::testing::for_small_domain<searched_chunk_layout>(
+  for_each_small_layout_case(
+      make_searched, {},
       [&](const searched_chunk_layout& l, std::size_t, std::size_t chunk, const std::vector<std::size_t>& sizes,
           const std::vector<tensor_spec>& specs) {
         if (!sizes.empty() && *std::max_element(sizes.begin(), sizes.end()) > chunk) return;
@@ -284,7 +341,8 @@ TEST_CASE("searched_chunk_layout picks the least waste among its candidates (bru
 TEST_CASE("searched_chunk_layout: exhaustive minimality over every aligned size in range") {
   // With step = alignment the grid is every aligned size from the largest tensor to the bound.
   std::size_t failures = 0;
-  chunkstar::testing::for_small_domain<searched_chunk_layout>(
+  for_each_small_layout_case(
+      make_searched, {},
       [&](const searched_chunk_layout& l, std::size_t align, std::size_t chunk, const std::vector<std::size_t>& sizes,
           const std::vector<tensor_spec>& specs) {
         const std::size_t largest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
@@ -373,4 +431,151 @@ TEST_CASE("searched_chunk_layout: options and oversized tensors") {
     CHECK(m.find("1056") != std::string::npos);
     CHECK(m.find("max_chunk_elems") != std::string::npos);
   }
+}
+
+TEST_CASE_TEMPLATE("both layouts: edge cases particular to the library's models", L, fixed_chunk_layout,
+                   searched_chunk_layout) {
+  const L layout = [] {
+    if constexpr (std::is_same_v<L, fixed_chunk_layout>) return make_fixed(64, 8);
+    else return make_searched(64, 8);
+  }();
+  SUBCASE("zero-element tensors get aligned slots in a chunk") {
+    std::vector<tensor_spec> specs{spec_of_numel(0, 0), spec_of_numel(5, 1), spec_of_numel(0, 2), spec_of_numel(3, 3)};
+    const chunk_plan p = layout.plan(specs);
+    CHECK(plan_law_violation(p, specs, 8, 64) == "");
+    CHECK(p.slots[0].numel == 0);
+    CHECK(p.slots[2].numel == 0);
+    CHECK(p.used_elems() == 8);
+  }
+  SUBCASE("a tensor over the chunk bound is refused with its name, shape and size") {
+    std::vector<tensor_spec> specs{spec_of_numel(10, 0), {"h.3.mlp.c_fc.weight", {13, 5}, dtype::f16, tensor_role::weight}};
+    try {
+      (void)layout.plan(specs);
+      FAIL("accepted a 65-element tensor with chunks of at most 64");
+    } catch (const config_error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("'h.3.mlp.c_fc.weight'") != std::string::npos);
+      CHECK(m.find("[13, 5]") != std::string::npos);
+      CHECK(m.find("65") != std::string::npos);
+      CHECK(m.find("64") != std::string::npos);
+    }
+  }
+  SUBCASE("a negative dimension is refused") {
+    std::vector<tensor_spec> specs{{"bad", {4, -1}, dtype::f16, tensor_role::weight}};
+    CHECK_THROWS_AS((void)layout.plan(specs), config_error);
+  }
+}
+
+namespace {
+
+// A layout written outside the library, as a user would from docs/concepts.md: every tensor in a
+// chunk of its own (no packing: the simplest layout that keeps every law).
+class chunk_per_tensor_layout {
+ public:
+  chunk_per_tensor_layout(std::size_t max_chunk_elems, std::size_t align) : max_(max_chunk_elems), align_(align) {}
+  [[nodiscard]] chunk_plan plan(std::span<const tensor_spec> specs) const {
+    chunk_plan p;
+    p.align_elems = align_;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const std::size_t n = specs[i].numel();
+      if (n > max_)
+        throw config_error("chunk_per_tensor: tensor " + specs[i].name + " has " + std::to_string(n) +
+                           " elements, more than the largest chunk (" + std::to_string(max_) + ")");
+      p.chunk_elems = std::max(p.chunk_elems, (n + align_ - 1) / align_ * align_);
+      p.slots.push_back({i, 0, n});
+      p.chunk_tensors.push_back({i});
+    }
+    p.num_chunks = specs.size();
+    if (p.num_chunks > 0 && p.chunk_elems == 0) p.chunk_elems = align_;
+    return p;
+  }
+  [[nodiscard]] static std::string_view name() { return "chunk-per-tensor"; }
+
+ private:
+  std::size_t max_, align_;
+};
+static_assert(ChunkLayout<chunk_per_tensor_layout>);
+
+// Layouts that break one law each, built on fixed_chunk_layout's plan.
+enum class layout_bug { unaligned, reversed_lists, accepts_oversized, wrong_exception, name_dependent, nondeterministic };
+
+template <layout_bug Bug>
+class broken_layout {
+ public:
+  broken_layout(std::size_t bound, std::size_t align) : inner_(make_fixed(bound, align)), bound_(bound) {}
+  [[nodiscard]] chunk_plan plan(std::span<const tensor_spec> specs) const {
+    if constexpr (Bug == layout_bug::accepts_oversized || Bug == layout_bug::wrong_exception) {
+      std::size_t largest = 0;
+      for (const auto& s : specs) largest = std::max(largest, s.numel());
+      if (largest > bound_) {
+        if constexpr (Bug == layout_bug::wrong_exception) throw std::runtime_error("too big");
+        return make_fixed(largest, inner_.options().align_elems).plan(specs);
+      }
+    }
+    chunk_plan p = inner_.plan(specs);
+    if constexpr (Bug == layout_bug::unaligned) {
+      // Packs tightly, ignoring the alignment it reports.
+      std::size_t cursor = 0, chunk = 0;
+      for (std::size_t i = 0; i < p.slots.size(); ++i) {
+        if (p.slots[i].chunk != chunk) {
+          chunk = p.slots[i].chunk;
+          cursor = 0;
+        }
+        p.slots[i].offset = cursor;
+        cursor += p.slots[i].numel;
+      }
+    }
+    if constexpr (Bug == layout_bug::reversed_lists)
+      for (auto& l : p.chunk_tensors) std::reverse(l.begin(), l.end());
+    if constexpr (Bug == layout_bug::name_dependent)
+      if (!specs.empty() && specs[0].name.rfind("renamed", 0) == 0) p.chunk_elems += p.align_elems;
+    if constexpr (Bug == layout_bug::nondeterministic)
+      if (++calls_ % 2 == 0 && p.num_chunks > 0) p.chunk_tensors.back().push_back(p.chunk_tensors.back().back());
+    return p;
+  }
+  [[nodiscard]] static std::string_view name() { return "broken"; }
+
+ private:
+  fixed_chunk_layout inner_;
+  std::size_t bound_;
+  mutable std::size_t calls_ = 0;
+};
+
+template <layout_bug Bug>
+chunkstar::testing::conformance_report check_broken() {
+  return chunkstar::testing::check_chunk_layout([](std::size_t b, std::size_t a) { return broken_layout<Bug>(b, a); },
+                                                {.max_tensors = 3, .random_trials = 20});
+}
+
+bool mentions(const chunkstar::testing::conformance_report& r, const std::string& part) {
+  return std::any_of(r.failures.begin(), r.failures.end(), [&](const std::string& f) { return f.find(part) != std::string::npos; });
+}
+
+}  // namespace
+
+TEST_CASE("ChunkLayout: a layout written outside the library passes the installed check") {
+  const auto r = chunkstar::testing::check_chunk_layout([](std::size_t b, std::size_t a) { return chunk_per_tensor_layout(b, a); });
+  CHECK_MESSAGE(r.ok(), r.to_string());
+  CHECK(r.subject == "ChunkLayout 'chunk-per-tensor'");
+}
+
+TEST_CASE("ChunkLayout: the conformance check rejects layouts that break a law") {
+  const auto unaligned = check_broken<layout_bug::unaligned>();
+  CHECK(!unaligned.ok());
+  CHECK_MESSAGE(mentions(unaligned, "is not a multiple of align_elems"), unaligned.to_string());
+  const auto reversed = check_broken<layout_bug::reversed_lists>();
+  CHECK(!reversed.ok());
+  CHECK_MESSAGE(mentions(reversed, "not in offset order"), reversed.to_string());
+  const auto oversized = check_broken<layout_bug::accepts_oversized>();
+  CHECK(!oversized.ok());
+  CHECK_MESSAGE(mentions(oversized, "larger than the chunk bound was accepted"), oversized.to_string());
+  const auto wrong = check_broken<layout_bug::wrong_exception>();
+  CHECK(!wrong.ok());
+  CHECK_MESSAGE(mentions(wrong, "must throw config_error, not: too big"), wrong.to_string());
+  const auto named = check_broken<layout_bug::name_dependent>();
+  CHECK(!named.ok());
+  CHECK_MESSAGE(mentions(named, "only needs numel()"), named.to_string());
+  const auto flaky = check_broken<layout_bug::nondeterministic>();
+  CHECK(!flaky.ok());
+  CHECK_MESSAGE(mentions(flaky, "not deterministic"), flaky.to_string());
 }

@@ -1,5 +1,6 @@
-// The Communicator concept (both ways), the conformance suite for single_process and
-// in_process_group (1..4 ranks), and in_process_group's failure handling.
+// The Communicator concept (both ways), the installed conformance checks for single_process and
+// in_process_group (1..4 ranks; as doctest cases and framework-free, rank reports combined), a
+// broken model they must reject, and in_process_group's failure handling.
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/comm/single_process.hpp>
@@ -8,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -126,6 +128,78 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 CHUNKSTAR_COMM_CONFORMANCE(single_process_fixture, in_process_fixture<1>, in_process_fixture<2>, in_process_fixture<3>,
                            in_process_fixture<4>);
+
+TEST_CASE("communicator conformance without a test framework: every rank reports, the caller combines") {
+  bounded([] {
+    std::vector<chunkstar::testing::conformance_report> reports(3);
+    run_ranks(3, [&](in_process_communicator& comm) {
+      reports[static_cast<std::size_t>(comm.rank())] = chunkstar::testing::check_communicator(comm);
+    });
+    const auto all = chunkstar::testing::combine_rank_reports(reports);
+    CHECK_MESSAGE(all.ok(), all.to_string());
+    CHECK(all.checks == reports[0].checks + reports[1].checks + reports[2].checks);
+    CHECK(all.checks > 3 * 400);
+    single_process_communicator one;
+    const auto r = chunkstar::testing::check_communicator(one);
+    CHECK_MESSAGE(r.ok(), r.to_string());
+    CHECK(r.subject == "Communicator (rank 0 of 1)");
+  });
+}
+
+namespace {
+// in_process_communicator with max and min swapped in every reduction: a model the checks must
+// reject on every rank, without any rank left waiting (the same collectives are issued regardless).
+class swapped_ops_communicator {
+ public:
+  explicit swapped_ops_communicator(in_process_communicator& c) : c_(&c) {}
+  [[nodiscard]] int rank() const noexcept { return c_->rank(); }
+  [[nodiscard]] int size() const noexcept { return c_->size(); }
+  void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { c_->allreduce(p, n, t, swap(op)); }
+  void allreduce(std::span<double> d, reduce_op op) { c_->allreduce(d, swap(op)); }
+  void allgather(const void* s, void* r, std::size_t n) { c_->allgather(s, r, n); }
+  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { c_->reduce_scatter(s, r, n, t, swap(op)); }
+  void broadcast(void* p, std::size_t n, int root) { c_->broadcast(p, n, root); }
+  void ring_shift(const void* s, void* r, std::size_t n) { c_->ring_shift(s, r, n); }
+  void barrier() { c_->barrier(); }
+  comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) { return c_->allreduce_async(p, n, t, swap(op)); }
+  comm_handle allreduce_async(std::span<double> d, reduce_op op) { return c_->allreduce_async(d, swap(op)); }
+  comm_handle allgather_async(const void* s, void* r, std::size_t n) { return c_->allgather_async(s, r, n); }
+  comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    return c_->reduce_scatter_async(s, r, n, t, swap(op));
+  }
+  comm_handle broadcast_async(void* p, std::size_t n, int root) { return c_->broadcast_async(p, n, root); }
+  comm_handle ring_shift_async(const void* s, void* r, std::size_t n) { return c_->ring_shift_async(s, r, n); }
+
+ private:
+  static reduce_op swap(reduce_op op) {
+    return op == reduce_op::max ? reduce_op::min : op == reduce_op::min ? reduce_op::max : op;
+  }
+  in_process_communicator* c_;
+};
+static_assert(Communicator<swapped_ops_communicator>);
+}  // namespace
+
+TEST_CASE("communicator conformance: a model with max and min swapped fails on every rank") {
+  using chunkstar::testing::communicator_check;
+  bounded([] {
+    std::vector<chunkstar::testing::conformance_report> reports(2);
+    run_ranks(2, [&](in_process_communicator& comm) {
+      swapped_ops_communicator broken(comm);
+      reports[static_cast<std::size_t>(comm.rank())] = chunkstar::testing::check_communicator(
+          broken, {.only = {communicator_check::allreduce, communicator_check::reduce_scatter, communicator_check::allgather}});
+    });
+    for (const auto& r : reports) {
+      CHECK(!r.ok());
+      CHECK(std::any_of(r.failures.begin(), r.failures.end(), [](const std::string& f) {
+        return contains(f, "allreduce f32 max") && contains(f, "differs from the rank-order reduction");
+      }));
+      CHECK(std::none_of(r.failures.begin(), r.failures.end(), [](const std::string& f) { return contains(f, "allgather"); }));
+    }
+    const auto all = chunkstar::testing::combine_rank_reports(reports);
+    CHECK(all.failed == reports[0].failed + reports[1].failed);
+    CHECK(contains(all.to_string(), "rank 1: "));
+  });
+}
 
 // ---- in_process_group failure handling -------------------------------------------------------
 
