@@ -253,9 +253,10 @@ class chunk_runtime {
   }
   /** @brief Capacity, use, peak and largest free block of every space, plus the runtime's view. */
   [[nodiscard]] memory_report memory_report_now() const { return residency_.report(); }
-  /** @brief What is wrong with the runtime's bookkeeping (empty: nothing) — for tests after faults. */
-  [[nodiscard]] std::vector<std::string> invariant_violations() const {
-    auto v = store_.violations(open_scopes_ > 0 || pass_.in_progress(), level_.non_model);
+  /** @brief What is wrong with the runtime's bookkeeping (empty: nothing), for tests after faults;
+   *  @p sole_user: only the runtime allocates from the device space (then nothing may leak). */
+  [[nodiscard]] std::vector<std::string> invariant_violations(bool sole_user = false) const {
+    auto v = store_.violations(open_scopes_ > 0 || pass_.in_progress(), level_.non_model, sole_user);
     if (open_scopes_ == 0 && states_.any_in_compute()) v.push_back("a tensor is in COMPUTE with no scope open");
     return v;
   }

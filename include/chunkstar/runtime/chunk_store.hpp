@@ -402,8 +402,9 @@ class chunk_store {
   }
 
   /** @brief What is wrong with the bookkeeping (empty: nothing). @p pins_allowed: scopes or a
-   *  step are open, so chunks may be pinned. */
-  [[nodiscard]] std::vector<std::string> violations(bool pins_allowed, std::size_t non_model) const {
+   *  step are open, so chunks may be pinned; @p sole_user: nothing else allocates from the device
+   *  space, so its use must equal what the runtime accounts for (no leak). */
+  [[nodiscard]] std::vector<std::string> violations(bool pins_allowed, std::size_t non_model, bool sole_user) const {
     std::vector<std::string> v;
     std::array<std::size_t, num_tiers> sum{};
     for_each([&](chunk_id id, const slot& s) {
@@ -413,8 +414,9 @@ class chunk_store {
     });
     for (auto t : {tier::device, tier::host, tier::disk})
       if (sum[static_cast<std::size_t>(t)] != resident(t)) v.push_back("resident bytes on the " + std::string(tier_name(t)) + " disagree with the slots");
-    if (device_.used() < resident(tier::device) + retiring(tier::device) + non_model)
-      v.push_back("the device space holds less than the runtime accounts for");
+    const std::size_t accounted = resident(tier::device) + retiring(tier::device) + non_model;
+    if (device_.used() < accounted || (sole_user && device_.used() != accounted))
+      v.push_back("the device space holds " + std::to_string(device_.used()) + " bytes, the runtime accounts for " + std::to_string(accounted));
     return v;
   }
 
