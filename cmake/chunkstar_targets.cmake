@@ -44,3 +44,30 @@ if(CHUNKSTAR_HAS_MPI)
   target_link_libraries(chunkstar_chunkstar INTERFACE chunkstar_mpi)
   list(APPEND _chunkstar_export_targets chunkstar_mpi)
 endif()
+
+# ISA helpers for the header-only SIMD kernels (optim/adam.hpp, optim/grad_check.hpp), which pick
+# their path from the flags of the including translation unit (see optim/cpu_isa.hpp). Link one
+# next to chunkstar::chunkstar to compile your code for that ISA; nothing else changes:
+#   chunkstar::isa_native  -march=native: the build machine's widest ISA (AVX-512F where it has it);
+#                          the binary may not run on an older CPU
+#   chunkstar::isa_avx2    -mavx2 -mfma -mf16c: the AVX2 path, any x86-64 CPU since 2013 (Haswell, Zen)
+#   chunkstar::isa_avx512  -mavx512f -mavx2 -mfma -mf16c: the AVX-512 path (Skylake-SP, Zen 4 and later)
+# GCC-compatible compilers only (GCC, Clang, IntelLLVM; nvcc passes them to its host compiler);
+# others get no flag, hence the portable path. avx2 and avx512 are x86-64 flags.
+foreach(_isa native avx2 avx512)
+  if(_isa STREQUAL "native")
+    set(_flags -march=native)
+  elseif(_isa STREQUAL "avx2")
+    set(_flags -mavx2 -mfma -mf16c)
+  else()
+    set(_flags -mavx512f -mavx2 -mfma -mf16c)
+  endif()
+  add_library(chunkstar_isa_${_isa} INTERFACE)
+  add_library(chunkstar::isa_${_isa} ALIAS chunkstar_isa_${_isa})
+  set_target_properties(chunkstar_isa_${_isa} PROPERTIES EXPORT_NAME isa_${_isa})
+  list(JOIN _flags "," _xcompiler)
+  target_compile_options(chunkstar_isa_${_isa} INTERFACE
+    "$<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang,AppleClang,IntelLLVM>:${_flags}>"
+    "$<$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>:-Xcompiler=${_xcompiler}>")
+  list(APPEND _chunkstar_export_targets chunkstar_isa_${_isa})
+endforeach()

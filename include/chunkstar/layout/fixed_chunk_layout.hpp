@@ -36,9 +36,15 @@ struct fixed_layout_options {
  *  larger than `chunk_elems` throws `config_error` naming it. */
 class fixed_chunk_layout {
  public:
+  /** @brief The default options. Not explicit, so that a defaulted `Layout layout = {}` parameter
+   *  (chunk_runtime's) is valid copy-list-initialization: with only the explicit constructor below
+   *  taking a defaulted argument, clang rejects `patrickstar_runtime rt(device, host, copier);`
+   *  ("chosen constructor is explicit in copy-initialization"; GCC accepts it). */
+  fixed_chunk_layout() : fixed_chunk_layout(fixed_layout_options{}) {}
+
   /** @brief Validates @p options; throws `config_error` when `chunk_elems` is not a positive
    *  multiple of `align_elems` (the message suggests the rounded values) or `align_elems` is 0. */
-  explicit fixed_chunk_layout(fixed_layout_options options = {}) : options_(options) {
+  explicit fixed_chunk_layout(fixed_layout_options options) : options_(options) {
     detail::require_alignment("fixed_layout_options::align_elems", options_.align_elems);
     detail::require_positive_multiple("fixed_layout_options::chunk_elems", options_.chunk_elems, options_.align_elems);
   }

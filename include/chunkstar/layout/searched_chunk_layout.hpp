@@ -55,9 +55,15 @@ struct searched_layout_result {
  *  `max_chunk_elems` throws `config_error` naming it. */
 class searched_chunk_layout {
  public:
+  /** @brief The default options. Not explicit, so that a defaulted `Layout layout = {}` parameter
+   *  (chunk_runtime's) is valid copy-list-initialization: with only the explicit constructor below
+   *  taking a defaulted argument, clang rejects `patrickstar_runtime rt(device, host, copier);`
+   *  ("chosen constructor is explicit in copy-initialization"; GCC accepts it). */
+  searched_chunk_layout() : searched_chunk_layout(searched_layout_options{}) {}
+
   /** @brief Validates @p options (alignment >= 1; min, max and step positive multiples of the
    *  alignment; min <= max; max_candidates >= 1), throwing `config_error` otherwise. */
-  explicit searched_chunk_layout(searched_layout_options options = {}) : options_(options) {
+  explicit searched_chunk_layout(searched_layout_options options) : options_(options) {
     detail::require_alignment("searched_layout_options::align_elems", options_.align_elems);
     detail::require_positive_multiple("searched_layout_options::min_chunk_elems", options_.min_chunk_elems,
                                       options_.align_elems);

@@ -5,7 +5,8 @@
  *  chunkstar is header-only, so the kernels are compiled with the flags of the code that includes
  *  them. Without AVX2/FMA/F16C (or AVX-512F) flags the portable scalar path is used: correct and
  *  bit-identical, but several times slower. Build training code with `-march=native` or explicit
- *  `-mavx2 -mfma -mf16c` to get the fast path.
+ *  `-mavx2 -mfma -mf16c` to get the fast path; from CMake, link `chunkstar::isa_native`,
+ *  `chunkstar::isa_avx2` or `chunkstar::isa_avx512`, which add those flags.
  */
 #pragma once
 

@@ -1,0 +1,92 @@
+# The package_clang test: chunkstar with clang++ (CI compiles everything else with g++).
+#   cmake -DCLANGXX=<clang++> -DSOURCE_DIR=<chunkstar source> -DGEN_DIR=<generated include dir>
+#         -DSNIPPET=<readme_snippet.cpp> -DWORK_DIR=<scratch dir> -P clang_check.cmake
+# 1. every public header under include/chunkstar that needs no CUDA, NCCL or MPI (all but
+#    chunkstar/{cuda,nccl,mpi}/ and the .cuh kernels) compiles on its own, included twice:
+#    clang++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror (tests/compile does this with the
+#    main compiler);
+# 2. the README snippet (extracted by tests/package/CMakeLists.txt) compiles, links and runs;
+# 3. consumer/clang.cpp (the default construction `patrickstar_runtime rt(device, host, copier);`
+#    and a few Adam steps) compiles with -O2 and, where clang accepts it, -march=native, links and
+#    runs.
+# Every failure is reported, then the test fails. Prints "SKIPPED:" without clang++.
+cmake_minimum_required(VERSION 3.24)
+
+foreach(v SOURCE_DIR GEN_DIR SNIPPET WORK_DIR)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "clang_check.cmake: -D${v}=... is required")
+  endif()
+endforeach()
+if(NOT CLANGXX OR NOT EXISTS "${CLANGXX}")
+  message("SKIPPED: no clang++ (install Debian's clang package: cmake/install_deps.sh lists it)")
+  return()
+endif()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}/headers")
+set(includes -I "${SOURCE_DIR}/include" -I "${GEN_DIR}")
+set(warnings -Wall -Wextra -Werror)
+set(failures)
+
+execute_process(COMMAND "${CLANGXX}" --version OUTPUT_VARIABLE version ERROR_QUIET)
+string(REGEX MATCH "^[^\n]*" version "${version}")
+message(STATUS "clang_check: ${CLANGXX}: ${version}")
+
+# Runs a command; on failure records @p what and prints the compiler's output.
+function(check what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    string(REPLACE ";" " " shown "${ARGN}")
+    message("FAILED: ${what} (${rc})\n  ${shown}\n${out}")
+    set(failures ${failures} "${what}" PARENT_SCOPE)
+  endif()
+  set(check_output "${out}" PARENT_SCOPE)
+endfunction()
+
+# 1. The headers, one translation unit each.
+file(GLOB_RECURSE headers RELATIVE "${SOURCE_DIR}/include" "${SOURCE_DIR}/include/chunkstar/*.hpp")
+list(FILTER headers EXCLUDE REGEX "^chunkstar/(cuda|nccl|mpi)/")
+list(SORT headers)
+list(LENGTH headers n)
+if(n EQUAL 0)
+  message(FATAL_ERROR "clang_check: no header under ${SOURCE_DIR}/include/chunkstar")
+endif()
+foreach(h IN LISTS headers)
+  string(MAKE_C_IDENTIFIER "${h}" id)
+  set(tu "${WORK_DIR}/headers/${id}.cpp")
+  file(WRITE "${tu}" "#include <${h}>\n#include <${h}> // include guard check\n")
+  check("${h} on its own" "${CLANGXX}" -std=c++20 -fsyntax-only ${warnings} ${includes} "${tu}")
+endforeach()
+list(LENGTH failures header_failures)
+math(EXPR header_ok "${n} - ${header_failures}")
+message(STATUS "clang_check: ${header_ok} of ${n} headers compile on their own")
+
+# 2 and 3. Programs: compile, link, run.
+execute_process(COMMAND "${CLANGXX}" -march=native -E -x c++ /dev/null
+                RESULT_VARIABLE native_rc OUTPUT_QUIET ERROR_QUIET)
+set(native)
+if(native_rc EQUAL 0)
+  set(native -march=native)
+endif()
+foreach(prog IN ITEMS "readme_snippet|${SNIPPET}|-O1" "clang_consumer|${CMAKE_CURRENT_LIST_DIR}/consumer/clang.cpp|-O2")
+  string(REPLACE "|" ";" prog "${prog}")
+  list(GET prog 0 name)
+  list(GET prog 1 src)
+  list(GET prog 2 opt)
+  set(flags ${opt})
+  if(name STREQUAL "clang_consumer")
+    list(APPEND flags ${native})
+  endif()
+  set(exe "${WORK_DIR}/${name}")
+  check("${name}: compile and link" "${CLANGXX}" -std=c++20 ${flags} ${warnings} ${includes} "${src}" -pthread -o "${exe}")
+  if(EXISTS "${exe}")
+    check("${name}: run" "${exe}")
+    message("${name}: ${check_output}")
+  endif()
+endforeach()
+
+if(failures)
+  list(JOIN failures "\n  " shown)
+  message(FATAL_ERROR "clang_check: failed:\n  ${shown}")
+endif()
+message("clang_check: OK")
