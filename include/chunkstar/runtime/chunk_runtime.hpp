@@ -52,6 +52,9 @@ class chunk_runtime {
   using eviction_type = Eviction;
   using tracer_type = TracerT;
   using communicator_type = Comm;
+  using store_type = chunk_store<P>;
+  using scope = access_scope<chunk_runtime>;  ///< see access_scope.hpp (and its stream contract)
+  using untraced_section = chunkstar::untraced_section<chunk_runtime>;
 
   /** @brief A runtime with its own default communicator (one process). */
   chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier, runtime_options options = {},
@@ -87,9 +90,7 @@ class chunk_runtime {
     plan_ = registry_.plan(layout_);
     store_.build(make_chunk_lists(plan_, {.param_type = options_.param_type, .optimizer_state = options_.optimizer_state}), comm_.size());
     states_.reset(registry_.specs());
-    for (auto k : {chunk_kind::param, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
-      if (store_.has(k))
-        for (std::uint32_t c = 0; c < plan_.num_chunks; ++c) store_.allocate_initial({k, c});
+    store_.allocate_initial();
     std::vector<float> values;
     for (std::size_t t = 0; t < registry_.size(); ++t) {
       values.assign(registry_.specs()[t].numel(), 0.0f);
@@ -101,10 +102,6 @@ class chunk_runtime {
   }
 
   // --- access scopes -----------------------------------------------------------------------------
-  using scope = access_scope<chunk_runtime>;  ///< see access_scope.hpp (and its stream contract)
-  using untraced_section = chunkstar::untraced_section<chunk_runtime>;
-  using store_type = chunk_store<P>;
-
   /** @brief Opens a forward scope named @p name over @p params (a moment of the trace). */
   [[nodiscard]] scope forward(std::string_view name, std::vector<param_id> params) { return open_scope(moment_kind::forward, name, std::move(params)); }
   /** @brief Opens a backward scope: params and (zero-initialised on first use) grads resident. */
@@ -167,6 +164,8 @@ class chunk_runtime {
   void for_each_grad_chunk(F&& f) {
     for_each_gradient(store_, plan_, registry_.specs(), options_.param_type, f);
   }
+  /** @brief Pins gradient chunk @p c where it is (zeros if it was FREE), for a collective on its payload. */
+  [[nodiscard]] auto hold_gradient(std::uint32_t c) { return store_.hold({chunk_kind::grad, c}); }
   /** @brief Drops every gradient (FREE): the next backward starts from zero (a skipped step, a new accumulation). */
   void zero_grad() {
     states_.require_none_in_compute("zero_grad");

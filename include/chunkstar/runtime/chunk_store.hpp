@@ -172,7 +172,29 @@ class chunk_store {
     std::vector<chunk_id> ids_;
   };
 
+  /** @brief A chunk pinned where it is, for work on its payload outside a scope (a collective). */
+  struct held_payload {
+    pin_set pin;
+    void* data = nullptr;
+    std::size_t elems = 0;  ///< elements of the chunk (its capacity)
+    dtype type = dtype::f32;
+  };
+  /** @brief Pins chunk @p id (a FREE one first gets a zeroed payload on the host) once its copy landed. */
+  [[nodiscard]] held_payload hold(chunk_id id) {
+    if (at(id).where == tier::free) materialise(id, tier::host);
+    wait(id);
+    const auto& d = desc(id.kind);
+    return {pin_set(*this, {id}), at(id).data, d.chunk_bytes / dtype_size(d.type), d.type};
+  }
+
   // --- mechanics -----------------------------------------------------------------------------------
+  /** @brief Gives every chunk of every list but the gradients (FREE until first used) a zeroed
+   *  payload at finalize, as allocate_initial(id). */
+  void allocate_initial() {
+    for_each([&](chunk_id id, const slot&) {
+      if (id.kind != chunk_kind::grad) allocate_initial(id);
+    });
+  }
   /** @brief Gives chunk @p id a zeroed payload at finalize: on the host, spilling to the device
    *  when the host is full (model data may exceed either tier alone). */
   void allocate_initial(chunk_id id) {

@@ -1,0 +1,203 @@
+// Replicated data parallelism: N in-process ranks, each its own runtime over a communicator held by
+// reference, each computing its own micro-batch; gradient chunks all-reduced as soon as they are
+// final (overlapped with the rest of backward). With clipping on, every rank's parameters are
+// bit-identical to one process that computes the N micro-batches' gradients separately and sums
+// them in rank order — the order the communicators reduce in — then steps.
+#include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/layout/fixed_chunk_layout.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+#include <chunkstar/runtime/data_parallel.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+using namespace chunkstar;
+
+namespace {
+
+constexpr int L = 4, D = 12, B = 3, steps = 4;
+
+template <class Comm>
+using runtime_t = chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, Comm>;
+
+/** One rank's (or the reference's) model: spaces, runtime, parameters. */
+template <class Comm>
+struct replica {
+  simulated_device_space dev;
+  host_space host;
+  host_copy_engine copier;
+  runtime_t<Comm> rt;
+  std::vector<param_id> w, b;
+
+  template <class... CommArg>
+  replica(gradient_mode mode, std::size_t capacity, CommArg&... comm)
+      : dev({.capacity = capacity}), rt(dev, host, copier, comm..., runtime_options{.gradients = mode},
+                                        fixed_chunk_layout({.chunk_elems = 256, .align_elems = 32})) {
+    for (int l = 0; l < L; ++l) {
+      w.push_back(rt.register_param({"w" + std::to_string(l), {D, D}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.4f * std::sin(0.9f * static_cast<float>(i) + static_cast<float>(l));
+      }));
+      b.push_back(rt.register_param({"b" + std::to_string(l), {D}, dtype::f32, tensor_role::bias}));
+    }
+    rt.finalize();
+  }
+
+  /** Forward and backward of micro-batch @p mb of step @p step; @p after_backward runs after each
+   *  backward scope closes. */
+  template <class After>
+  void forward_backward(int step, int mb, After&& after_backward) {
+    const std::size_t act = B * D * sizeof(float);
+    std::vector<non_model_buffer<float, runtime_t<Comm>>> h;
+    for (int l = 0; l <= L; ++l) h.push_back(rt.template allocate_buffer<float>(B * D));
+    for (int i = 0; i < B * D; ++i) h[0].data()[i] = std::cos(0.21f * static_cast<float>(i) + 1.7f * static_cast<float>(mb) + static_cast<float>(step));
+    for (int l = 0; l < L; ++l) {
+      auto s = rt.forward("l" + std::to_string(l), {w[l], b[l]});
+      const auto W = s.template param<float>(w[l]);
+      const auto bias = s.template param<float>(b[l]);
+      for (int n = 0; n < B; ++n)
+        for (int o = 0; o < D; ++o) {
+          float acc = bias[o];
+          for (int i = 0; i < D; ++i) acc += W[o * D + i] * h[l].data()[n * D + i];
+          h[l + 1].data()[n * D + o] = std::tanh(acc);
+        }
+    }
+    auto dh = rt.template allocate_buffer<float>(B * D), dprev = rt.template allocate_buffer<float>(B * D);
+    for (int i = 0; i < B * D; ++i) dh.data()[i] = (h[L].data()[i] - 0.1f * static_cast<float>(mb)) / B;
+    for (int l = L - 1; l >= 0; --l) {
+      {
+        auto s = rt.backward("l" + std::to_string(l), {w[l], b[l]});
+        const auto W = s.template param<float>(w[l]);
+        auto gW = s.template grad<float>(w[l]);
+        auto gb = s.template grad<float>(b[l]);
+        for (int i = 0; i < B * D; ++i) dh.data()[i] *= 1.0f - h[l + 1].data()[i] * h[l + 1].data()[i];
+        for (int n = 0; n < B; ++n)
+          for (int o = 0; o < D; ++o) {
+            gb[o] += dh.data()[n * D + o];
+            for (int i = 0; i < D; ++i) gW[o * D + i] += dh.data()[n * D + o] * h[l].data()[n * D + i];
+          }
+        for (int n = 0; n < B; ++n)
+          for (int i = 0; i < D; ++i) {
+            float acc = 0;
+            for (int o = 0; o < D; ++o) acc += W[o * D + i] * dh.data()[n * D + o];
+            dprev.data()[n * D + i] = acc;
+          }
+        std::swap(dh, dprev);
+      }
+      after_backward();
+    }
+    (void)act;
+  }
+
+  std::vector<float> all(chunk_kind k) const {
+    std::vector<float> out;
+    for (std::size_t t = 0; t < rt.params().size(); ++t) {
+      std::vector<float> v(rt.params()[t].numel());
+      rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  }
+};
+
+// A device for activations plus a third of the chunks: gradients move while being reduced.
+constexpr std::size_t capacity = 12 * B * D * sizeof(float) + 7 * 256 * sizeof(float);
+
+chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f}); }
+
+/** One process: each micro-batch's gradient computed on its own, summed in rank order, then one step. */
+std::vector<float> reference(int ranks, std::vector<double>& clip) {
+  replica<single_process_communicator> r(gradient_mode::local, capacity);
+  auto opt = make_adam();
+  for (int step = 1; step <= steps; ++step) {
+    std::vector<float> sum;
+    for (int mb = 0; mb < ranks; ++mb) {
+      r.rt.zero_grad();
+      r.forward_backward(step, mb, [] {});
+      const auto g = r.all(chunk_kind::grad);
+      if (mb == 0) sum = g;
+      else
+        for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];  // rank order, in float
+    }
+    r.rt.zero_grad();
+    std::size_t at = 0;
+    for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
+      const std::size_t n = r.rt.params()[t].numel();
+      r.rt.write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::grad, std::span<const float>(sum.data() + at, n));
+      at += n;
+    }
+    const auto res = opt.step(r.rt, 2e-2f, ranks);
+    REQUIRE(res.stepped);
+    clip.push_back(res.clip_coefficient);
+  }
+  return r.all(chunk_kind::param);
+}
+
+}  // namespace
+
+TEST_CASE("replicated data parallelism over N in-process ranks equals one process summing the micro-batches in rank order") {
+  for (int ranks : {2, 3, 4}) {
+    CAPTURE(ranks);
+    std::vector<double> clip_ref;
+    const auto expected = reference(ranks, clip_ref);
+    CHECK(clip_ref.back() < 1.0);  // clipping is active, so the norm must be the global one
+    std::vector<std::vector<float>> params(static_cast<std::size_t>(ranks));
+    std::vector<std::size_t> early(static_cast<std::size_t>(ranks), 0);
+    std::vector<std::vector<double>> clips(static_cast<std::size_t>(ranks));
+    run_ranks(ranks, [&](in_process_communicator& comm) {
+      const auto me = static_cast<std::size_t>(comm.rank());
+      replica<in_process_communicator> r(gradient_mode::replicated, capacity, comm);
+      replicated_gradients dp(r.rt);
+      auto opt = make_adam();
+      for (int step = 1; step <= steps; ++step) {
+        r.forward_backward(step, comm.rank(), [&] { dp.after_backward(); });
+        if (step > 1) early[me] += dp.started();  // with a trace, reductions start during backward
+        dp.synchronize();
+        const auto res = opt.step(r.rt, 2e-2f, ranks);
+        REQUIRE(res.stepped);
+        clips[me].push_back(res.clip_coefficient);
+        CHECK(r.rt.invariant_violations().empty());
+      }
+      params[me] = r.all(chunk_kind::param);
+      CHECK(r.rt.stats().bytes_to_host > 0);  // chunks moved under the budget
+    });
+    for (int k = 0; k < ranks; ++k) {
+      CAPTURE(k);
+      CHECK(params[static_cast<std::size_t>(k)] == expected);
+      CHECK(clips[static_cast<std::size_t>(k)] == clip_ref);
+      CHECK(early[static_cast<std::size_t>(k)] > 0);
+    }
+  }
+}
+
+TEST_CASE("the gradient norm follows the gradient mode: sharded sums over ranks, replicated and local do not") {
+  // Two ranks hold the same gradient; only `sharded` may add the squared norms of both.
+  for (gradient_mode mode : {gradient_mode::local, gradient_mode::replicated, gradient_mode::sharded}) {
+    std::vector<double> norms(2);
+    run_ranks(2, [&](in_process_communicator& comm) {
+      simulated_device_space dev({.capacity = 1 << 20});
+      host_space host;
+      host_copy_engine copier;
+      runtime_t<in_process_communicator> rt(dev, host, copier, comm, {.gradients = mode}, fixed_chunk_layout({.chunk_elems = 64}));
+      const auto p = rt.register_param({"p", {4}, dtype::f32, tensor_role::weight});
+      rt.finalize();
+      {
+        auto s = rt.backward("p", {p});
+        for (float& g : s.grad<float>(p)) g = 1.0f;  // norm 2 on each rank
+      }
+      chunk_adam<> opt;
+      norms[static_cast<std::size_t>(comm.rank())] = opt.step(rt, 1e-3f).grad_norm;
+    });
+    CAPTURE(static_cast<int>(mode));
+    CHECK(norms[0] == norms[1]);
+    CHECK(norms[0] == doctest::Approx(mode == gradient_mode::sharded ? std::sqrt(8.0) : 2.0));
+  }
+  simulated_device_space dev({.capacity = 1 << 20});
+  host_space host;
+  host_copy_engine copier;
+  runtime_t<single_process_communicator> rt(dev, host, copier);
+  CHECK_THROWS_AS((replicated_gradients<runtime_t<single_process_communicator>>{rt}), config_error);
+}
