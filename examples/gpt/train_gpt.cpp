@@ -43,21 +43,19 @@ struct output_error : chunkstar::error {
   using chunkstar::error::error;
 };
 
-/** The chunk layout: a fixed size if asked, else searched between the largest tensor and 4x it (so
- *  a stage spans a few chunks and there is something to move). */
+/** The chunk layout: a fixed size if asked, else the searched layout's default, which fits its
+ *  bounds to the tensors (from the largest tensor to 4x it, so a stage spans a few chunks). */
 searched_chunk_layout make_layout(const train_options& o, const gpt::gpt_config& cfg) {
+  if (o.chunk_elems == 0) return searched_chunk_layout();
   std::size_t largest = 0;
   for (const auto& s : gpt::param_specs(cfg)) largest = std::max(largest, s.numel());
   const std::size_t align = 32, lo = (largest + align - 1) / align * align;
-  if (o.chunk_elems) {
-    const std::size_t c = (static_cast<std::size_t>(o.chunk_elems) + align - 1) / align * align;
-    if (c < lo)
-      throw config_error("--chunk-elems " + std::to_string(o.chunk_elems) + " is smaller than the largest tensor (" +
-                         std::to_string(largest) + " elements), and a tensor never straddles chunks: use at least " +
-                         std::to_string(lo) + ", or 0 to search a size");
-    return searched_chunk_layout({.min_chunk_elems = c, .max_chunk_elems = c, .step_elems = align, .align_elems = align});
-  }
-  return searched_chunk_layout({.min_chunk_elems = lo, .max_chunk_elems = 4 * lo, .step_elems = align, .align_elems = align});
+  const std::size_t c = (static_cast<std::size_t>(o.chunk_elems) + align - 1) / align * align;
+  if (c < lo)
+    throw config_error("--chunk-elems " + std::to_string(o.chunk_elems) + " is smaller than the largest tensor (" +
+                       std::to_string(largest) + " elements), and a tensor never straddles chunks: use at least " +
+                       std::to_string(lo) + ", or 0 to search a size");
+  return searched_chunk_layout({.min_chunk_elems = c, .max_chunk_elems = c, .step_elems = align, .align_elems = align});
 }
 
 /** Peak non-model bytes on the compute tier for one micro-batch (activations, workspace, staging). */

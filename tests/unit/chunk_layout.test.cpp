@@ -402,7 +402,7 @@ TEST_CASE("both layouts plan GPT-2 small within their laws; searched wastes no m
 
   const searched_chunk_layout searched;  // defaults
   const searched_layout_result r = searched.search(specs);
-  CHECK(plan_law_violation(r.plan, specs, 32, searched.options().max_chunk_elems) == "");
+  CHECK(plan_law_violation(r.plan, specs, 32, searched.options().fitted_to(specs).max_chunk_elems) == "");
   CHECK(r.plan.used_elems() == total);
   CHECK(r.report.candidates_tried <= searched.options().max_candidates);
   CHECK(r.plan.waste_elems() <= fixed_chunk_layout({.chunk_elems = r.report.worst_chunk_elems}).plan(specs).waste_elems());
@@ -414,7 +414,20 @@ TEST_CASE("both layouts plan GPT-2 small within their laws; searched wastes no m
 TEST_CASE("searched_chunk_layout: options and oversized tensors") {
   CHECK_NOTHROW(searched_chunk_layout());
   CHECK_THROWS_AS(searched_chunk_layout({.min_chunk_elems = 100}), config_error);
-  CHECK_THROWS_AS(searched_chunk_layout({.step_elems = 0}), config_error);
+  CHECK_THROWS_AS(searched_chunk_layout({.step_elems = 33}), config_error);
+  // Zero bounds fit the tensors: a small model gets chunks of its own scale.
+  {
+    std::vector<tensor_spec> small;
+    for (int i = 0; i < 6; ++i) small.push_back({"t" + std::to_string(i), {3000}, dtype::f32, tensor_role::weight});
+    const auto fitted = searched_layout_options{}.fitted_to(small);
+    CHECK(fitted.min_chunk_elems == 3008);
+    CHECK(fitted.max_chunk_elems == 4 * 3008);
+    CHECK(fitted.step_elems == 32);
+    const auto p = searched_chunk_layout().plan(small);
+    CHECK(p.chunk_elems >= 3008);
+    CHECK(p.chunk_elems <= 4 * 3008);
+    CHECK(p.waste_fraction() < 0.05);
+  }
   CHECK_THROWS_AS(searched_chunk_layout({.align_elems = 0}), config_error);
   CHECK_THROWS_AS(searched_chunk_layout({.min_chunk_elems = 2048, .max_chunk_elems = 1024, .step_elems = 32}),
                   config_error);

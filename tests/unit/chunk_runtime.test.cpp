@@ -539,3 +539,44 @@ TEST_CASE("a chunk moves again before its last copy landed: copies are ordered, 
   CHECK(rt.stats().buffer_reuses > 0);
   CHECK(dev.peak() <= dev.capacity());
 }
+
+TEST_CASE("an input batch allocated before the first scope counts towards the first moment, never as a divergence") {
+  simulated_device_space dev({.capacity = 1 << 20});
+  host_space host;
+  host_copy_engine copier;
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false}, fixed_chunk_layout({.chunk_elems = 256}));
+  const auto a = rt.register_param({"a", {128}, dtype::f32, tensor_role::weight});
+  const auto b = rt.register_param({"b", {128}, dtype::f32, tensor_role::weight});
+  rt.finalize();
+  for (int it = 0; it < 6; ++it) {
+    auto batch = rt.allocate_buffer<float>(1024);  // between iterations: before the first scope
+    {
+      auto act = rt.allocate_buffer<float>(256);
+      (void)rt.forward("a", {a});
+      (void)rt.forward("b", {b});
+    }
+    (void)rt.backward("b", {b});
+    (void)rt.backward("a", {a});
+    batch.reset();
+    rt.zero_grad();
+    rt.end_iteration();
+  }
+  CHECK(rt.tracer().stats().divergences == 0);
+  CHECK(rt.tracer().stats().memory_divergences == 0);
+  CHECK(rt.tracer().non_model_peak(0) >= 1024 * sizeof(float));  // the batch is part of moment 0
+}
+
+TEST_CASE("the simplest construction, and a communicator held by reference") {
+  simulated_device_space device({.capacity = 1 << 20});
+  host_space host;
+  host_copy_engine copier;
+  patrickstar_runtime rt(device, host, copier);  // default layout fitted to the tensors
+  const auto p = rt.register_param({"w", {100, 30}, dtype::f32, tensor_role::weight});
+  rt.finalize();
+  CHECK(rt.plan().chunk_elems >= 3008);
+  CHECK(rt.plan().chunk_elems <= 4 * 3008);
+  single_process_communicator comm;
+  chunk_runtime<fixed_chunk_layout> by_ref(device, host, copier, comm, {}, fixed_chunk_layout({.chunk_elems = 64}));
+  CHECK(&by_ref.communicator() == &comm);
+  (void)p;
+}

@@ -341,6 +341,14 @@ class chunk_store {
     s.pending.reset();
   }
 
+  /** @brief Waits (on the host) for the user's work still using @p s's payload, before the host
+   *  itself reads or writes it. */
+  void wait_user(slot& s) {
+    if (!s.user_done) return;
+    s.user_done->wait();
+    s.user_done.reset();
+  }
+
   /** @brief Frees the buffers of finished copies and forgets finished slot copies; never waits. */
   void retire_completed() {
     std::erase_if(retiring_, [&](retiring_buffer& r) {
@@ -384,10 +392,11 @@ class chunk_store {
 
   // --- bytes -----------------------------------------------------------------------------------
   /** @brief Copies @p out.size() bytes at byte @p offset of chunk @p id's payload into @p out
-   *  (wherever it lives; waits for its copy). */
+   *  (wherever it lives; waits for its copy and for the user's work on it). */
   void read(chunk_id id, std::size_t offset, std::span<std::byte> out) {
     auto& s = at(id);
     wait(s);
+    wait_user(s);
     const std::byte* src = static_cast<const std::byte*>(s.data) + offset;
     if (s.where == tier::device && !device_is_host_accessible) copier_.copy(out.data(), src, out.size(), copy_direction::to_host);
     else std::memcpy(out.data(), src, out.size());
@@ -396,6 +405,7 @@ class chunk_store {
   void write(chunk_id id, std::size_t offset, std::span<const std::byte> in) {
     auto& s = at(id);
     wait(s);
+    wait_user(s);
     std::byte* dst = static_cast<std::byte*>(s.data) + offset;
     if (s.where == tier::device && !device_is_host_accessible) copier_.copy(dst, in.data(), in.size(), copy_direction::to_device);
     else std::memcpy(dst, in.data(), in.size());

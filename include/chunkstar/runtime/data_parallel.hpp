@@ -16,6 +16,7 @@
 
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/core/error.hpp>
+#include <chunkstar/runtime/chunk_id.hpp>
 #include <chunkstar/runtime/runtime_options.hpp>
 
 #include <cstddef>

@@ -47,15 +47,11 @@ template <ChunkLayout Layout>
 }
 
 /** @brief Searched-layout bounds that fit the tensors @p specs: chunks from the largest tensor
- *  (rounded up to @p align_elems) to @p spread times that, so a model of any size gets chunks of
- *  its own scale (a 150k-parameter model is not packed into one 1 Mi-element chunk per list) and a
- *  layer spans a few of them. */
+ *  (rounded up to @p align_elems) to @p spread times that — what a default-constructed
+ *  `searched_chunk_layout` uses (see searched_layout_options::fitted_to). */
 [[nodiscard]] inline searched_layout_options default_layout_options(std::span<const tensor_spec> specs,
                                                                     std::size_t align_elems = 32, std::size_t spread = 4) {
-  std::size_t largest = align_elems;
-  for (const auto& s : specs) largest = std::max(largest, s.numel());
-  const std::size_t lo = (largest + align_elems - 1) / align_elems * align_elems;
-  return {.min_chunk_elems = lo, .max_chunk_elems = spread * lo, .step_elems = align_elems, .align_elems = align_elems};
+  return searched_layout_options{.align_elems = align_elems, .spread = spread}.fitted_to(specs);
 }
 
 /** @brief The parameters of a runtime, in registration order (`param_id{i}` is the i-th). */

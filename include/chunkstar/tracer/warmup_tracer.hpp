@@ -23,6 +23,7 @@ class warmup_tracer {
     rec_ = {};
     moment_ = 0;
     open_ = false;
+    in_iteration_ = true;
     diverged_ = !has_trace_;
     ++stats_.iterations;
   }
@@ -44,7 +45,9 @@ class warmup_tracer {
 
   void record_non_model(std::size_t bytes) {
     carry_ = bytes;  // what is live when the next moment opens is part of that moment too
-    if (rec_.moments.empty()) return;
+    // Between iterations (an input batch allocated before the first scope) the level only carries
+    // into the next iteration's first moment: it is no moment's own, and no divergence.
+    if (!in_iteration_ || rec_.moments.empty()) return;
     auto& peak = rec_.moments.back().non_model_peak;
     peak = std::max(peak, bytes);
     auto& levels = rec_.levels.back();
@@ -66,6 +69,7 @@ class warmup_tracer {
     }
     if (diverged_) adopt();
     open_ = false;
+    in_iteration_ = false;
   }
 
   [[nodiscard]] bool ready() const noexcept { return has_trace_ && !diverged_; }
@@ -151,6 +155,7 @@ class warmup_tracer {
   std::size_t moment_ = 0;
   std::size_t carry_ = 0;
   bool open_ = false;
+  bool in_iteration_ = false;
   bool has_trace_ = false;
   bool diverged_ = true;
   tracer_stats stats_;
