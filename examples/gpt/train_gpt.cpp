@@ -249,16 +249,16 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   std::printf("\nsummary: %lld steps in %.1f s, loss %.4f -> %.4f, validation %s, %lld skipped\n",
               static_cast<long long>(plan.last_step - plan.first_step + 1), total, first_loss, last_loss, val,
               static_cast<long long>(skipped));
-  std::printf("chunks: %s to device, %s to host, %llu loads (%llu prefetched, %llu hits), %llu evictions, "
+  std::printf("chunks: %s to device, %s to host, %llu loads (%llu ahead of use, %llu of those used), %llu evictions, "
               "%llu offloads, stall %.2f s; optimizer steps on device %llu, on host %llu\n",
               format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(),
               static_cast<unsigned long long>(s.loads), static_cast<unsigned long long>(s.prefetches),
               static_cast<unsigned long long>(s.prefetch_hits), static_cast<unsigned long long>(s.evictions),
               static_cast<unsigned long long>(s.offloads), s.stall_s, static_cast<unsigned long long>(s.device_steps),
               static_cast<unsigned long long>(s.host_steps));
-  std::printf("peaks: chunks on device %s, non-model %s, device %s of %s; trace divergences %zu\n",
+  std::printf("peaks over the run: device %s of %s (chunks %s, non-model %s); trace divergences %zu\n",
+              format_bytes(s.peak_device_bytes).c_str(), format_bytes(device_capacity).c_str(),
               format_bytes(s.peak_device_chunk_bytes).c_str(), format_bytes(s.peak_non_model_bytes).c_str(),
-              format_bytes(device.usage().peak).c_str(), format_bytes(device_capacity).c_str(),
               rt.tracer().stats().divergences);
   if (o.sample > 0) {
     auto gen = rt.untraced();

@@ -9,9 +9,11 @@
 
 namespace chunkstar {
 
-/** @brief Counters since construction (or the last `reset_stats()`), one meaning each. Every
- *  counter except the times and `buffer_reuses` is a deterministic function of the program and the
- *  policies, never of timing.
+/** @brief Counters since construction (or the last `reset_stats()`), one meaning each. The bytes,
+ *  `loads`, `evictions`, `offloads`, `materialised` and the peaks of chunk bytes are a deterministic
+ *  function of the program and the policies, never of timing. How many loads went ahead of use
+ *  (`prefetches`, `prefetch_hits`, `demand_loads`) can vary with timing, because the prefetch depth
+ *  counts the loads still in flight; the times and `buffer_reuses` depend on timing too.
  *
  *  Moves: every copy of a chunk payload between tiers is exactly one of `loads` (to the compute
  *  tier), `evictions` (to the host, to make room there) or `offloads` (to the host, for a host-side
