@@ -38,6 +38,11 @@ using gpt::train_options;
 
 namespace {
 
+/** Bytes of alignment slack the activation estimate adds (each buffer is 64-byte aligned). */
+constexpr std::size_t activation_slack_bytes = 64 * 1024;
+/** Latency of one copy on the modelled link (--link-bandwidth): a PCIe transfer's setup cost. */
+constexpr double modelled_copy_latency_s = 10e-6;
+
 /** Writing an output failed while the run was under way (exit code 4: the input was fine). */
 struct output_error : chunkstar::error {
   using chunkstar::error::error;
@@ -69,7 +74,7 @@ std::size_t activation_bytes(const gpt::gpt_config& cfg, const train_options& o)
   }
   const std::size_t staging =
       gpt::precision_type(o.precision) == dtype::f32 ? 0 : 2 * (largest_stage + static_cast<std::size_t>(cfg.vocab) * cfg.width);
-  return (s.forward_total() + s.workspace + staging) * sizeof(float) + 64 * 1024;  // + alignment slack
+  return (s.forward_total() + s.workspace + staging) * sizeof(float) + activation_slack_bytes;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -141,7 +146,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
                        "): raise --host-budget or --device-budget, or train a smaller model");
   gpt::check_memory({.model_data = model_bytes, .activations = act, .device = device_capacity});
   const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
-  const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? 10e-6 : 0.0};
+  const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
   simulated_device_space device({.capacity = device_capacity, .link = link, .name = "device"});
   host_space host({.capacity = host_capacity});
   host_copy_engine copier(link);

@@ -580,3 +580,22 @@ TEST_CASE("the simplest construction, and a communicator held by reference") {
   CHECK(&by_ref.communicator() == &comm);
   (void)p;
 }
+
+TEST_CASE("a remote chunk is never read as zeros: reading or writing it is a state_error naming its owner") {
+  simulated_device_space dev({.capacity = 1 << 20});
+  host_space host;
+  host_copy_engine copier;
+  runtime_stats stats;
+  chunk_store<simulated_platform> store(dev, host, copier, 64, stats);
+  const chunk_list_desc lists[] = {{chunk_kind::param, dtype::f32, 256, 2}, {chunk_kind::grad, dtype::f32, 256, 2}};
+  store.build(lists, 2);
+  store.allocate_initial();
+  store.release({chunk_kind::param, 1});
+  store.at({chunk_kind::param, 1}).where = tier::remote;  // as ZeRO leaves a chunk another rank owns
+  std::vector<float> v(8);
+  CHECK_THROWS_WITH_AS(store.read_values({chunk_kind::param, 1}, 0, v), doctest::Contains("held by rank 1"), state_error);
+  CHECK_THROWS_AS(store.write_values({chunk_kind::param, 1}, 0, v), state_error);
+  store.read_values({chunk_kind::grad, 1}, 0, v);  // FREE: zeros
+  CHECK(v == std::vector<float>(8, 0.0f));
+  store.at({chunk_kind::param, 1}).where = tier::free;
+}

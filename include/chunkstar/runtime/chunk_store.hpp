@@ -341,6 +341,15 @@ class chunk_store {
     s.pending.reset();
   }
 
+  /** @brief Throws state_error unless chunk @p id has a payload on this rank (a `remote` chunk must
+   *  be gathered first: reading it is never reading zeros). */
+  void require_payload(chunk_id id, const char* what) const {
+    const auto& s = at(id);
+    if (!holds_payload(s.where))
+      throw state_error("cannot " + std::string(what) + " chunk " + to_string(id) + ": it has no payload on this rank (" +
+                        std::string(tier_name(s.where)) + (s.where == tier::remote ? ", held by rank " + std::to_string(s.owner) + "): gather it first" : ")"));
+  }
+
   /** @brief Waits (on the host) for the user's work still using @p s's payload, before the host
    *  itself reads or writes it. */
   void wait_user(slot& s) {
@@ -395,6 +404,7 @@ class chunk_store {
    *  (wherever it lives; waits for its copy and for the user's work on it). */
   void read(chunk_id id, std::size_t offset, std::span<std::byte> out) {
     auto& s = at(id);
+    require_payload(id, "read");
     wait(s);
     wait_user(s);
     const std::byte* src = static_cast<const std::byte*>(s.data) + offset;
@@ -404,6 +414,7 @@ class chunk_store {
   /** @brief Writes @p in at byte @p offset of chunk @p id's payload (wherever it lives). */
   void write(chunk_id id, std::size_t offset, std::span<const std::byte> in) {
     auto& s = at(id);
+    require_payload(id, "write");
     wait(s);
     wait_user(s);
     std::byte* dst = static_cast<std::byte*>(s.data) + offset;
