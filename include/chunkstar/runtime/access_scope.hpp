@@ -12,6 +12,7 @@
 #include <chunkstar/runtime/param_registry.hpp>
 
 #include <algorithm>
+#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,6 +38,25 @@ namespace chunkstar {
   return ids;
 }
 
+/** @brief The names of the scopes open now, innermost last (for messages that name "the open scope"). */
+class open_scope_names {
+ public:
+  void push(std::string_view name) { names_.emplace_back(name); }
+  /** @brief Forgets the innermost scope called @p name (scopes may close out of order). */
+  void pop(std::string_view name) noexcept {
+    for (auto it = names_.rbegin(); it != names_.rend(); ++it)
+      if (*it == name) {
+        names_.erase(std::next(it).base());
+        return;
+      }
+  }
+  [[nodiscard]] std::string_view innermost() const noexcept { return names_.empty() ? std::string_view() : names_.back(); }
+  [[nodiscard]] std::size_t size() const noexcept { return names_.size(); }
+
+ private:
+  std::vector<std::string> names_;
+};
+
 /** @brief An open access scope of runtime @p Runtime: the chunks of its parameters are resident on
  *  the compute tier and pinned, and their tensors in COMPUTE, until it closes.
  *
@@ -51,7 +71,8 @@ class access_scope {
   using stream_type = typename Runtime::stream_type;
 
   access_scope(access_scope&& o) noexcept
-      : rt_(std::exchange(o.rt_, nullptr)), kind_(o.kind_), params_(std::move(o.params_)), pins_(std::move(o.pins_)) {}
+      : rt_(std::exchange(o.rt_, nullptr)), kind_(o.kind_), name_(std::move(o.name_)), begin_us_(o.begin_us_),
+        params_(std::move(o.params_)), pins_(std::move(o.pins_)) {}
   access_scope& operator=(access_scope&&) = delete;
   ~access_scope() { close(); }
 
@@ -69,7 +90,7 @@ class access_scope {
   }
   /** @brief Closes the scope: the user's work on its memory is complete. */
   void close() noexcept {
-    if (rt_) std::exchange(rt_, nullptr)->scope_closed(kind_, params_, pins_);
+    if (rt_) std::exchange(rt_, nullptr)->scope_closed(kind_, name_, begin_us_, params_, pins_);
   }
   /** @brief Closes the scope with the user's work on its memory still running on @p stream:
    *  later moves of its chunks wait for that work. */
@@ -82,10 +103,12 @@ class access_scope {
  private:
   friend Runtime;
   using pins_type = typename Runtime::store_type::pin_set;
-  access_scope(Runtime* rt, moment_kind k, std::vector<param_id> p, pins_type pins)
-      : rt_(rt), kind_(k), params_(std::move(p)), pins_(std::move(pins)) {}
+  access_scope(Runtime* rt, moment_kind k, std::string_view name, double begin_us, std::vector<param_id> p, pins_type pins)
+      : rt_(rt), kind_(k), name_(name), begin_us_(begin_us), params_(std::move(p)), pins_(std::move(pins)) {}
   Runtime* rt_;
   moment_kind kind_;
+  std::string name_;
+  double begin_us_;
   std::vector<param_id> params_;
   pins_type pins_;
 };

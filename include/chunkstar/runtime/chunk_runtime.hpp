@@ -71,6 +71,7 @@ class chunk_runtime {
                       std::move(tracer)) {}
   chunk_runtime(const chunk_runtime&) = delete;
   chunk_runtime& operator=(const chunk_runtime&) = delete;
+  ~chunk_runtime() { observer_ = {}; }  // the store's last copies retire after a user's observer may be gone
 
   // --- registration ------------------------------------------------------------------------------
   /** @brief Registers a parameter; @p init fills its fp32 initial values (zeros when empty).
@@ -113,7 +114,7 @@ class chunk_runtime {
    *  (an input batch before the first scope) counts towards the next iteration's first moment. */
   void* allocate_non_model(std::size_t bytes, std::size_t alignment = 64) {
     void* p = non_model_.allocate(bytes, alignment, [&] { return residency_.free_one_for_non_model(); },
-                                  [&] { return memory_report_now(); }, open_scope_name_);
+                                  [&] { return memory_report_now(); }, open_.innermost());
     stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, level_.non_model);
     store_.note_device_peak();
     if (!level_.untraced) {
@@ -186,12 +187,10 @@ class chunk_runtime {
   [[nodiscard]] untraced_section untraced() {
     require_finalized("untraced");
     states_.require_none_in_compute("untraced");
-    if (level_.untraced) throw state_error("untraced() while an untraced section is already open: close it first");
-    level_.untraced = true;
+    if (std::exchange(level_.untraced, true)) throw state_error("untraced() while an untraced section is already open: close it first");
     return untraced_section(this);
   }
 
-  // --- tensors wherever they live (checkpoints, tests) -------------------------------------------
   /** @brief Copies parameter @p p's data in list @p k to @p out as fp32 (any tier; no chunk moves).
    *  A FREE chunk reads as zeros. @throws state_error for a chunk another rank holds (gather it first). */
   void read_tensor(param_id p, chunk_kind k, std::span<float> out) const {
@@ -255,8 +254,8 @@ class chunk_runtime {
   /** @brief What is wrong with the runtime's bookkeeping (empty: nothing), for tests after faults;
    *  @p sole_user: only the runtime allocates from the device space (then nothing may leak). */
   [[nodiscard]] std::vector<std::string> invariant_violations(bool sole_user = false) const {
-    auto v = store_.violations(open_scopes_ > 0 || pass_.in_progress(), level_.non_model, sole_user);
-    if (open_scopes_ == 0 && states_.any_in_compute()) v.push_back("a tensor is in COMPUTE with no scope open");
+    auto v = store_.violations(open_.size() > 0 || pass_.in_progress(), level_.non_model, sole_user);
+    if (open_.size() == 0 && states_.any_in_compute()) v.push_back("a tensor is in COMPUTE with no scope open");
     return v;
   }
 
@@ -310,16 +309,16 @@ class chunk_runtime {
     typename store_type::pin_set pins(store_, std::move(ids));
     for (auto p : params) states_.open(p.value);
     ++stats_.scopes;
-    ++open_scopes_;
-    open_scope_name_ = name;
+    open_.push(name);
     sample();
     residency_.prefetch(m);
-    observer_.scope_open(kind, name, t0, observer_.now_us());
-    scope_begin_us_ = observer_.now_us();
-    return scope(this, kind, std::move(params), std::move(pins));
+    const double t1 = observer_.now_us();
+    observer_.scope_open(kind, name, t0, t1);
+    return scope(this, kind, name, t1, std::move(params), std::move(pins));
   }
 
-  void scope_closed(moment_kind kind, std::span<const param_id> params, typename store_type::pin_set& pins) noexcept {
+  void scope_closed(moment_kind kind, std::string_view name, double begin_us, std::span<const param_id> params,
+                    typename store_type::pin_set& pins) noexcept {
     pins.reset();
     for (auto p : params) {
       try {
@@ -327,8 +326,12 @@ class chunk_runtime {
       } catch (...) {  // cannot happen for a scope the runtime opened; never throw from a destructor
       }
     }
-    observer_.scope_close(kind, open_scope_name_, scope_begin_us_, observer_.now_us());
-    if (--open_scopes_ == 0) open_scope_name_.clear();
+    observer_.scope_close(kind, name, begin_us, observer_.now_us());
+    open_.pop(name);
+    try {  // its chunks may leave now: the coming moments' transfers can start (an optimisation)
+      if (!level_.untraced && level_.releasing == never) residency_.prefetch(tracer_.current_moment());
+    } catch (...) {
+    }
   }
   void order_after_user(std::span<const chunk_id> ids, const stream_type& stream) {
     const auto done = store_.copier().record(stream);
@@ -388,9 +391,7 @@ class chunk_runtime {
   optimizer_pass<store_type, residency_type, TracerT> pass_;
   bool finalized_ = false;
   bool iteration_open_ = false;
-  std::size_t open_scopes_ = 0;
-  std::string open_scope_name_;  // the latest scope opened, for out-of-memory messages
-  double scope_begin_us_ = 0;
+  open_scope_names open_;
 };
 
 }  // namespace chunkstar

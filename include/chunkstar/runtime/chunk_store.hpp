@@ -179,10 +179,12 @@ class chunk_store {
     std::size_t elems = 0;  ///< elements of the chunk (its capacity)
     dtype type = dtype::f32;
   };
-  /** @brief Pins chunk @p id (a FREE one first gets a zeroed payload on the host) once its copy landed. */
+  /** @brief Pins chunk @p id (a FREE one first gets a zeroed payload on the host) once its copy
+   *  landed and the user's work on it finished. */
   [[nodiscard]] held_payload hold(chunk_id id) {
     if (at(id).where == tier::free) materialise(id, tier::host);
     wait(id);
+    wait_user(at(id));
     const auto& d = desc(id.kind);
     return {pin_set(*this, {id}), at(id).data, d.chunk_bytes / dtype_size(d.type), d.type};
   }
@@ -251,6 +253,7 @@ class chunk_store {
                                     (to == tier::host ? ": host and device are both full; raise the host space's capacity"
                                                       : ": the device is full of non-model data; raise the device space's capacity or lower the activation memory"),
                                 bytes, report());
+    const double submitted_us = now_us();
     std::optional<copy_handle> h;
     try {
       // Ordered after what still uses the source: the user's work on it, and its own last copy.
@@ -261,7 +264,7 @@ class chunk_store {
       give_back(dst, to, bytes);
       throw;
     }
-    retiring_.push_back({*h, s.data, s.where, bytes, now_us()});
+    retiring_.push_back({*h, s.data, s.where, bytes, submitted_us});
     count(s.where, bytes, -1);
     s.pending = std::move(h);
     s.user_done.reset();
@@ -494,7 +497,13 @@ class chunk_store {
     std::vector<slot> chunks;
   };
 
-  double now_us() const { return clock ? clock() : 0.0; }
+  double now_us() const noexcept {
+    try {
+      return clock ? clock() : 0.0;
+    } catch (...) {
+      return 0.0;
+    }
+  }
 
   void* allocate_on(tier t, std::size_t bytes) {
     return t == tier::device ? device_.try_allocate(bytes, alignment_) : host_.try_allocate(bytes, alignment_);

@@ -51,6 +51,7 @@ void for_each_gradient(Store& store, const chunk_plan& plan, std::span<const ten
     const chunk_id id{chunk_kind::grad, c};
     if (!holds_payload(store.at(id).where)) continue;
     store.wait(id);
+    store.wait_user(store.at(id));  // the user's backward work on it (a scope closed on a stream)
     f(step_chunk{.index = c, .where = store.at(id).where, .param_type = param_type, .elems = plan.chunk_elems,
                  .grad = store.at(id).data, .tensors = plan.chunk_tensors[c], .slots = plan.slots, .specs = specs});
   }
@@ -98,6 +99,7 @@ class optimizer_pass {
         for (auto id : ids) residency_.make_resident_on_host(id);
       }
       typename Store::pin_set pins(store_, ids);
+      for (auto id : ids) store_.wait_user(store_.at(id));  // the update must see the user's last writes
       // The trace holds device accesses only, so it cannot know that a later chunk of this step
       // needs its lists on the host first: never fetch those up just to move them down again.
       residency_.prefetch(m, [&](chunk_id id) { return id.index > c && residency_.optimizer_tier(id.index) == tier::host; });

@@ -56,7 +56,14 @@ class observer_ref {
   observer_ref(O& o) noexcept : obj_(&o), vt_(&vtable_for<O>) {}  // NOLINT(google-explicit-constructor)
 
   [[nodiscard]] explicit operator bool() const noexcept { return obj_ != nullptr; }
-  [[nodiscard]] double now_us() const { return obj_ ? vt_->now(obj_) : 0.0; }
+  [[nodiscard]] double now_us() const noexcept {
+    if (obj_ == nullptr) return 0.0;
+    try {
+      return vt_->now(obj_);
+    } catch (...) {  // a clock that throws reads as 0, like an observer that throws loses its event
+      return 0.0;
+    }
+  }
   void scope_open(moment_kind k, std::string_view n, double b, double e) const noexcept { call([&] { vt_->open(obj_, k, n, b, e); }); }
   void scope_close(moment_kind k, std::string_view n, double b, double e) const noexcept { call([&] { vt_->close(obj_, k, n, b, e); }); }
   void copy(tier t, double b, double e) const noexcept { call([&] { vt_->copy(obj_, t, b, e); }); }
