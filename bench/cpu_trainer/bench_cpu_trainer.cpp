@@ -12,9 +12,12 @@
 //                6 L C T (T + 1) B (QK^T and AV, forward and backward, only the scores t2 <= t).
 //   ratio:       model rate / sgemm rate: the share of the GEMM speed the whole step keeps. 1 would
 //                mean every other kernel, the optimizer and the runtime cost nothing.
+//   kernels:     the step's other float kernels (embedding, LayerNorm, attention, GELU, residual
+//                adds, softmax + cross-entropy, bias gradients, zeroing of scratch gradients), each
+//                at its shape, times its count per step: what of the step the GEMMs do not explain.
 //
-// Rounds alternate one training step and one pass over the GEMM shapes, so both see the same
-// machine; medians over the rounds. See docs/performance.md.
+// Rounds alternate one training step and one pass over the GEMM shapes and the kernels, so all
+// see the same machine; medians over the rounds. See docs/performance.md.
 #include "../bench_cli.hpp"
 #include "../e2e/e2e_support.hpp"
 
@@ -25,6 +28,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -145,6 +149,119 @@ struct gemm_bench {
   }
 };
 
+/** One non-GEMM kernel call of a training step, `count` times per step, on kernel_bench's buffers. */
+struct kernel_call {
+  std::string what, shape;
+  std::size_t count;
+  std::function<void()> run;
+};
+
+/** The float kernels a training step calls besides its GEMMs, as gpt_model.hpp's stages call them
+ *  (same functions, shapes and counts), on buffers of the step's shapes filled once with small
+ *  random values. Listed in step order: each backward runs after its forward in the same round,
+ *  so it reads real LayerNorm statistics, attention and softmax probabilities. Not timed: the bias
+ *  rows matmul_forward copies before its GEMM (a loop inside it, not a kernel) and mean_loss (N
+ *  values summed on one thread); they fall in "the rest". */
+struct kernel_bench {
+  std::vector<float> x, y, dx, dy, ln_w, ln_b, ln_dw, ln_db, mean, rstd;  // [N, C] rows and LayerNorm's [C], [N]
+  std::vector<float> qkv, dqkv, att, att_scratch, h, hg, dh, dhg, dbias;  // attention [N, 3C], MLP [N, 4C]
+  std::vector<float> logits, probs, dlogits, losses, wte, wpe, dwte, dwpe;  // head [N, V], embeddings
+  std::vector<int> tokens, targets;
+  std::vector<kernel_call> calls;
+
+  kernel_bench(const gpt::gpt_config& c, std::size_t B, std::size_t T) {
+    const std::size_t N = B * T, C = c.width, V = c.vocab, NH = c.heads, L = static_cast<std::size_t>(c.layers);
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    const auto fill = [&](std::vector<float>& v, std::size_t n) {
+      v.resize(n);
+      for (float& e : v) e = u(rng);
+    };
+    for (auto* v : {&x, &y, &dx, &dy}) fill(*v, N * C);
+    for (auto* v : {&ln_w, &ln_b, &ln_dw, &ln_db}) fill(*v, C);
+    for (auto* v : {&mean, &rstd, &losses}) fill(*v, N);
+    for (auto* v : {&qkv, &dqkv}) fill(*v, 3 * N * C);
+    fill(att, B * NH * T * T);
+    fill(att_scratch, B * NH * T);
+    for (auto* v : {&h, &hg, &dh, &dhg}) fill(*v, 4 * N * C);
+    fill(dbias, 4 * C);  // the widest bias (fc's)
+    for (auto* v : {&logits, &probs, &dlogits}) fill(*v, N * V);
+    for (auto* v : {&wte, &dwte}) fill(*v, V * C);
+    for (auto* v : {&wpe, &dwpe}) fill(*v, T * C);
+    std::uniform_int_distribution<int> id(0, c.vocab - 1);
+    for (auto* v : {&tokens, &targets}) {
+      v->resize(N);
+      for (int& t : *v) t = id(rng);
+    }
+    const auto dims = [](std::initializer_list<std::pair<const char*, std::size_t>> d) {
+      std::string s;
+      for (const auto& [k, n] : d) s.append(s.empty() ? "" : " ").append(k).append("=").append(std::to_string(n));
+      return s;
+    };
+    const float dloss = 1.0f / static_cast<float>(N);  // the mean loss's gradient, as head_backward passes it
+    namespace cpu = gpt::cpu;
+    const std::string rows = dims({{"N", N}, {"C", C}}), attn = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
+    const std::string embed = dims({{"B", B}, {"T", T}, {"C", C}}), head = dims({{"N", N}, {"V", V}});
+    const std::string mlp = dims({{"n", 4 * N * C}});
+    // forward: the embedding; per block ln1, attention, 2 residual adds, ln2, GELU; the head's lnf, softmax + xent
+    calls.push_back({"encoder_forward", embed, 1,
+                     [=, this] { cpu::encoder_forward(x.data(), tokens.data(), wte.data(), wpe.data(), B, T, C); }});
+    calls.push_back({"layernorm_forward", rows, 2 * L + 1, [=, this] {
+                       cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), ln_w.data(), ln_b.data(), N, C);
+                     }});
+    calls.push_back({"attention_forward", attn, L,
+                     [=, this] { cpu::attention_forward(y.data(), att.data(), qkv.data(), B, T, C, NH); }});
+    calls.push_back({"residual_forward", dims({{"n", N * C}}), 2 * L,
+                     [=, this] { cpu::residual_forward(y.data(), x.data(), dx.data(), N * C); }});
+    calls.push_back({"gelu_forward", mlp, L, [=, this] { cpu::gelu_forward(hg.data(), h.data(), 4 * N * C); }});
+    calls.push_back({"softmax_crossentropy_forward", head, 1, [=, this] {
+                       cpu::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V);
+                     }});
+    // backward: the scratch gradients zeroed before each kernel adds into them (head: dlogits, dln,
+    // dres; per block: dfch_gelu, dfch [N, 4C], dqkv [N, 3C], dln twice and datty [N, C])
+    const struct {
+      std::vector<float>* buf;
+      std::size_t n, count;
+      const char* shape;
+    } zeros[] = {{&dlogits, N * V, 1, "N*V"}, {&dh, 4 * N * C, 2 * L, "N*4C"}, {&dqkv, 3 * N * C, L, "N*3C"},
+                 {&dx, N * C, 3 * L + 2, "N*C"}};
+    for (const auto& z : zeros)
+      calls.push_back({"zero", std::string(z.shape) + "=" + std::to_string(z.n), z.count,
+                       [buf = z.buf, n = z.n] { cpu::zero(buf->data(), n); }});
+    calls.push_back({"softmax_crossentropy_backward", head, 1, [=, this] {
+                       cpu::softmax_crossentropy_backward(dlogits.data(), probs.data(), targets.data(), dloss, N, V);
+                     }});
+    // matmul_backward's bias gradients (the tied LM head has none): qkv 3C, attn.proj and mlp.proj C, fc 4C
+    const struct {
+      std::vector<float>* dout;
+      std::size_t oc, count;
+    } biases[] = {{&dqkv, 3 * C, L}, {&dy, C, 2 * L}, {&dh, 4 * C, L}};
+    for (const auto& bb : biases)
+      calls.push_back({"add_column_sums (dbias)", dims({{"N", N}, {"OC", bb.oc}}), bb.count, [=, this] {
+                         cpu::detail::add_column_sums(dbias.data(), bb.dout->data(), N, bb.oc);
+                       }});
+    calls.push_back({"gelu_backward", mlp, L, [=, this] { cpu::gelu_backward(dh.data(), h.data(), dhg.data(), 4 * N * C); }});
+    calls.push_back({"attention_backward", attn, L, [=, this] {
+                       cpu::attention_backward(dqkv.data(), att_scratch.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+                     }});
+    calls.push_back({"layernorm_backward", rows, 2 * L + 1, [=, this] {
+                       cpu::layernorm_backward(dx.data(), ln_dw.data(), ln_db.data(), dy.data(), x.data(), ln_w.data(),
+                                               mean.data(), rstd.data(), N, C);
+                     }});
+    calls.push_back({"encoder_backward", embed, 1,
+                     [=, this] { cpu::encoder_backward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C); }});
+  }
+  kernel_bench(const kernel_bench&) = delete;  // the calls point into this object's vectors
+  kernel_bench& operator=(const kernel_bench&) = delete;
+
+  /** Seconds of one call of @p k. */
+  static double time(const kernel_call& k) {
+    const auto t0 = e2e::clock::now();
+    k.run();
+    return seconds_since(t0);
+  }
+};
+
 /** OpenBLAS's own pool at @p n threads for a scope (the trainer keeps it at 1; see kernels_cpu.hpp). */
 struct blas_threads_scope {
   explicit blas_threads_scope(int n) {
@@ -179,9 +296,17 @@ struct trainer {
   }
 };
 
+/** One kernel_call's measured seconds, one per measured round. */
+struct kernel_timing {
+  std::string what, shape;
+  std::size_t count;
+  std::vector<double> s;
+};
+
 struct result {
-  std::vector<double> step_s, fb_s, opt_s, gemm_s;
+  std::vector<double> step_s, fb_s, opt_s, gemm_s, kernels_s;
   std::map<std::string, std::vector<double>> shape_s, shape_blas_s;
+  std::vector<kernel_timing> kernels;  // kernel_bench::calls order
   double first_loss = 0, last_loss = 0, moved_per_step = 0;
   std::uint64_t evictions = 0;
 };
@@ -190,8 +315,10 @@ template <class Runtime>
 result run(const options& o, const gpt::gpt_config& c, std::size_t capacity, typename Runtime::placement_type p) {
   auto t = std::make_unique<trainer<Runtime>>(c, gpt::batch_shape{o.batch, o.seq}, capacity, std::move(p));
   gemm_bench gb(step_gemms(c, o.batch, o.seq));
+  kernel_bench kb(c, o.batch, o.seq);
   e2e::batches data(o.batch, o.seq);
   result r;
+  for (const auto& k : kb.calls) r.kernels.push_back({k.what, k.shape, k.count, {}});
   std::uint64_t moved0 = 0, evictions0 = 0;
   for (int round = 0; round < o.warmup + o.rounds; ++round) {
     const bool measured = round >= o.warmup;
@@ -218,14 +345,22 @@ result run(const options& o, const gpt::gpt_config& c, std::size_t capacity, typ
         if (measured) r.shape_blas_s[g.what].push_back(s);
       }
     }
+    double kernels = 0;
+    for (std::size_t i = 0; i < kb.calls.size(); ++i) {
+      const double s = kernel_bench::time(kb.calls[i]);  // as for the GEMMs: one timed call stands for `count`
+      kernels += s * double(kb.calls[i].count);
+      if (measured) r.kernels[i].s.push_back(s);
+    }
     if (measured) {
       r.step_s.push_back(fb + os);
       r.fb_s.push_back(fb);
       r.opt_s.push_back(os);
       r.gemm_s.push_back(gemm);
+      r.kernels_s.push_back(kernels);
     }
-    std::printf("round %2d%s: step %.1f ms (forward+backward %.1f, optimizer %.1f), GEMM shapes %.1f ms, loss %.4f\n", round,
-                measured ? "" : " (warm-up)", 1e3 * (fb + os), 1e3 * fb, 1e3 * os, 1e3 * gemm, loss);
+    std::printf("round %2d%s: step %.1f ms (forward+backward %.1f, optimizer %.1f), GEMM shapes %.1f ms, other kernels %.1f ms, "
+                "loss %.4f\n",
+                round, measured ? "" : " (warm-up)", 1e3 * (fb + os), 1e3 * fb, 1e3 * os, 1e3 * gemm, 1e3 * kernels, loss);
     std::fflush(stdout);
   }
   r.moved_per_step = double(t->rt.stats().bytes_moved() - moved0) / o.rounds;
@@ -299,6 +434,23 @@ int main(int argc, char** argv) try {
   std::printf("| - of which not GEMM (other kernels, runtime) | %.1f ms | | %.1f%% |\n", 1e3 * (fb - trainer_gemm),
               100 * (fb - trainer_gemm) / step);
   std::printf("| - optimizer (norm scan, AdamW) | %.1f ms | | %.1f%% |\n", 1e3 * opt, 100 * opt / step);
+  std::printf("\n%-30s %-26s %5s  %9s  %7s\n", "kernel (not GEMM)", "shape", "x", "ms/step", "of step");
+  double kernels = 0;  // per step, the sum of the per-kernel medians x counts
+  for (const auto& k : r.kernels) {
+    const double s = e2e::median(k.s), per_step = s * double(k.count);
+    kernels += per_step;
+    std::printf("%-30s %-26s %5zu  %9.3f  %6.1f%%\n", k.what.c_str(), k.shape.c_str(), k.count, 1e3 * per_step,
+                100 * per_step / step);
+    e2e::json_record jk;  // seconds: one call, as the gemm records' seconds_split
+    jk.str("benchmark", "kernel").str("kernel", k.what).str("shape", k.shape).num("count_per_step", double(k.count));
+    jk.num("seconds", s).num("seconds_per_step", per_step);
+    records.push_back(jk);
+  }
+  // The GEMMs on the trainer's path: the way the step runs them, so the rest is what the step adds.
+  const double timed = trainer_gemm + kernels;
+  std::printf("sum of timed kernels (GEMM + these) %.1f ms of the %.1f ms step; the rest (runtime, optimizer, copies) %.1f ms "
+              "(GEMM %.1f + these %.1f; the optimizer alone %.1f)\n",
+              1e3 * timed, 1e3 * step, 1e3 * (step - timed), 1e3 * trainer_gemm, 1e3 * kernels, 1e3 * opt);
   std::printf("\nmodel FLOP/s / sgemm rate = %.3f (%.0f tokens/s; chunks moved per step %s MiB, evictions %llu; loss %.4f -> %.4f)\n",
               model_rate / sgemm_rate, double(tokens) / step, e2e::mib(r.moved_per_step).c_str(),
               static_cast<unsigned long long>(r.evictions), r.first_loss, r.last_loss);
@@ -307,7 +459,8 @@ int main(int argc, char** argv) try {
   j.str("policy", o.policy).str("isa", std::string(cpu_isa_name(active_cpu_isa()))).num("threads", omp_get_max_threads());
   j.num("params", double(gpt::param_count(c))).num("matmul_params", double(nmat)).num("model_flops_per_step", model_flops);
   j.num("gemm_flops_per_step", gemm_flops).num("step_s", step).num("forward_backward_s", fb).num("optimizer_s", opt);
-  j.num("gemm_s", gemm).num("trainer_gemm_s", trainer_gemm).num("sgemm_gflops", sgemm_rate / 1e9).num("model_gflops", model_rate / 1e9);
+  j.num("gemm_s", gemm).num("trainer_gemm_s", trainer_gemm).num("kernels_s", kernels);
+  j.num("sgemm_gflops", sgemm_rate / 1e9).num("model_gflops", model_rate / 1e9);
   j.num("ratio", model_rate / sgemm_rate).num("tokens_per_s", double(tokens) / step).num("rounds", o.rounds);
   j.num("bytes_moved_per_step", r.moved_per_step).num("evictions", double(r.evictions));
   records.push_back(j);
@@ -319,7 +472,7 @@ int main(int argc, char** argv) try {
       dat += std::to_string(i++) + " \"" + g.what + "\" " +
              std::to_string(2.0 * double(g.m) * double(g.n) * double(g.k) / e2e::median(r.shape_s[g.what]) / 1e9) + "\n";
     const std::string script = "set title 'GEMM shapes of one " + o.preset + " step (" + std::to_string(o.batch) + "x" +
-                               std::to_string(o.seq) + ") and the trainer'\nset ylabel 'GFLOP/s'\nset style fill solid 0.6\n"
+                               std::to_string(o.seq) + ") and the trainer'\nset termoption noenhanced\nset ylabel 'GFLOP/s'\nset style fill solid 0.6\n"
                                "set boxwidth 0.7\nset xtics rotate by -40\nset yrange [0:*]\n"
                                "plot '@DIR@/gemm.dat' using 1:3:xtic(2) with boxes title 'sgemm, per shape', " +
                                std::to_string(sgemm_rate / 1e9) + " with lines lw 2 title 'sgemm, all shapes', " +
