@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 namespace chunkstar {
 
@@ -91,13 +92,17 @@ class chunk_adam {
       optimizer_step_result r;
       r.loss_scale = scaler_.scale();
       const float unscale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches));
-      grad_stats local;
+      // Per chunk, then summed in chunk order, so the total has the same bits however the chunks
+      // are spread over ranks: sharded ranks hold disjoint chunks, and the allreduce of their
+      // per-chunk sums (zeros elsewhere) is exact. One collective gives both answers: a rank with
+      // inf/NaN makes the global sum non-finite.
+      std::vector<double> per_chunk(rt.plan().num_chunks, 0.0);
       rt.for_each_grad_chunk([&](const step_chunk& c) {
-        local += scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where);
+        per_chunk[c.index] = scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where).sum_sq;
       });
-      // One collective gives both answers: a rank with inf/NaN makes the global sum non-finite.
-      double sum_sq = local.sum_sq;
-      if (rt.gradients() == gradient_mode::sharded) rt.communicator().allreduce(std::span<double>(&sum_sq, 1), reduce_op::sum);
+      if (rt.gradients() == gradient_mode::sharded) rt.communicator().allreduce(std::span<double>(per_chunk), reduce_op::sum);
+      double sum_sq = 0.0;
+      for (double x : per_chunk) sum_sq += x;
       r.grad_norm = std::sqrt(sum_sq);
       const bool overflow = !std::isfinite(sum_sq);
       if (!scaler_.update(overflow)) {
