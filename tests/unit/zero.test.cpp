@@ -128,3 +128,72 @@ TEST_CASE("ZeRO over 1-4 in-process ranks: owned parameters bit-identical to the
     }
   }
 }
+
+TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the theory exactly") {
+  // Four layers, one chunk each (1 KiB per list), so U = ceil(4 / N) groups are in use. Per
+  // iteration, once the trace exists: forward gathers each group once (a group stays gathered
+  // across its consecutive layers); backward gathers them again, except the last group, whose next
+  // use is the very next moment (kept gathered: only the forward's gathers); each group's
+  // gradients are reduce-scattered once; the norm is one allreduce of a double per chunk.
+  for (int ranks : {2, 3, 4}) {
+    for (bool keep : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(keep);
+      const std::uint64_t n = static_cast<std::uint64_t>(ranks), used = (4 + n - 1) / n, padded = used * n;
+      const std::uint64_t gathers = keep ? used : 2 * used - 1, reductions = used;
+      const std::uint64_t theory = (n - 1) * (gathers * chunk_bytes + reductions * chunk_bytes + padded * sizeof(double));
+      std::vector<std::vector<comm_stats>> per_iteration(static_cast<std::size_t>(ranks));
+      std::vector<runtime_stats> last(static_cast<std::size_t>(ranks));
+      run_ranks(ranks, [&](in_process_communicator& comm) {
+        mlp_replica<in_process_communicator> r({.sharding = {.enabled = true, .keep_gathered = keep}}, 1 << 20, comm);
+        auto opt = make_adam();
+        for (int step = 1; step <= steps; ++step) {
+          const comm_stats before = comm.stats();
+          const runtime_stats rs = r.rt.stats();
+          r.forward_backward(step, comm.rank(), [] {});
+          REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+          comm_stats d = comm.stats();
+          d.bytes_sent -= before.bytes_sent;
+          d.bytes_received -= before.bytes_received;
+          d.collectives -= before.collectives;
+          per_iteration[static_cast<std::size_t>(comm.rank())].push_back(d);
+          if (step == steps) {
+            last[static_cast<std::size_t>(comm.rank())] = r.rt.stats();
+            CHECK(last[static_cast<std::size_t>(comm.rank())].gathers - rs.gathers == gathers);
+            CHECK(last[static_cast<std::size_t>(comm.rank())].reductions - rs.reductions == reductions);
+          }
+        }
+      });
+      for (int k = 0; k < ranks; ++k)
+        for (int step = 2; step <= steps; ++step) {
+          CAPTURE(k);
+          CAPTURE(step);
+          const auto& d = per_iteration[static_cast<std::size_t>(k)][static_cast<std::size_t>(step - 1)];
+          CHECK(d.bytes_sent == theory);
+          CHECK(d.bytes_received == theory);
+          CHECK(d.collectives == gathers + reductions + 1);
+        }
+    }
+  }
+}
+
+TEST_CASE("ZeRO memory: each rank's model-data peak is its 1/N share plus the collective buffers; the device stays within its budget") {
+  for (int ranks : {2, 3, 4}) {
+    for (bool tight : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(tight);
+      const std::size_t capacity = tight ? act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes : std::size_t{1} << 20;
+      const auto got = train_zero(ranks, capacity, false);
+      for (const auto& r : got) {
+        const std::size_t share = r.model_bytes / static_cast<std::size_t>(ranks);
+        // At most two parameter groups gathered at once (the current one, and the last forward
+        // one kept for backward), one gradient group, and one chunk of reduce scratch.
+        const std::size_t collective_bound = 3 * static_cast<std::size_t>(ranks) * chunk_bytes + chunk_bytes;
+        CHECK(r.stats.peak_collective_bytes > 0);
+        CHECK(r.stats.peak_collective_bytes <= collective_bound);
+        CHECK(r.stats.peak_model_bytes <= share + r.stats.peak_collective_bytes);
+        CHECK(r.stats.peak_device_bytes <= capacity);
+      }
+    }
+  }
+}

@@ -100,6 +100,8 @@ class in_process_communicator {
   comm_handle ring_shift_async(const void* send, void* recv, std::size_t bytes);
   /** @brief The barrier as an asynchronous collective (not required by `Communicator`). */
   comm_handle barrier_async();
+  /** @brief Bytes this rank moved and collectives it issued (see comm_stats). */
+  [[nodiscard]] const comm_stats& stats() const noexcept { return counter_.stats; }
 
  private:
   friend class in_process_group;
@@ -119,6 +121,7 @@ class in_process_communicator {
 
   in_process_group* group_;
   int rank_;
+  detail::comm_counter counter_;  // only touched by the rank's own thread
   std::uint64_t next_index_ = 0;  // only touched by the rank's own thread
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -452,12 +455,14 @@ inline comm_handle in_process_communicator::allreduce_async(void* inout, std::si
   detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
   const detail::collective_call call{detail::collective_kind::allreduce, count, t, op, 0};
   const std::uint64_t index = next_index_++;
+  counter_.gather_like(count * dtype_size(t), size());
   return submit([=, this] { run_allreduce(index, call, inout, count, dtype_size(t)); });
 }
 
 inline comm_handle in_process_communicator::allreduce_async(std::span<double> inout, reduce_op op) {
   const detail::collective_call call{detail::collective_kind::allreduce_f64, inout.size(), dtype::f32, op, 0};
   const std::uint64_t index = next_index_++;
+  counter_.gather_like(inout.size_bytes(), size());
   return submit([=, this] { run_allreduce(index, call, inout.data(), inout.size(), sizeof(double)); });
 }
 
@@ -465,6 +470,7 @@ inline comm_handle in_process_communicator::allgather_async(const void* send, vo
   detail::check_allgather(send, recv, bytes, rank_, size());
   const detail::collective_call call{detail::collective_kind::allgather, bytes, dtype::f32, reduce_op::sum, 0};
   const std::uint64_t index = next_index_++;
+  counter_.gather_like(bytes, size());
   return submit([=, this] {
     in_process_group& g = *group_;
     const in_process_group::slot mine{call, index, send, nullptr};
@@ -483,6 +489,7 @@ inline comm_handle in_process_communicator::reduce_scatter_async(const void* sen
   detail::check_reduce_scatter(send, recv, count, t, rank_, size());
   const detail::collective_call call{detail::collective_kind::reduce_scatter, count, t, op, 0};
   const std::uint64_t index = next_index_++;
+  counter_.gather_like(count * dtype_size(t), size());
   return submit([=, this] {
     in_process_group& g = *group_;
     const in_process_group::slot mine{call, index, send, nullptr};
@@ -503,6 +510,7 @@ inline comm_handle in_process_communicator::broadcast_async(void* buf, std::size
   detail::check_root(root, size(), "broadcast");
   const detail::collective_call call{detail::collective_kind::broadcast, bytes, dtype::f32, reduce_op::sum, root};
   const std::uint64_t index = next_index_++;
+  counter_.broadcast(bytes, root, rank_, size());
   return submit([=, this] {
     in_process_group& g = *group_;
     const in_process_group::slot mine{call, index, buf, nullptr};
@@ -516,6 +524,7 @@ inline comm_handle in_process_communicator::ring_shift_async(const void* send, v
   detail::check_ring_shift(send, recv, bytes);
   const detail::collective_call call{detail::collective_kind::ring_shift, bytes, dtype::f32, reduce_op::sum, 0};
   const std::uint64_t index = next_index_++;
+  counter_.ring_shift(bytes, size());
   return submit([=, this] {
     in_process_group& g = *group_;
     const in_process_group::slot mine{call, index, send, nullptr};

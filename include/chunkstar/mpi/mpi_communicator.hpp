@@ -191,12 +191,14 @@ class mpi_communicator {
 
   void allreduce(void* inout, std::size_t count, dtype t, reduce_op op) {
     detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
+    counter_.gather_like(count * dtype_size(t), size_);
     allreduce_blocks(inout, count, dtype_size(t), [&](void* dst, const void* const* srcs, std::size_t n) {
       detail::fold_ranks(dst, srcs, size_, n, t, op);
     });
   }
 
   void allreduce(std::span<double> inout, reduce_op op) {
+    counter_.gather_like(inout.size_bytes(), size_);
     allreduce_blocks(inout.data(), inout.size(), sizeof(double), [&](void* dst, const void* const* srcs, std::size_t n) {
       detail::fold_ranks_f64(static_cast<double*>(dst), srcs, size_, n, op);
     });
@@ -205,6 +207,7 @@ class mpi_communicator {
   void allgather(const void* send, void* recv, std::size_t bytes) {
     detail::check_allgather(send, recv, bytes, rank_, size_);
     const int n = detail::mpi_count(bytes, "allgather");
+    counter_.gather_like(bytes, size_);
     const bool in_place = bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
     detail::mpi_check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_),
                       "MPI_Allgather");
@@ -213,6 +216,7 @@ class mpi_communicator {
   void reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     detail::check_reduce_scatter(send, recv, count, t, rank_, size_);
     const std::size_t block = count * dtype_size(t);
+    counter_.gather_like(block, size_);
     const int n = detail::mpi_count(block, "reduce_scatter");
     if (block == 0) return;
     if (size_ == 1) {
@@ -227,12 +231,14 @@ class mpi_communicator {
   void broadcast(void* buf, std::size_t bytes, int root) {
     detail::check_buffer(buf, bytes, "broadcast", "buf");
     detail::check_root(root, size_, "broadcast");
+    counter_.broadcast(bytes, root, rank_, size_);
     detail::mpi_check(MPI_Bcast(buf, detail::mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_), "MPI_Bcast");
   }
 
   void ring_shift(const void* send, void* recv, std::size_t bytes) {
     detail::check_ring_shift(send, recv, bytes);
     const int n = detail::mpi_count(bytes, "ring_shift");
+    counter_.ring_shift(bytes, size_);
     detail::mpi_check(MPI_Sendrecv(send, n, MPI_BYTE, next(), ring_tag, recv, n, MPI_BYTE, prev(), ring_tag, comm_,
                                    MPI_STATUS_IGNORE),
                       "MPI_Sendrecv");
@@ -240,8 +246,12 @@ class mpi_communicator {
 
   void barrier() { detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
+  /** @brief Bytes this rank moved and collectives it issued (see comm_stats). */
+  [[nodiscard]] const comm_stats& stats() const noexcept { return counter_.stats; }
+
   comm_handle allreduce_async(void* inout, std::size_t count, dtype t, reduce_op op) {
     detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
+    counter_.gather_like(count * dtype_size(t), size_);
     return allreduce_gather_async(inout, count * dtype_size(t), [=, nranks = size_](const std::byte* gathered) {
       fold_gathered(nranks, inout, gathered, count * dtype_size(t), count, t, op);
     });
@@ -249,6 +259,7 @@ class mpi_communicator {
 
   comm_handle allreduce_async(std::span<double> inout, reduce_op op) {
     const std::size_t bytes = inout.size_bytes();
+    counter_.gather_like(bytes, size_);
     return allreduce_gather_async(inout.data(), bytes, [=, nranks = size_](const std::byte* gathered) {
       std::vector<const void*> srcs(static_cast<std::size_t>(nranks));
       for (std::size_t k = 0; k < srcs.size(); ++k) srcs[k] = gathered + k * bytes;
@@ -259,6 +270,7 @@ class mpi_communicator {
   comm_handle allgather_async(const void* send, void* recv, std::size_t bytes) {
     detail::check_allgather(send, recv, bytes, rank_, size_);
     const int n = detail::mpi_count(bytes, "allgather");
+    counter_.gather_like(bytes, size_);
     const bool in_place = bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
     auto state = make_state("MPI_Iallgather", 1);
     detail::mpi_check(
@@ -270,6 +282,7 @@ class mpi_communicator {
   comm_handle reduce_scatter_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     detail::check_reduce_scatter(send, recv, count, t, rank_, size_);
     const std::size_t block = count * dtype_size(t);
+    counter_.gather_like(block, size_);
     const int n = detail::mpi_count(block, "reduce_scatter");
     if (block == 0) return {};
     if (size_ == 1) {
@@ -289,6 +302,7 @@ class mpi_communicator {
   comm_handle broadcast_async(void* buf, std::size_t bytes, int root) {
     detail::check_buffer(buf, bytes, "broadcast", "buf");
     detail::check_root(root, size_, "broadcast");
+    counter_.broadcast(bytes, root, rank_, size_);
     auto state = make_state("MPI_Ibcast", 1);
     detail::mpi_check(MPI_Ibcast(buf, detail::mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &state->requests[0]),
                       "MPI_Ibcast");
@@ -298,6 +312,7 @@ class mpi_communicator {
   comm_handle ring_shift_async(const void* send, void* recv, std::size_t bytes) {
     detail::check_ring_shift(send, recv, bytes);
     const int n = detail::mpi_count(bytes, "ring_shift");
+    counter_.ring_shift(bytes, size_);
     auto state = make_state("ring_shift (MPI_Irecv/MPI_Isend)", 2);
     detail::mpi_check(MPI_Irecv(recv, n, MPI_BYTE, prev(), ring_tag, comm_, &state->requests[0]), "MPI_Irecv");
     const int rc = MPI_Isend(send, n, MPI_BYTE, next(), ring_tag, comm_, &state->requests[1]);
@@ -377,6 +392,7 @@ class mpi_communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  detail::comm_counter counter_;
 };
 
 static_assert(Communicator<mpi_communicator>);

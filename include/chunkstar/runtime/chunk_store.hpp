@@ -377,6 +377,7 @@ class chunk_store {
     unslotted_ += (positions - members.size()) * b;
     groups_.push_back({base, total, std::vector<chunk_id>(members.begin(), members.end())});
     note_device_peak();
+    note_model_peak();
     return base;
   }
   /** @brief Ends the group buffer @p base: its members become @p after (remote, or free), lose
@@ -410,13 +411,16 @@ class chunk_store {
     }
     if (p == nullptr) throw out_of_memory_error("no room on the device for " + format_bytes(bytes) + " of collective buffers", bytes, report());
     unslotted_ += bytes;
+    scratch_ += bytes;
     note_device_peak();
+    note_model_peak();
     return p;
   }
   void free_scratch(void* p, std::size_t bytes) noexcept {
     if (p == nullptr) return;
     free_on(tier::device, p, bytes);
     unslotted_ -= bytes;
+    scratch_ -= bytes;
   }
   /** @brief Makes scratch buffer @p p (from allocate_scratch, chunk-sized) chunk @p id's payload on
    *  the compute tier; @p id must have none. */
@@ -426,6 +430,7 @@ class chunk_store {
     s.where = tier::device;
     s.loaded_at = tick();
     unslotted_ -= bytes_of(id.kind);
+    scratch_ -= bytes_of(id.kind);
     count(tier::device, bytes_of(id.kind), +1);
   }
   /** @brief Bytes on the device outside chunk payloads: scratch and unused group positions. */
@@ -508,6 +513,9 @@ class chunk_store {
     stats_.peak_device_bytes = device_.used();
     stats_.peak_device_chunk_bytes = resident(tier::device);
     stats_.peak_host_chunk_bytes = resident(tier::host);
+    stats_.peak_model_bytes = resident(tier::device) + resident(tier::host) + unslotted_;
+    stats_.peak_collective_bytes = 0;
+    note_model_peak();
   }
   /** @brief Records the device space's use in `peak_device_bytes` (call after allocating from it). */
   void note_device_peak() noexcept { stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_.used()); }
@@ -698,6 +706,13 @@ class chunk_store {
     stats_.peak_device_chunk_bytes = std::max(stats_.peak_device_chunk_bytes, resident(tier::device));
     stats_.peak_host_chunk_bytes = std::max(stats_.peak_host_chunk_bytes, resident(tier::host));
     note_device_peak();
+    note_model_peak();
+  }
+  void note_model_peak() noexcept {
+    std::size_t in_groups = 0;
+    for (const auto& g : groups_) in_groups += g.bytes;
+    stats_.peak_collective_bytes = std::max(stats_.peak_collective_bytes, in_groups + scratch_);
+    stats_.peak_model_bytes = std::max(stats_.peak_model_bytes, resident(tier::device) + resident(tier::host) + unslotted_);
   }
 
   device_space_type& device_;
@@ -714,6 +729,7 @@ class chunk_store {
   };
   std::vector<group_buffer> groups_;  // group buffers in use (ZeRO)
   std::size_t unslotted_ = 0;         // device bytes outside payloads: scratch, unused group positions
+  std::size_t scratch_ = 0;           // of which collective scratch
   std::array<std::size_t, num_tiers> resident_{};
   std::size_t num_chunks_ = 0;
   std::size_t tick_ = 0;

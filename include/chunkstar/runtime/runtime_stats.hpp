@@ -50,6 +50,8 @@ struct runtime_stats {
   std::size_t peak_device_chunk_bytes = 0;  ///< most chunk payload bytes on the compute tier at once
   std::size_t peak_non_model_bytes = 0;     ///< most non-model bytes at once
   std::size_t peak_host_chunk_bytes = 0;    ///< most chunk payload bytes on the host at once
+  std::size_t peak_model_bytes = 0;         ///< most model data this rank held at once: payloads on every tier plus collective buffers
+  std::size_t peak_collective_bytes = 0;    ///< ZeRO: most bytes in group buffers and collective scratch at once
 
   /** @brief Bytes moved both ways. */
   [[nodiscard]] std::uint64_t bytes_moved() const noexcept { return bytes_to_device + bytes_to_host; }
