@@ -78,7 +78,7 @@ class shard_manager {
  public:
   shard_manager(Store& store, Residency& residency, const TracerT& tracer, Comm& comm, sharding_options options,
                 runtime_stats& stats, compute_level& level)
-      : store_(store), residency_(residency), tracer_(tracer), comm_(comm), options_(options), stats_(stats) {
+      : store_(store), residency_(residency), tracer_(tracer), comm_(comm), options_(options), stats_(stats), level_(level) {
     level.sharded = active();  // gradients then come from group buffers, never zero-filled chunk by chunk
   }
 
@@ -110,10 +110,13 @@ class shard_manager {
 
   /** @brief A scope closed at moment @p m: its work (collectives, which may throw) is left for the
    *  next call into the runtime, `settle()`, since a scope closes in a destructor. */
-  void closed(std::size_t m) noexcept { closed_at_ = m; }
+  void closed(std::size_t m) noexcept {
+    closed_at_ = m;
+    closed_untraced_ = level_.untraced;
+  }
   /** @brief Runs the work of the last scope closed (see after_close). */
   void settle() {
-    if (closed_at_ != never) after_close(std::exchange(closed_at_, never));
+    if (closed_at_ != never) after_close(std::exchange(closed_at_, never), closed_untraced_);
   }
   /** @brief settle(), then before_step(): every gradient reduced, only owned chunks left. */
   void finish_backward() {
@@ -123,9 +126,13 @@ class shard_manager {
 
   /** @brief After a scope closes at moment @p m: releases the gathered groups the trace says are
    *  done with, and reduce-scatters the gradient groups that are final. */
-  void after_close(std::size_t m) {
+  void after_close(std::size_t m, bool untraced = false) {
     if (!active()) return;
     for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (untraced) {  // evaluation, sampling: the training trace says nothing about these scopes
+        if (groups_[g].params) release(g);
+        continue;
+      }
       if (groups_[g].grads && all_final(g, m)) reduce(g);
       if (groups_[g].params && release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered)) release(g);
     }
@@ -268,8 +275,10 @@ class shard_manager {
   Comm& comm_;
   sharding_options options_;
   runtime_stats& stats_;
+  const compute_level& level_;
   std::vector<group_state> groups_;
   std::size_t closed_at_ = never;  // the moment of the last scope closed, until settle()
+  bool closed_untraced_ = false;   // it was closed inside an untraced section
 };
 
 }  // namespace chunkstar
