@@ -14,16 +14,18 @@ namespace chunkstar::testing {
 
 inline constexpr int mlp_layers = 4, mlp_width = 12, mlp_batch = 3;
 
-template <class Comm>
-using mlp_runtime = chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, Comm>;
+template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction>
+using mlp_runtime = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, Comm>;
 
-/** One rank's (or the reference's) model: spaces, runtime, parameters. */
-template <class Comm>
+/** One rank's (or the reference's) model: spaces, runtime, parameters, with the placement and
+ *  eviction policies given (default-constructed). */
+template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction>
 struct mlp_replica {
+  using runtime_type = mlp_runtime<Comm, Placement, Eviction>;
   simulated_device_space dev;
   host_space host;
   host_copy_engine copier;
-  mlp_runtime<Comm> rt;
+  runtime_type rt;
   std::vector<param_id> w, b;
 
   template <class... CommArg>
@@ -39,11 +41,11 @@ struct mlp_replica {
   }
 
   /** Forward and backward of micro-batch @p mb of step @p step; @p after_backward runs after each
-   *  backward scope closes. */
+   *  backward scope closes. @return the micro-batch's loss, sum((y - t)^2) / (2 batch). */
   template <class After>
-  void forward_backward(int step, int mb, After&& after_backward) {
+  float forward_backward(int step, int mb, After&& after_backward) {
     const std::size_t act = mlp_batch * mlp_width * sizeof(float);
-    std::vector<non_model_buffer<float, mlp_runtime<Comm>>> h;
+    std::vector<non_model_buffer<float, runtime_type>> h;
     for (int l = 0; l <= mlp_layers; ++l) h.push_back(rt.template allocate_buffer<float>(mlp_batch * mlp_width));
     for (int i = 0; i < mlp_batch * mlp_width; ++i) h[0].data()[i] = std::cos(0.21f * static_cast<float>(i) + 1.7f * static_cast<float>(mb) + static_cast<float>(step));
     for (int l = 0; l < mlp_layers; ++l) {
@@ -58,7 +60,12 @@ struct mlp_replica {
         }
     }
     auto dh = rt.template allocate_buffer<float>(mlp_batch * mlp_width), dprev = rt.template allocate_buffer<float>(mlp_batch * mlp_width);
-    for (int i = 0; i < mlp_batch * mlp_width; ++i) dh.data()[i] = (h[mlp_layers].data()[i] - 0.1f * static_cast<float>(mb)) / mlp_batch;
+    float loss = 0;
+    for (int i = 0; i < mlp_batch * mlp_width; ++i) {
+      const float e = h[mlp_layers].data()[i] - 0.1f * static_cast<float>(mb);
+      loss += e * e;
+      dh.data()[i] = e / mlp_batch;
+    }
     for (int l = mlp_layers - 1; l >= 0; --l) {
       {
         auto s = rt.backward("l" + std::to_string(l), {w[l], b[l]});
@@ -82,6 +89,7 @@ struct mlp_replica {
       after_backward();
     }
     (void)act;
+    return loss / (2 * mlp_batch);
   }
 
   std::vector<float> all(chunk_kind k) const {
