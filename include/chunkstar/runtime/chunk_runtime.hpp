@@ -84,12 +84,14 @@ class chunk_runtime {
 
   /** @brief Lays out the parameters (the plan is validated: config_error naming the tensor and the
    *  chunk for a plan that breaks a law), allocates the chunk lists (on the host, spilling to the
-   *  compute tier when the host is full) and initialises parameters and optimizer state. After a
-   *  throw the runtime cannot be finalised again: destroy it. */
+   *  compute tier when the host is full) and initialises parameters and optimizer state. With
+   *  several ranks, collective: a rank configured differently is a config_error on every rank.
+   *  After a throw the runtime cannot be finalised again: destroy it. */
   void finalize() {
     if (finalized_) throw state_error("finalize() called twice");
     finalized_ = true;
     plan_ = registry_.plan(layout_);
+    require_agreement(comm_, describe_configuration(registry_.specs(), plan_, layout_.name(), options_), "finalize()");
     plan_.num_chunks = shard_.map().padded(plan_.num_chunks);  // ZeRO: whole groups (the padding holds no tensor)
     plan_.chunk_tensors.resize(plan_.num_chunks);
     store_.build(make_chunk_lists(plan_, {.param_type = options_.param_type, .optimizer_state = options_.optimizer_state}), comm_.size());
