@@ -44,7 +44,7 @@ std::map<std::string, std::vector<float>> train(Comm& comm, std::size_t capacity
 }  // namespace
 
 TEST_CASE("ZeRO on MPI ranks gives the bits of the same ranks in-process, at a loose and a tight budget") {
-  mpi_communicator comm(MPI_COMM_WORLD);
+  mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
   for (std::size_t capacity : {std::size_t{1} << 20, tight}) {
     CAPTURE(capacity);
     const auto mine = train(comm, capacity);
