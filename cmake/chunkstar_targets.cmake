@@ -45,15 +45,16 @@ if(CHUNKSTAR_HAS_MPI)
   list(APPEND _chunkstar_export_targets chunkstar_mpi)
 endif()
 
-# ISA helpers for the header-only SIMD kernels (optim/adam.hpp, optim/grad_check.hpp), which pick
-# their path from the flags of the including translation unit (see optim/cpu_isa.hpp). Link one
-# next to chunkstar::chunkstar to compile your code for that ISA; nothing else changes:
-#   chunkstar::isa_native  -march=native: the build machine's widest ISA (AVX-512F where it has it);
-#                          the binary may not run on an older CPU
-#   chunkstar::isa_avx2    -mavx2 -mfma -mf16c: the AVX2 path, any x86-64 CPU since 2013 (Haswell, Zen)
-#   chunkstar::isa_avx512  -mavx512f -mavx2 -mfma -mf16c: the AVX-512 path (Skylake-SP, Zen 4 and later)
+# ISA helpers: compiler flags for the includer's own code. chunkstar's SIMD kernels (Adam, gradient
+# scans, dtype conversions) no longer need them: every build compiles their portable, AVX2 and
+# AVX-512 paths and chooses one at run time from the CPU (core/cpu_isa.hpp), so a default -O3
+# build is as fast. Link one next to chunkstar::chunkstar to compile your own code for that ISA:
+#   chunkstar::isa_native  -march=native: the build machine's widest ISA; the binary may not run on
+#                          an older CPU
+#   chunkstar::isa_avx2    -mavx2 -mfma -mf16c: any x86-64 CPU since 2013 (Haswell, Zen)
+#   chunkstar::isa_avx512  -mavx512f -mavx2 -mfma -mf16c: Skylake-SP, Zen 4 and later
 # GCC-compatible compilers only (GCC, Clang, IntelLLVM; nvcc passes them to its host compiler);
-# others get no flag, hence the portable path. avx2 and avx512 are x86-64 flags.
+# others get no flag. avx2 and avx512 are x86-64 flags.
 foreach(_isa native avx2 avx512)
   if(_isa STREQUAL "native")
     set(_flags -march=native)

@@ -9,6 +9,10 @@
 // Bytes per element of the Adam step: master, m, v read and written (24) + the gradient read
 // (4 for fp32, 2 for fp16/bf16) + the low-precision parameter copy written (2 for fp16/bf16
 // params; none for fp32, where the master is the parameter) = 28 in all three configurations.
+//
+// Built with the default flags (no -march): the kernel and the limit loops both run the ISA that
+// chunkstar::active_cpu_isa() chooses at run time (CHUNKSTAR_CPU_ISA=avx2 etc. to compare paths).
+#include <chunkstar/core/detail/simd.hpp>
 #include <chunkstar/optim/adam.hpp>
 
 #include <omp.h>
@@ -24,6 +28,14 @@
 #include <random>
 #include <string>
 #include <vector>
+
+namespace bench_limits {
+template <chunkstar::cpu_isa>
+struct kernels;
+}  // namespace bench_limits
+
+#define CHUNKSTAR_SIMD_KERNELS "limit_kernels.inc"
+#include <chunkstar/core/simd_foreach_isa.hpp>
 
 using namespace chunkstar;
 
@@ -62,44 +74,52 @@ double best_seconds(int reps, F&& f) {
   return best;
 }
 
-using S = optim_detail::simd<native_cpu_isa>;
-constexpr std::size_t W = S::width;
+/** Runs @p body(begin, end) on each thread's contiguous share of [0, n), in whole 64-element
+ *  vectors, with the limit kernels of the active ISA. */
+template <class Body>
+void per_thread(std::size_t n, int threads, Body&& body) {
+#pragma omp parallel num_threads(threads)
+  {
+    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num()), nt = static_cast<std::size_t>(omp_get_num_threads());
+    const std::size_t per = (n / 64 + nt - 1) / nt * 64;
+    const std::size_t b = std::min(n, t * per), e = std::min(n, b + per);
+    if (b < e) body(b, e);
+  }
+}
+
+template <class F>
+void with_limits(F&& f) {
+  with_cpu_isa(active_cpu_isa(), [&](auto isa) { f(bench_limits::kernels<isa()>{}); });
+}
 
 // (a) in-place read-modify-write: a = a*s + b (12 bytes per element).
 double rmw_stream(float* a, const float* b, std::size_t n, int threads, int reps) {
-  const auto s = S::set1(0.999f);
-  const double t = best_seconds(reps, [&] {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::size_t i = 0; i < n; i += W) S::store(a + i, S::fma(S::load(a + i), s, S::load(b + i)));
+  double t = 0;
+  with_limits([&](auto k) {
+    t = best_seconds(reps, [&] { per_thread(n, threads, [&](std::size_t b0, std::size_t e0) { k.rmw(a, b, b0, e0); }); });
   });
   return 12.0 * double(n) / t / 1e9;
 }
 
 // (c) STREAM triad a = b + s*c (12 bytes per element counted, as STREAM does).
 double triad(float* a, const float* b, const float* c, std::size_t n, int threads, int reps) {
-  const auto s = S::set1(0.5f);
-  const double t = best_seconds(reps, [&] {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::size_t i = 0; i < n; i += W) S::store(a + i, S::fma(S::load(c + i), s, S::load(b + i)));
+  double t = 0;
+  with_limits([&](auto k) {
+    t = best_seconds(reps, [&] { per_thread(n, threads, [&](std::size_t b0, std::size_t e0) { k.triad(a, b, c, b0, e0); }); });
   });
   return 12.0 * double(n) / t / 1e9;
 }
 
-// (b) Adam's loads and stores, no arithmetic: the values rotate between the arrays so nothing
-// can be elided; the gradient is converted on load and the parameter copy on store, as in Adam.
+// (b) Adam's loads and stores, no arithmetic.
 template <class G, class P>
 double adam_shape(float* master, float* m, float* v, const G* g, P* p, std::size_t n, int threads, int reps,
                   double bytes_per_elem) {
-  const double t = best_seconds(reps, [&] {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::size_t i = 0; i < n; i += W) {
-      const auto a = S::load(master + i), b = S::load(m + i), c = S::load(v + i), d = S::load(g + i);
-      S::store(master + i, b);
-      S::store(m + i, c);
-      S::store(v + i, a);
-      if constexpr (!std::is_same_v<P, float>) S::store(p + i, d);
-      else (void)d;
-    }
+  double t = 0;
+  with_limits([&](auto k) {
+    using K = decltype(k);
+    t = best_seconds(reps, [&] {
+      per_thread(n, threads, [&](std::size_t b0, std::size_t e0) { K::template adam_shape<G, P>(master, m, v, g, p, b0, e0); });
+    });
   });
   return bytes_per_elem * double(n) / t / 1e9;
 }
@@ -160,7 +180,7 @@ void run_config(std::size_t n, const std::vector<int>& thread_counts, int reps, 
   const double bytes = 24.0 + sizeof(G) + (has_param ? sizeof(P) : 0);
   auto master = alloc<float>(n), m = alloc<float>(n), v = alloc<float>(n);
   auto g = alloc<G>(n);
-  auto p = alloc<P>(has_param ? n : W);
+  auto p = alloc<P>(has_param ? n : 64);
   // First touch outside the timing (fresh pages cost ~100x a warm write), in parallel so each
   // page is placed where the threads that use it run.
 #pragma omp parallel for schedule(static)
@@ -263,8 +283,8 @@ int main(int argc, char** argv) {
       return a == "--help" || a == "-h" ? 0 : 1;
     }
   }
-  std::printf("bench_optim: ISA %s, OpenMP max threads %d, best of %d reps\n",
-              std::string(cpu_isa_name(native_cpu_isa)).c_str(), omp_get_max_threads(), reps);
+  std::printf("bench_optim: ISA %s, OpenMP max threads %d, best of %d reps\n", cpu_isa_report().c_str(),
+              omp_get_max_threads(), reps);
   std::printf("limit = max(in-place RMW a=a*s+b, Adam loads/stores without math); triad for reference\n");
   std::printf("%7s  %-4s %-4s %3s  %8s  %7s  %7s  %7s  %7s  %7s  %7s\n", "params", "grad", "par", "thr", "Gparam/s",
               "GB/s", "rmw", "adamLS", "triad", "limit", "ratio");
@@ -296,7 +316,7 @@ int main(int argc, char** argv) {
                    "\"limit_gbytes_per_s\": %.4g, \"ratio\": %.4f, \"rmw_gbytes_per_s\": %.4g, "
                    "\"adam_shape_gbytes_per_s\": %.4g, \"triad_gbytes_per_s\": %.4g}%s\n",
                    r.params, r.grad_dtype.c_str(), r.param_dtype.c_str(), r.threads,
-                   std::string(cpu_isa_name(native_cpu_isa)).c_str(), r.bytes_per_elem, r.params_per_s,
+                   std::string(cpu_isa_name(active_cpu_isa())).c_str(), r.bytes_per_elem, r.params_per_s,
                    r.gbytes_per_s, r.limit_gbytes_per_s, r.gbytes_per_s / r.limit_gbytes_per_s, r.rmw_gbytes_per_s,
                    r.adam_shape_gbytes_per_s, r.triad_gbytes_per_s, i + 1 < recs.size() ? "," : "");
     }

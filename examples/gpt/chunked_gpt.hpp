@@ -14,6 +14,8 @@
 
 #include <chunkstar/runtime/chunk_runtime.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <span>
 #include <string>
@@ -156,12 +158,21 @@ class chunked_gpt {
         if (grads) g.push_back(view(s, id, true));
       }
     }
-    /** Adds staged fp32 gradients into the 16-bit gradient chunks (no-op for fp32 models). */
+    /** Adds staged fp32 gradients into the 16-bit gradient chunks (no-op for fp32 models):
+     *  g16 = round(float(g16) + g32), in blocks through the library's vectorised conversions. */
     void flush_grads(typename Runtime::scope& s, const std::vector<chunkstar::param_id>& ids) {
-      if (m_.rt_.options().param_type == chunkstar::dtype::f32) return;
+      const chunkstar::dtype type = m_.rt_.options().param_type;
+      if (type == chunkstar::dtype::f32) return;
+      constexpr std::size_t block = 2048;
+      float sum[block];
       for (std::size_t i = 0; i < ids.size(); ++i) with_16bit(s, ids[i], true, [&](auto span) {
-          for (std::size_t k = 0; k < span.size(); ++k)
-            span[k] = chunkstar::from_float<typename decltype(span)::value_type>(chunkstar::to_float(span[k]) + g[i][k]);
+          auto* bytes = reinterpret_cast<std::byte*>(span.data());
+          for (std::size_t off = 0; off < span.size(); off += block) {
+            const std::size_t len = std::min(block, span.size() - off);
+            chunkstar::widen_to_float(bytes + off * 2, type, {sum, len});
+            for (std::size_t k = 0; k < len; ++k) sum[k] += g[i][off + k];
+            chunkstar::narrow_from_float({sum, len}, type, bytes + off * 2);
+          }
         });
     }
 
@@ -181,7 +192,7 @@ class chunked_gpt {
       float* out = staging_.back().data();
       if (grad) std::memset(out, 0, n * sizeof(float));
       else with_16bit(s, id, false, [&](auto span) {
-          for (std::size_t k = 0; k < n; ++k) out[k] = chunkstar::to_float(span[k]);
+          chunkstar::widen_to_float(reinterpret_cast<const std::byte*>(span.data()), m_.rt_.options().param_type, {out, n});
         });
       return out;
     }

@@ -13,8 +13,16 @@
  *  - Deterministic whatever the OpenMP thread count: every output element is written by one
  *    thread, and every reduction runs in a fixed order (column sums loop over rows in order, in
  *    the thread that owns the column). No atomics.
+ *  - The float path of GELU, softmax + cross-entropy, LayerNorm and attention is vectorised
+ *    (kernels_cpu_simd.inc, compiled for every ISA chunkstar knows and chosen at run time by
+ *    chunkstar::active_cpu_isa()) and gives the same bits on every ISA; the double path (the tests'
+ *    reference) is the plain scalar code below.
  */
 #pragma once
+
+#include <chunkstar/config.hpp>
+#include <chunkstar/core/cpu_isa.hpp>
+#include <chunkstar/core/simd_target.hpp>
 
 #include <cblas.h>
 
@@ -25,6 +33,23 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace gpt::cpu {
+
+/** @brief The vector kernels of one ISA, specialised once per ISA inside its target region by
+ *         kernels_cpu_simd.inc (see there for why every ISA gives the same bits). */
+template <chunkstar::cpu_isa Isa>
+struct simd_kernels;
+
+}  // namespace gpt::cpu
+
+#define CHUNKSTAR_SIMD_KERNELS "kernels_cpu_simd.inc"
+#include <chunkstar/core/simd_foreach_isa.hpp>
 
 namespace gpt::cpu {
 
@@ -48,20 +73,70 @@ void zero(T* p, std::size_t n) {
 
 // ---------------------------------------------------------------------------------------------
 // BLAS: row-major GEMM, C = alpha op(A) op(B) + beta C, one overload per scalar type.
+//
+// One thread pool: the GEMMs run on the OpenMP threads that run every other kernel, each thread
+// calling a single-threaded BLAS on its own block of rows of C. OpenBLAS's own thread pool
+// (pthreads) is told to stay at one thread: two pools on the same cores wait and spin against
+// each other (a third of the time on two cores, and 0.7x the speed without OMP_WAIT_POLICY=PASSIVE).
+// Each element of C is computed by the same BLAS kernel over the same k order whichever rows a
+// thread gets, so the split changes no result (the thread-count test proves it).
 namespace detail {
+
+/** @brief Rows of C per task are a multiple of this (the BLAS micro-kernels' tile height). */
+inline constexpr std::size_t gemm_row_align = 32;
+/** @brief GEMMs below this many multiply-adds run on the calling thread. */
+inline constexpr std::size_t gemm_parallel_min = std::size_t{1} << 18;
+
 inline int blas_int(std::size_t n) {
   assert(n <= static_cast<std::size_t>(INT_MAX) && "matrix dimension too large for 32-bit BLAS");
   return static_cast<int>(n);
 }
-inline void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-                 std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+
+/** @brief Makes the BLAS single-threaded, once (only OpenBLAS has a pool of its own to stop). */
+inline void blas_single_threaded() noexcept {
+#if defined(OPENBLAS_VERSION)
+  static const bool done = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)done;
+#endif
+}
+
+inline void blas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                      std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m),
               blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
 }
-inline void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, double alpha, const double* a,
-                 std::size_t lda, const double* b, std::size_t ldb, double beta, double* c, std::size_t ldc) {
+inline void blas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, double alpha, const double* a,
+                      std::size_t lda, const double* b, std::size_t ldb, double beta, double* c, std::size_t ldc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m),
               blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+}
+
+/** @brief C = alpha op(A) op(B) + beta C (row-major), rows of C split across the OpenMP threads. */
+template <scalar T>
+void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a, std::size_t lda,
+          const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+  blas_single_threaded();
+  const std::size_t tiles = (m + gemm_row_align - 1) / gemm_row_align;
+#if defined(_OPENMP)
+  const std::size_t threads = omp_in_parallel() ? 1 : static_cast<std::size_t>(omp_get_max_threads());
+#else
+  const std::size_t threads = 1;
+#endif
+  const std::size_t tasks = std::min(threads, tiles);
+  if (tasks <= 1 || m * n * k < gemm_parallel_min) {
+    blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(tasks))
+  for (std::size_t t = 0; t < tasks; ++t) {
+    const std::size_t r0 = tiles * t / tasks * gemm_row_align, r1 = std::min(m, tiles * (t + 1) / tasks * gemm_row_align);
+    // Row r of op(A) is row r of A (lda apart), or column r of A when A is transposed.
+    const T* a_rows = ta ? a + r0 : a + r0 * lda;
+    blas_gemm(ta, tb, r1 - r0, n, k, alpha, a_rows, lda, b, ldb, beta, c + r0 * ldc, ldc);
+  }
 }
 
 /** @brief out[c] += sum over rows r of in[r, c], rows summed in order; parallel over column blocks. */
@@ -184,8 +259,8 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// Linear layer: out[N, OC] = inp[N, C] W[OC, C]^T + bias[OC]. GEMMs through BLAS (its own
-// threads; called outside any OpenMP region).
+// Linear layer: out[N, OC] = inp[N, C] W[OC, C]^T + bias[OC]. GEMMs through BLAS, on the
+// OpenMP threads (detail::gemm; called outside any OpenMP region).
 
 /** @brief out = inp W^T + bias (bias may be null: the tied LM head has none). */
 template <scalar T>
@@ -390,6 +465,120 @@ double mean_loss(const T* losses, std::size_t n) {
   double s = 0;
   for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(losses[i]);
   return s / static_cast<double>(n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The float kernels that have vector versions: the same contracts as the templates above, on the
+// ISA chunkstar::active_cpu_isa() names (overload resolution prefers these for float).
+
+/** @brief Elements per task of the element-wise vector kernels (a multiple of 16). */
+inline constexpr std::size_t elementwise_block = 4096;
+
+namespace detail {
+/** Runs @p body(kernels) with the kernels of the active ISA. */
+template <class Body>
+void with_simd_kernels(Body&& body) {
+  chunkstar::with_cpu_isa(chunkstar::active_cpu_isa(), [&](auto isa) { body(simd_kernels<isa()>{}); });
+}
+}  // namespace detail
+
+inline void gelu_forward(float* out, const float* inp, std::size_t n) {
+  detail::with_simd_kernels([&](auto k) {
+    const std::size_t blocks = (n + elementwise_block - 1) / elementwise_block;
+#pragma omp parallel for schedule(static) if (n >= parallel_threshold)
+    for (std::size_t blk = 0; blk < blocks; ++blk) {
+      const std::size_t b = blk * elementwise_block;
+      k.gelu_forward(out + b, inp + b, std::min(n, b + elementwise_block) - b);
+    }
+  });
+}
+
+inline void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) {
+  detail::with_simd_kernels([&](auto k) {
+    const std::size_t blocks = (n + elementwise_block - 1) / elementwise_block;
+#pragma omp parallel for schedule(static) if (n >= parallel_threshold)
+    for (std::size_t blk = 0; blk < blocks; ++blk) {
+      const std::size_t b = blk * elementwise_block;
+      k.gelu_backward(dinp + b, inp + b, dout + b, std::min(n, b + elementwise_block) - b);
+    }
+  });
+}
+
+inline void softmax_crossentropy_forward(float* probs, float* losses, const float* logits, const int* targets,
+                                         std::size_t N, std::size_t V) {
+  detail::with_simd_kernels([&](auto k) {
+#pragma omp parallel for schedule(static) if (N * V >= parallel_threshold)
+    for (std::size_t n = 0; n < N; ++n) {
+      const float* z = logits + n * V;
+      float mx, sum;
+      k.softmax(probs + n * V, z, V, mx, sum);
+      losses[n] = std::log(sum) + (mx - z[static_cast<std::size_t>(targets[n])]);
+    }
+  });
+}
+
+inline void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dloss,
+                                          std::size_t N, std::size_t V) {
+  detail::with_simd_kernels([&](auto k) {
+#pragma omp parallel for schedule(static) if (N * V >= parallel_threshold)
+    for (std::size_t n = 0; n < N; ++n)
+      k.softmax_xent_backward(dlogits + n * V, probs + n * V, V, static_cast<std::size_t>(targets[n]), dloss);
+  });
+}
+
+inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                              std::size_t N, std::size_t C) {
+  detail::with_simd_kernels([&](auto k) {
+#pragma omp parallel for schedule(static) if (N * C >= parallel_threshold)
+    for (std::size_t n = 0; n < N; ++n)
+      k.layernorm_forward_row(out + n * C, mean[n], rstd[n], inp + n * C, w, b, C, static_cast<float>(layernorm_eps));
+  });
+}
+
+inline void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                               const float* mean, const float* rstd, std::size_t N, std::size_t C) {
+  detail::with_simd_kernels([&](auto k) {
+#pragma omp parallel for schedule(static) if (N * C >= parallel_threshold)
+    for (std::size_t n = 0; n < N; ++n)
+      k.layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, w, mean[n], rstd[n], C);
+    const std::size_t blocks = (C + column_block - 1) / column_block;
+#pragma omp parallel for schedule(static) if (N * C >= parallel_threshold)
+    for (std::size_t blk = 0; blk < blocks; ++blk)
+      k.layernorm_param_grads(dw, db, dout, inp, mean, rstd, N, C, blk * column_block,
+                              std::min(C, (blk + 1) * column_block));
+  });
+}
+
+inline void attention_forward(float* out, float* att, const float* qkv, std::size_t B, std::size_t Tn, std::size_t C,
+                              std::size_t NH) {
+  const std::size_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  detail::with_simd_kernels([&](auto k) {
+#pragma omp parallel for collapse(3) schedule(static, 1) if (B * NH * Tn * Tn * hs >= parallel_threshold)
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t t = 0; t < Tn; ++t)
+        for (std::size_t h = 0; h < NH; ++h) {
+          const float* seq = qkv + b * Tn * C3 + h * hs;
+          k.attention_forward_row(out + (b * Tn + t) * C + h * hs, att + ((b * NH + h) * Tn + t) * Tn, seq + t * C3,
+                                  seq + C, seq + 2 * C, C3, t, Tn, hs, scale);
+        }
+  });
+}
+
+inline void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+                               std::size_t B, std::size_t Tn, std::size_t C, std::size_t NH) {
+  const std::size_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  detail::with_simd_kernels([&](auto k) {
+#pragma omp parallel for collapse(2) schedule(static) if (B * NH * Tn * Tn * hs >= parallel_threshold)
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < NH; ++h) {
+        const std::size_t off = b * Tn * C3 + h * hs;
+        k.attention_backward_head(dqkv + off, dqkv + off + C, dqkv + off + 2 * C, scratch + (b * NH + h) * Tn,
+                                  dout + b * Tn * C + h * hs, C, qkv + off, qkv + off + C, qkv + off + 2 * C,
+                                  att + (b * NH + h) * Tn * Tn, C3, Tn, hs, scale);
+      }
+  });
 }
 
 }  // namespace gpt::cpu

@@ -6,9 +6,10 @@
 #    clang++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror (tests/compile does this with the
 #    main compiler);
 # 2. the README snippet (extracted by tests/package/CMakeLists.txt) compiles, links and runs;
-# 3. consumer/clang.cpp (the default construction `patrickstar_runtime rt(device, host, copier);`
-#    and a few Adam steps) compiles with -O2 and, where clang accepts it, -march=native, links and
-#    runs.
+# 3. consumer/clang.cpp (the default construction `patrickstar_runtime rt(device, host, copier);`,
+#    a few Adam steps, every SIMD path against the portable one) compiles with -O2, once with no ISA
+#    flag (the run-time dispatch's target regions under clang) and once, where clang accepts it,
+#    with -march=native, links and runs.
 # Every failure is reported, then the test fails. Prints "SKIPPED:" without clang++.
 cmake_minimum_required(VERSION 3.24)
 
@@ -68,7 +69,8 @@ set(native)
 if(native_rc EQUAL 0)
   set(native -march=native)
 endif()
-foreach(prog IN ITEMS "readme_snippet|${SNIPPET}|-O1" "clang_consumer|${CMAKE_CURRENT_LIST_DIR}/consumer/clang.cpp|-O2")
+foreach(prog IN ITEMS "readme_snippet|${SNIPPET}|-O1" "clang_consumer_default|${CMAKE_CURRENT_LIST_DIR}/consumer/clang.cpp|-O2"
+                      "clang_consumer|${CMAKE_CURRENT_LIST_DIR}/consumer/clang.cpp|-O2")
   string(REPLACE "|" ";" prog "${prog}")
   list(GET prog 0 name)
   list(GET prog 1 src)

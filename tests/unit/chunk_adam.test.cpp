@@ -171,3 +171,35 @@ TEST_CASE("clipping reports the global norm of the averaged, unscaled gradients"
   CHECK(r.clip_coefficient == doctest::Approx(0.01 / (4.0 * std::sqrt(sq))).epsilon(1e-5));
   CHECK_THROWS_AS(chunk_adam<>({.max_grad_norm = -1.0f}), config_error);
 }
+
+TEST_CASE("without clipping, a dynamic scaler or report_norm the norm scan is skipped; the step is the same") {
+  for (auto placement : {static_placement::all_device(), static_placement::all_host()}) {
+    std::vector<std::vector<float>> results;
+    for (bool report : {true, false}) {
+      setup s(dtype::f32, placement);
+      chunk_adam<> opt({.hyper = {.weight_decay = 0.1f}, .report_norm = report});
+      for (int st = 0; st < 3; ++st) {
+        s.backward<float>(st, 0, 1.0f);
+        const auto r = opt.step(s.rt, 1e-2f);
+        CHECK(r.stepped);
+        CHECK(r.clip_coefficient == 1.0f);
+        if (report) CHECK(std::isfinite(r.grad_norm));
+        else CHECK(std::isnan(r.grad_norm));  // not computed
+      }
+      results.push_back(s.values());
+    }
+    CHECK(results[0] == results[1]);
+  }
+  // Clipping needs the norm, so it is computed whatever report_norm says.
+  setup s(dtype::f32, static_placement::all_device());
+  chunk_adam<> clip({.max_grad_norm = 0.5f, .report_norm = false});
+  s.backward<float>(0, 0, 1.0f);
+  CHECK(std::isfinite(clip.step(s.rt, 1e-2f).grad_norm));
+  // So does a dynamic scaler (its overflow flag comes from the same scan).
+  setup h(dtype::f16, static_placement::all_device());
+  chunk_adam<dynamic_loss_scaler> fp16({.report_norm = false});
+  h.backward<float16>(0, 0, fp16.loss_scale(), /*inject_inf=*/true);
+  const auto r = fp16.step(h.rt, 1e-2f);
+  CHECK_FALSE(r.stepped);
+  CHECK(std::isinf(r.grad_norm));
+}

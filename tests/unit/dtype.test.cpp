@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <ios>
 #include <limits>
 #include <random>
@@ -322,4 +323,44 @@ TEST_CASE("fp16 conversions agree with the F16C instructions bit for bit") {
 #else
   MESSAGE("not an x86 GCC/Clang build: hardware cross-check skipped");
 #endif
+}
+
+TEST_CASE("bulk widen_to_float / narrow_from_float: every path of this build gives the scalar conversions' bits") {
+  // Every 16-bit pattern (signalling NaNs included: widening keeps them as they are), at an odd
+  // byte offset (unaligned), and a length that leaves a tail after the vectors.
+  std::vector<std::uint16_t> patterns(65536);
+  for (std::uint32_t b = 0; b < 65536; ++b) patterns[b] = static_cast<std::uint16_t>(b);
+  std::vector<float> floats = rounding_inputs(magnitude_table(f16_format));
+  for (float x : nan_inputs()) floats.push_back(x);
+  random_floats(200'003, [&](float x) { floats.push_back(x); });
+  for (cpu_isa isa : {cpu_isa::portable, cpu_isa::avx2, cpu_isa::avx512}) {
+    if (!cpu_isa_supported(isa)) {
+      MESSAGE(cpu_isa_name(isa) << ": not supported by this CPU, skipped");
+      continue;
+    }
+    const scoped_cpu_isa forced(isa);
+    CAPTURE(cpu_isa_name(isa));
+    for (dtype t : {dtype::f16, dtype::bf16}) {
+      CAPTURE(dtype_name(t));
+      std::vector<std::byte> src(1 + 4 * patterns.size());  // room for f32 too: GCC's -Warray-bounds checks every case
+      std::memcpy(src.data() + 1, patterns.data(), 2 * patterns.size());
+      std::vector<float> wide(patterns.size());
+      widen_to_float(src.data() + 1, t, wide);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < patterns.size(); ++i) {
+        const float want = t == dtype::f16 ? f16_bits_to_float(patterns[i]) : bf16_bits_to_float(patterns[i]);
+        bad += !same_float(wide[i], want);
+      }
+      CHECK(bad == 0);
+      std::vector<std::byte> dst(1 + 4 * floats.size());
+      narrow_from_float(floats, t, dst.data() + 1);
+      bad = 0;
+      for (std::size_t i = 0; i < floats.size(); ++i) {
+        std::uint16_t got;
+        std::memcpy(&got, dst.data() + 1 + 2 * i, 2);
+        bad += got != (t == dtype::f16 ? float_to_f16_bits(floats[i]) : float_to_bf16_bits(floats[i]));
+      }
+      CHECK(bad == 0);
+    }
+  }
 }

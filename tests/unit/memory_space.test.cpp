@@ -51,11 +51,25 @@ struct simulated_device : host_memcpy {
     return std::make_unique<simulated_device_space>(simulated_device_options{.capacity = 64 * mib});
   }
 };
+struct simulated_device_no_cache : host_memcpy {
+  using space_type = simulated_device_space;
+  static std::unique_ptr<simulated_device_space> make() {
+    return std::make_unique<simulated_device_space>(simulated_device_options{
+        .capacity = 64 * mib, .name = "uncached", .large_block_threshold = std::numeric_limits<std::size_t>::max()});
+  }
+};
+struct simulated_device_small_blocks_cached : host_memcpy {
+  using space_type = simulated_device_space;
+  static std::unique_ptr<simulated_device_space> make() {
+    return std::make_unique<simulated_device_space>(
+        simulated_device_options{.capacity = 64 * mib, .name = "cached", .large_block_threshold = 1});
+  }
+};
 
 }  // namespace
 
 TEST_CASE_TEMPLATE_INVOKE(memory_space_conformance, host_uncapped, host_capped, host_no_prefault_small_cache,
-                          simulated_device);
+                          simulated_device, simulated_device_no_cache, simulated_device_small_blocks_cached);
 
 // ---------------------------------------------------------------------------------------------
 // The concept, both ways.
@@ -162,6 +176,35 @@ TEST_CASE("host_space: freed large blocks are cached, reused, bounded and trimme
   CHECK(s.usage().peak == 0);
 }
 
+TEST_CASE("host_space: mid-size blocks are cached too, accounted at their requested size") {
+  host_space s(host_space_options{.capacity = 6 * mib});
+  void* a = s.allocate(mib + 3, 64);  // between 256 KiB and 2 MiB: mapped in 64 KiB granules
+  CHECK(s.used() == mib + 3);         // requested bytes, as for small blocks
+  std::memset(a, 1, mib + 3);
+  s.deallocate(a, mib + 3, 64);
+  CHECK(s.used() == 0);
+  CHECK(s.cached_bytes() == mib + 64 * 1024);
+  void* b = s.allocate(mib + 1000, 64);  // the same 64 KiB bucket: the faulted block comes back
+  CHECK(b == a);
+  CHECK(s.cached_bytes() == 0);
+  void* c = s.allocate(3 * mib / 2, 64);
+  s.deallocate(c, 3 * mib / 2, 64);
+  CHECK(s.cached_bytes() == 3 * mib / 2);
+  // 1 MiB + 4 MiB (a large block: whole 2 MiB pages) in use; with the 1.5 MiB cached that would
+  // exceed the 6 MiB capacity, so the cached block is unmapped first.
+  void* d = s.allocate(2 * mib + 512 * 1024, 64);
+  CHECK(s.used() == mib + 1000 + 4 * mib);
+  CHECK(s.cached_bytes() == 0);
+  s.deallocate(d, 2 * mib + 512 * 1024, 64);
+  s.deallocate(b, mib + 1000, 64);
+  CHECK(s.used() == 0);
+  CHECK(s.used() + s.cached_bytes() <= s.capacity() + 64 * 1024);
+  host_space off(host_space_options{.cached_block_threshold = std::numeric_limits<std::size_t>::max()});
+  void* e = off.allocate(mib, 64);
+  off.deallocate(e, mib, 64);
+  CHECK(off.cached_bytes() == 0);  // turned off: operator new
+}
+
 TEST_CASE("host_space: a capacity bounds handed-out plus cached bytes") {
   host_space s(host_space_options{.capacity = 16 * mib, .cache_limit = 64 * mib});
   void* a = s.allocate(8 * mib, 64);
@@ -175,6 +218,42 @@ TEST_CASE("host_space: a capacity bounds handed-out plus cached bytes") {
   s.deallocate(c, 12 * mib, 64);
   CHECK(s.used() == 0);
   CHECK_THROWS_AS(host_space(host_space_options{.large_block_threshold = 0}), config_error);
+}
+
+TEST_CASE("simulated_device_space: freed large blocks are reused, used() stays exact, the cache is bounded") {
+  simulated_device_space d({.capacity = 10 * mib, .cache_limit = 6 * mib});
+  void* a = d.allocate(3 * mib + 5, 64);  // large: mapped in whole 2 MiB pages (4 MiB)
+  CHECK(d.used() == 3 * mib + 5);        // requested bytes, exactly
+  CHECK(reinterpret_cast<std::uintptr_t>(a) % (2 * mib) == 0);
+  std::memset(a, 0x5a, 3 * mib + 5);
+  d.deallocate(a, 3 * mib + 5, 64);
+  CHECK(d.used() == 0);
+  CHECK(d.cached_bytes() == 4 * mib);
+  void* b = d.allocate(4 * mib, 256);  // same rounded size: the cached (already faulted) block comes back
+  CHECK(b == a);
+  CHECK(d.cached_bytes() == 0);
+  void* small = d.allocate(300 * 1024, 64);  // 256 KiB and up: 64 KiB granules, cached too
+  d.deallocate(small, 300 * 1024, 64);
+  CHECK(d.cached_bytes() == 320 * 1024);
+  CHECK(d.allocate(300 * 1024 - 7, 64) == small);
+  d.deallocate(small, 300 * 1024 - 7, 64);
+  void* tiny = d.allocate(1000, 64);  // below the threshold: operator new, never cached
+  d.deallocate(tiny, 1000, 64);
+  CHECK(d.cached_bytes() == 320 * 1024);
+  void* c = d.allocate(6 * mib, 64);  // no 6 MiB block cached: a new one
+  CHECK(d.used() == d.capacity());
+  CHECK(d.try_allocate(1, 64) == nullptr);  // full: the cache does not change the capacity
+  d.deallocate(b, 4 * mib, 256);
+  CHECK(d.cached_bytes() == 4 * mib + 320 * 1024);
+  d.deallocate(c, 6 * mib, 64);  // 4.3 + 6 MiB > the 6 MiB limit: unmapped, not cached
+  CHECK(d.cached_bytes() == 4 * mib + 320 * 1024);
+  CHECK(d.usage().peak <= d.capacity());
+  d.trim();
+  CHECK(d.cached_bytes() == 0);
+  simulated_device_space by_default({.capacity = 8 * mib});  // the limit defaults to the capacity
+  void* x = by_default.allocate(8 * mib, 64);
+  by_default.deallocate(x, 8 * mib, 64);
+  CHECK(by_default.cached_bytes() == 8 * mib);
 }
 
 TEST_CASE("host_space: uncapped usage reports unlimited") {

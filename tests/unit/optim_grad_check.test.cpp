@@ -59,10 +59,24 @@ TEST_CASE_TEMPLATE("sum_of_squares matches a long double reference and is determ
   // Every term is exact in double up to one rounding of x*scale and one of the fma; the sum of n
   // positive terms errs by at most ~n * 2^-53 relative (and the long double reference by less).
   CHECK(std::abs(s - static_cast<double>(ref)) <= static_cast<double>(ref) * double(n) * std::ldexp(1.0, -53));
-  // Same bits for every thread count and for the portable path.
+  // Same bits for every thread count and for every path this CPU runs.
   for (int threads : {1, 2, 3, 5}) {
     CHECK(sum_of_squares<G>(g, scale, threads) == s);
     CHECK(sum_of_squares_isa<cpu_isa::portable, G>(g, scale, threads) == s);
+  }
+  for (cpu_isa isa : {cpu_isa::portable, cpu_isa::avx2, cpu_isa::avx512}) {
+    if (!cpu_isa_supported(isa)) {
+      MESSAGE(cpu_isa_name(isa) << ": not supported by this CPU, skipped");
+      continue;
+    }
+    const scoped_cpu_isa forced(isa);
+    CAPTURE(cpu_isa_name(isa));
+    CHECK(sum_of_squares<G>(g, scale, 2) == s);
+    CHECK(all_finite<G>(g));
+    auto h = g;
+    h[n - 3] = from_float<G>(std::numeric_limits<float>::infinity());
+    CHECK_FALSE(all_finite<G>(h));
+    CHECK_FALSE(scan_gradients<G>(h).all_finite);
   }
   const grad_stats st = scan_gradients<G>(g, scale);
   CHECK(st.sum_sq == s);

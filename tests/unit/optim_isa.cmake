@@ -1,19 +1,24 @@
-# The optimizer kernels are header-only and pick their SIMD path from the ISA flags of the
-# including translation unit, so the optim tests are built for this machine's ISA (and so test
-# the SIMD path against the portable one), through the helper targets a consumer would link
-# (chunkstar::isa_native, chunkstar::isa_avx512: cmake/chunkstar_targets.cmake).
-# test_optim_avx512 is built for AVX-512 whatever the machine, so CI always compiles that path; it
-# runs only where the CPU has AVX-512F.
+# The SIMD kernels (optim/adam.hpp, optim/grad_check.hpp, core/dtype.hpp) compile every ISA's path
+# into every build and choose at run time (core/cpu_isa.hpp), so the optim tests are built with the
+# default flags, as a consumer's -O3 build would be, and each test forces every path the CPU can
+# run and compares its bits with the portable path's.
+# test_optim_avx512 is additionally built through the chunkstar::isa_avx512 helper target
+# (-mavx512f -mavx2 -mfma -mf16c), so a translation unit with those flags is covered too; it runs
+# only where the CPU has AVX-512F (else it exits 77: skipped).
 include(CheckCXXCompilerFlag)
-check_cxx_compiler_flag(-march=native CHUNKSTAR_CXX_HAS_MARCH_NATIVE)
 check_cxx_compiler_flag(-mavx512f CHUNKSTAR_CXX_HAS_MAVX512F)
-foreach(_t test_optim_adam test_optim_grad_check test_optim_loss_scaler test_optim_clip test_optim_schedule)
-  if(TARGET ${_t} AND CHUNKSTAR_CXX_HAS_MARCH_NATIVE)
-    target_link_libraries(${_t} PRIVATE chunkstar::isa_native)  # -march=native
-  endif()
-endforeach()
 if(TARGET test_optim_avx512 AND CHUNKSTAR_CXX_HAS_MAVX512F)
-  # -mavx512f -mavx2 -mfma -mf16c. No -Wno-maybe-uninitialized: optim/detail/simd.hpp silences
-  # GCC 12's false positives from its own AVX-512 intrinsics itself.
+  # No -Wno-maybe-uninitialized: core/simd_target.hpp silences GCC 12's false positives from its
+  # own AVX-512 intrinsics inside the target regions.
   target_link_libraries(test_optim_avx512 PRIVATE chunkstar::isa_avx512)
+endif()
+# The dispatch honours CHUNKSTAR_CPU_ISA (the test reads it to know what to expect), and an
+# unknown or unsupported value is ignored and reported.
+if(TARGET test_cpu_isa)
+  add_test(NAME cpu_isa_env_avx2 COMMAND test_cpu_isa)
+  add_test(NAME cpu_isa_env_portable COMMAND test_cpu_isa)
+  add_test(NAME cpu_isa_env_bogus COMMAND test_cpu_isa)
+  set_tests_properties(cpu_isa_env_avx2 PROPERTIES LABELS unit ENVIRONMENT CHUNKSTAR_CPU_ISA=avx2)
+  set_tests_properties(cpu_isa_env_portable PROPERTIES LABELS unit ENVIRONMENT CHUNKSTAR_CPU_ISA=portable)
+  set_tests_properties(cpu_isa_env_bogus PROPERTIES LABELS unit ENVIRONMENT CHUNKSTAR_CPU_ISA=sse9)
 endif()

@@ -609,3 +609,232 @@ TEST_CASE("whole model: results are bit-identical for 1, 2 and 3 OpenMP threads"
   WARN_MESSAGE(false, "built without OpenMP: thread-count independence not tested");
 #endif
 }
+
+// ---------------------------------------------------------------------------------------------
+// The float path's vector kernels (kernels_cpu_simd.inc): against the float64 kernels on the same
+// (float) inputs, and bit-identical on every ISA path of this build.
+
+namespace {
+
+std::vector<float> randf(std::size_t n, rng& g, double sd, double mean = 0.0) {
+  std::normal_distribution<double> d(mean, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(d(g));
+  return v;
+}
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+/** Worst |f - d| / (|d| + floor) over the two outputs. */
+double worst_rel(const std::vector<float>& f, const std::vector<double>& d, double floor) {
+  double w = 0;
+  for (std::size_t i = 0; i < f.size(); ++i) w = std::max(w, std::abs(static_cast<double>(f[i]) - d[i]) / (std::abs(d[i]) + floor));
+  return w;
+}
+
+/** Runs @p fn once on every ISA path the CPU supports, and checks each result has the portable
+ *  path's bits. @p fn returns the float outputs, concatenated. */
+template <class Fn>
+void check_same_bits_on_every_path(const char* what, Fn&& fn) {
+  std::vector<float> reference;
+  {
+    const chunkstar::scoped_cpu_isa portable(chunkstar::cpu_isa::portable);
+    reference = fn();
+  }
+  for (chunkstar::cpu_isa isa : {chunkstar::cpu_isa::avx2, chunkstar::cpu_isa::avx512}) {
+    if (!chunkstar::cpu_isa_supported(isa)) {
+      MESSAGE(what << ": " << chunkstar::cpu_isa_name(isa) << " not supported by this CPU, skipped");
+      continue;
+    }
+    const chunkstar::scoped_cpu_isa forced(isa);
+    const std::vector<float> got = fn();
+    INFO(what << " on " << chunkstar::cpu_isa_name(isa));
+    REQUIRE(got.size() == reference.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &reference[i], sizeof(float)) != 0;
+    CHECK(differ == 0);
+  }
+}
+
+// float rounds at u = 2^-24 = 6e-8 per operation. The bounds below are a few times the error
+// analysis of each kernel, and far below what a wrong coefficient, sign or lane gives (>= 1e-4).
+constexpr double u24 = 0x1p-24;
+
+}  // namespace
+
+TEST_CASE("vector GELU: forward and backward against float64, same bits on every ISA path") {
+  rng g(51);
+  // Lengths with and without a tail; inputs from the saturated tails (|x| up to 12) to tiny ones.
+  for (std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{1000}, std::size_t{4096 * 3 + 5}}) {
+    CAPTURE(n);
+    auto x = randf(n, g, 3.0);
+    if (n > 8) x[0] = 12.0f, x[1] = -12.0f, x[2] = 1e-30f, x[3] = -1e-20f, x[4] = 0.0f, x[5] = -40.0f, x[6] = 40.0f;
+    const auto dout = randf(n, g, 1.0), dinp0 = randf(n, g, 1.0);
+    std::vector<float> yf(n), df = dinp0;
+    gpt::cpu::gelu_forward(yf.data(), x.data(), n);
+    gpt::cpu::gelu_backward(df.data(), x.data(), dout.data(), n);
+    // The reference, in long double and in the sigmoid form x / (1 + e^z), z = -2 sqrt(2/pi) (x +
+    // 0.044715 x^3), which is the tanh form without its cancellation in the negative tail (the
+    // double kernel's 0.5 x (1 + tanh) is only accurate to ~1e-16 absolute there).
+    // Float error analysis, per element: the argument z carries ~3 roundings (x^3, the fma, the
+    // scaling), i.e. an absolute error of 3 |z| u, which e^z turns into a relative one; exp itself
+    // errs by ~2 ulp, the add and the division by one each: |y - ref| <= (4 + 3 |z|) u |ref|. The
+    // float exp clamps z to 80, so for |z| > 80 the result is x / (1 + e^80) ~ 1e-33 |x| where the
+    // true value is smaller still: an absolute floor of 1e-30 covers that.
+    // Backward: slope = s (1 + t (1 - s)) with s = 1/(1 + e^z), t = 2 x u', accumulated with one
+    // fma: the same exponential error plus ~8 roundings, relative to the magnitudes summed,
+    // |dinp| + s (1 + |t| (1 - s)) |dout| (the slope itself crosses zero near x = -0.75).
+    double worst_fwd = 0, worst_bwd = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const long double xi = x[i], z = -2 * 0.79788456080286535588L * (xi + 0.044715L * xi * xi * xi);
+      const long double e = std::exp(z), sg = 1 / (1 + e), ref = xi * sg;
+      const long double du = 0.79788456080286535588L * (1 + 3 * 0.044715L * xi * xi), t = 2 * xi * du;
+      const long double slope = sg * (1 + t * (1 - sg)), dref = dinp0[i] + slope * dout[i];
+      const double az = std::min(80.0, std::abs(static_cast<double>(z)));
+      const double tol_f = (4 + 3 * az) * u24 * std::abs(static_cast<double>(ref)) + 1e-30;
+      const double mag_b = std::abs(dinp0[i]) + static_cast<double>(sg * (1 + std::abs(t) * (1 - sg))) * std::abs(dout[i]);
+      const double tol_b = (12 + 3 * az) * u24 * mag_b + 1e-30;
+      worst_fwd = std::max(worst_fwd, std::abs(yf[i] - static_cast<double>(ref)) / tol_f);
+      worst_bwd = std::max(worst_bwd, std::abs(df[i] - static_cast<double>(dref)) / tol_b);
+    }
+    MESSAGE("gelu n=" << n << ": worst error / bound: forward " << worst_fwd << ", backward " << worst_bwd);
+    CHECK(worst_fwd <= 1.0);
+    CHECK(worst_bwd <= 1.0);
+    check_same_bits_on_every_path("gelu", [&] {
+      std::vector<float> y(n), d = dinp0;
+      gpt::cpu::gelu_forward(y.data(), x.data(), n);
+      gpt::cpu::gelu_backward(d.data(), x.data(), dout.data(), n);
+      y.insert(y.end(), d.begin(), d.end());
+      return y;
+    });
+  }
+}
+
+TEST_CASE("vector softmax + cross-entropy: against float64, same bits on every ISA path") {
+  rng g(52);
+  for (std::size_t V : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{256}, std::size_t{1000}}) {
+    CAPTURE(V);
+    const std::size_t N = 9;
+    auto z = randf(N * V, g, 4.0);
+    if (V > 3) z[1] = 60.0f, z[2] = -200.0f;  // a dominant logit and one whose exp underflows
+    std::vector<int> targets(N);
+    for (std::size_t n = 0; n < N; ++n) targets[n] = static_cast<int>((n * 7) % V);
+    std::vector<double> pd(N * V), ld(N), dd(N * V, 0.5);
+    gpt::cpu::softmax_crossentropy_forward(pd.data(), ld.data(), widen(z).data(), targets.data(), N, V);
+    gpt::cpu::softmax_crossentropy_backward(dd.data(), pd.data(), targets.data(), 0.37, N, V);
+    std::vector<float> pf(N * V), lf(N), df(N * V, 0.5f);
+    gpt::cpu::softmax_crossentropy_forward(pf.data(), lf.data(), z.data(), targets.data(), N, V);
+    gpt::cpu::softmax_crossentropy_backward(df.data(), pf.data(), targets.data(), 0.37f, N, V);
+    // Each probability: exp of (z - max), whose rounding (half an ulp of |z - max|) becomes a
+    // relative error of |z - max| u, plus exp's ~2 ulp; then one division of a sum of V terms
+    // (~V u relative at worst) and one multiply. Bound: (8 + V + |z - max|) u relative; an absolute
+    // floor of 1e-37 covers probabilities the float exp flushes to its clamp value (e^-86 = 4.5e-38).
+    // The loss log(sum) + (max - z_target): ~(8 + V) u times (1 + |loss|). The backward adds
+    // dloss * (p - onehot) with one fma: the probability's error, relative to |d| + |dloss| p.
+    double worst_p = 0, worst_d = 0;
+    for (std::size_t n = 0; n < N; ++n) {
+      const double mx = *std::max_element(z.begin() + static_cast<std::ptrdiff_t>(n * V), z.begin() + static_cast<std::ptrdiff_t>((n + 1) * V));
+      for (std::size_t v = 0; v < V; ++v) {
+        const std::size_t i = n * V + v;
+        const double tol = (8.0 + static_cast<double>(V) + std::abs(z[i] - mx)) * u24;
+        worst_p = std::max(worst_p, std::abs(pf[i] - pd[i]) / (tol * pd[i] + 1e-37));
+        worst_d = std::max(worst_d, std::abs(df[i] - dd[i]) / (tol * (std::abs(dd[i]) + 0.37 * pd[i]) + 1e-37));
+      }
+      CHECK(std::abs(lf[n] - ld[n]) <= (8.0 + static_cast<double>(V)) * u24 * (1 + std::abs(ld[n])));
+    }
+    MESSAGE("softmax V=" << V << ": worst error / bound: probabilities " << worst_p << ", gradient " << worst_d);
+    CHECK(worst_p <= 1.0);
+    CHECK(worst_d <= 1.0);
+    check_same_bits_on_every_path("softmax", [&] {
+      std::vector<float> p(N * V), l(N), d(N * V, 0.5f);
+      gpt::cpu::softmax_crossentropy_forward(p.data(), l.data(), z.data(), targets.data(), N, V);
+      gpt::cpu::softmax_crossentropy_backward(d.data(), p.data(), targets.data(), 0.37f, N, V);
+      p.insert(p.end(), l.begin(), l.end());
+      p.insert(p.end(), d.begin(), d.end());
+      return p;
+    });
+  }
+}
+
+TEST_CASE("vector LayerNorm: forward and backward against float64, same bits on every ISA path") {
+  rng g(53);
+  for (std::size_t C : {std::size_t{3}, std::size_t{16}, std::size_t{40}, std::size_t{256}, std::size_t{771}}) {
+    CAPTURE(C);
+    const std::size_t N = 37;
+    const auto x = randf(N * C, g, 2.0, 3.0), w = randf(C, g, 0.5, 1.0), b = randf(C, g, 1.0);
+    const auto dout = randf(N * C, g, 1.0), dx0 = randf(N * C, g, 1.0), dw0 = randf(C, g, 1.0), db0 = randf(C, g, 1.0);
+    std::vector<double> yd(N * C), md(N), rd(N), dxd = widen(dx0), dwd = widen(dw0), dbd = widen(db0);
+    gpt::cpu::layernorm_forward(yd.data(), md.data(), rd.data(), widen(x).data(), widen(w).data(), widen(b).data(), N, C);
+    gpt::cpu::layernorm_backward(dxd.data(), dwd.data(), dbd.data(), widen(dout).data(), widen(x).data(), widen(w).data(),
+                                 md.data(), rd.data(), N, C);
+    std::vector<float> yf(N * C), mf(N), rf(N), dxf = dx0, dwf = dw0, dbf = db0;
+    gpt::cpu::layernorm_forward(yf.data(), mf.data(), rf.data(), x.data(), w.data(), b.data(), N, C);
+    gpt::cpu::layernorm_backward(dxf.data(), dwf.data(), dbf.data(), dout.data(), x.data(), w.data(), mf.data(), rf.data(), N, C);
+    // Row sums of C terms err by ~C u relative (typically sqrt(C) u); the mean's error enters
+    // every xhat scaled by rstd (|x| ~ 3 + 2 sd, so |mean| rstd ~ 1.5: another C u), the outputs
+    // are O(1) with O(1) weights: absolute bound (16 + 4 C) u, relative to |y| + 1.
+    const double row = (16.0 + 4.0 * static_cast<double>(C)) * u24;
+    CHECK(worst_rel(yf, yd, 1.0) <= row);
+    CHECK(worst_rel(dxf, dxd, 1.0) <= 2 * row);
+    // dw, db sum N = 37 rows in order: (N + C) terms' worth of error, relative to their size + 1.
+    CHECK(worst_rel(dwf, dwd, 1.0) <= (2.0 * static_cast<double>(N)) * row);
+    CHECK(worst_rel(dbf, dbd, 1.0) <= static_cast<double>(N) * 4 * u24);
+    check_same_bits_on_every_path("layernorm", [&] {
+      std::vector<float> y(N * C), m(N), r(N), dx = dx0, dw = dw0, db = db0;
+      gpt::cpu::layernorm_forward(y.data(), m.data(), r.data(), x.data(), w.data(), b.data(), N, C);
+      gpt::cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), m.data(), r.data(), N, C);
+      for (const auto* v : {&m, &r, &dx, &dw, &db}) y.insert(y.end(), v->begin(), v->end());
+      return y;
+    });
+  }
+}
+
+TEST_CASE("vector attention: forward and backward against float64, same bits on every ISA path") {
+  rng g(54);
+  struct shape {
+    std::size_t B, Tn, NH, hs;
+  };
+  for (const shape s : {shape{1, 1, 1, 1}, shape{2, 5, 3, 7}, shape{2, 33, 2, 16}, shape{1, 40, 4, 64}}) {
+    CAPTURE(s.Tn);
+    CAPTURE(s.hs);
+    const std::size_t C = s.NH * s.hs, N = s.B * s.Tn;
+    const auto qkv = randf(N * 3 * C, g, 1.0), dout = randf(N * C, g, 1.0), dqkv0 = randf(N * 3 * C, g, 1.0);
+    std::vector<double> od(N * C), ad(s.B * s.NH * s.Tn * s.Tn), dd = widen(dqkv0), sd(s.B * s.NH * s.Tn);
+    gpt::cpu::attention_forward(od.data(), ad.data(), widen(qkv).data(), s.B, s.Tn, C, s.NH);
+    gpt::cpu::attention_backward(dd.data(), sd.data(), widen(dout).data(), widen(qkv).data(), ad.data(), s.B, s.Tn, C, s.NH);
+    std::vector<float> of(N * C), af(ad.size()), df = dqkv0, sf(sd.size());
+    gpt::cpu::attention_forward(of.data(), af.data(), qkv.data(), s.B, s.Tn, C, s.NH);
+    gpt::cpu::attention_backward(df.data(), sf.data(), dout.data(), qkv.data(), af.data(), s.B, s.Tn, C, s.NH);
+    // Scores are dot products of hs terms of size ~1 (error ~hs u, |score| ~ sqrt(hs)), which the
+    // exponential turns into relative errors of the probabilities; outputs and gradients sum T of
+    // those. Bound: (16 + 4 (hs + T)) u relative to |value| + 1.
+    const double tol = (16.0 + 4.0 * static_cast<double>(s.hs + s.Tn)) * u24;
+    CHECK(worst_rel(af, ad, 1.0) <= tol);
+    CHECK(worst_rel(of, od, 1.0) <= tol);
+    CHECK(worst_rel(df, dd, 1.0) <= 4 * tol);
+    check_same_bits_on_every_path("attention", [&] {
+      std::vector<float> o(N * C), a(ad.size()), d = dqkv0, sc(sd.size());
+      gpt::cpu::attention_forward(o.data(), a.data(), qkv.data(), s.B, s.Tn, C, s.NH);
+      gpt::cpu::attention_backward(d.data(), sc.data(), dout.data(), qkv.data(), a.data(), s.B, s.Tn, C, s.NH);
+      o.insert(o.end(), a.begin(), a.end());
+      o.insert(o.end(), d.begin(), d.end());
+      return o;
+    });
+  }
+}
+
+TEST_CASE("whole model: the float forward and backward give the same bits on every ISA path") {
+  const gpt_config c{.vocab = 256, .context = 32, .layers = 2, .heads = 4, .width = 48};
+  const std::size_t B = 2, Tn = 29;
+  rng g(55);
+  const auto tokens = random_tokens(B * Tn, c.vocab, g), targets = random_tokens(B * Tn, c.vocab, g);
+  check_same_bits_on_every_path("model", [&] {
+    gpt::gpt_reference<float> m(c, B, Tn);
+    gpt::init_params(c, m.params, 9, 0.2);
+    const double loss = m.forward(tokens.data(), targets.data());
+    m.backward(tokens.data(), targets.data());
+    std::vector<float> out = m.grad_data;
+    out.insert(out.end(), m.act_data.begin(), m.act_data.end());
+    out.push_back(static_cast<float>(loss));
+    return out;
+  });
+}

@@ -13,16 +13,18 @@
  *    p  = fma(-lr / (1 - beta1^t), m / d, p * decay)   // decay = 1 - lr * weight_decay for adamw, 1 for adam
  *    param_out = round_to<P>(p)
  *  @endcode
- *  The host kernels are header-only and compiled with the includer's ISA flags (see cpu_isa.hpp);
- *  OpenMP (when the includer compiles with -fopenmp) splits the range statically across threads.
- *  The update is element-wise, so the result does not depend on the thread count or the ISA.
+ *  The host kernel is compiled for every ISA of core/cpu_isa.hpp in every build (portable, AVX2,
+ *  AVX-512F: optim/detail/adam_kernels.inc, once per target region) and adam_update runs the one
+ *  active_cpu_isa() names, the widest this CPU has unless forced. OpenMP (when the includer
+ *  compiles with -fopenmp) splits the range statically across threads. The update is element-wise,
+ *  so the result does not depend on the thread count or the ISA.
  */
 #pragma once
 
 #include <chunkstar/core/dtype.hpp>
 #include <chunkstar/core/error.hpp>
+#include <chunkstar/core/detail/simd.hpp>
 #include <chunkstar/optim/cpu_isa.hpp>
-#include <chunkstar/optim/detail/simd.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -126,40 +128,10 @@ inline constexpr std::size_t adam_block = 4096;
 /** Below this many elements a call stays on the calling thread (a fork costs microseconds). */
 inline constexpr std::size_t adam_parallel_min = 1 << 16;
 
-template <class S, class G, class P, bool WriteParam>
-CHUNKSTAR_FORCEINLINE void adam_lanes(const adam_ptrs<G, P>& a, std::size_t i, typename S::vf beta1,
-                                      typename S::vf beta2, typename S::vf omb1, typename S::vf omb2,
-                                      typename S::vf eps, typename S::vf l2, typename S::vf decay,
-                                      typename S::vf neg_step, typename S::vf isb2, typename S::vf gscale) noexcept {
-  const auto p = S::load(a.master + i);
-  const auto g = S::fma(l2, p, S::mul(S::load(a.grad + i), gscale));
-  const auto m = S::fma(beta1, S::load(a.m + i), S::mul(omb1, g));
-  const auto v = S::fma(beta2, S::load(a.v + i), S::mul(S::mul(omb2, g), g));
-  const auto d = S::fma(S::sqrt(v), isb2, eps);
-  const auto np = S::fma(neg_step, S::div(m, d), S::mul(p, decay));
-  S::store(a.m + i, m);
-  S::store(a.v + i, v);
-  S::store(a.master + i, np);
-  if constexpr (WriteParam) S::store(a.param + i, np);
-}
-
-template <class S, class G, class P, bool WriteParam>
-CHUNKSTAR_FORCEINLINE void adam_range_with(const adam_ptrs<G, P>& a, const adam_constants& c, std::size_t& i,
-                                           std::size_t end) noexcept {
-  const auto beta1 = S::set1(c.beta1), beta2 = S::set1(c.beta2);
-  const auto omb1 = S::set1(c.one_minus_beta1), omb2 = S::set1(c.one_minus_beta2);
-  const auto eps = S::set1(c.eps), l2 = S::set1(c.l2), decay = S::set1(c.decay);
-  const auto neg_step = S::set1(c.neg_step_size), isb2 = S::set1(c.inv_sqrt_bc2), gs = S::set1(c.grad_scale);
-  for (; i + S::width <= end; i += S::width)
-    adam_lanes<S, G, P, WriteParam>(a, i, beta1, beta2, omb1, omb2, eps, l2, decay, neg_step, isb2, gs);
-}
-
-template <cpu_isa Isa, class G, class P, bool WriteParam>
-void adam_range(const adam_ptrs<G, P>& a, const adam_constants& c, std::size_t begin, std::size_t end) noexcept {
-  std::size_t i = begin;
-  if constexpr (Isa != cpu_isa::portable) adam_range_with<simd<Isa>, G, P, WriteParam>(a, c, i, end);
-  adam_range_with<simd<cpu_isa::portable>, G, P, WriteParam>(a, c, i, end);  // tail (or everything)
-}
+/** The kernel of one ISA: `range<G, P, WriteParam>(ptrs, constants, begin, end)`, specialised once
+ *  per ISA inside its target region by optim/detail/adam_kernels.inc. */
+template <cpu_isa Isa>
+struct adam_kernels;
 
 /** Splits [0, n) into blocks and runs @p body(begin, end) on them, statically across threads. */
 template <class Body>
@@ -183,15 +155,23 @@ void parallel_blocks(std::size_t n, std::size_t block, std::size_t parallel_min,
 }
 
 }  // namespace optim_detail
+}  // namespace chunkstar
+
+#define CHUNKSTAR_SIMD_KERNELS <chunkstar/optim/detail/adam_kernels.inc>
+#include <chunkstar/core/simd_foreach_isa.hpp>
+
+namespace chunkstar {
 
 /** @brief One Adam(W) step over a range, with an explicit ISA (tests compare ISAs; everyone else
- *         calls adam_update). See adam_update for the contract. */
+ *         calls adam_update). See adam_update for the contract; also throws config_error when
+ *         this CPU cannot run @p Isa (cpu_isa_supported). */
 template <cpu_isa Isa, class G, class P>
   requires is_element_type_v<G> && is_element_type_v<P>
 void adam_update_isa(std::span<float> master, std::span<float> m, std::span<float> v, std::span<const G> grad,
                      std::span<P> param_out, const adam_hyper& hyper, const adam_step_args& args) {
-  static_assert(cpu_isa_available_v<Isa>,
-                "this ISA's kernels need its compiler flags: -mavx2 -mfma -mf16c for avx2, -mavx512f for avx512");
+  static_assert(cpu_isa_available_v<Isa>, "this ISA's kernels are not compiled into this build (CHUNKSTAR_ISA_DISPATCH)");
+  if (!cpu_isa_supported(Isa))
+    throw config_error("adam_update_isa: this CPU cannot run the " + std::string(cpu_isa_name(Isa)) + " kernels");
   const std::size_t n = master.size();
   if (m.size() != n || v.size() != n || grad.size() != n)
     throw config_error("adam_update: master, m, v and grad must have the same length (got " + std::to_string(n) +
@@ -205,7 +185,8 @@ void adam_update_isa(std::span<float> master, std::span<float> m, std::span<floa
   auto run = [&](auto write_param) {
     optim_detail::parallel_blocks(n, optim_detail::adam_block, optim_detail::adam_parallel_min, args.threads,
                                   [&](std::size_t b, std::size_t e) {
-                                    optim_detail::adam_range<Isa, G, P, decltype(write_param)::value>(ptrs, c, b, e);
+                                    optim_detail::adam_kernels<Isa>::template range<G, P, decltype(write_param)::value>(
+                                        ptrs, c, b, e);
                                   });
   };
   if (param_out.empty()) run(std::false_type{});
@@ -220,12 +201,14 @@ void adam_update_isa(std::span<float> master, std::span<float> m, std::span<floa
  *  @param grad       gradients in their own dtype (fp32, fp16 or bf16), multiplied by args.grad_scale
  *  @param param_out  low-precision copy of the new parameters (round to nearest even), or empty
  *  All non-empty spans have the same length. Throws config_error on mismatched lengths or bad
- *  hyper-parameters. Uses the ISA of this translation unit (native_cpu_isa) and OpenMP threads. */
+ *  hyper-parameters. Runs the ISA active_cpu_isa() names (the widest this CPU has) and OpenMP
+ *  threads; every ISA and thread count gives the same bits. */
 template <class G, class P>
   requires is_element_type_v<G> && is_element_type_v<P>
 void adam_update(std::span<float> master, std::span<float> m, std::span<float> v, std::span<const G> grad,
                  std::span<P> param_out, const adam_hyper& hyper, const adam_step_args& args) {
-  adam_update_isa<native_cpu_isa, G, P>(master, m, v, grad, param_out, hyper, args);
+  with_cpu_isa(active_cpu_isa(),
+               [&](auto isa) { adam_update_isa<isa(), G, P>(master, m, v, grad, param_out, hyper, args); });
 }
 
 /** @brief The optimizer state of one chunk as raw pointers plus dtypes: what a runtime holds when

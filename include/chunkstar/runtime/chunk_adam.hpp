@@ -14,8 +14,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace chunkstar {
@@ -39,12 +41,16 @@ struct chunk_adam_options {
   adam_hyper hyper{};          ///< base hyper-parameters; `lr` is replaced by each step's value
   float max_grad_norm = 0.0f;  ///< global-norm clipping threshold; 0 turns clipping off
   int threads = 0;             ///< host threads per kernel call (0: OpenMP's default)
+  /** Compute grad_norm even when nothing else needs it. Clipping and a dynamic loss scaler (its
+   *  overflow flag) always do; without them, false skips that read of every gradient chunk, and
+   *  grad_norm is reported as NaN (not computed). */
+  bool report_norm = true;
 };
 
 /** @brief What one call to chunk_adam::step did. */
 struct optimizer_step_result {
   bool stepped = false;        ///< false: skipped (overflow), gradients dropped
-  double grad_norm = 0.0;      ///< global norm of the unscaled, averaged gradients (inf on overflow)
+  double grad_norm = 0.0;      ///< global norm of the unscaled, averaged gradients (inf on overflow; NaN when not computed, see chunk_adam_options::report_norm)
   float clip_coefficient = 1;  ///< factor the gradients were multiplied by
   float loss_scale = 1;        ///< scale the gradients carried
 };
@@ -92,19 +98,23 @@ class chunk_adam {
       optimizer_step_result r;
       r.loss_scale = scaler_.scale();
       const float unscale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches));
-      // Per chunk, then summed in chunk order, so the total has the same bits however the chunks
-      // are spread over ranks: sharded ranks hold disjoint chunks, and the allreduce of their
-      // per-chunk sums (zeros elsewhere) is exact. One collective gives both answers: a rank with
-      // inf/NaN makes the global sum non-finite.
-      std::vector<double> per_chunk(rt.plan().num_chunks, 0.0);
-      rt.for_each_grad_chunk([&](const step_chunk& c) {
-        per_chunk[c.index] = scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where).sum_sq;
-      });
-      if (rt.gradients() == gradient_mode::sharded) rt.communicator().allreduce(std::span<double>(per_chunk), reduce_op::sum);
+      // The scan reads every gradient chunk: skipped when nothing reads the norm or the overflow flag.
+      const bool scan = options_.report_norm || options_.max_grad_norm > 0 || !std::is_same_v<Scaler, static_loss_scaler>;
       double sum_sq = 0.0;
-      for (double x : per_chunk) sum_sq += x;
-      r.grad_norm = std::sqrt(sum_sq);
-      const bool overflow = !std::isfinite(sum_sq);
+      if (scan) {
+        // Per chunk, then summed in chunk order, so the total has the same bits however the chunks
+        // are spread over ranks: sharded ranks hold disjoint chunks, and the allreduce of their
+        // per-chunk sums (zeros elsewhere) is exact. One collective gives both answers: a rank with
+        // inf/NaN makes the global sum non-finite.
+        std::vector<double> per_chunk(rt.plan().num_chunks, 0.0);
+        rt.for_each_grad_chunk([&](const step_chunk& c) {
+          per_chunk[c.index] = scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where).sum_sq;
+        });
+        if (rt.gradients() == gradient_mode::sharded) rt.communicator().allreduce(std::span<double>(per_chunk), reduce_op::sum);
+        for (double x : per_chunk) sum_sq += x;
+      }
+      r.grad_norm = scan ? std::sqrt(sum_sq) : std::numeric_limits<double>::quiet_NaN();
+      const bool overflow = scan && !std::isfinite(sum_sq);
       if (!scaler_.update(overflow)) {
         rt.zero_grad();
         rt.end_iteration();

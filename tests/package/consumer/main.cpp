@@ -39,6 +39,11 @@ int main() {
   check(lists.size() == 5 && lists[0].chunk_bytes == 2048 && lists[2].chunk_bytes == 4096, "list bytes");
   check(plan.waste_elems() == 48, "waste");
 
+  // Built with the consumer's default flags (no -march): the SIMD kernels still run the widest path
+  // this CPU has, chosen at run time.
+  check(chunkstar::active_cpu_isa() == chunkstar::detected_cpu_isa(), "the kernels run the CPU's widest ISA");
+  std::printf("cpu kernels: %s\n", chunkstar::cpu_isa_report().c_str());
+
   int cuda_runtime = 0;
 #if CHUNKSTAR_HAS_CUDA()
   // Links against CUDA::cudart through the package; needs no GPU.

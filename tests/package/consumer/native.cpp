@@ -63,6 +63,9 @@ int main() {
   check(!cpu_avx2 || native_cpu_isa != cpu_isa::portable, "-march=native on an AVX2 CPU chose the portable path");
   check(!cpu_avx512 || native_cpu_isa == cpu_isa::avx512, "-march=native on an AVX-512F CPU did not choose avx512");
 #endif
+  // The kernels choose at run time, whatever this TU's flags: the CPU's widest path.
+  check(active_cpu_isa() == detected_cpu_isa(), "the kernels run the CPU's widest ISA");
+  check(native_cpu_isa != cpu_isa::avx512 || active_cpu_isa() == cpu_isa::avx512, "an AVX-512 TU runs the AVX-512 kernels");
 
   compare_with_portable<float, float>("f32 grads, f32 params: SIMD == portable");
   compare_with_portable<bfloat16, bfloat16>("bf16 grads, bf16 params: SIMD == portable");
@@ -98,7 +101,7 @@ int main() {
     check(std::isfinite(w[0]) && w[0] < 0.5f, "two Adam steps on positive gradients lowered the weights");
   }
 
-  std::printf("isa: %s\n", std::string(cpu_isa_name(native_cpu_isa)).c_str());
+  std::printf("isa: %s (kernels: %s)\n", std::string(cpu_isa_name(native_cpu_isa)).c_str(), cpu_isa_report().c_str());
   if (failures == 0) std::printf("native consumer OK\n");
   return failures == 0 ? 0 : 1;
 }

@@ -1,25 +1,25 @@
 /** @file
- *  @brief Private: thin per-ISA float vector wrappers for the optimizer kernels.
+ *  @brief Private: thin per-ISA float vector wrappers for the CPU kernels (Adam, gradient scans,
+ *         dtype conversions), each ISA's inside its target region (core/simd_target.hpp).
  *
- *  Each kernel is written once against these wrappers, so every ISA runs the same sequence of
- *  correctly rounded IEEE operations (mul, div, sqrt, fused multiply-add) per element. That is
- *  what makes the SIMD paths bit-identical to the portable path. The wrappers never expose a
- *  separate multiply followed by an add, so -ffp-contract=fast cannot fuse differently per path.
+ *  Each kernel is written once against these wrappers (and included once per ISA by
+ *  core/simd_foreach_isa.hpp), so every ISA runs the same sequence of correctly rounded IEEE
+ *  operations (mul, div, sqrt, fused multiply-add) per element. That is what makes the SIMD paths
+ *  bit-identical to the portable path. The wrappers never expose a separate multiply followed by
+ *  an add, so floating-point contraction cannot fuse differently per path.
  */
 #pragma once
 
-#include <chunkstar/core/dtype.hpp>
-#include <chunkstar/optim/cpu_isa.hpp>
+#include <chunkstar/config.hpp>
+#include <chunkstar/core/cpu_isa.hpp>
+#include <chunkstar/core/detail/float_formats.hpp>
+#include <chunkstar/core/simd_target.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-namespace chunkstar::optim_detail {
+namespace chunkstar::simd_detail {
 
 template <cpu_isa Isa> struct simd;
 
@@ -41,14 +41,26 @@ template <> struct simd<cpu_isa::portable> {
   static CHUNKSTAR_FORCEINLINE vf fma(vf a, vf b, vf c) noexcept { return std::fma(a, b, c); }
 };
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+}  // namespace chunkstar::simd_detail
+
+#if CHUNKSTAR_ISA_DISPATCH
+CHUNKSTAR_SIMD_BEGIN_AVX2
+namespace chunkstar::simd_detail {
 template <> struct simd<cpu_isa::avx2> {
   using vf = __m256;
   static constexpr std::size_t width = 8;
   static CHUNKSTAR_FORCEINLINE vf set1(float x) noexcept { return _mm256_set1_ps(x); }
   static CHUNKSTAR_FORCEINLINE vf load(const float* p) noexcept { return _mm256_loadu_ps(p); }
   static CHUNKSTAR_FORCEINLINE vf load(const float16* p) noexcept {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    // F16C quietens signalling NaNs; f16_bits_to_float widens every pattern unchanged (the quiet
+    // bit moves from bit 9 to bit 22 as it is), so NaN lanes take their quiet bit from the input.
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i f = _mm256_castps_si256(_mm256_cvtph_ps(h));
+    const __m256i w = _mm256_cvtepu16_epi32(h);
+    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7c00));
+    const __m256i exact = _mm256_or_si256(_mm256_andnot_si256(_mm256_set1_epi32(0x400000), f),
+                                          _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x200)), 13));
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(f, exact, is_nan));
   }
   static CHUNKSTAR_FORCEINLINE vf load(const bfloat16* p) noexcept {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -76,26 +88,26 @@ template <> struct simd<cpu_isa::avx2> {
   static CHUNKSTAR_FORCEINLINE vf sqrt(vf a) noexcept { return _mm256_sqrt_ps(a); }
   static CHUNKSTAR_FORCEINLINE vf fma(vf a, vf b, vf c) noexcept { return _mm256_fmadd_ps(a, b, c); }
 };
-#endif
 
-#if defined(__AVX512F__)
-// GCC 12's AVX-512 intrinsics (_mm512_sqrt_ps, _mm512_srli_epi32, _mm512_cvtps_ph,
-// _mm512_cvtepi32_epi16, ...) pass a deliberately self-initialised `_mm512_undefined_*()` as the
-// unused merge source of their masked builtins; once inlined here, -Wmaybe-uninitialized reports
-// it (a false positive, GCC bug 105593). No lane of that value is ever read: every call is
-// unmasked. The warning is issued from our frames, so it is silenced here, for this struct only,
-// rather than in every includer (-march=native -Wall -Werror must stay clean: package_native).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+}  // namespace chunkstar::simd_detail
+CHUNKSTAR_SIMD_END
+
+CHUNKSTAR_SIMD_BEGIN_AVX512
+namespace chunkstar::simd_detail {
 template <> struct simd<cpu_isa::avx512> {
   using vf = __m512;
   static constexpr std::size_t width = 16;
   static CHUNKSTAR_FORCEINLINE vf set1(float x) noexcept { return _mm512_set1_ps(x); }
   static CHUNKSTAR_FORCEINLINE vf load(const float* p) noexcept { return _mm512_loadu_ps(p); }
   static CHUNKSTAR_FORCEINLINE vf load(const float16* p) noexcept {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    // As the AVX2 load: NaN lanes keep the input's quiet bit (F16C would set it).
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m512i f = _mm512_castps_si512(_mm512_cvtph_ps(h));
+    const __m512i w = _mm512_cvtepu16_epi32(h);
+    const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7c00));
+    const __m512i exact = _mm512_or_si512(_mm512_andnot_si512(_mm512_set1_epi32(0x400000), f),
+                                          _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x200)), 13));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_nan, f, exact));
   }
   static CHUNKSTAR_FORCEINLINE vf load(const bfloat16* p) noexcept {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -121,9 +133,6 @@ template <> struct simd<cpu_isa::avx512> {
   static CHUNKSTAR_FORCEINLINE vf sqrt(vf a) noexcept { return _mm512_sqrt_ps(a); }
   static CHUNKSTAR_FORCEINLINE vf fma(vf a, vf b, vf c) noexcept { return _mm512_fmadd_ps(a, b, c); }
 };
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
+}  // namespace chunkstar::simd_detail
+CHUNKSTAR_SIMD_END
 #endif
-#endif
-
-}  // namespace chunkstar::optim_detail
