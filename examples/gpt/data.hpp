@@ -103,13 +103,15 @@ inline std::uint64_t mix(std::uint64_t x) {
 }
 }  // namespace detail
 
-/** @brief Fills a [B, T] batch: sequence b starts at a position drawn from (seed, key, b); targets
- *  are the next bytes. @p key identifies the batch (step and micro-batch, or a validation index). */
+/** @brief Fills a [B, T] batch: sequence b starts at a position drawn from (seed, key, first + b);
+ *  targets are the next bytes. @p key identifies the batch (step and micro-batch, or a validation
+ *  index); @p first selects a slice of a larger batch (rank r of N fills sequences r·B .. r·B+B-1
+ *  of the global batch of N·B sequences, so N ranks train on exactly what one process would). */
 inline void fill_batch(const std::vector<std::uint8_t>& data, std::uint64_t seed, std::uint64_t key, std::size_t B,
-                       std::size_t T, int* tokens, int* targets) {
+                       std::size_t T, int* tokens, int* targets, std::size_t first = 0) {
   const std::size_t span = data.size() - T - 1;
   for (std::size_t b = 0; b < B; ++b) {
-    const std::size_t start = detail::mix(seed ^ detail::mix(key * 0x100000001b3ull + b)) % (span + 1);
+    const std::size_t start = detail::mix(seed ^ detail::mix(key * 0x100000001b3ull + first + b)) % (span + 1);
     for (std::size_t t = 0; t < T; ++t) {
       tokens[b * T + t] = data[start + t];
       targets[b * T + t] = data[start + t + 1];

@@ -16,6 +16,11 @@
 #include "train_options.hpp"
 
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
+#include <chunkstar/comm/communicator_ref.hpp>
+#include <chunkstar/config.hpp>
+#if CHUNKSTAR_HAS_MPI()
+#include <chunkstar/mpi/mpi_communicator.hpp>
+#endif
 #include <chunkstar/eviction/lru.hpp>
 #include <chunkstar/optim/lr_schedule.hpp>
 #include <chunkstar/placement/static_placement.hpp>
@@ -126,10 +131,11 @@ struct run_plan {
   std::int64_t first_step = 1, last_step = 0;
 };
 
-run_plan prepare(const train_options& o) {
+run_plan prepare(const train_options& o, int ranks) {
   run_plan p;
   p.cfg = gpt::model_config(o);
   gpt::validate_options(o, p.cfg);
+  gpt::validate_ranks(o, ranks);
   gpt::validate_allow_change(o.allow_change);
   if (!o.allow_change.empty() && o.resume.empty()) throw config_error("--allow-change applies only with --resume DIR");
   // Bytes per parameter (16 in every precision) before any layout is planned for an absurd shape.
@@ -158,41 +164,54 @@ run_plan prepare(const train_options& o) {
 // ------------------------------------------------------------------------------------------------
 // The training run, for one runtime assembly and one loss scaler.
 template <class Runtime, class Scaler>
-int train(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement) {
+int train(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement, communicator_ref comm) {
   const gpt::gpt_config& cfg = plan.cfg;
   const gpt::text_data& data = plan.data;  // bytes are tokens
+  const int ranks = comm.size();  // --parallel zero: each rank its own slice of the global batch, 1/N of the model data
+  const auto average = [&](double x) {  // over the ranks (each computed the same-sized slice)
+    comm.allreduce(std::span<double>(&x, 1), reduce_op::sum);
+    return x / ranks;
+  };
   std::printf("data: %s, %zu train / %zu validation bytes\n", data.source.c_str(), data.train.size(), data.val.size());
+  if (ranks > 1)
+    std::printf("parallel: ZeRO over %d MPI ranks, %lld sequences each of the global batch of %lld\n", ranks,
+                static_cast<long long>(o.batch / ranks), static_cast<long long>(o.batch));
 
   // Memory: a simulated device with a hard capacity, the host, and the link between them.
   const dtype type = gpt::precision_type(o.precision);
   const auto layout = make_layout(o, cfg);
-  std::size_t model_bytes = 0;
-  {  // the model data a runtime of this shape holds, to size the default budget
+  std::size_t model_bytes = 0, chunk_bytes = 0;
+  {  // the model data a runtime of this shape holds (this rank's share), to size the default budget
     const auto chunks = layout.plan(gpt::param_specs(cfg, type));
     for (const auto& l : make_chunk_lists(chunks, {.param_type = type})) model_bytes += l.chunk_bytes * l.num_chunks;
+    chunk_bytes = chunks.chunk_elems * dtype_size(type);
+    model_bytes = model_bytes / static_cast<std::size_t>(ranks);
   }
   const std::size_t act = activation_bytes(cfg, o);
+  // ZeRO's gather and reduce buffers: two parameter groups and one gradient group of N chunks.
+  const std::size_t collective = ranks > 1 ? 3 * static_cast<std::size_t>(ranks) * chunk_bytes : 0;
   // --policy resident keeps every chunk on the device, so its automatic budget holds all of the
-  // model data; the others hold a share of it, so that chunks move.
+  // model data (this rank's share of it under ZeRO); the others hold a share of it, so that chunks move.
   const bool resident = o.policy == "resident";
   const std::size_t device_capacity =
       o.device_budget != "auto" ? gpt::bytes_option("--device-budget", o.device_budget)
-      : resident                ? act + model_bytes
-                                : act + static_cast<std::size_t>(o.device_fraction * static_cast<double>(model_bytes));
+      : resident                ? act + collective + model_bytes
+                                : act + collective + static_cast<std::size_t>(o.device_fraction * static_cast<double>(model_bytes));
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
   if (device_capacity <= act)
     throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations (" +
                        format_bytes(act) + "): raise it, or lower --batch or --seq");
-  if (resident && device_capacity < act + model_bytes)
+  if (resident && device_capacity < act + collective + model_bytes)
     throw config_error("--policy resident keeps all model data on the device, which needs --device-budget of at least " +
-                       format_bytes(act + model_bytes) + " (activations " + format_bytes(act) + " + model data " +
-                       format_bytes(model_bytes) + "), not " + format_bytes(device_capacity) +
+                       format_bytes(act + collective + model_bytes) + " (activations " + format_bytes(act) + " + model data " +
+                       format_bytes(model_bytes) + (collective ? " + ZeRO buffers " + format_bytes(collective) : std::string()) +
+                       "), not " + format_bytes(device_capacity) +
                        ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
   if (host_capacity != SIZE_MAX && model_bytes > host_capacity + (device_capacity - act))
     throw config_error("the model data (" + format_bytes(model_bytes) + ") does not fit in --host-budget " + format_bytes(host_capacity) +
                        " plus the device's room beside the activations (" + format_bytes(device_capacity - act) +
                        "): raise --host-budget or --device-budget, or train a smaller model");
-  gpt::check_memory({.model_data = model_bytes, .activations = act, .device = device_capacity});
+  gpt::check_memory({.model_data = model_bytes + collective, .activations = act, .device = device_capacity});
   const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
   const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
   simulated_device_space device({.capacity = device_capacity, .link = link, .name = "device"});
@@ -200,21 +219,25 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   host_copy_engine copier(link);
 
   // The runtime and the model: every parameter registered in execution order.
-  Runtime rt(device, host, copier,
-             {.param_type = type, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty()},
+  Runtime rt(device, host, copier, comm,
+             {.param_type = type, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty(),
+              .sharding = {.enabled = o.parallel == "zero", .keep_gathered = o.keep_gathered}},
              layout, placement);
-  const gpt::batch_shape shape{static_cast<std::size_t>(o.batch), static_cast<std::size_t>(o.seq)};
+  const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};
+  const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());  // this rank's slice of the global batch
   gpt::chunked_gpt<Runtime> model(rt, cfg, shape, o.seed);
   model.finalize();
   std::printf("%s\n", cpu_summary().c_str());
   std::printf("model: %d layers, width %d, %d heads, context %d: %zu parameters\n", cfg.layers, cfg.width, cfg.heads,
               cfg.context, gpt::param_count(cfg));
-  std::printf("memory: model data %s in %zu chunks of %zu elements (waste %.1f%%); device budget %s "
+  std::printf("memory: model data %s in %zu chunks of %zu elements (waste %.1f%%)%s; device budget %s "
               "(activations %s), host budget %s%s\n",
               format_bytes(rt.model_bytes()).c_str(), rt.plan().num_chunks, rt.plan().chunk_elems,
-              100.0 * rt.plan().waste_fraction(), format_bytes(device_capacity).c_str(), format_bytes(act).c_str(),
+              100.0 * rt.plan().waste_fraction(),
+              ranks > 1 ? (", " + format_bytes(rt.model_bytes() / static_cast<std::size_t>(ranks)) + " per rank").c_str() : "",
+              format_bytes(device_capacity).c_str(), format_bytes(act).c_str(),
               host_capacity == SIZE_MAX ? "unlimited" : format_bytes(host_capacity).c_str(),
-              rt.model_bytes() > device_capacity ? " -- the model data does not fit on the device: chunks will move" : "");
+              model_bytes > device_capacity ? " -- the model data does not fit on the device: chunks will move" : "");
 
   // Optimizer: AdamW, no decay on biases and norms, warm-up then cosine, global-norm clipping.
   // Without clipping (--clip 0) in fp32 or bf16 nothing needs the gradient norm: its scan, a read
@@ -254,10 +277,10 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     auto eval = rt.untraced();  // evaluation is not part of the training trace
     double sum = 0;
     for (std::int64_t b = 0; b < o.val_batches; ++b) {
-      gpt::fill_batch(data.val, o.seed, static_cast<std::uint64_t>(b), shape.batch, shape.seq, tokens.data(), targets.data());
+      gpt::fill_batch(data.val, o.seed, static_cast<std::uint64_t>(b), shape.batch, shape.seq, tokens.data(), targets.data(), first);
       sum += model.loss(tokens.data(), targets.data());
     }
-    return sum / static_cast<double>(o.val_batches);
+    return average(sum / static_cast<double>(o.val_batches));
   };
 
   // The training loop.
@@ -271,11 +294,14 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     const runtime_stats before = rt.stats();
     double loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
-      gpt::fill_batch(data.train, o.seed, gpt::train_key(step, micro), shape.batch, shape.seq, tokens.data(), targets.data());
+      gpt::fill_batch(data.train, o.seed, gpt::train_key(step, micro), shape.batch, shape.seq, tokens.data(), targets.data(), first);
       loss += model.forward_backward(tokens.data(), targets.data(), opt.loss_scale()) / static_cast<double>(o.accum);
     }
+    loss = average(loss);
     const float lr = lr_at(step);
-    const auto r = opt.step(rt, lr, static_cast<int>(o.accum));
+    // Each rank's gradients are of its slice's mean loss; summed over ranks they are N times the
+    // global batch's, so the step averages over accum x N micro-batches.
+    const auto r = opt.step(rt, lr, static_cast<int>(o.accum) * ranks);
     skipped += r.stepped ? 0 : 1;
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     const runtime_stats& s = rt.stats();
@@ -286,7 +312,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     std::printf("step %5lld/%lld | loss %.6f | %7.0f tok/s | lr %.2e | norm %s%s | device %s / %s | host %s | "
                 "moved %s | stall %.1f ms\n",
                 static_cast<long long>(step), static_cast<long long>(o.steps), loss,
-                static_cast<double>(N * static_cast<std::size_t>(o.accum)) / dt, static_cast<double>(lr), norm,
+                static_cast<double>(N * static_cast<std::size_t>(o.accum * ranks)) / dt, static_cast<double>(lr), norm,
                 r.stepped ? "" : " (skipped: overflow)", format_bytes(device.usage().peak).c_str(),
                 format_bytes(device_capacity).c_str(), format_bytes(rt.host_chunk_bytes()).c_str(),
                 format_bytes(s.bytes_moved() - before.bytes_moved()).c_str(), 1e3 * (s.stall_s - before.stall_s));
@@ -318,6 +344,17 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
               format_bytes(s.peak_device_bytes).c_str(), format_bytes(device_capacity).c_str(),
               format_bytes(s.peak_device_chunk_bytes).c_str(), format_bytes(s.peak_non_model_bytes).c_str(),
               rt.tracer().stats().divergences);
+  if (ranks > 1) {  // the largest over the ranks
+    double peaks[] = {static_cast<double>(s.peak_model_bytes), static_cast<double>(s.peak_collective_bytes),
+                      static_cast<double>(s.peak_device_bytes)};
+    comm.allreduce(std::span<double>(peaks), reduce_op::max);
+    const auto cs = comm.stats();
+    std::printf("per rank (largest): model data %s (share %s + gather/reduce buffers %s), device %s; "
+                "%llu gathers, %llu reductions, %s sent by rank 0\n",
+                format_bytes(static_cast<std::size_t>(peaks[0])).c_str(), format_bytes(rt.model_bytes() / static_cast<std::size_t>(ranks)).c_str(),
+                format_bytes(static_cast<std::size_t>(peaks[1])).c_str(), format_bytes(static_cast<std::size_t>(peaks[2])).c_str(),
+                static_cast<unsigned long long>(s.gathers), static_cast<unsigned long long>(s.reductions), format_bytes(cs.bytes_sent).c_str());
+  }
   if (o.sample > 0) {
     auto gen = rt.untraced();
     std::mt19937_64 rng(o.seed);
@@ -331,7 +368,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     for (int t : text) out += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
     std::printf("\nsample:\n%s\n", out.c_str());
   }
-  if (!o.trace.empty()) {
+  if (!o.trace.empty() && comm.rank() == 0) {
     try {
       rt.timeline_recorder().write_chrome_trace(o.trace);
     } catch (const chunkstar::error& e) {
@@ -343,33 +380,37 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
 }
 
 template <class Scaler>
-int with_policy(const train_options& o, const run_plan& plan) {
-  using belady_rt = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction>;
-  using lru_rt = chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction>;
-  using static_rt = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction>;
-  if (o.policy == "patrickstar") return train<belady_rt, Scaler>(o, plan, {});
-  if (o.policy == "lru") return train<lru_rt, Scaler>(o, plan, {});
-  if (o.policy == "resident") return train<static_rt, Scaler>(o, plan, static_placement::all_device());
-  return train<static_rt, Scaler>(o, plan, static_placement::all_host());  // "offload" (validated)
+int with_policy(const train_options& o, const run_plan& plan, communicator_ref comm) {
+  // One communicator type for one process and MPI ranks alike: the transport is a run-time choice.
+  using belady_rt = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, communicator_ref>;
+  using lru_rt = chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction, warmup_tracer, communicator_ref>;
+  using static_rt = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer, communicator_ref>;
+  if (o.policy == "patrickstar") return train<belady_rt, Scaler>(o, plan, {}, comm);
+  if (o.policy == "lru") return train<lru_rt, Scaler>(o, plan, {}, comm);
+  if (o.policy == "resident") return train<static_rt, Scaler>(o, plan, static_placement::all_device(), comm);
+  return train<static_rt, Scaler>(o, plan, static_placement::all_host(), comm);  // "offload" (validated)
 }
+
+int process_rank = 0;  // for messages: every rank of a parallel run prints its own errors
 
 /** Ends the process now with @p code after printing @p message: no destructor or atexit handler
  *  runs, so a BLAS worker stuck in its allocator (or any other thread) cannot keep a failed run
  *  alive. Checkpoints are written atomically, so nothing on disk is half-done. */
 [[noreturn]] void fatal(int code, const std::string& message) {
   std::fflush(stdout);
-  std::fprintf(stderr, "error: %s\n", message.c_str());
+  if (process_rank > 0) std::fprintf(stderr, "error (rank %d): %s\n", process_rank, message.c_str());
+  else std::fprintf(stderr, "error: %s\n", message.c_str());
   std::fflush(stderr);
   std::_Exit(code);
 }
 
-int run(const train_options& o) {
+int run(const train_options& o, communicator_ref comm) {
   const char* phase = "checking the options";
   try {
-    const run_plan plan = prepare(o);
+    const run_plan plan = prepare(o, comm.size());
     phase = "training";
-    return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler>(o, plan)
-                                                          : with_policy<static_loss_scaler>(o, plan);
+    return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler>(o, plan, comm)
+                                                          : with_policy<static_loss_scaler>(o, plan, comm);
   } catch (const output_error& e) {
     fatal(gpt::exit_io, e.what());
   } catch (const out_of_memory_error& e) {
@@ -450,6 +491,9 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--trace", o.trace, "Write a Chrome-trace timeline (JSON) of memory and transfers");
   app.add_option("--sample", o.sample, "Bytes to generate at the end (0: none)");
+  app.add_option("--parallel", o.parallel,
+                 "none, or zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); --batch stays the global batch");
+  app.add_flag("--keep-gathered", o.keep_gathered, "--parallel zero: keep gathered parameters from forward to backward (more memory, fewer gathers)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -457,5 +501,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n(train_gpt --help lists the options)\n", e.what());
     return gpt::exit_bad_input;
   }
-  return run(o);
+  // --parallel zero: one process per rank under mpirun; only rank 0 prints progress.
+  single_process_communicator one;
+#if CHUNKSTAR_HAS_MPI()
+  std::optional<mpi_session> session;
+  std::optional<mpi_communicator> world;
+  if (o.parallel == "zero") {
+    try {
+      session.emplace(&argc, &argv);
+      world.emplace(MPI_COMM_WORLD);
+    } catch (const chunkstar::error& e) {
+      fatal(gpt::exit_internal, std::string("cannot start MPI for --parallel zero: ") + e.what());
+    }
+    process_rank = world->rank();
+    if (process_rank != 0 && !std::freopen("/dev/null", "w", stdout)) fatal(gpt::exit_io, "cannot silence the output of rank " + std::to_string(process_rank));
+    const int rc = run(o, *world);
+    std::fflush(stdout);
+    return rc;
+  }
+#else
+  if (o.parallel == "zero") fatal(gpt::exit_bad_input, "--parallel zero needs MPI, and this build of train_gpt has none: install an MPI (libopenmpi-dev) and rebuild");
+#endif
+  return run(o, one);
 }

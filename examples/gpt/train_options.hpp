@@ -58,6 +58,8 @@ struct train_options {
   std::int64_t save_every = 0;
   std::int64_t sample = 200;
   std::vector<std::string> allow_change;  // --allow-change: configuration a resume may change
+  std::string parallel = "none";          // none, or zero: shard the model data over MPI ranks
+  bool keep_gathered = false;             // --parallel zero: keep gathered parameters from forward to backward
 };
 
 /** @brief Largest values the numeric options accept (far beyond any useful run, well inside every
@@ -142,6 +144,19 @@ inline chunkstar::warmup_cosine cosine_schedule(const train_options& o) {
   return {.peak = o.lr, .min = o.min_lr, .warmup_steps = warmup_steps(o), .total_steps = o.steps};
 }
 
+/** @brief Throws config_error unless the global --batch splits evenly over @p ranks ranks. */
+inline void validate_ranks(const train_options& o, int ranks) {
+  if (ranks > 1 && o.batch % ranks != 0) {
+    std::string valid;
+    for (int n = 1; n <= ranks; ++n)
+      if (o.batch % n == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(n);
+    detail::bad_option("--batch", std::to_string(o.batch) + " (the global batch) does not split evenly over " + std::to_string(ranks) +
+                                      " ranks: use a multiple of " + std::to_string(ranks) + ", or run on " + valid + " ranks");
+  }
+  if (o.parallel == "none" && ranks > 1)
+    detail::bad_option("--parallel", "none on " + std::to_string(ranks) + " MPI ranks: every rank would train the same model alone; use --parallel zero");
+}
+
 /** @brief Checks every option against its range and the others, throwing config_error naming the
  *  first that is wrong. Pure: touches no file and allocates nothing big. */
 inline void validate_options(const train_options& o, const gpt_config& cfg) {
@@ -161,6 +176,7 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   if (o.save_every > 0 && o.save.empty()) detail::bad_option("--save-every", "needs --save DIR to say where checkpoints go");
   detail::require_one_of("--policy", o.policy, {"patrickstar", "lru", "resident", "offload"});
   detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
+  detail::require_one_of("--parallel", o.parallel, {"none", "zero"});
   (void)precision_type(o.precision);
   detail::require_finite("--lr", o.lr, 0.0, true);
   detail::require_finite("--weight-decay", o.weight_decay, 0.0);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -22,7 +23,7 @@ static_assert(Communicator<mpi_communicator>);
 static_assert(!std::copyable<mpi_communicator>, "it owns a duplicated MPI_Comm");
 
 mpi_communicator& world() {
-  static mpi_communicator comm(MPI_COMM_WORLD);  // freed after MPI_Finalize is a no-op by design
+  static mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});  // freed after MPI_Finalize is a no-op by design
   return comm;
 }
 
@@ -109,7 +110,7 @@ TEST_CASE("mpi_communicator gives the same bits as in_process_group for the same
 }
 
 TEST_CASE("mpi_communicator: MPI failures become communication_error carrying MPI's error string") {
-  mpi_communicator& comm = world();
+  mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = false});  // the check would catch the mismatch first
   if (comm.size() < 2) return;
   // Rank 0 receives 8 bytes from its predecessor, which sends 16: MPI reports truncation on rank 0
   // only; every other rank receives fewer bytes than it allows, which is legal.
@@ -131,6 +132,44 @@ TEST_CASE("mpi_communicator: MPI failures become communication_error carrying MP
   double x = 1.0;
   comm.allreduce(std::span<double>(&x, 1), reduce_op::sum);
   CHECK(x == double(comm.size()));
+}
+
+TEST_CASE("mpi_communicator's sequence check: a divergent call is the same communication_error on every rank, naming it") {
+  if (world().size() < 2) return;
+  CHECK(world().checks_sequence());
+  mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
+  std::vector<std::byte> send(16, std::byte{1}), recv(16 * static_cast<std::size_t>(comm.size()));
+  comm.allgather(send.data(), recv.data(), 16);  // call #0 agrees
+  std::string what;
+  try {
+    if (comm.rank() == 1) comm.allgather(send.data(), recv.data(), 8);  // call #1: rank 1 asks for less
+    else comm.allgather(send.data(), recv.data(), 16);
+    FAIL_CHECK("a divergent collective did not throw");
+  } catch (const communication_error& e) {
+    what = e.what();
+  }
+  CHECK_MESSAGE(what.find("collective mismatch at call #1: rank 0 called allgather(16 bytes per rank) but rank 1 called "
+                          "allgather(8 bytes per rank)") != std::string::npos, what);
+  // Every rank got the same message.
+  std::vector<char> mine(256, '\0'), all(256 * static_cast<std::size_t>(comm.size()));
+  what.copy(mine.data(), std::min<std::size_t>(what.size(), 255));
+  MPI_Allgather(mine.data(), 256, MPI_CHAR, all.data(), 256, MPI_CHAR, MPI_COMM_WORLD);
+  for (int q = 0; q < comm.size(); ++q) CHECK(std::string(all.data() + 256 * q) == std::string(mine.data()));
+  // The communicator stays poisoned: its sequence no longer lines up.
+  CHECK_THROWS_AS(comm.barrier(), communication_error);
+
+  // Another kind at the same position, on the last rank only.
+  mpi_communicator other(MPI_COMM_WORLD, {.check_sequence = true});
+  try {
+    float x = 1;
+    if (other.rank() == other.size() - 1) other.barrier();
+    else other.allreduce(&x, 1, dtype::f32, reduce_op::max);
+    FAIL_CHECK("a divergent collective did not throw");
+  } catch (const communication_error& e) {
+    const std::string w = e.what();
+    CHECK_MESSAGE(w.find("rank 0 called allreduce(1 x f32, max) but rank " + std::to_string(other.size() - 1) + " called barrier()") !=
+                      std::string::npos, w);
+  }
 }
 
 TEST_CASE("mpi_session and mpi_communicator lifetime") {

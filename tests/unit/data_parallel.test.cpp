@@ -9,6 +9,8 @@
 #include <chunkstar/runtime/chunk_runtime.hpp>
 #include <chunkstar/runtime/data_parallel.hpp>
 
+#include "support/mlp_replica.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -19,89 +21,13 @@ using namespace chunkstar;
 
 namespace {
 
-constexpr int L = 4, D = 12, B = 3, steps = 4;
-
+using chunkstar::testing::mlp_replica;
+using chunkstar::testing::mlp_runtime;
+constexpr int B = chunkstar::testing::mlp_batch, D = chunkstar::testing::mlp_width, steps = 4;
 template <class Comm>
-using runtime_t = chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, Comm>;
-
-/** One rank's (or the reference's) model: spaces, runtime, parameters. */
+using runtime_t = mlp_runtime<Comm>;
 template <class Comm>
-struct replica {
-  simulated_device_space dev;
-  host_space host;
-  host_copy_engine copier;
-  runtime_t<Comm> rt;
-  std::vector<param_id> w, b;
-
-  template <class... CommArg>
-  replica(gradient_mode mode, std::size_t capacity, CommArg&... comm)
-      : dev({.capacity = capacity}), rt(dev, host, copier, comm..., runtime_options{.gradients = mode},
-                                        fixed_chunk_layout({.chunk_elems = 256, .align_elems = 32})) {
-    for (int l = 0; l < L; ++l) {
-      w.push_back(rt.register_param({"w" + std::to_string(l), {D, D}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
-        for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.4f * std::sin(0.9f * static_cast<float>(i) + static_cast<float>(l));
-      }));
-      b.push_back(rt.register_param({"b" + std::to_string(l), {D}, dtype::f32, tensor_role::bias}));
-    }
-    rt.finalize();
-  }
-
-  /** Forward and backward of micro-batch @p mb of step @p step; @p after_backward runs after each
-   *  backward scope closes. */
-  template <class After>
-  void forward_backward(int step, int mb, After&& after_backward) {
-    const std::size_t act = B * D * sizeof(float);
-    std::vector<non_model_buffer<float, runtime_t<Comm>>> h;
-    for (int l = 0; l <= L; ++l) h.push_back(rt.template allocate_buffer<float>(B * D));
-    for (int i = 0; i < B * D; ++i) h[0].data()[i] = std::cos(0.21f * static_cast<float>(i) + 1.7f * static_cast<float>(mb) + static_cast<float>(step));
-    for (int l = 0; l < L; ++l) {
-      auto s = rt.forward("l" + std::to_string(l), {w[l], b[l]});
-      const auto W = s.template param<float>(w[l]);
-      const auto bias = s.template param<float>(b[l]);
-      for (int n = 0; n < B; ++n)
-        for (int o = 0; o < D; ++o) {
-          float acc = bias[o];
-          for (int i = 0; i < D; ++i) acc += W[o * D + i] * h[l].data()[n * D + i];
-          h[l + 1].data()[n * D + o] = std::tanh(acc);
-        }
-    }
-    auto dh = rt.template allocate_buffer<float>(B * D), dprev = rt.template allocate_buffer<float>(B * D);
-    for (int i = 0; i < B * D; ++i) dh.data()[i] = (h[L].data()[i] - 0.1f * static_cast<float>(mb)) / B;
-    for (int l = L - 1; l >= 0; --l) {
-      {
-        auto s = rt.backward("l" + std::to_string(l), {w[l], b[l]});
-        const auto W = s.template param<float>(w[l]);
-        auto gW = s.template grad<float>(w[l]);
-        auto gb = s.template grad<float>(b[l]);
-        for (int i = 0; i < B * D; ++i) dh.data()[i] *= 1.0f - h[l + 1].data()[i] * h[l + 1].data()[i];
-        for (int n = 0; n < B; ++n)
-          for (int o = 0; o < D; ++o) {
-            gb[o] += dh.data()[n * D + o];
-            for (int i = 0; i < D; ++i) gW[o * D + i] += dh.data()[n * D + o] * h[l].data()[n * D + i];
-          }
-        for (int n = 0; n < B; ++n)
-          for (int i = 0; i < D; ++i) {
-            float acc = 0;
-            for (int o = 0; o < D; ++o) acc += W[o * D + i] * dh.data()[n * D + o];
-            dprev.data()[n * D + i] = acc;
-          }
-        std::swap(dh, dprev);
-      }
-      after_backward();
-    }
-    (void)act;
-  }
-
-  std::vector<float> all(chunk_kind k) const {
-    std::vector<float> out;
-    for (std::size_t t = 0; t < rt.params().size(); ++t) {
-      std::vector<float> v(rt.params()[t].numel());
-      rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);
-      out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
-  }
-};
+using replica = mlp_replica<Comm>;
 
 // A device for activations plus a third of the chunks: gradients move while being reduced.
 constexpr std::size_t capacity = 12 * B * D * sizeof(float) + 7 * 256 * sizeof(float);
@@ -110,7 +36,7 @@ chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_d
 
 /** One process: each micro-batch's gradient computed on its own, summed in rank order, then one step. */
 std::vector<float> reference(int ranks, std::vector<double>& clip) {
-  replica<single_process_communicator> r(gradient_mode::local, capacity);
+  replica<single_process_communicator> r({.gradients = gradient_mode::local}, capacity);
   auto opt = make_adam();
   for (int step = 1; step <= steps; ++step) {
     std::vector<float> sum;
@@ -149,7 +75,7 @@ TEST_CASE("replicated data parallelism over N in-process ranks equals one proces
     std::vector<std::vector<double>> clips(static_cast<std::size_t>(ranks));
     run_ranks(ranks, [&](in_process_communicator& comm) {
       const auto me = static_cast<std::size_t>(comm.rank());
-      replica<in_process_communicator> r(gradient_mode::replicated, capacity, comm);
+      replica<in_process_communicator> r({.gradients = gradient_mode::replicated}, capacity, comm);
       replicated_gradients dp(r.rt);
       auto opt = make_adam();
       for (int step = 1; step <= steps; ++step) {

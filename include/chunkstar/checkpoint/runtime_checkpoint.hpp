@@ -21,6 +21,7 @@
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
+#include <chunkstar/runtime/sharding.hpp>
 
 #include <chrono>
 #include <concepts>
@@ -28,6 +29,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -118,6 +120,75 @@ inline void check_checkpoint_target(const std::filesystem::path& dir) {
   fs::remove(probe, ec);
 }
 
+namespace checkpoint_detail {
+
+/** A sharded runtime (ZeRO) exposes `shards()`: who owns which chunk. Others hold everything. */
+template <class R>
+[[nodiscard]] shard_map shards_of(const R& rt) {
+  if constexpr (requires { rt.shards(); }) return rt.shards();
+  else return {};
+}
+/** Whether @p rt holds tensor @p t's data (it is in a chunk this rank owns). */
+template <class R>
+[[nodiscard]] bool holds(const R& rt, std::size_t t) {
+  if constexpr (requires { rt.shards(); rt.plan(); }) return rt.shards().owns(rt.plan().slots[t].chunk);
+  else return true;
+}
+
+/** Writes the tensors of @p rt this rank holds into @p model_path and @p opt_path (see the file comment). */
+template <class R>
+void write_files(const R& rt, const std::filesystem::path& model_path, const std::filesystem::path& opt_path, const checkpoint_extra& extra) {
+  const auto specs = rt.params();
+  const dtype param_type = rt.options().param_type;
+  const bool master = rt.has_list(chunk_kind::master), mom = rt.has_list(chunk_kind::momentum), var = rt.has_list(chunk_kind::variance);
+  safetensors_writer model;
+  model.set_metadata("format", "pt");
+  model.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
+  for (std::size_t t = 0; t < specs.size(); ++t)
+    if (holds(rt, t)) model.add_producer(specs[t].name, to_safetensors_dtype(param_type), specs[t].shape, list_producer(rt, t, chunk_kind::param, param_type));
+  const std::uint64_t model_sum = model.write(model_path);
+  safetensors_writer opt;
+  for (const auto& [k, v] : extra) opt.set_metadata(k, v);
+  opt.set_metadata("format", "pt");
+  opt.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
+  opt.set_metadata("chunkstar.optimizer_state", mom ? "1" : "0");
+  opt.set_metadata("chunkstar.model_checksum", hex64(model_sum));
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    if (!holds(rt, t)) continue;
+    const auto& s = specs[t];
+    if (master) opt.add_producer(s.name + ".master", safetensors_dtype::f32, s.shape, list_producer(rt, t, chunk_kind::master, dtype::f32));
+    if (mom) opt.add_producer(s.name + ".exp_avg", safetensors_dtype::f32, s.shape, list_producer(rt, t, chunk_kind::momentum, dtype::f32));
+    if (var) opt.add_producer(s.name + ".exp_avg_sq", safetensors_dtype::f32, s.shape, list_producer(rt, t, chunk_kind::variance, dtype::f32));
+  }
+  opt.write(opt_path);
+}
+
+/** The Hugging Face style index of a sharded checkpoint: every parameter's model file. */
+template <class R>
+void write_index(const R& rt, const std::filesystem::path& path, int world) {
+  const auto specs = rt.params();
+  const auto escape = [](const std::string& x) {
+    std::string out;
+    for (char c : x) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out;
+  };
+  std::string json = "{\n  \"metadata\": {\"format\": \"chunkstar\", \"world\": \"" + std::to_string(world) + "\"},\n  \"weight_map\": {";
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    const int owner = shards_of(rt).owner(rt.plan().slots[t].chunk);
+    json += std::string(t ? "," : "") + "\n    \"" + escape(specs[t].name) + "\": \"" + shard_file_name(checkpoint_model_stem, owner, world) + "\"";
+  }
+  json += "\n  }\n}\n";
+  auto fd = open_file(path, O_WRONLY | O_CREAT | O_TRUNC, "cannot create");
+  write_all(fd.get(), std::as_bytes(std::span(json.data(), json.size())), path);
+  fsync_fd(fd.get(), path);
+  if (const int err = fd.close()) throw checkpoint_error(errno_message("cannot close", path, err));
+}
+
+}  // namespace checkpoint_detail
+
 /** @brief Saves @p rt's parameters and optimizer state, plus @p extra, as the checkpoint directory
  *  @p dir (see the file comment). Holds the exclusive lock on `<dir>.lock` throughout, so
  *  concurrent writers to one directory take turns; writes into a new temporary directory
@@ -125,10 +196,14 @@ inline void check_checkpoint_target(const std::filesystem::path& dir) {
  *  only when it is empty or a chunkstar checkpoint (recognised by the metadata chunkstar writes,
  *  and holding nothing else), and only once the new checkpoint is complete, so a failure or a crash
  *  leaves the previous one readable. Nothing is deleted that this save did not create, except the
- *  checkpoint it replaces and temporaries of killed earlier saves. Call it on one rank.
- *  After a throw: @p dir is as it was and this save's temporary is gone.
+ *  checkpoint it replaces and temporaries of killed earlier saves.
+ *  A sharded runtime (ZeRO, N ranks) saves collectively — call it on every rank: each rank writes
+ *  the tensors it owns as `model-<r>-of-<N>.safetensors` and `optimizer-<r>-of-<N>.safetensors`
+ *  into rank 0's temporary directory (a file system every rank sees), rank 0 adds
+ *  `model.safetensors.index.json` and swaps the directory in once every rank succeeded.
+ *  After a throw (on every rank alike): @p dir is as it was and this save's temporary is gone.
  *  @throws checkpoint_error for a reserved key in @p extra, a @p dir that may not be replaced, a
- *  lock held longer than @p lock.timeout, or any I/O failure. */
+ *  lock held longer than @p lock.timeout, or any I/O failure (on any rank). */
 template <CheckpointableRuntime R>
 void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkpoint_extra& extra = {},
                      checkpoint_lock_options lock = {}) {
@@ -139,43 +214,74 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
       throw checkpoint_error("checkpoint_extra key '" + k + "' is reserved (\"chunkstar.*\" and \"format\" are written by the library): rename it");
   std::error_code ec;
   if (dir.empty()) throw checkpoint_error("checkpoint path is empty: name a directory to save to");
-  cd::refuse_unless_replaceable(dir);  // before a lock file is created beside something not ours
-  fs::create_directories(cd::parent_of(dir), ec);
-  const cd::directory_lock held(dir, /*exclusive=*/true, lock.timeout);
-  cd::refuse_unless_replaceable(dir);  // again under the lock: what the swap will replace
-  cd::remove_stale_temps(dir);
-  const auto tmp = cd::make_temp_directory(dir);
-  try {
-    const auto specs = rt.params();
-    const dtype param_type = rt.options().param_type;
-    const bool master = rt.has_list(chunk_kind::master), mom = rt.has_list(chunk_kind::momentum), var = rt.has_list(chunk_kind::variance);
-
-    safetensors_writer model;
-    model.set_metadata("format", "pt");
-    model.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
-    for (std::size_t t = 0; t < specs.size(); ++t)
-      model.add_producer(specs[t].name, to_safetensors_dtype(param_type), specs[t].shape,
-                         cd::list_producer(rt, t, chunk_kind::param, param_type));
-    const std::uint64_t model_sum = model.write(tmp / checkpoint_model_file);
-
-    safetensors_writer opt;
-    for (const auto& [k, v] : extra) opt.set_metadata(k, v);
-    opt.set_metadata("format", "pt");
-    opt.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
-    opt.set_metadata("chunkstar.optimizer_state", mom ? "1" : "0");
-    opt.set_metadata("chunkstar.model_checksum", cd::hex64(model_sum));
-    for (std::size_t t = 0; t < specs.size(); ++t) {
-      const auto& s = specs[t];
-      if (master) opt.add_producer(s.name + ".master", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::master, dtype::f32));
-      if (mom) opt.add_producer(s.name + ".exp_avg", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::momentum, dtype::f32));
-      if (var) opt.add_producer(s.name + ".exp_avg_sq", safetensors_dtype::f32, s.shape, cd::list_producer(rt, t, chunk_kind::variance, dtype::f32));
+  const shard_map shards = cd::shards_of(rt);
+  std::optional<cd::directory_lock> held;
+  fs::path tmp;
+  const auto prepare = [&] {
+    cd::refuse_unless_replaceable(dir);  // before a lock file is created beside something not ours
+    fs::create_directories(cd::parent_of(dir), ec);
+    held.emplace(dir, /*exclusive=*/true, lock.timeout);
+    cd::refuse_unless_replaceable(dir);  // again under the lock: what the swap will replace
+    cd::remove_stale_temps(dir);
+    tmp = cd::make_temp_directory(dir);
+  };
+  if (shards.world == 1) {
+    prepare();
+    try {
+      cd::write_files(rt, tmp / checkpoint_model_file, tmp / checkpoint_optimizer_file, extra);
+      cd::fsync_directory(tmp);
+      cd::swap_into_place(tmp, dir);
+    } catch (...) {
+      fs::remove_all(tmp, ec);
+      throw;
     }
-    opt.write(tmp / checkpoint_optimizer_file);
-    cd::fsync_directory(tmp);
-    cd::swap_into_place(tmp, dir);
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
+    return;
+  }
+  // Sharded: every rank takes part; each stage ends with every rank knowing whether any failed.
+  if constexpr (requires { rt.shards(); }) {
+    auto& comm = const_cast<R&>(rt).communicator();
+    std::string failure;
+    const auto agree = [&](const char* stage) {  // true on every rank when every rank succeeded
+      double failed = failure.empty() ? 0.0 : 1.0;
+      comm.allreduce(std::span<double>(&failed, 1), reduce_op::max);
+      if (failed == 0.0) return;
+      if (shards.rank == 0 && !tmp.empty()) fs::remove_all(tmp, ec);
+      throw checkpoint_error(failure.empty() ? "saving checkpoint '" + dir.string() + "' failed on another rank while " + stage +
+                                                   " (that rank reports why); the previous checkpoint is intact"
+                                             : failure);
+    };
+    if (shards.rank == 0) {
+      try {
+        prepare();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    agree("preparing the directory");
+    std::uint64_t length = tmp.string().size();
+    comm.broadcast(&length, sizeof length, 0);
+    std::string path(length, '\0');
+    if (shards.rank == 0) path = tmp.string();
+    comm.broadcast(path.data(), length, 0);
+    tmp = path;
+    try {
+      cd::write_files(rt, tmp / cd::shard_file_name(cd::checkpoint_model_stem, shards.rank, shards.world),
+                      tmp / cd::shard_file_name(cd::checkpoint_optimizer_stem, shards.rank, shards.world), extra);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    agree("writing its shard");
+    if (shards.rank == 0) {
+      try {
+        cd::write_index(rt, tmp / checkpoint_index_file, shards.world);
+        cd::fsync_directory(tmp);
+        cd::swap_into_place(tmp, dir);
+        tmp.clear();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    agree("swapping the directory into place");
   }
 }
 
@@ -207,21 +313,16 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
     }
     throw checkpoint_error("checkpoint directory '" + dir.string() + "' " + what + ": " + hint);
   }
-  // A shared lock: a concurrent save waits, so both files come from one save. Read-only media
+  // A shared lock: a concurrent save waits, so all files come from one save. Read-only media
   // (no lock file possible) are read without it.
   const cd::directory_lock held(dir, /*exclusive=*/false, lock.timeout, /*optional_if_unwritable=*/true);
-  const safetensors_open_options strict{.verify_checksum = true, .require_checksum = true};
-  const auto model = safetensors_file::open(dir / checkpoint_model_file, strict);
-  const auto opt = safetensors_file::open(dir / checkpoint_optimizer_file, strict);
-  const auto meta = [&](const safetensors_file& f, const std::string& k) -> std::string {
+  const auto [model, opt] = cd::open_checkpoint_files(dir);
+  const auto meta = [&](const cd::file_set& f, const std::string& k) -> std::string {
     const auto it = f.metadata().find(k);
     if (it == f.metadata().end())
-      throw checkpoint_error("checkpoint file '" + f.path().string() + "' has no \"" + k + "\" metadata: it was not written by save_checkpoint");
+      throw checkpoint_error("checkpoint file '" + f.first_path().string() + "' has no \"" + k + "\" metadata: it was not written by save_checkpoint");
     return it->second;
   };
-  if (meta(opt, "chunkstar.model_checksum") != cd::hex64(*model.checksum()))
-    throw checkpoint_error("checkpoint '" + dir.string() + "': " + std::string(checkpoint_optimizer_file) + " belongs to a different save than " +
-                           std::string(checkpoint_model_file) + " (model checksum mismatch): the files were mixed; use a complete checkpoint directory");
   const bool file_state = meta(opt, "chunkstar.optimizer_state") == "1";
   const bool rt_master = rt.has_list(chunk_kind::master), rt_var = rt.has_list(chunk_kind::variance);
   const bool want_moments = rt.has_list(chunk_kind::momentum) && options.optimizer_state;
@@ -233,13 +334,13 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
   const auto specs = rt.params();
   std::vector<std::string> problems;
   std::map<std::string, bool> used_model, used_opt;
-  for (const auto& t : model.tensors()) used_model[t.name] = false;
-  for (const auto& t : opt.tensors()) used_opt[t.name] = false;
-  auto check = [&](const safetensors_file& f, std::map<std::string, bool>& used, const std::string& name, const tensor_spec& s,
+  for (const auto& n : model.names()) used_model[n] = false;
+  for (const auto& n : opt.names()) used_opt[n] = false;
+  auto check = [&](const cd::file_set& f, std::map<std::string, bool>& used, const std::string& name, const tensor_spec& s,
                    bool required, bool f32_only) -> bool {
     const auto* t = f.find(name);
     if (!t) {
-      if (required) problems.push_back("'" + name + "' missing from " + f.path().filename().string());
+      if (required) problems.push_back("'" + name + "' missing from " + f.description());
       return false;
     }
     used[name] = true;
@@ -282,6 +383,7 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
 
   std::vector<float> v, full;
   for (std::size_t i = 0; i < specs.size(); ++i) {
+    if (!cd::holds(rt, i)) continue;  // ZeRO: another rank owns it (every rank validated everything above)
     const auto& s = specs[i];
     const param_id id{static_cast<std::uint32_t>(i)};
     v.resize(s.numel());
@@ -319,7 +421,11 @@ inline checkpoint_extra read_checkpoint_extra(const std::filesystem::path& dir, 
     throw checkpoint_error("checkpoint directory '" + dir.string() + "' " + (fs::exists(dir, ec) ? "is not a directory" : "does not exist") +
                            ": pass the directory save_checkpoint wrote");
   const checkpoint_detail::directory_lock held(dir, false, lock.timeout, true);
-  const auto opt = safetensors_file::open(dir / checkpoint_optimizer_file, {.verify_checksum = true, .require_checksum = true});
+  // One process's checkpoint, or shard 1 of a sharded one (every shard carries the same entries).
+  auto name = dir / checkpoint_optimizer_file;
+  if (!fs::exists(name, ec))
+    if (const auto shards = checkpoint_detail::shard_files(dir, checkpoint_detail::checkpoint_optimizer_stem); !shards.empty()) name = shards.front();
+  const auto opt = safetensors_file::open(name, {.verify_checksum = true, .require_checksum = true});
   if (!opt.metadata().contains("chunkstar.model_checksum"))
     throw checkpoint_error("checkpoint file '" + opt.path().string() + "' has no \"chunkstar.model_checksum\" metadata: it was not written by save_checkpoint");
   checkpoint_extra extra;

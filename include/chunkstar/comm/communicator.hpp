@@ -128,6 +128,51 @@ class comm_handle {
   bool (*ready_)(void*) = nullptr;
 };
 
+/** @brief What a communicator moved for this rank: bytes sent and received, and collectives issued
+ *  (`stats()` on every model; not part of the concept). Volumes are those of the model's algorithm:
+ *  chunkstar's deterministic reductions gather every rank's contribution and fold them in rank
+ *  order, so for N ranks an allgather or reduce-scatter of b bytes per rank moves (N-1)·b each way,
+ *  an allreduce of b bytes (N-1)·b each way (NCCL's ring allreduce: 2(N-1)/N·b), a broadcast
+ *  (N-1)·b out of the root and b into every other rank, a ring shift b each way. One rank moves
+ *  nothing. */
+struct comm_stats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  std::uint64_t collectives = 0;
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_sent + bytes_received; }
+};
+
+namespace detail {
+/** @brief Counts collectives into a comm_stats by the volumes comm_stats documents. */
+struct comm_counter {
+  comm_stats stats;
+  void gather_like(std::size_t bytes_per_rank, int size) noexcept {  // allgather, reduce-scatter, gather-based allreduce
+    const auto v = static_cast<std::uint64_t>(bytes_per_rank) * static_cast<std::uint64_t>(size - 1);
+    stats.bytes_sent += v;
+    stats.bytes_received += v;
+    ++stats.collectives;
+  }
+  void broadcast(std::size_t bytes, int root, int rank, int size) noexcept {
+    if (size > 1) (rank == root ? stats.bytes_sent += static_cast<std::uint64_t>(bytes) * static_cast<std::uint64_t>(size - 1)
+                                : stats.bytes_received += bytes);
+    ++stats.collectives;
+  }
+  void ring_allreduce(std::size_t bytes, int size) noexcept {  // NCCL's: reduce-scatter then allgather on a ring
+    const auto v = 2 * static_cast<std::uint64_t>(bytes) * static_cast<std::uint64_t>(size - 1) / static_cast<std::uint64_t>(size);
+    stats.bytes_sent += v;
+    stats.bytes_received += v;
+    ++stats.collectives;
+  }
+  void ring_shift(std::size_t bytes, int size) noexcept {
+    if (size > 1) {
+      stats.bytes_sent += bytes;
+      stats.bytes_received += bytes;
+    }
+    ++stats.collectives;
+  }
+};
+}  // namespace detail
+
 /** @brief The `Communicator` concept: collectives over a fixed group of ranks.
  *
  *  Required expressions, for `c` a `C&`, `cc` a `const C&`, `p` a `void*`, `cp` a `const void*`,

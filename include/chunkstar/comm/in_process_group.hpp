@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include <chunkstar/comm/collective_call.hpp>
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/core/error.hpp>
 
@@ -27,39 +28,6 @@
 namespace chunkstar {
 
 class in_process_group;
-
-namespace detail {
-
-enum class collective_kind : std::uint8_t { allreduce, allreduce_f64, allgather, reduce_scatter, broadcast, ring_shift, barrier };
-
-/** @brief What one collective call asked for; every rank's k-th call must describe the same. */
-struct collective_call {
-  collective_kind kind = collective_kind::barrier;
-  std::size_t count = 0;  // elements for reductions, bytes otherwise
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  int root = 0;
-
-  friend bool operator==(const collective_call&, const collective_call&) = default;
-
-  [[nodiscard]] std::string to_string() const {
-    const std::string n = std::to_string(count);
-    const std::string o(reduce_op_name(op));
-    switch (kind) {
-      case collective_kind::allreduce: return "allreduce(" + n + " x " + std::string(dtype_name(type)) + ", " + o + ")";
-      case collective_kind::allreduce_f64: return "allreduce(" + n + " x f64, " + o + ")";
-      case collective_kind::allgather: return "allgather(" + n + " bytes per rank)";
-      case collective_kind::reduce_scatter:
-        return "reduce_scatter(" + n + " x " + std::string(dtype_name(type)) + " per rank, " + o + ")";
-      case collective_kind::broadcast: return "broadcast(" + n + " bytes from root " + std::to_string(root) + ")";
-      case collective_kind::ring_shift: return "ring_shift(" + n + " bytes)";
-      case collective_kind::barrier: return "barrier()";
-    }
-    return "?";
-  }
-};
-
-}  // namespace detail
 
 /** @brief One rank of an `in_process_group`. Obtained from `in_process_group::communicator(rank)`;
  *  use it from one thread at a time (that rank's thread).
@@ -100,6 +68,8 @@ class in_process_communicator {
   comm_handle ring_shift_async(const void* send, void* recv, std::size_t bytes);
   /** @brief The barrier as an asynchronous collective (not required by `Communicator`). */
   comm_handle barrier_async();
+  /** @brief Bytes this rank moved and collectives it issued (see comm_stats). */
+  [[nodiscard]] const comm_stats& stats() const noexcept { return counter_.stats; }
 
  private:
   friend class in_process_group;
@@ -119,6 +89,7 @@ class in_process_communicator {
 
   in_process_group* group_;
   int rank_;
+  detail::comm_counter counter_;  // only touched by the rank's own thread
   std::uint64_t next_index_ = 0;  // only touched by the rank's own thread
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -452,12 +423,14 @@ inline comm_handle in_process_communicator::allreduce_async(void* inout, std::si
   detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
   const detail::collective_call call{detail::collective_kind::allreduce, count, t, op, 0};
   const std::uint64_t index = next_index_++;
+  counter_.gather_like(count * dtype_size(t), size());
   return submit([=, this] { run_allreduce(index, call, inout, count, dtype_size(t)); });
 }
 
 inline comm_handle in_process_communicator::allreduce_async(std::span<double> inout, reduce_op op) {
   const detail::collective_call call{detail::collective_kind::allreduce_f64, inout.size(), dtype::f32, op, 0};
   const std::uint64_t index = next_index_++;
+  counter_.gather_like(inout.size_bytes(), size());
   return submit([=, this] { run_allreduce(index, call, inout.data(), inout.size(), sizeof(double)); });
 }
 
@@ -465,6 +438,7 @@ inline comm_handle in_process_communicator::allgather_async(const void* send, vo
   detail::check_allgather(send, recv, bytes, rank_, size());
   const detail::collective_call call{detail::collective_kind::allgather, bytes, dtype::f32, reduce_op::sum, 0};
   const std::uint64_t index = next_index_++;
+  counter_.gather_like(bytes, size());
   return submit([=, this] {
     in_process_group& g = *group_;
     const in_process_group::slot mine{call, index, send, nullptr};
@@ -483,6 +457,7 @@ inline comm_handle in_process_communicator::reduce_scatter_async(const void* sen
   detail::check_reduce_scatter(send, recv, count, t, rank_, size());
   const detail::collective_call call{detail::collective_kind::reduce_scatter, count, t, op, 0};
   const std::uint64_t index = next_index_++;
+  counter_.gather_like(count * dtype_size(t), size());
   return submit([=, this] {
     in_process_group& g = *group_;
     const in_process_group::slot mine{call, index, send, nullptr};
@@ -503,6 +478,7 @@ inline comm_handle in_process_communicator::broadcast_async(void* buf, std::size
   detail::check_root(root, size(), "broadcast");
   const detail::collective_call call{detail::collective_kind::broadcast, bytes, dtype::f32, reduce_op::sum, root};
   const std::uint64_t index = next_index_++;
+  counter_.broadcast(bytes, root, rank_, size());
   return submit([=, this] {
     in_process_group& g = *group_;
     const in_process_group::slot mine{call, index, buf, nullptr};
@@ -516,6 +492,7 @@ inline comm_handle in_process_communicator::ring_shift_async(const void* send, v
   detail::check_ring_shift(send, recv, bytes);
   const detail::collective_call call{detail::collective_kind::ring_shift, bytes, dtype::f32, reduce_op::sum, 0};
   const std::uint64_t index = next_index_++;
+  counter_.ring_shift(bytes, size());
   return submit([=, this] {
     in_process_group& g = *group_;
     const in_process_group::slot mine{call, index, send, nullptr};

@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include <chunkstar/comm/collective_call.hpp>
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/core/error.hpp>
 
@@ -16,7 +17,9 @@
 #endif
 #include <mpi.h>
 
+#include <array>
 #include <climits>
+#include <cstdint>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -129,6 +132,20 @@ class mpi_session {
   bool owns_ = false;
 };
 
+/** @brief Options of an `mpi_communicator`. */
+struct mpi_options {
+  /** Check the collective sequence: before each collective, the ranks exchange what they are
+   *  about to call (a small MPI_Allgather on a private communicator) and a difference in kind,
+   *  size, dtype, op or root is a `communication_error` on every rank naming the call and both
+   *  descriptions, instead of a hang or a corrupted buffer. Costs one latency per collective: on
+   *  in debug builds (no NDEBUG) and in tests, off otherwise. */
+#ifdef NDEBUG
+  bool check_sequence = false;
+#else
+  bool check_sequence = true;
+#endif
+};
+
 /** @brief `Communicator` over MPI.
  *
  *  The constructor duplicates the given communicator (collective: every rank must construct it),
@@ -157,7 +174,7 @@ class mpi_session {
 class mpi_communicator {
  public:
   /** @brief Duplicates `comm` (collective over `comm`). */
-  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD) {
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, mpi_options options = {}) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized)
@@ -167,18 +184,28 @@ class mpi_communicator {
     detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    if (options.check_sequence) {
+      detail::mpi_check(MPI_Comm_dup(comm_, &check_comm_), "MPI_Comm_dup");
+      detail::mpi_check(MPI_Comm_set_errhandler(check_comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    }
   }
 
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
   mpi_communicator(mpi_communicator&& other) noexcept
-      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)), rank_(other.rank_), size_(other.size_) {}
+      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)), check_comm_(std::exchange(other.check_comm_, MPI_COMM_NULL)),
+        rank_(other.rank_), size_(other.size_), calls_(other.calls_), poisoned_(std::move(other.poisoned_)),
+        counter_(other.counter_) {}
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
       release();
       comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
+      check_comm_ = std::exchange(other.check_comm_, MPI_COMM_NULL);
       rank_ = other.rank_;
       size_ = other.size_;
+      calls_ = other.calls_;
+      poisoned_ = std::move(other.poisoned_);
+      counter_ = other.counter_;
     }
     return *this;
   }
@@ -188,15 +215,21 @@ class mpi_communicator {
   [[nodiscard]] int size() const noexcept { return size_; }
   /** @brief The duplicated communicator (owned by this object). */
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
+  /** @brief True when the collective sequence is checked (mpi_options::check_sequence). */
+  [[nodiscard]] bool checks_sequence() const noexcept { return check_comm_ != MPI_COMM_NULL; }
 
   void allreduce(void* inout, std::size_t count, dtype t, reduce_op op) {
     detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
+    check({detail::collective_kind::allreduce, count, t, op});
+    counter_.gather_like(count * dtype_size(t), size_);
     allreduce_blocks(inout, count, dtype_size(t), [&](void* dst, const void* const* srcs, std::size_t n) {
       detail::fold_ranks(dst, srcs, size_, n, t, op);
     });
   }
 
   void allreduce(std::span<double> inout, reduce_op op) {
+    check({detail::collective_kind::allreduce_f64, inout.size(), dtype::f32, op});
+    counter_.gather_like(inout.size_bytes(), size_);
     allreduce_blocks(inout.data(), inout.size(), sizeof(double), [&](void* dst, const void* const* srcs, std::size_t n) {
       detail::fold_ranks_f64(static_cast<double*>(dst), srcs, size_, n, op);
     });
@@ -204,7 +237,9 @@ class mpi_communicator {
 
   void allgather(const void* send, void* recv, std::size_t bytes) {
     detail::check_allgather(send, recv, bytes, rank_, size_);
+    check({detail::collective_kind::allgather, bytes});
     const int n = detail::mpi_count(bytes, "allgather");
+    counter_.gather_like(bytes, size_);
     const bool in_place = bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
     detail::mpi_check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_),
                       "MPI_Allgather");
@@ -212,7 +247,9 @@ class mpi_communicator {
 
   void reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     detail::check_reduce_scatter(send, recv, count, t, rank_, size_);
+    check({detail::collective_kind::reduce_scatter, count, t, op});
     const std::size_t block = count * dtype_size(t);
+    counter_.gather_like(block, size_);
     const int n = detail::mpi_count(block, "reduce_scatter");
     if (block == 0) return;
     if (size_ == 1) {
@@ -227,28 +264,42 @@ class mpi_communicator {
   void broadcast(void* buf, std::size_t bytes, int root) {
     detail::check_buffer(buf, bytes, "broadcast", "buf");
     detail::check_root(root, size_, "broadcast");
+    check({detail::collective_kind::broadcast, bytes, dtype::f32, reduce_op::sum, root});
+    counter_.broadcast(bytes, root, rank_, size_);
     detail::mpi_check(MPI_Bcast(buf, detail::mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_), "MPI_Bcast");
   }
 
   void ring_shift(const void* send, void* recv, std::size_t bytes) {
     detail::check_ring_shift(send, recv, bytes);
+    check({detail::collective_kind::ring_shift, bytes});
     const int n = detail::mpi_count(bytes, "ring_shift");
+    counter_.ring_shift(bytes, size_);
     detail::mpi_check(MPI_Sendrecv(send, n, MPI_BYTE, next(), ring_tag, recv, n, MPI_BYTE, prev(), ring_tag, comm_,
                                    MPI_STATUS_IGNORE),
                       "MPI_Sendrecv");
   }
 
-  void barrier() { detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() {
+    check({detail::collective_kind::barrier});
+    detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier");
+  }
+
+  /** @brief Bytes this rank moved and collectives it issued (see comm_stats). */
+  [[nodiscard]] const comm_stats& stats() const noexcept { return counter_.stats; }
 
   comm_handle allreduce_async(void* inout, std::size_t count, dtype t, reduce_op op) {
     detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
+    check({detail::collective_kind::allreduce, count, t, op});
+    counter_.gather_like(count * dtype_size(t), size_);
     return allreduce_gather_async(inout, count * dtype_size(t), [=, nranks = size_](const std::byte* gathered) {
       fold_gathered(nranks, inout, gathered, count * dtype_size(t), count, t, op);
     });
   }
 
   comm_handle allreduce_async(std::span<double> inout, reduce_op op) {
+    check({detail::collective_kind::allreduce_f64, inout.size(), dtype::f32, op});
     const std::size_t bytes = inout.size_bytes();
+    counter_.gather_like(bytes, size_);
     return allreduce_gather_async(inout.data(), bytes, [=, nranks = size_](const std::byte* gathered) {
       std::vector<const void*> srcs(static_cast<std::size_t>(nranks));
       for (std::size_t k = 0; k < srcs.size(); ++k) srcs[k] = gathered + k * bytes;
@@ -258,7 +309,9 @@ class mpi_communicator {
 
   comm_handle allgather_async(const void* send, void* recv, std::size_t bytes) {
     detail::check_allgather(send, recv, bytes, rank_, size_);
+    check({detail::collective_kind::allgather, bytes});
     const int n = detail::mpi_count(bytes, "allgather");
+    counter_.gather_like(bytes, size_);
     const bool in_place = bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
     auto state = make_state("MPI_Iallgather", 1);
     detail::mpi_check(
@@ -269,7 +322,9 @@ class mpi_communicator {
 
   comm_handle reduce_scatter_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     detail::check_reduce_scatter(send, recv, count, t, rank_, size_);
+    check({detail::collective_kind::reduce_scatter, count, t, op});
     const std::size_t block = count * dtype_size(t);
+    counter_.gather_like(block, size_);
     const int n = detail::mpi_count(block, "reduce_scatter");
     if (block == 0) return {};
     if (size_ == 1) {
@@ -289,6 +344,8 @@ class mpi_communicator {
   comm_handle broadcast_async(void* buf, std::size_t bytes, int root) {
     detail::check_buffer(buf, bytes, "broadcast", "buf");
     detail::check_root(root, size_, "broadcast");
+    check({detail::collective_kind::broadcast, bytes, dtype::f32, reduce_op::sum, root});
+    counter_.broadcast(bytes, root, rank_, size_);
     auto state = make_state("MPI_Ibcast", 1);
     detail::mpi_check(MPI_Ibcast(buf, detail::mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &state->requests[0]),
                       "MPI_Ibcast");
@@ -297,7 +354,9 @@ class mpi_communicator {
 
   comm_handle ring_shift_async(const void* send, void* recv, std::size_t bytes) {
     detail::check_ring_shift(send, recv, bytes);
+    check({detail::collective_kind::ring_shift, bytes});
     const int n = detail::mpi_count(bytes, "ring_shift");
+    counter_.ring_shift(bytes, size_);
     auto state = make_state("ring_shift (MPI_Irecv/MPI_Isend)", 2);
     detail::mpi_check(MPI_Irecv(recv, n, MPI_BYTE, prev(), ring_tag, comm_, &state->requests[0]), "MPI_Irecv");
     const int rc = MPI_Isend(send, n, MPI_BYTE, next(), ring_tag, comm_, &state->requests[1]);
@@ -318,11 +377,42 @@ class mpi_communicator {
   [[nodiscard]] int prev() const noexcept { return (rank_ - 1 + size_) % size_; }
 
   void release() noexcept {
-    if (comm_ == MPI_COMM_NULL) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
-    comm_ = MPI_COMM_NULL;
+    for (MPI_Comm* c : {&comm_, &check_comm_}) {
+      if (*c != MPI_COMM_NULL && !finalized) MPI_Comm_free(c);
+      *c = MPI_COMM_NULL;
+    }
+  }
+
+  /** @brief The sequence check (when on): every rank's description of its next collective, to
+   *  every rank; each compares them with rank 0's, so all ranks throw the same error, and every
+   *  later call throws it too (the sequences no longer line up). */
+  void check(const detail::collective_call& call) {
+    if (!poisoned_.empty()) throw communication_error(poisoned_);
+    if (check_comm_ == MPI_COMM_NULL) return;
+    const std::uint64_t index = calls_++;
+    const std::array<std::uint64_t, 4> mine = {index, call.count, static_cast<std::uint64_t>(call.kind) << 16 |
+                                                                     static_cast<std::uint64_t>(call.type) << 8 |
+                                                                     static_cast<std::uint64_t>(call.op),
+                                               static_cast<std::uint64_t>(static_cast<std::int64_t>(call.root))};
+    std::vector<std::array<std::uint64_t, 4>> all(static_cast<std::size_t>(size_));
+    detail::mpi_check(MPI_Allgather(mine.data(), sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, check_comm_),
+                      "MPI_Allgather (collective-sequence check)");
+    auto decode = [](const std::array<std::uint64_t, 4>& w) {
+      return detail::collective_call{static_cast<detail::collective_kind>(w[2] >> 16 & 0xff), static_cast<std::size_t>(w[1]),
+                                     static_cast<dtype>(w[2] >> 8 & 0xff), static_cast<reduce_op>(w[2] & 0xff),
+                                     static_cast<int>(static_cast<std::int64_t>(w[3]))};
+    };
+    for (int q = 1; q < size_; ++q) {
+      const auto& other = all[static_cast<std::size_t>(q)];
+      if (other == all[0]) continue;
+      poisoned_ = "collective mismatch at call #" + std::to_string(all[0][0]) + ": rank 0 called " + decode(all[0]).to_string() +
+                  " but rank " + std::to_string(q) + " called " + decode(other).to_string() +
+                  (other[0] != all[0][0] ? " as its call #" + std::to_string(other[0]) : std::string()) +
+                  "; every rank must issue the same collectives, with the same sizes, types, ops and roots, in the same order";
+      throw communication_error(poisoned_);
+    }
   }
 
   static std::shared_ptr<detail::mpi_request_state> make_state(std::string what, std::size_t requests) {
@@ -375,8 +465,12 @@ class mpi_communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm check_comm_ = MPI_COMM_NULL;  // the sequence check's own traffic (see mpi_options)
   int rank_ = 0;
   int size_ = 1;
+  std::uint64_t calls_ = 0;   // collectives checked so far
+  std::string poisoned_;      // the mismatch found, once found
+  detail::comm_counter counter_;
 };
 
 static_assert(Communicator<mpi_communicator>);

@@ -180,6 +180,8 @@ class nccl_communicator {
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
   /** @brief The NCCL communicator (owned). */
   [[nodiscard]] ncclComm_t native() const noexcept { return comm_; }
+  /** @brief Bytes this rank moved and collectives it issued (see comm_stats; ring volumes). */
+  [[nodiscard]] const comm_stats& stats() const noexcept { return counter_.stats; }
 
   void allreduce(void* inout, std::size_t count, dtype t, reduce_op op) { allreduce_async(inout, count, t, op).wait(); }
   void allreduce(std::span<double> inout, reduce_op op) { allreduce_async(inout, op).wait(); }
@@ -199,6 +201,7 @@ class nccl_communicator {
 
   comm_handle allreduce_async(void* inout, std::size_t count, dtype t, reduce_op op) {
     chunkstar::detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
+    counter_.ring_allreduce(count * dtype_size(t), size_);
     if (count == 0) return {};
     detail::device_guard guard(device_);
     detail::nccl_check(ncclAllReduce(inout, inout, count, detail::to_nccl(t), detail::to_nccl(op), comm_, stream_),
@@ -207,6 +210,7 @@ class nccl_communicator {
   }
 
   comm_handle allreduce_async(std::span<double> inout, reduce_op op) {
+    counter_.ring_allreduce(inout.size_bytes(), size_);
     if (inout.empty()) return {};
     detail::device_guard guard(device_);
     void* scratch = nullptr;
@@ -223,6 +227,7 @@ class nccl_communicator {
 
   comm_handle allgather_async(const void* send, void* recv, std::size_t bytes) {
     chunkstar::detail::check_allgather(send, recv, bytes, rank_, size_);
+    counter_.gather_like(bytes, size_);
     if (bytes == 0) return {};
     detail::device_guard guard(device_);
     detail::nccl_check(ncclAllGather(send, recv, bytes, ncclUint8, comm_, stream_), "ncclAllGather");
@@ -231,6 +236,7 @@ class nccl_communicator {
 
   comm_handle reduce_scatter_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     chunkstar::detail::check_reduce_scatter(send, recv, count, t, rank_, size_);
+    counter_.gather_like(count * dtype_size(t), size_);
     if (count == 0) return {};
     detail::device_guard guard(device_);
     detail::nccl_check(
@@ -242,6 +248,7 @@ class nccl_communicator {
   comm_handle broadcast_async(void* buf, std::size_t bytes, int root) {
     chunkstar::detail::check_buffer(buf, bytes, "broadcast", "buf");
     chunkstar::detail::check_root(root, size_, "broadcast");
+    counter_.broadcast(bytes, root, rank_, size_);
     if (bytes == 0) return {};
     detail::device_guard guard(device_);
     detail::nccl_check(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast");
@@ -250,6 +257,7 @@ class nccl_communicator {
 
   comm_handle ring_shift_async(const void* send, void* recv, std::size_t bytes) {
     chunkstar::detail::check_ring_shift(send, recv, bytes);
+    counter_.ring_shift(bytes, size_);
     if (bytes == 0) return {};
     detail::device_guard guard(device_);
     const int next = (rank_ + 1) % size_;
@@ -286,6 +294,7 @@ class nccl_communicator {
   void* barrier_word_ = nullptr;
   int rank_ = 0;
   int size_ = 1;
+  chunkstar::detail::comm_counter counter_;
   int device_ = 0;
 };
 

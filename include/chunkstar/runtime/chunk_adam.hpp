@@ -18,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 namespace chunkstar {
 
@@ -101,13 +102,16 @@ class chunk_adam {
       const bool scan = options_.report_norm || options_.max_grad_norm > 0 || !std::is_same_v<Scaler, static_loss_scaler>;
       double sum_sq = 0.0;
       if (scan) {
-        grad_stats local;
+        // Per chunk, then summed in chunk order, so the total has the same bits however the chunks
+        // are spread over ranks: sharded ranks hold disjoint chunks, and the allreduce of their
+        // per-chunk sums (zeros elsewhere) is exact. One collective gives both answers: a rank with
+        // inf/NaN makes the global sum non-finite.
+        std::vector<double> per_chunk(rt.plan().num_chunks, 0.0);
         rt.for_each_grad_chunk([&](const step_chunk& c) {
-          local += scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where);
+          per_chunk[c.index] = scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where).sum_sq;
         });
-        // One collective gives both answers: a rank with inf/NaN makes the global sum non-finite.
-        sum_sq = local.sum_sq;
-        if (rt.gradients() == gradient_mode::sharded) rt.communicator().allreduce(std::span<double>(&sum_sq, 1), reduce_op::sum);
+        if (rt.gradients() == gradient_mode::sharded) rt.communicator().allreduce(std::span<double>(per_chunk), reduce_op::sum);
+        for (double x : per_chunk) sum_sq += x;
       }
       r.grad_norm = scan ? std::sqrt(sum_sq) : std::numeric_limits<double>::quiet_NaN();
       const bool overflow = scan && !std::isfinite(sum_sq);

@@ -22,6 +22,7 @@
 #include <chunkstar/runtime/platform.hpp>
 #include <chunkstar/runtime/residency.hpp>
 #include <chunkstar/runtime/runtime_options.hpp>
+#include <chunkstar/runtime/sharding.hpp>
 #include <chunkstar/runtime/runtime_observer.hpp>
 #include <chunkstar/runtime/tensor_states.hpp>
 #include <chunkstar/tracer/warmup_tracer.hpp>
@@ -83,17 +84,22 @@ class chunk_runtime {
 
   /** @brief Lays out the parameters (the plan is validated: config_error naming the tensor and the
    *  chunk for a plan that breaks a law), allocates the chunk lists (on the host, spilling to the
-   *  compute tier when the host is full) and initialises parameters and optimizer state. After a
-   *  throw the runtime cannot be finalised again: destroy it. */
+   *  compute tier when the host is full) and initialises parameters and optimizer state. With
+   *  several ranks, collective: a rank configured differently is a config_error on every rank.
+   *  After a throw the runtime cannot be finalised again: destroy it. */
   void finalize() {
     if (finalized_) throw state_error("finalize() called twice");
     finalized_ = true;
     plan_ = registry_.plan(layout_);
+    require_agreement(comm_, describe_configuration(registry_.specs(), plan_, layout_.name(), options_), "finalize()");
+    plan_.num_chunks = shard_.map().padded(plan_.num_chunks);  // ZeRO: whole groups (the padding holds no tensor)
+    plan_.chunk_tensors.resize(plan_.num_chunks);
     store_.build(make_chunk_lists(plan_, {.param_type = options_.param_type, .optimizer_state = options_.optimizer_state}), comm_.size());
     states_.reset(registry_.specs());
-    store_.allocate_initial();
+    store_.allocate_initial(shard_.active(), comm_.rank());
     std::vector<float> values;
     for (std::size_t t = 0; t < registry_.size(); ++t) {
+      if (!shard_.map().owns(plan_.slots[t].chunk)) continue;  // flyweight: only this rank's shards
       values.assign(registry_.specs()[t].numel(), 0.0f);
       if (registry_.initializer(t)) registry_.initializer(t)(values);
       write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, values);
@@ -149,8 +155,9 @@ class chunk_runtime {
     require_finalized("step");
     states_.require_none_in_compute("step");
     if (level_.untraced) throw state_error("step() inside an untraced section: close the section first");
+    shard_.finish_backward();
     const double t0 = observer_.now_us();
-    pass_.run(f, plan_, registry_.specs(), options_.param_type);
+    pass_.run(f, plan_, registry_.specs(), options_.param_type, shard_.map());
     observer_.step(t0, observer_.now_us());
     ++stats_.steps;
     zero_grad();
@@ -163,6 +170,7 @@ class chunk_runtime {
    *  norms): `f(const step_chunk&)` with `grad`, `where`, `param_type`, `elems`, `tensors`, `slots`, `specs`. */
   template <class F>
   void for_each_grad_chunk(F&& f) {
+    shard_.finish_backward();
     for_each_gradient(store_, plan_, registry_.specs(), options_.param_type, f);
   }
   /** @brief Pins gradient chunk @p c where it is (zeros if it was FREE), for a collective on its payload. */
@@ -170,6 +178,7 @@ class chunk_runtime {
   /** @brief Drops every gradient (FREE): the next backward starts from zero (a skipped step, a new accumulation). */
   void zero_grad() {
     states_.require_none_in_compute("zero_grad");
+    shard_.drop();
     for (std::uint32_t c = 0; c < plan_.num_chunks; ++c) store_.release({chunk_kind::grad, c});
   }
   /** @brief Ends an iteration without a step (after an evaluation pass, a skipped or abandoned
@@ -178,6 +187,7 @@ class chunk_runtime {
     states_.require_none_in_compute("end_iteration");
     if (level_.untraced) throw state_error("end_iteration() inside an untraced section: close the section first");
     states_.end_iteration();
+    shard_.drop();
     if (iteration_open_) tracer_.end_iteration();
     iteration_open_ = false;
     pass_.abandon();  // an unfinished step is abandoned
@@ -206,11 +216,7 @@ class chunk_runtime {
   // --- introspection ------------------------------------------------------------------------------
   [[nodiscard]] const runtime_stats& stats() const noexcept { return stats_; }
   /** @brief Zeroes the counters; peaks restart from the current levels. */
-  void reset_stats() noexcept {
-    stats_ = {};
-    store_.restart_peaks();
-    stats_.peak_non_model_bytes = level_.non_model;
-  }
+  void reset_stats() noexcept { store_.reset_stats(level_.non_model); }
   [[nodiscard]] const chunk_plan& plan() const noexcept { return plan_; }
   [[nodiscard]] std::span<const tensor_spec> params() const noexcept { return registry_.specs(); }
   [[nodiscard]] const tensor_spec& spec(param_id p) const { return registry_.spec(p); }
@@ -242,7 +248,9 @@ class chunk_runtime {
   [[nodiscard]] tensor_state state(param_id p) const { return states_[p.value]; }
   /** @brief Owner rank of chunk index @p c (ZeRO: chunk c belongs to rank c mod N). */
   [[nodiscard]] int owner(std::size_t c) const { return store_.at({chunk_kind::param, static_cast<std::uint32_t>(c)}).owner; }
-  [[nodiscard]] gradient_mode gradients() const noexcept { return options_.gradients; }
+  [[nodiscard]] gradient_mode gradients() const noexcept { return shard_.active() ? gradient_mode::sharded : options_.gradients; }
+  /** @brief Which chunks this rank owns (ZeRO; one rank owns all without sharding). */
+  [[nodiscard]] shard_map shards() const noexcept { return shard_.map(); }
   /** @brief Moves chunk @p id to the host now (a test and tooling hook). @throws state_error if it is in use. */
   void offload(chunk_id id) {
     if (store_.at(id).pinned || chunk_state(id) == tensor_state::compute)
@@ -270,7 +278,8 @@ class chunk_runtime {
         tracer_(std::move(tracer)), own_comm_(own_if(comm)), comm_(comm ? *comm : *own_comm_),
         store_(device, host, copier, options.payload_alignment, stats_),
         residency_(store_, placement_, eviction_, tracer_, level_, options.prefetch_depth, stats_),
-        non_model_(device, level_), pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth) {
+        non_model_(device, level_), pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth),
+        shard_(store_, residency_, tracer_, comm_, options.sharding, stats_, level_) {
     if (options_.timeline) observer_ = own_timeline_;
     store_.clock = [this] { return observer_.now_us(); };
     store_.on_copy_retired = [this](double submitted, tier from) { observer_.copy(from, submitted, observer_.now_us()); };
@@ -299,13 +308,14 @@ class chunk_runtime {
       tracer_.begin_iteration();
       iteration_open_ = true;
     }
+    shard_.settle();
     const double t0 = observer_.now_us();
     const std::size_t m = level_.untraced ? never : tracer_.open_moment(kind, name);
     level_.changes = 0;
     level_.kind = kind;
     store_.retire_completed();
     for (auto id : ids) touch(id);
-    residency_.make_resident_on_device(ids, name, m);
+    residency_.make_resident_on_device(shard_.prepare(ids, kind, name, m), name, m);
     typename store_type::pin_set pins(store_, std::move(ids));
     for (auto p : params) states_.open(p.value);
     ++stats_.scopes;
@@ -328,6 +338,7 @@ class chunk_runtime {
     }
     observer_.scope_close(kind, name, begin_us, observer_.now_us());
     open_.pop(name);
+    shard_.closed(tracer_.current_moment());
     try {  // its chunks may leave now: the coming moments' transfers can start (an optimisation)
       if (!level_.untraced && level_.releasing == never) residency_.prefetch(tracer_.current_moment());
     } catch (...) {
@@ -356,19 +367,8 @@ class chunk_runtime {
     return {static_cast<T*>(store_.at({k, static_cast<std::uint32_t>(sl.chunk)}).data) + sl.offset, sl.numel};
   }
 
-  /** The chunk and element offset of tensor @p p in list @p k; checks a buffer of @p n elements and
-   *  that this rank holds the chunk. */
   [[nodiscard]] std::pair<chunk_id, std::size_t> locate(param_id p, chunk_kind k, std::size_t n) const {
-    const auto& s = spec(p);
-    if (n != s.numel())
-      throw config_error("buffer of " + std::to_string(n) + " elements for parameter '" + s.name + "' of " + std::to_string(s.numel()) +
-                         " elements: pass a buffer of its size");
-    if (!store_.has(k)) throw config_error("the runtime has no " + std::string(chunk_kind_name(k)) + " list (see runtime_options::optimizer_state)");
-    const chunk_id id{k, static_cast<std::uint32_t>(plan_.slots[p.value].chunk)};
-    if (store_.at(id).where == tier::remote)
-      throw state_error("parameter '" + s.name + "' (" + to_string(id) + ") is held by rank " + std::to_string(store_.at(id).owner) +
-                        ", not this one: gather it before reading or writing it");
-    return {id, plan_.slots[p.value].offset};
+    return store_.locate(spec(p), plan_.slots[p.value], k, n);
   }
 
   runtime_options options_;
@@ -389,6 +389,7 @@ class chunk_runtime {
   residency_type residency_;
   non_model_allocator<device_space_type> non_model_;
   optimizer_pass<store_type, residency_type, TracerT> pass_;
+  shard_manager<store_type, residency_type, TracerT, Comm> shard_;
   bool finalized_ = false;
   bool iteration_open_ = false;
   open_scope_names open_;

@@ -14,6 +14,7 @@
 #include <chunkstar/core/dtype.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/memory_report.hpp>
+#include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/core/units.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/memory/copy_engine.hpp>
@@ -62,6 +63,7 @@ class chunk_store {
     std::uint32_t pinned = 0;             ///< open scopes / steps / collectives using it: never moves while > 0
     bool prefetched = false;              ///< loaded ahead of its use and not used since
     int owner = 0;                        ///< the rank that owns it (ZeRO)
+    void* group = nullptr;                ///< the group buffer its payload lives in (ZeRO), or null: its own
   };
 
   chunk_store(device_space_type& device, host_space_type& host, copy_engine_type& copier, std::size_t alignment,
@@ -77,6 +79,7 @@ class chunk_store {
     } catch (...) {  // a failed copy was (or will never be) reported by its handle; free anyway
     }
     for (auto& r : retiring_) release(r);
+    while (!groups_.empty()) detach_group(groups_.back().base, tier::free);
     for (std::size_t k = 0; k < num_chunk_kinds; ++k)
       for (auto& s : lists_[k].chunks) free_payload(s, lists_[k].desc.chunk_bytes);
   }
@@ -191,10 +194,12 @@ class chunk_store {
 
   // --- mechanics -----------------------------------------------------------------------------------
   /** @brief Gives every chunk of every list but the gradients (FREE until first used) a zeroed
-   *  payload at finalize, as allocate_initial(id). */
-  void allocate_initial() {
-    for_each([&](chunk_id id, const slot&) {
-      if (id.kind != chunk_kind::grad) allocate_initial(id);
+   *  payload at finalize, as allocate_initial(id); with @p sharded, only the chunks rank @p rank
+   *  owns: the others are `remote`. */
+  void allocate_initial(bool sharded = false, int rank = 0) {
+    for_each([&](chunk_id id, slot& s) {
+      if (sharded && s.owner != rank) s.where = tier::remote;
+      else if (id.kind != chunk_kind::grad) allocate_initial(id);
     });
   }
   /** @brief Gives chunk @p id a zeroed payload at finalize: on the host, spilling to the device
@@ -316,7 +321,7 @@ class chunk_store {
    *  it first; a failed copy is dropped with the payload. */
   void release(chunk_id id) noexcept {
     auto& s = at(id);
-    if (!holds_payload(s.where)) return;
+    if (!holds_payload(s.where) || s.group != nullptr) return;  // a group member goes with its group
     if (s.pending) {
       try {
         s.pending->wait();
@@ -329,6 +334,109 @@ class chunk_store {
     s.user_done.reset();
     s.prefetched = false;
   }
+
+  // --- group buffers (ZeRO): several chunks' payloads in one contiguous compute-tier buffer ------
+  /** @brief Gives @p members (chunks without a payload: FREE or remote) payloads inside one new
+   *  compute-tier buffer of @p positions chunk-sized positions, member i at position @p at[i] (a
+   *  collective reads or writes the whole buffer at once). Members are pinned until detach_group;
+   *  positions without a member are counted as scratch. Zero-filled when @p zero. @return the
+   *  buffer. @throws out_of_memory_error (nothing changed) when the device has no room. */
+  void* attach_group(std::span<const chunk_id> members, std::span<const std::size_t> at_position, std::size_t positions,
+                     bool zero) {
+    const std::size_t b = bytes_of(members.front().kind), total = positions * b;
+    void* base = nullptr;
+    for (;;) {
+      base = allocate_on(tier::device, total);
+      if (base != nullptr || !retire_one(tier::device)) break;
+    }
+    if (base == nullptr)
+      throw out_of_memory_error("no room on the device for a group of " + std::to_string(positions) + " chunks (" + format_bytes(total) +
+                                    ") to gather or reduce: raise the device space's capacity, or use smaller chunks",
+                                total, report());
+    if (zero) {
+      if constexpr (device_is_host_accessible) {
+        std::memset(base, 0, total);
+      } else {
+        try {
+          copier_.zero_async(base, total).wait();
+        } catch (...) {
+          free_on(tier::device, base, total);
+          throw;
+        }
+      }
+    }
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      auto& s = at(members[i]);
+      s.data = static_cast<std::byte*>(base) + at_position[i] * b;
+      s.where = tier::device;
+      s.group = base;
+      s.loaded_at = tick();
+      ++s.pinned;
+      count(tier::device, b, +1);
+    }
+    unslotted_ += (positions - members.size()) * b;
+    groups_.push_back({base, total, std::vector<chunk_id>(members.begin(), members.end())});
+    note_device_peak();
+    note_model_peak();
+    return base;
+  }
+  /** @brief Ends the group buffer @p base: its members become @p after (remote, or free), lose
+   *  their pin, and the buffer is freed. */
+  void detach_group(void* base, tier after) noexcept {
+    const auto it = std::find_if(groups_.begin(), groups_.end(), [&](const group_buffer& g) { return g.base == base; });
+    if (it == groups_.end()) return;
+    std::size_t b = 0;
+    for (auto id : it->members) {
+      auto& s = at(id);
+      b = bytes_of(id.kind);
+      count(tier::device, b, -1);
+      s.data = nullptr;
+      s.group = nullptr;
+      s.where = after;
+      s.pending.reset();
+      s.user_done.reset();
+      --s.pinned;
+    }
+    unslotted_ -= it->bytes - it->members.size() * b;
+    free_on(tier::device, base, it->bytes);
+    groups_.erase(it);
+  }
+  /** @brief A compute-tier buffer outside any chunk (a collective's receive buffer), counted as
+   *  scratch until free_scratch or adopt. @throws out_of_memory_error when there is no room. */
+  void* allocate_scratch(std::size_t bytes) {
+    void* p = nullptr;
+    for (;;) {
+      p = allocate_on(tier::device, bytes);
+      if (p != nullptr || !retire_one(tier::device)) break;
+    }
+    if (p == nullptr) throw out_of_memory_error("no room on the device for " + format_bytes(bytes) + " of collective buffers", bytes, report());
+    unslotted_ += bytes;
+    scratch_ += bytes;
+    note_device_peak();
+    note_model_peak();
+    return p;
+  }
+  void free_scratch(void* p, std::size_t bytes) noexcept {
+    if (p == nullptr) return;
+    free_on(tier::device, p, bytes);
+    unslotted_ -= bytes;
+    scratch_ -= bytes;
+  }
+  /** @brief Makes scratch buffer @p p (from allocate_scratch, chunk-sized) chunk @p id's payload on
+   *  the compute tier; @p id must have none. */
+  void adopt(chunk_id id, void* p) noexcept {
+    auto& s = at(id);
+    s.data = p;
+    s.where = tier::device;
+    s.loaded_at = tick();
+    unslotted_ -= bytes_of(id.kind);
+    scratch_ -= bytes_of(id.kind);
+    count(tier::device, bytes_of(id.kind), +1);
+  }
+  /** @brief Bytes on the device outside chunk payloads: scratch and unused group positions. */
+  [[nodiscard]] std::size_t unslotted() const noexcept { return unslotted_; }
+  /** @brief What the chunk budget governs on the device: payloads plus collective buffers. */
+  [[nodiscard]] std::size_t device_in_use() const noexcept { return resident(tier::device) + unslotted_; }
 
   /** @brief Waits until chunk @p id's payload has arrived (stall time counted); rethrows a failed
    *  copy (the payload is then not valid; the chunk keeps its tier). */
@@ -393,11 +501,21 @@ class chunk_store {
   /** @brief The user's work up to @p done uses chunk @p id's payload: its next move waits for it. */
   void order_after_user(chunk_id id, const copy_handle& done) { at(id).user_done = done; }
 
+  /** @brief Zeroes the stats' counters; the peaks restart from the current levels (@p non_model:
+   *  the non-model bytes live now). */
+  void reset_stats(std::size_t non_model) noexcept {
+    stats_ = {};
+    stats_.peak_non_model_bytes = non_model;
+    restart_peaks();
+  }
   /** @brief Restarts the chunk and device peaks of the stats from the current levels. */
   void restart_peaks() noexcept {
     stats_.peak_device_bytes = device_.used();
     stats_.peak_device_chunk_bytes = resident(tier::device);
     stats_.peak_host_chunk_bytes = resident(tier::host);
+    stats_.peak_model_bytes = resident(tier::device) + resident(tier::host) + unslotted_;
+    stats_.peak_collective_bytes = 0;
+    note_model_peak();
   }
   /** @brief Records the device space's use in `peak_device_bytes` (call after allocating from it). */
   void note_device_peak() noexcept { stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_.used()); }
@@ -423,6 +541,21 @@ class chunk_store {
     std::byte* dst = static_cast<std::byte*>(s.data) + offset;
     if (s.where == tier::device && !device_is_host_accessible) copier_.copy(dst, in.data(), in.size(), copy_direction::to_device);
     else std::memcpy(dst, in.data(), in.size());
+  }
+
+  /** @brief The chunk of list @p k holding the tensor @p spec at @p slot, and its element offset,
+   *  checking a buffer of @p n elements and that this rank holds the chunk (a `remote` one must be
+   *  gathered first). @throws config_error, state_error naming the tensor. */
+  [[nodiscard]] std::pair<chunk_id, std::size_t> locate(const tensor_spec& spec, const tensor_slot& slot, chunk_kind k, std::size_t n) const {
+    if (n != spec.numel())
+      throw config_error("buffer of " + std::to_string(n) + " elements for parameter '" + spec.name + "' of " +
+                         std::to_string(spec.numel()) + " elements: pass a buffer of its size");
+    if (!has(k)) throw config_error("the runtime has no " + std::string(chunk_kind_name(k)) + " list (see runtime_options::optimizer_state)");
+    const chunk_id id{k, static_cast<std::uint32_t>(slot.chunk)};
+    if (at(id).where == tier::remote)
+      throw state_error("parameter '" + spec.name + "' (" + to_string(id) + ") is held by rank " + std::to_string(at(id).owner) +
+                        ", not this one: gather it before reading or writing it");
+    return {id, slot.offset};
   }
 
   /** @brief Reads @p out.size() elements at element @p offset of chunk @p id as fp32 (a FREE chunk
@@ -456,11 +589,11 @@ class chunk_store {
     for_each([&](chunk_id id, const slot& s) {
       if (holds_payload(s.where) != (s.data != nullptr)) v.push_back(to_string(id) + ": payload and tier disagree");
       if (holds_payload(s.where)) sum[static_cast<std::size_t>(s.where)] += bytes_of(id.kind);
-      if (s.pinned && !pins_allowed) v.push_back(to_string(id) + " is pinned with no scope or step open");
+      if (s.pinned > (s.group ? 1u : 0u) && !pins_allowed) v.push_back(to_string(id) + " is pinned with no scope or step open");
     });
     for (auto t : {tier::device, tier::host, tier::disk})
       if (sum[static_cast<std::size_t>(t)] != resident(t)) v.push_back("resident bytes on the " + std::string(tier_name(t)) + " disagree with the slots");
-    const std::size_t accounted = resident(tier::device) + retiring(tier::device) + non_model;
+    const std::size_t accounted = resident(tier::device) + retiring(tier::device) + unslotted_ + non_model;
     if (device_.used() < accounted || (sole_user && device_.used() != accounted))
       v.push_back("the device space holds " + std::to_string(device_.used()) + " bytes, the runtime accounts for " + std::to_string(accounted));
     return v;
@@ -471,6 +604,9 @@ class chunk_store {
     memory_report r;
     r.spaces.push_back(device_.usage());
     r.spaces.push_back(host_.usage());
+    r.spaces.push_back({"chunk payloads on device", device_.capacity(), resident(tier::device), stats_.peak_device_chunk_bytes, 0});
+    if (const auto b = retiring(tier::device)) r.spaces.push_back({"buffers in-flight copies read", device_.capacity(), b, b, 0});
+    if (unslotted_) r.spaces.push_back({"collective buffers on device (ZeRO)", device_.capacity(), unslotted_, unslotted_, 0});
     return r;
   }
   device_space_type& device() noexcept { return device_; }
@@ -570,6 +706,13 @@ class chunk_store {
     stats_.peak_device_chunk_bytes = std::max(stats_.peak_device_chunk_bytes, resident(tier::device));
     stats_.peak_host_chunk_bytes = std::max(stats_.peak_host_chunk_bytes, resident(tier::host));
     note_device_peak();
+    note_model_peak();
+  }
+  void note_model_peak() noexcept {
+    std::size_t in_groups = 0;
+    for (const auto& g : groups_) in_groups += g.bytes;
+    stats_.peak_collective_bytes = std::max(stats_.peak_collective_bytes, in_groups + scratch_);
+    stats_.peak_model_bytes = std::max(stats_.peak_model_bytes, resident(tier::device) + resident(tier::host) + unslotted_);
   }
 
   device_space_type& device_;
@@ -579,6 +722,14 @@ class chunk_store {
   runtime_stats& stats_;
   std::array<list, num_chunk_kinds> lists_;
   std::vector<retiring_buffer> retiring_;  // buffers in-flight copies still read, oldest first
+  struct group_buffer {
+    void* base = nullptr;
+    std::size_t bytes = 0;
+    std::vector<chunk_id> members;
+  };
+  std::vector<group_buffer> groups_;  // group buffers in use (ZeRO)
+  std::size_t unslotted_ = 0;         // device bytes outside payloads: scratch, unused group positions
+  std::size_t scratch_ = 0;           // of which collective scratch
   std::array<std::size_t, num_tiers> resident_{};
   std::size_t num_chunks_ = 0;
   std::size_t tick_ = 0;

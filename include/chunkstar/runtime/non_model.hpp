@@ -27,6 +27,7 @@ struct compute_level {
   bool untraced = false;         ///< inside an untraced section: no trace answers
   moment_kind kind = moment_kind::forward;  ///< the current moment's kind
   std::size_t releasing = never; ///< chunk index whose gradient the current moment (a step) frees at its end
+  bool sharded = false;          ///< ZeRO: gradients live in group buffers, never zero-filled chunk by chunk
 };
 
 /** @brief A block of non-model memory on the compute tier, freed on destruction (or `reset()`).

@@ -16,6 +16,7 @@
 #include <chunkstar/runtime/chunk_store.hpp>
 #include <chunkstar/runtime/non_model.hpp>
 #include <chunkstar/runtime/runtime_observer.hpp>
+#include <chunkstar/runtime/sharding.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -70,10 +71,12 @@ class optimizer_pass {
   /** @brief Forgets an unfinished pass: the next run starts from chunk index 0. */
   void abandon() noexcept { next_ = 0; }
 
-  /** @brief Runs @p f once per chunk index not yet stepped in this pass (see the file comment). */
+  /** @brief Runs @p f once per chunk index not yet stepped in this pass (see the file comment),
+   *  of the indices this rank owns under @p shards. */
   template <class F>
-  void run(F&& f, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type) {
+  void run(F&& f, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type, shard_map shards = {}) {
     for (std::uint32_t c = static_cast<std::uint32_t>(next_); c < plan.num_chunks; ++c) {
+      if (!shards.owns(c)) continue;  // ZeRO: another rank steps it
       // One moment per chunk index, so the trace orders the step's chunks like any scope's: Belady
       // sees which state is needed next and the prefetcher loads the next chunks while this steps.
       const std::size_t m = tracer_.open_moment(moment_kind::optimizer, "optimizer");
@@ -120,7 +123,7 @@ class optimizer_pass {
       // needs every chunk's gradient on the host at once. A param stepped on the host goes back to
       // the compute tier while there is budget, which is where forward wants it (a load ahead).
       store_.release({chunk_kind::grad, c});
-      if (where == tier::host && store_.resident(tier::device) + store_.bytes_of(chunk_kind::param) <= residency_.budget_now())
+      if (where == tier::host && store_.device_in_use() + store_.bytes_of(chunk_kind::param) <= residency_.budget_now())
         optional([&] { residency_.load_ahead({chunk_kind::param, c}, /*touch=*/false); });
     }
     next_ = 0;

@@ -5,12 +5,14 @@
  */
 #pragma once
 
+#include <chunkstar/comm/rank_agreement.hpp>
 #include <chunkstar/core/dtype.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/layout/plan_validation.hpp>
 #include <chunkstar/layout/searched_chunk_layout.hpp>
+#include <chunkstar/runtime/runtime_options.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -99,5 +101,26 @@ class param_registry {
   std::vector<param_initializer> inits_;
   std::unordered_map<std::string, std::size_t> names_;
 };
+
+/** @brief What every rank of one job must agree on (see require_agreement): the options that shape
+ *  the model data, the layout's plan, and each parameter's name, shape, dtype and role. */
+[[nodiscard]] inline std::vector<config_field> describe_configuration(std::span<const tensor_spec> specs, const chunk_plan& plan,
+                                                                      std::string_view layout, const runtime_options& o) {
+  auto flag = [](bool b) { return b ? std::string("on") : std::string("off"); };
+  std::vector<config_field> f = {
+      {"parameters", std::to_string(specs.size())},
+      {"parameter dtype", std::string(dtype_name(o.param_type))},
+      {"optimizer state", "master " + flag(o.optimizer_state.master) + ", " + std::to_string(o.optimizer_state.moments) + " moment lists"},
+      {"sharding", flag(o.sharding.enabled) + ", keep_gathered " + flag(o.sharding.keep_gathered) + ", reduce_in_fp32 " +
+                       flag(o.sharding.reduce_in_fp32)},
+      {"gradient mode", std::to_string(static_cast<int>(o.gradients))},
+      {"chunk layout", std::string(layout) + ": " + std::to_string(plan.num_chunks) + " chunks of " +
+                           std::to_string(plan.chunk_elems) + " elements"},
+  };
+  for (std::size_t t = 0; t < specs.size(); ++t)
+    f.push_back({"parameter " + std::to_string(t), "'" + specs[t].name + "' " + specs[t].shape_string() + " " +
+                                                       std::string(dtype_name(specs[t].type)) + " " + std::string(role_name(specs[t].role))});
+  return f;
+}
 
 }  // namespace chunkstar

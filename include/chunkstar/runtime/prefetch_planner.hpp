@@ -82,6 +82,7 @@ struct prefetch_snapshot {
   std::size_t releasing = never;    ///< chunk index whose gradient the current moment (a step) frees at its end
   std::size_t fits = 0;             ///< the current moment's budget
   std::size_t depth = 0;            ///< most loads in flight beyond the next moment
+  bool zero_free = true;            ///< a FREE chunk may be given a zeroed payload ahead (not under ZeRO: its group does)
 
   [[nodiscard]] std::size_t dense(chunk_id id) const noexcept { return static_cast<std::size_t>(id.kind) * per_kind + id.index; }
 };
@@ -180,7 +181,7 @@ template <Tracer T, EvictionStrategy E, class Skip>
         if (real[x] == tier::device || s.chunks[x].pinned || skip(id) || real_resident + bytes > fits) return false;
         const bool transfer = real[x] == tier::host;
         if (transfer && d > 1 && in_flight >= s.depth) return false;
-        if (!transfer && real[x] != tier::free) return false;  // remote or disk: not this planner's move
+        if (!transfer && (real[x] != tier::free || !s.zero_free)) return false;  // remote, disk, or a ZeRO gradient: not this planner's move
         sim_on[x] = 1;
         sim_resident += bytes;
         sim_loaded[x] = ++tick;  // as the demand path stamps its arrival, after the moment's accesses

@@ -111,9 +111,9 @@ class residency_manager {
       if (s.where == tier::device) continue;
       // Within the budget if possible; the budget is soft (it anticipates later activations), only
       // the device's room is hard.
-      while (store_.resident(tier::device) + store_.bytes_of(id.kind) > budget) {
+      while (store_.device_in_use() + store_.bytes_of(id.kind) > budget) {
         if (evict_one(keep, m)) continue;
-        if (store_.resident(tier::device) + store_.bytes_of(id.kind) <= hard) break;
+        if (store_.device_in_use() + store_.bytes_of(id.kind) <= hard) break;
         throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(working) +
                                       " of chunks on the compute tier but nothing more can be evicted (every other chunk there is in use)",
                                   working, report());
@@ -127,7 +127,7 @@ class residency_manager {
     }
     // The budget may have shrunk since the last moment (the tide): give back the surplus now, before
     // this moment's activations need it.
-    while (store_.resident(tier::device) > budget && evict_one(keep, m)) {
+    while (store_.device_in_use() > budget && evict_one(keep, m)) {
     }
     for (auto id : ids) {
       auto& s = store_.at(id);
@@ -163,6 +163,20 @@ class residency_manager {
     store_.at(victim).prefetched = false;
     store_.move(victim, tier::host, move_reason::evict);
     return true;
+  }
+
+  /** @brief Evicts victims until @p bytes more chunk bytes fit the budget (or the device's room),
+   *  for a group buffer about to be allocated (ZeRO); @p who names the scope in errors. */
+  void make_room(std::size_t bytes, std::string_view who) {
+    const std::size_t budget = budget_now();
+    while (store_.device_in_use() + bytes > budget && evict_one({}, tracer_.current_moment())) {
+    }
+    const std::size_t hard = room_after(store_.device().capacity(), level_.non_model);
+    if (store_.device_in_use() + bytes > hard && !evict_one({}, never))
+      throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(bytes) +
+                                    " more on the compute tier for a group of chunks (ZeRO gather or reduce) and nothing more can be evicted: "
+                                    "raise the device space's capacity, or use smaller chunks",
+                                bytes, report());
   }
 
   /** @brief Makes room for @p bytes of non-model memory: finished copies retire first, then one
@@ -215,8 +229,8 @@ class residency_manager {
   /** @brief The memory report of the stores' spaces plus the runtime's view. */
   [[nodiscard]] memory_report report() const {
     memory_report r = store_.report();
-    r.spaces.push_back({"chunks on device", store_.device().capacity(), store_.resident(tier::device), stats_.peak_device_chunk_bytes, 0});
     r.spaces.push_back({"non-model on device", store_.device().capacity(), level_.non_model, stats_.peak_non_model_bytes, 0});
+
     return r;
   }
 
@@ -259,11 +273,12 @@ class residency_manager {
       s.chunks[s.dense(id)] = {sl.where, sl.pinned > 0, sl.last_use, sl.loaded_at};
       if (sl.where == tier::device && sl.prefetched && sl.pending && !sl.pending->ready()) ++s.in_flight;
     });
-    s.device_resident = store_.resident(tier::device);
+    s.device_resident = store_.device_in_use();
     s.tick = store_.current_tick();
     s.releasing = level_.releasing;
     s.fits = budget_now();
     s.depth = depth_;
+    s.zero_free = !level_.sharded;
     return s;
   }
 

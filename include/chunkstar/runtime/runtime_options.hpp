@@ -19,6 +19,13 @@ namespace chunkstar {
  *  `sharded` — each rank holds a distinct part (ZeRO): the squared norms are summed over ranks. */
 enum class gradient_mode : std::uint8_t { local, replicated, sharded };
 
+/** @brief Knobs of ZeRO sharding (runtime/sharding.hpp). */
+struct sharding_options {
+  bool enabled = false;        ///< shard the model data over the communicator's ranks (1/N of it each)
+  bool keep_gathered = false;  ///< keep gathered parameters from forward until their last backward use (FSDP's reshard_after_forward = false)
+  bool reduce_in_fp32 = true;  ///< reduce 16-bit gradients in fp32 (false: in the gradient dtype; half the bytes)
+};
+
 /** @brief Numeric knobs of a runtime (values, not types). */
 struct runtime_options {
   dtype param_type = dtype::f32;                ///< compute precision of params and grads
@@ -26,7 +33,8 @@ struct runtime_options {
   std::size_t prefetch_depth = 2;               ///< most loads in flight ahead of the next moment; 0 turns prefetch off
   std::size_t payload_alignment = 4096;         ///< alignment of chunk payloads (copies and SIMD like it)
   bool timeline = false;                        ///< record a Chrome-trace timeline (see `timeline_recorder()`)
-  gradient_mode gradients = gradient_mode::local;  ///< how the gradients of ranks relate (the norm)
+  gradient_mode gradients = gradient_mode::local;  ///< how the gradients of ranks relate (the norm); sharding implies `sharded`
+  sharding_options sharding{};                  ///< ZeRO: shard the model data over the communicator's ranks
 };
 
 }  // namespace chunkstar

@@ -42,10 +42,16 @@ struct runtime_stats {
   /// Loads (and zero fills) that took over the device buffer of an eviction still in flight
   /// instead of waiting for it to be freed. Depends on timing, like the times.
   std::uint64_t buffer_reuses = 0;
+  std::uint64_t gathers = 0;          ///< ZeRO: parameter groups allgathered
+  std::uint64_t bytes_gathered = 0;   ///< ZeRO: bytes this rank received by those allgathers ((N-1) chunks each)
+  std::uint64_t reductions = 0;       ///< ZeRO: gradient groups reduce-scattered
+  std::uint64_t bytes_reduced = 0;    ///< ZeRO: bytes this rank sent by those reduce-scatters ((N-1) chunks each)
   std::size_t peak_device_bytes = 0;        ///< most bytes the runtime held in the device space at once
   std::size_t peak_device_chunk_bytes = 0;  ///< most chunk payload bytes on the compute tier at once
   std::size_t peak_non_model_bytes = 0;     ///< most non-model bytes at once
   std::size_t peak_host_chunk_bytes = 0;    ///< most chunk payload bytes on the host at once
+  std::size_t peak_model_bytes = 0;         ///< most model data this rank held at once: payloads on every tier plus collective buffers
+  std::size_t peak_collective_bytes = 0;    ///< ZeRO: most bytes in group buffers and collective scratch at once
 
   /** @brief Bytes moved both ways. */
   [[nodiscard]] std::uint64_t bytes_moved() const noexcept { return bytes_to_device + bytes_to_host; }

@@ -14,6 +14,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <map>
+#include <optional>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +24,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -30,11 +34,40 @@
 
 namespace chunkstar {
 
-/** @brief File names inside a checkpoint directory. */
+/** @brief File names inside a checkpoint directory. One process writes the first two; N sharded
+ *  ranks write `model-<r>-of-<N>.safetensors` and `optimizer-<r>-of-<N>.safetensors` (r from 1,
+ *  five digits, as Hugging Face shards are named) and the index. */
 inline constexpr std::string_view checkpoint_model_file = "model.safetensors";
 inline constexpr std::string_view checkpoint_optimizer_file = "optimizer.safetensors";
+inline constexpr std::string_view checkpoint_index_file = "model.safetensors.index.json";
 
 namespace checkpoint_detail {
+
+inline constexpr std::string_view checkpoint_model_stem = "model";
+inline constexpr std::string_view checkpoint_optimizer_stem = "optimizer";
+
+/** "<stem>-00002-of-00004.safetensors" for rank 1 of 4. */
+inline std::string shard_file_name(std::string_view stem, int rank, int world) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "-%05d-of-%05d.safetensors", rank + 1, world);
+  return std::string(stem) + buf;
+}
+
+/** (rank, world) when @p name is a shard file of @p stem, else nullopt. */
+inline std::optional<std::pair<int, int>> parse_shard_name(std::string_view name, std::string_view stem) {
+  int r = 0, w = 0;
+  char tail[32] = {};
+  const std::string fmt = std::string(stem) + "-%5d-of-%5d%31s";
+  if (std::sscanf(std::string(name).c_str(), fmt.c_str(), &r, &w, tail) != 3 || std::string_view(tail) != ".safetensors") return std::nullopt;
+  if (r < 1 || w < 1 || r > w || shard_file_name(stem, r - 1, w) != name) return std::nullopt;
+  return std::pair{r - 1, w};
+}
+
+/** True when @p name is a file a checkpoint directory holds. */
+inline bool checkpoint_entry(std::string_view name) {
+  return name == checkpoint_model_file || name == checkpoint_optimizer_file || name == checkpoint_index_file ||
+         parse_shard_name(name, checkpoint_model_stem) || parse_shard_name(name, checkpoint_optimizer_stem);
+}
 
 /** "<dir><suffix>" beside @p dir ("ckpt/" names the directory "ckpt"). */
 inline std::filesystem::path with_suffix(const std::filesystem::path& dir, std::string_view suffix) {
@@ -75,7 +108,8 @@ inline std::string not_replaceable(const std::filesystem::path& dir) {
   int ours = 0;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const auto name = it->path().filename().string();
-    if ((name == checkpoint_model_file || name == checkpoint_optimizer_file) && it->is_regular_file(ec)) {
+    if (checkpoint_entry(name) && it->is_regular_file(ec)) {
+      if (name == checkpoint_index_file) continue;  // it names the shards; the shards are checked
       if (auto why = not_chunkstar_file(it->path()); !why.empty()) return why;
       ++ours;
     } else {
@@ -170,9 +204,99 @@ inline std::filesystem::path make_temp_directory(const std::filesystem::path& di
 
 /** True when @p name is one of the files save_checkpoint writes into its temporary directory. */
 inline bool own_temp_entry(std::string_view name) {
-  return name == checkpoint_model_file || name == checkpoint_optimizer_file ||
-         name.starts_with(std::string(checkpoint_model_file) + ".tmp.") ||
-         name.starts_with(std::string(checkpoint_optimizer_file) + ".tmp.");
+  if (checkpoint_entry(name)) return true;
+  const auto tmp = name.find(".tmp.");  // a file being written: "<entry>.tmp.<pid>.<n>"
+  return tmp != std::string_view::npos && checkpoint_entry(name.substr(0, tmp));
+}
+
+/** The shard files of @p stem in @p dir, in rank order; empty when there are none.
+ *  @throws checkpoint_error when shards are missing or of different world sizes. */
+inline std::vector<std::filesystem::path> shard_files(const std::filesystem::path& dir, std::string_view stem) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int world = 0;
+  std::vector<std::filesystem::path> found;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    const auto rw = parse_shard_name(name, stem);
+    if (!rw) continue;
+    if (world != 0 && rw->second != world)
+      throw checkpoint_error("checkpoint '" + dir.string() + "' mixes shards of " + std::to_string(world) + " and " + std::to_string(rw->second) +
+                             " ranks: its files come from different saves; use a complete checkpoint directory");
+    world = rw->second;
+    found.resize(static_cast<std::size_t>(world));
+    found[static_cast<std::size_t>(rw->first)] = it->path();
+  }
+  for (std::size_t r = 0; r < found.size(); ++r)
+    if (found[r].empty())
+      throw checkpoint_error("checkpoint '" + dir.string() + "' lacks " + shard_file_name(stem, static_cast<int>(r), world) +
+                             ": a shard is missing; use a complete checkpoint directory");
+  return found;
+}
+
+/** The files of one list of a checkpoint (one, or one per rank of a sharded save) read as one:
+ *  every tensor name in exactly one file. */
+class file_set {
+ public:
+  explicit file_set(std::vector<safetensors_file> files) : files_(std::move(files)) {
+    for (std::size_t k = 0; k < files_.size(); ++k)
+      for (const auto& t : files_[k].tensors())
+        if (!where_.emplace(t.name, k).second)
+          throw checkpoint_error("checkpoint tensor '" + t.name + "' is in both " + files_[where_[t.name]].path().filename().string() +
+                                 " and " + files_[k].path().filename().string() + ": the files come from different saves");
+  }
+  [[nodiscard]] const safetensors_tensor_info* find(std::string_view name) const {
+    const auto it = where_.find(std::string(name));
+    return it == where_.end() ? nullptr : files_[it->second].find(name);
+  }
+  void read_floats(std::string_view name, std::span<float> out) const { files_[where_.at(std::string(name))].read_floats(name, out); }
+  [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return files_.front().metadata(); }
+  [[nodiscard]] const std::filesystem::path& first_path() const { return files_.front().path(); }
+  [[nodiscard]] std::string description() const {
+    return files_.size() == 1 ? files_.front().path().filename().string()
+                              : std::to_string(files_.size()) + " shards (" + files_.front().path().filename().string() + ", ...)";
+  }
+  [[nodiscard]] std::vector<std::string> names() const {
+    std::vector<std::string> v;
+    for (const auto& [n, k] : where_) v.push_back(n);
+    return v;
+  }
+  [[nodiscard]] const std::vector<safetensors_file>& files() const noexcept { return files_; }
+
+ private:
+  std::vector<safetensors_file> files_;
+  std::map<std::string, std::size_t> where_;
+};
+
+/** Opens and verifies the model and optimizer files of the checkpoint @p dir (one process's, or
+ *  every shard of a sharded save), each optimizer file paired with its model file by checksum. */
+inline std::pair<file_set, file_set> open_checkpoint_files(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> models, opts;
+  if (fs::exists(dir / checkpoint_model_file, ec) || !fs::exists(dir / checkpoint_index_file, ec)) {
+    models = {dir / checkpoint_model_file};
+    opts = {dir / checkpoint_optimizer_file};
+  } else {
+    models = shard_files(dir, checkpoint_model_stem);
+    opts = shard_files(dir, checkpoint_optimizer_stem);
+    if (models.empty() || models.size() != opts.size())
+      throw checkpoint_error("checkpoint '" + dir.string() + "' has " + std::to_string(models.size()) + " model and " +
+                             std::to_string(opts.size()) + " optimizer shards: it is incomplete; use a complete checkpoint directory");
+  }
+  const safetensors_open_options strict{.verify_checksum = true, .require_checksum = true};
+  std::vector<safetensors_file> m, o;
+  for (std::size_t k = 0; k < models.size(); ++k) {
+    m.push_back(safetensors_file::open(models[k], strict));
+    o.push_back(safetensors_file::open(opts[k], strict));
+    const auto it = o.back().metadata().find("chunkstar.model_checksum");
+    if (it == o.back().metadata().end())
+      throw checkpoint_error("checkpoint file '" + opts[k].string() + "' has no \"chunkstar.model_checksum\" metadata: it was not written by save_checkpoint");
+    if (it->second != hex64(*m.back().checksum()))
+      throw checkpoint_error("checkpoint '" + dir.string() + "': " + opts[k].filename().string() + " belongs to a different save than " +
+                             models[k].filename().string() + " (model checksum mismatch): the files were mixed; use a complete checkpoint directory");
+  }
+  return {file_set(std::move(m)), file_set(std::move(o))};
 }
 
 /** Removes temporary directories that killed writers left beside @p dir. Call with the exclusive

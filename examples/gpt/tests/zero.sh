@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# train_gpt --parallel zero on MPI ranks, end to end:
+#  1. 3 ranks train the same model on the same data as one process (losses equal as printed);
+#  2. a checkpoint saved at 3 ranks resumes at 2 ranks and in one process, continuing the trajectory;
+#  3. a rank killed (SIGKILL) mid-run ends the whole job, non-zero, within 30 s — never a hang.
+#   bash zero.sh <train_gpt> <mpiexec> <work dir>
+set -uo pipefail
+train=$1
+mpiexec=$2
+work=$3
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1  # 3 ranks on few cores
+mpi=("$mpiexec" --allow-run-as-root --oversubscribe -np)
+args=(--preset tiny --batch 6 --seq 32 --steps 8 --warmup 2 --val-every 4 --sample 0)
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+losses() { grep -E '^(step|validation)' "$1" | sed -E 's/^step +([0-9]+)\/[0-9]+ \| loss ([0-9.]+).*/\1 \2/; s/^validation loss ([0-9.]+) at step ([0-9]+)/v\2 \1/'; }
+
+timeout 300 "$train" "${args[@]}" >one.txt 2>&1 || fail "one process: rc $?"
+timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero >three.txt 2>&1 || fail "3 ranks: rc $?"
+if diff <(losses one.txt) <(losses three.txt) >/dev/null; then echo "ok: 3 ZeRO ranks train as one process: $(losses three.txt | tr '\n' ' ')"
+else fail "3 ranks differ from one process:"; diff <(losses one.txt) <(losses three.txt) | head; fi
+grep -q "per rank (largest): model data" three.txt || fail "no per-rank memory in the summary"
+
+timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero --stop-after 4 --save ck >save.txt 2>&1 || fail "3-rank save: rc $?"
+[[ -f ck/model.safetensors.index.json && -f ck/optimizer-00003-of-00003.safetensors ]] || fail "no sharded checkpoint: $(ls ck)"
+timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel zero --resume ck >resume2.txt 2>&1 || fail "2-rank resume: rc $?"
+timeout 300 "$train" "${args[@]}" --resume ck >resume1.txt 2>&1 || fail "one-process resume: rc $?"
+tail8() { losses "$1" | grep -E '^(5|6|7|8|v8) '; }
+[[ "$(tail8 resume2.txt)" == "$(tail8 one.txt)" ]] || fail "3 -> 2 ranks resume left the trajectory: $(tail8 resume2.txt | tr '\n' ' ')"
+[[ "$(tail8 resume1.txt)" == "$(tail8 one.txt)" ]] || fail "3 ranks -> one process resume left the trajectory"
+echo "ok: saved at 3 ranks, resumed at 2 and at 1 on the same trajectory"
+
+# A rank dies: the job must end by itself.
+"${mpi[@]}" 3 "$train" --preset tiny --batch 6 --seq 32 --steps 100000 --warmup 2 --val-every 0 --sample 0 --parallel zero >kill.txt 2>&1 &
+job=$!
+for _ in $(seq 1 300); do grep -q '^step +3/' kill.txt && break; sleep 0.1; done
+victim=$(pgrep -f -n "train_gpt --preset tiny --batch 6 --seq 32 --steps 100000")
+start=$SECONDS
+if [[ -n $victim ]]; then kill -9 "$victim"; else fail "no rank to kill"; fi
+for _ in $(seq 1 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+if kill -0 $job 2>/dev/null; then
+  fail "the job still runs 30 s after a rank was killed"
+  pkill -9 -f "train_gpt --preset tiny --batch 6 --seq 32 --steps 100000"
+  kill -9 $job 2>/dev/null
+fi
+wait $job
+rc=$?
+((rc != 0)) || fail "the job exited 0 after a rank was killed"
+echo "ok: a killed rank ended the job in $((SECONDS - start)) s with rc $rc"
+
+((failures)) && { echo "$failures check(s) failed"; exit 1; }
+echo "all ZeRO trainer checks passed"

@@ -1,0 +1,284 @@
+/** @file
+ *  @brief ZeRO sharding of the chunks over the ranks of a communicator (PatrickStar's "symbiosis
+ *         with ZeRO"): consecutive chunks of each list form groups of N; chunk k is owned by rank
+ *         k mod N, the only rank that keeps its payload (parameters, gradients, fp32 master, Adam
+ *         moments). A scope that needs another rank's parameter chunk allgathers its group into a
+ *         compute-tier group buffer; gradients of a group are accumulated in a group buffer and
+ *         reduce-scattered to their owners once final; the optimizer steps owned chunks only.
+ *
+ *  Decisions (`shard_map`, `gradient_final`, `release_gathered`) are pure functions of the
+ *  ownership and the trace; `shard_manager` carries them out with the chunk store and the
+ *  communicator. Every rank runs the same scopes, so every rank issues the same collectives in the
+ *  same order (decisions read only logical state and the trace, never timing).
+ */
+#pragma once
+
+#include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/core/dtype.hpp>
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/runtime/chunk_id.hpp>
+#include <chunkstar/runtime/non_model.hpp>
+#include <chunkstar/runtime/runtime_options.hpp>
+#include <chunkstar/runtime/runtime_stats.hpp>
+#include <chunkstar/tracer/tracer.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace chunkstar {
+
+/** @brief Who owns which chunk: chunk c belongs to rank c mod N; chunks gN .. gN+N-1 form group g. */
+struct shard_map {
+  int world = 1;
+  int rank = 0;
+  [[nodiscard]] constexpr int owner(std::size_t c) const noexcept { return static_cast<int>(c % static_cast<std::size_t>(world)); }
+  [[nodiscard]] constexpr bool owns(std::size_t c) const noexcept { return owner(c) == rank; }
+  [[nodiscard]] constexpr std::size_t group(std::size_t c) const noexcept { return c / static_cast<std::size_t>(world); }
+  [[nodiscard]] constexpr std::size_t first(std::size_t g) const noexcept { return g * static_cast<std::size_t>(world); }
+  /** @brief @p chunks rounded up to whole groups (every rank then owns as many chunks). */
+  [[nodiscard]] constexpr std::size_t padded(std::size_t chunks) const noexcept {
+    const auto n = static_cast<std::size_t>(world);
+    return (chunks + n - 1) / n * n;
+  }
+};
+
+/** @brief True when gradient chunk @p id gets no more contributions in this iteration after moment
+ *  @p m: its next use, per the trace, is the optimizer step or the next iteration. Without a trace:
+ *  false (everything is reduced before the step). */
+template <Tracer T>
+[[nodiscard]] bool gradient_final(const T& tracer, chunk_id id, std::size_t m) {
+  if (!tracer.ready()) return false;
+  const std::size_t d = tracer.next_use(id, m), n = tracer.num_moments();
+  return d == never || m + d >= n || tracer.kind_of(m + d) == moment_kind::optimizer;
+}
+
+/** @brief True when the gathered group of parameter chunks @p members should be released after
+ *  moment @p m: its next use by a scope is not the very next moment (the next layer of the same
+ *  group), or is in the next iteration; with @p keep, only in the next iteration. A use by the
+ *  optimizer step does not count (only the owner steps, so counting it would make the ranks
+ *  disagree). Without a trace: released at once (unless kept: then at the step). The same answer
+ *  on every rank, since every rank records the same scopes. */
+template <Tracer T>
+[[nodiscard]] bool release_gathered(const T& tracer, std::span<const chunk_id> members, std::size_t m, bool keep) {
+  if (!tracer.ready()) return !keep;
+  std::size_t d = never;
+  for (auto id : members) d = std::min(d, tracer.next_use(id, m));
+  if (d == never || m + d >= tracer.num_moments() || tracer.kind_of(m + d) == moment_kind::optimizer) return true;
+  return !keep && d > 1;
+}
+
+/** @brief Carries out the sharding: gathers, releases and reductions on the chunk store over the
+ *  communicator. @tparam Residency makes room on the compute tier and the owned chunks resident. */
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+class shard_manager {
+ public:
+  shard_manager(Store& store, Residency& residency, const TracerT& tracer, Comm& comm, sharding_options options,
+                runtime_stats& stats, compute_level& level)
+      : store_(store), residency_(residency), tracer_(tracer), comm_(comm), options_(options), stats_(stats), level_(level) {
+    level.sharded = active();  // gradients then come from group buffers, never zero-filled chunk by chunk
+  }
+
+  [[nodiscard]] bool active() const noexcept { return options_.enabled && comm_.size() > 1; }
+  [[nodiscard]] shard_map map() const noexcept { return active() ? shard_map{comm_.size(), comm_.rank()} : shard_map{}; }
+  [[nodiscard]] const sharding_options& options() const noexcept { return options_; }
+
+  /** @brief Before a scope of @p kind over chunks @p ids opens (moment @p m): gathers the groups of
+   *  the remote parameter chunks, and in backward gives the groups' gradients a group buffer.
+   *  @return the chunks the demand path must still make resident (the owned ones). */
+  std::vector<chunk_id> prepare(std::span<const chunk_id> ids, moment_kind kind, std::string_view who, std::size_t m) {
+    std::vector<chunk_id> owned;
+    if (!active()) return {ids.begin(), ids.end()};
+    groups_.resize(map().group(store_.num_chunks() - 1) + 1);
+    // Per group, not per chunk: every rank runs this scope, so every rank must take part in the
+    // group's collective even where it owns the chunk the scope needs.
+    for (auto id : ids) {
+      const std::size_t g = map().group(id.index);
+      if (id.kind == chunk_kind::grad) {
+        if (!groups_[g].grads) attach_gradients(g);
+      } else {
+        if (!groups_[g].params) gather(g, who, m);
+        if (map().owns(id.index)) owned.push_back(id);
+      }
+    }
+    (void)kind;
+    return owned;
+  }
+
+  /** @brief A scope closed at moment @p m: its work (collectives, which may throw) is left for the
+   *  next call into the runtime, `settle()`, since a scope closes in a destructor. */
+  void closed(std::size_t m) noexcept {
+    closed_at_ = m;
+    closed_untraced_ = level_.untraced;
+  }
+  /** @brief Runs the work of the last scope closed (see after_close). */
+  void settle() {
+    if (closed_at_ != never) after_close(std::exchange(closed_at_, never), closed_untraced_);
+  }
+  /** @brief settle(), then before_step(): every gradient reduced, only owned chunks left. */
+  void finish_backward() {
+    settle();
+    before_step();
+  }
+
+  /** @brief After a scope closes at moment @p m: releases the gathered groups the trace says are
+   *  done with, and reduce-scatters the gradient groups that are final. */
+  void after_close(std::size_t m, bool untraced = false) {
+    if (!active()) return;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (untraced) {  // evaluation, sampling: the training trace says nothing about these scopes
+        if (groups_[g].params) release(g);
+        continue;
+      }
+      if (groups_[g].grads && all_final(g, m)) reduce(g);
+      if (groups_[g].params && release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered)) release(g);
+    }
+  }
+
+  /** @brief Before the optimizer step: every gradient group still open is reduced (in group
+   *  order) and every gathered group released, so only owned chunks remain. */
+  void before_step() {
+    if (!active()) return;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].grads) reduce(g);
+      if (groups_[g].params) release(g);
+    }
+  }
+
+  /** @brief Drops what an abandoned iteration left: gradient groups (unreduced) and gathered groups. */
+  void drop() noexcept {
+    closed_at_ = never;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].grads) store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
+      if (groups_[g].params) release(g);
+    }
+  }
+
+ private:
+  struct group_state {
+    void* params = nullptr;  // the gathered parameter group buffer (remote chunks attached)
+    void* grads = nullptr;   // the gradient group buffer (chunks without a payload attached)
+  };
+
+  [[nodiscard]] std::size_t group_size(std::size_t g) const {
+    return std::min<std::size_t>(static_cast<std::size_t>(comm_.size()), store_.num_chunks() - map().first(g));
+  }
+  [[nodiscard]] std::vector<chunk_id> remote_members(std::size_t g) const {
+    std::vector<chunk_id> v;
+    for (std::size_t k = 0; k < group_size(g); ++k)
+      if (static_cast<int>(k) != comm_.rank()) v.push_back({chunk_kind::param, static_cast<std::uint32_t>(map().first(g) + k)});
+    return v;
+  }
+  [[nodiscard]] std::vector<chunk_id> members(chunk_kind k, std::size_t g) const {
+    std::vector<chunk_id> v;
+    for (std::size_t c = 0; c < group_size(g); ++c) v.push_back({k, static_cast<std::uint32_t>(map().first(g) + c)});
+    return v;
+  }
+  [[nodiscard]] bool all_final(std::size_t g, std::size_t m) const {
+    for (std::size_t k = 0; k < group_size(g); ++k)
+      if (!gradient_final(tracer_, {chunk_kind::grad, static_cast<std::uint32_t>(map().first(g) + k)}, m)) return false;
+    return true;
+  }
+
+  /** Allgathers group @p g's parameters: this rank's chunk (made resident first: it is the send
+   *  buffer) into position rank() of a new group buffer whose other positions are the remote chunks. */
+  void gather(std::size_t g, std::string_view who, std::size_t m) {
+    const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::param);
+    const chunk_id own{chunk_kind::param, static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
+    const chunk_id own_ids[] = {own};
+    residency_.make_resident_on_device(own_ids, who, m);
+    typename Store::pin_set pin(store_, {own});
+    residency_.make_room(n * b, who);
+    const auto members = remote_members(g);
+    std::vector<std::size_t> at;
+    for (auto id : members) at.push_back(id.index - map().first(g));
+    void* base = store_.attach_group(members, at, n, /*zero=*/false);
+    try {
+      comm_.allgather(store_.at(own).data, base, b);
+    } catch (...) {
+      store_.detach_group(base, tier::remote);
+      throw;
+    }
+    groups_[g].params = base;
+    ++stats_.gathers;
+    stats_.bytes_gathered += (n - 1) * b;
+  }
+
+  void release(std::size_t g) noexcept { store_.detach_group(std::exchange(groups_[g].params, nullptr), tier::remote); }
+
+  /** Gives the gradients of group @p g a zeroed group buffer (the owned one too, unless an earlier
+   *  reduction this iteration left it a payload: new contributions then add into that). */
+  void attach_gradients(std::size_t g) {
+    const std::size_t n = static_cast<std::size_t>(comm_.size());
+    std::vector<chunk_id> members;
+    std::vector<std::size_t> at;
+    for (std::size_t k = 0; k < group_size(g); ++k) {
+      const chunk_id id{chunk_kind::grad, static_cast<std::uint32_t>(map().first(g) + k)};
+      if (holds_payload(store_.at(id).where)) continue;
+      members.push_back(id);
+      at.push_back(k);
+    }
+    residency_.make_room(n * store_.bytes_of(chunk_kind::grad), "gradients");
+    groups_[g].grads = store_.attach_group(members, at, n, /*zero=*/true);
+  }
+
+  /** Reduce-scatters group @p g's gradients: the owner of each chunk receives the rank-order sum of
+   *  every rank's contribution, as this chunk's payload (or added into its existing one). */
+  void reduce(std::size_t g) {
+    const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::grad);
+    const dtype t = store_.desc(chunk_kind::grad).type;
+    const std::size_t elems = b / dtype_size(t);
+    const chunk_id own{chunk_kind::grad, static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
+    void* base = groups_[g].grads;
+    // fp32 staging on the host: for host-accessible devices (the simulated one). A CUDA device
+    // reduces in the gradient dtype through its communicator (NCCL accumulates in it).
+    const bool widen = Store::device_is_host_accessible && t != dtype::f32 && options_.reduce_in_fp32;
+    std::vector<float> send, recv;
+    residency_.make_room(b, "gradient reduction");
+    void* result = store_.allocate_scratch(b);
+    try {
+      if (widen) {  // each contribution widened (exactly), summed in fp32 in rank order, rounded once
+        send.resize(n * elems);
+        recv.resize(elems);
+        widen_to_float(static_cast<const std::byte*>(base), t, send);
+        comm_.reduce_scatter(send.data(), recv.data(), elems, dtype::f32, reduce_op::sum);
+        narrow_from_float(recv, t, static_cast<std::byte*>(result));
+      } else {
+        comm_.reduce_scatter(base, result, elems, t, reduce_op::sum);
+      }
+    } catch (...) {
+      store_.free_scratch(result, b);
+      throw;
+    }
+    const bool own_had_payload = store_.at(own).group == nullptr && holds_payload(store_.at(own).where);
+    store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
+    if (own_had_payload) {  // contributions after an earlier reduction (a divergent iteration): add
+      std::vector<float> a(elems), r(elems);
+      store_.read_values(own, 0, a);
+      widen_to_float(static_cast<const std::byte*>(result), t, r);
+      for (std::size_t i = 0; i < elems; ++i) a[i] += r[i];
+      store_.write_values(own, 0, a);
+      store_.free_scratch(result, b);
+    } else {
+      store_.adopt(own, result);
+    }
+    ++stats_.reductions;
+    stats_.bytes_reduced += (n - 1) * (widen ? elems * sizeof(float) : b);
+  }
+
+  Store& store_;
+  Residency& residency_;
+  const TracerT& tracer_;
+  Comm& comm_;
+  sharding_options options_;
+  runtime_stats& stats_;
+  const compute_level& level_;
+  std::vector<group_state> groups_;
+  std::size_t closed_at_ = never;  // the moment of the last scope closed, until settle()
+  bool closed_untraced_ = false;   // it was closed inside an untraced section
+};
+
+}  // namespace chunkstar

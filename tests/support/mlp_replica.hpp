@@ -1,0 +1,106 @@
+// A tanh MLP for multi-rank tests: one rank's (or a reference's) spaces, runtime and parameters,
+// and a forward/backward of micro-batch `mb` of step `step` whose data depend on both, so N ranks
+// each computing their own micro-batch can be compared with one process computing all of them.
+#pragma once
+
+#include <chunkstar/layout/fixed_chunk_layout.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace chunkstar::testing {
+
+inline constexpr int mlp_layers = 4, mlp_width = 12, mlp_batch = 3;
+
+template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction>
+using mlp_runtime = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, Comm>;
+
+/** One rank's (or the reference's) model: spaces, runtime, parameters, with the placement and
+ *  eviction policies given (default-constructed). */
+template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction>
+struct mlp_replica {
+  using runtime_type = mlp_runtime<Comm, Placement, Eviction>;
+  simulated_device_space dev;
+  host_space host;
+  host_copy_engine copier;
+  runtime_type rt;
+  std::vector<param_id> w, b;
+
+  template <class... CommArg>
+  mlp_replica(runtime_options options, std::size_t capacity, CommArg&... comm)
+      : dev({.capacity = capacity}), rt(dev, host, copier, comm..., options, fixed_chunk_layout({.chunk_elems = 256, .align_elems = 32})) {
+    for (int l = 0; l < mlp_layers; ++l) {
+      w.push_back(rt.register_param({"w" + std::to_string(l), {mlp_width, mlp_width}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.4f * std::sin(0.9f * static_cast<float>(i) + static_cast<float>(l));
+      }));
+      b.push_back(rt.register_param({"b" + std::to_string(l), {mlp_width}, dtype::f32, tensor_role::bias}));
+    }
+    rt.finalize();
+  }
+
+  /** Forward and backward of micro-batch @p mb of step @p step; @p after_backward runs after each
+   *  backward scope closes. @return the micro-batch's loss, sum((y - t)^2) / (2 batch). */
+  template <class After>
+  float forward_backward(int step, int mb, After&& after_backward) {
+    const std::size_t act = mlp_batch * mlp_width * sizeof(float);
+    std::vector<non_model_buffer<float, runtime_type>> h;
+    for (int l = 0; l <= mlp_layers; ++l) h.push_back(rt.template allocate_buffer<float>(mlp_batch * mlp_width));
+    for (int i = 0; i < mlp_batch * mlp_width; ++i) h[0].data()[i] = std::cos(0.21f * static_cast<float>(i) + 1.7f * static_cast<float>(mb) + static_cast<float>(step));
+    for (int l = 0; l < mlp_layers; ++l) {
+      auto s = rt.forward("l" + std::to_string(l), {w[l], b[l]});
+      const auto W = s.template param<float>(w[l]);
+      const auto bias = s.template param<float>(b[l]);
+      for (int n = 0; n < mlp_batch; ++n)
+        for (int o = 0; o < mlp_width; ++o) {
+          float acc = bias[o];
+          for (int i = 0; i < mlp_width; ++i) acc += W[o * mlp_width + i] * h[l].data()[n * mlp_width + i];
+          h[l + 1].data()[n * mlp_width + o] = std::tanh(acc);
+        }
+    }
+    auto dh = rt.template allocate_buffer<float>(mlp_batch * mlp_width), dprev = rt.template allocate_buffer<float>(mlp_batch * mlp_width);
+    float loss = 0;
+    for (int i = 0; i < mlp_batch * mlp_width; ++i) {
+      const float e = h[mlp_layers].data()[i] - 0.1f * static_cast<float>(mb);
+      loss += e * e;
+      dh.data()[i] = e / mlp_batch;
+    }
+    for (int l = mlp_layers - 1; l >= 0; --l) {
+      {
+        auto s = rt.backward("l" + std::to_string(l), {w[l], b[l]});
+        const auto W = s.template param<float>(w[l]);
+        auto gW = s.template grad<float>(w[l]);
+        auto gb = s.template grad<float>(b[l]);
+        for (int i = 0; i < mlp_batch * mlp_width; ++i) dh.data()[i] *= 1.0f - h[l + 1].data()[i] * h[l + 1].data()[i];
+        for (int n = 0; n < mlp_batch; ++n)
+          for (int o = 0; o < mlp_width; ++o) {
+            gb[o] += dh.data()[n * mlp_width + o];
+            for (int i = 0; i < mlp_width; ++i) gW[o * mlp_width + i] += dh.data()[n * mlp_width + o] * h[l].data()[n * mlp_width + i];
+          }
+        for (int n = 0; n < mlp_batch; ++n)
+          for (int i = 0; i < mlp_width; ++i) {
+            float acc = 0;
+            for (int o = 0; o < mlp_width; ++o) acc += W[o * mlp_width + i] * dh.data()[n * mlp_width + o];
+            dprev.data()[n * mlp_width + i] = acc;
+          }
+        std::swap(dh, dprev);
+      }
+      after_backward();
+    }
+    (void)act;
+    return loss / (2 * mlp_batch);
+  }
+
+  std::vector<float> all(chunk_kind k) const {
+    std::vector<float> out;
+    for (std::size_t t = 0; t < rt.params().size(); ++t) {
+      std::vector<float> v(rt.params()[t].numel());
+      rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  }
+};
+
+}  // namespace chunkstar::testing

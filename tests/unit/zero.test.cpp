@@ -1,0 +1,272 @@
+// ZeRO over N in-process ranks: each rank keeps 1/N of the model data (its own chunks), gathers the
+// others' parameter chunks before use and reduce-scatters gradients to their owners. Every rank's
+// owned parameters must be bit-identical to one process that computes the N micro-batches'
+// gradients separately and sums them in rank order (the communicators' reduction order) — the
+// same reference as replicated data parallelism — whatever the device budget.
+#include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "support/mlp_replica.hpp"
+
+using namespace chunkstar;
+using chunkstar::testing::mlp_replica;
+
+namespace {
+
+constexpr int steps = 10;
+constexpr std::size_t act_bytes = 12 * chunkstar::testing::mlp_batch * chunkstar::testing::mlp_width * sizeof(float);
+constexpr std::size_t chunk_bytes = 256 * sizeof(float);
+
+chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
+
+using params_by_name = std::map<std::string, std::vector<float>>;
+using losses_by_step = std::vector<std::vector<float>>;  // [step][micro-batch = rank]
+
+struct trained {
+  params_by_name params;
+  losses_by_step losses;
+};
+
+template <class Replica>
+params_by_name owned_params(const Replica& r) {
+  params_by_name out;
+  for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
+    const chunk_id id{chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)};
+    if (r.rt.where(id) == tier::remote) continue;
+    std::vector<float> v(r.rt.params()[t].numel());
+    r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
+    out[r.rt.params()[t].name] = v;
+  }
+  return out;
+}
+
+/** One process: each micro-batch's gradient on its own, summed in rank order, then one step. */
+trained reference(int ranks) {
+  mlp_replica<single_process_communicator> r({}, 1 << 20);
+  auto opt = make_adam();
+  losses_by_step losses(steps);
+  for (int step = 1; step <= steps; ++step) {
+    std::vector<float> sum;
+    for (int mb = 0; mb < ranks; ++mb) {
+      r.rt.zero_grad();
+      losses[static_cast<std::size_t>(step - 1)].push_back(r.forward_backward(step, mb, [] {}));
+      const auto g = r.all(chunk_kind::grad);
+      if (mb == 0) sum = g;
+      else
+        for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+    }
+    r.rt.zero_grad();
+    std::size_t at = 0;
+    for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
+      const std::size_t n = r.rt.params()[t].numel();
+      r.rt.write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::grad, std::span<const float>(sum.data() + at, n));
+      at += n;
+    }
+    REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+  }
+  return {owned_params(r), losses};
+}
+
+/** One process, plain gradient accumulation: the micro-batches' gradients add up in the gradient
+ *  chunks as backward runs (a different summation order from the rank-order reference). */
+params_by_name accumulated(int ranks) {
+  mlp_replica<single_process_communicator> r({}, 1 << 20);
+  auto opt = make_adam();
+  for (int step = 1; step <= steps; ++step) {
+    for (int mb = 0; mb < ranks; ++mb) r.forward_backward(step, mb, [] {});
+    REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+  }
+  return owned_params(r);
+}
+
+struct rank_result {
+  std::vector<float> losses;  // per step
+  params_by_name params;
+  runtime_stats stats;
+  std::size_t model_bytes = 0;
+  std::vector<std::string> violations;
+};
+
+template <class Placement = auto_placement, class Eviction = belady_eviction>
+std::vector<rank_result> train_zero(int ranks, std::size_t capacity, bool keep_gathered, std::size_t prefetch_depth = 2) {
+  std::vector<rank_result> out(static_cast<std::size_t>(ranks));
+  run_ranks(ranks, [&](in_process_communicator& comm) {
+    auto& me = out[static_cast<std::size_t>(comm.rank())];
+    mlp_replica<in_process_communicator, Placement, Eviction> r(
+        {.prefetch_depth = prefetch_depth, .sharding = {.enabled = true, .keep_gathered = keep_gathered}}, capacity, comm);
+    auto opt = make_adam();
+    for (int step = 1; step <= steps; ++step) {
+      me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
+      REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+      const auto v = r.rt.invariant_violations(true);
+      me.violations.insert(me.violations.end(), v.begin(), v.end());
+    }
+    me.params = owned_params(r);
+    me.stats = r.rt.stats();
+    me.model_bytes = r.rt.model_bytes();
+  });
+  return out;
+}
+
+/** A quarter of the chunks on the compute tier, the rest stepped on the host. */
+struct quarter_on_device : static_placement {
+  quarter_on_device() : static_placement{0.25} {}
+};
+
+}  // namespace
+
+TEST_CASE("ZeRO over 1-4 in-process ranks: losses and owned parameters after 10 steps bit-identical to the rank-order reference, at any budget") {
+  for (int ranks : {1, 2, 3, 4}) {
+    CAPTURE(ranks);
+    const auto expected = reference(ranks);
+    for (bool tight : {false, true}) {
+      for (bool keep : {false, true}) {
+        // Tight: activations, the gather and gradient groups (N chunks each; kept groups stay
+        // gathered through backward) and a few owned chunks, so owned chunks move to the host.
+        const std::size_t capacity =
+            tight ? act_bytes + (static_cast<std::size_t>(keep ? 3 : 2) * static_cast<std::size_t>(ranks) + 4) * chunk_bytes : std::size_t{1} << 20;
+        CAPTURE(capacity);
+        CAPTURE(keep);
+        const auto got = train_zero(ranks, capacity, keep);
+        params_by_name all;
+        for (std::size_t k = 0; k < got.size(); ++k)
+          for (int step = 1; step <= steps; ++step) CHECK(got[k].losses[static_cast<std::size_t>(step - 1)] == expected.losses[static_cast<std::size_t>(step - 1)][k]);
+        for (const auto& r : got) {
+          for (const auto& v : r.violations) FAIL_CHECK(v);
+          for (const auto& [name, values] : r.params) {
+            CHECK(!all.contains(name));  // each tensor has exactly one owner
+            all[name] = values;
+          }
+          if (ranks > 1) CHECK(r.stats.gathers > 0);
+          if (tight && ranks > 1) CHECK(r.stats.bytes_to_host > 0);
+        }
+        CHECK(all.size() == expected.params.size());
+        for (const auto& [name, values] : expected.params) {
+          CAPTURE(name);
+          CHECK(all[name] == values);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeRO over 2-4 ranks is within 1e-6 (relative, over all parameters) of plain gradient accumulation on one rank") {
+  for (int ranks : {2, 3, 4}) {
+    CAPTURE(ranks);
+    const auto plain = accumulated(ranks);
+    params_by_name all;
+    for (const auto& r : train_zero(ranks, std::size_t{1} << 20, false)) all.insert(r.params.begin(), r.params.end());
+    REQUIRE(all.size() == plain.size());
+    double diff = 0, norm = 0;
+    for (const auto& [name, values] : plain)
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        const double d = static_cast<double>(all[name][i]) - values[i];
+        diff += d * d;
+        norm += static_cast<double>(values[i]) * values[i];
+      }
+    MESSAGE("ranks " << ranks << ": |zero - accumulated| / |accumulated| = " << std::sqrt(diff / norm));
+    CHECK(diff > 0);  // a different summation order: not the same bits (else the test proves nothing)
+    CHECK(std::sqrt(diff) <= 1e-6 * std::sqrt(norm));
+  }
+}
+
+TEST_CASE("ZeRO at 3 ranks: the same bits whatever the placement, eviction policy, prefetch depth and budget") {
+  constexpr int ranks = 3;
+  const std::size_t tight = act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes, loose = std::size_t{1} << 20;
+  const auto expected = train_zero(ranks, loose, false);
+  auto same = [&](const std::vector<rank_result>& got) {
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      for (const auto& v : got[k].violations) FAIL_CHECK(v);
+      CHECK(got[k].losses == expected[k].losses);
+      CHECK(got[k].params == expected[k].params);
+    }
+  };
+  for (std::size_t capacity : {tight, loose}) {
+    for (std::size_t depth : {std::size_t{0}, std::size_t{1}, std::size_t{4}}) {
+      CAPTURE(capacity);
+      CAPTURE(depth);
+      same(train_zero<auto_placement, belady_eviction>(ranks, capacity, false, depth));
+      same(train_zero<auto_placement, lru_eviction>(ranks, capacity, false, depth));
+      same(train_zero<quarter_on_device, belady_eviction>(ranks, capacity, false, depth));
+      same(train_zero<quarter_on_device, lru_eviction>(ranks, capacity, false, depth));
+    }
+  }
+}
+
+TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the theory exactly") {
+  // Four layers, one chunk each (1 KiB per list), so U = ceil(4 / N) groups are in use. Per
+  // iteration, once the trace exists: forward gathers each group once (a group stays gathered
+  // across its consecutive layers); backward gathers them again, except the last group, whose next
+  // use is the very next moment (kept gathered: only the forward's gathers); each group's
+  // gradients are reduce-scattered once; the norm is one allreduce of a double per chunk.
+  for (int ranks : {2, 3, 4}) {
+    for (bool keep : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(keep);
+      const std::uint64_t n = static_cast<std::uint64_t>(ranks), used = (4 + n - 1) / n, padded = used * n;
+      const std::uint64_t gathers = keep ? used : 2 * used - 1, reductions = used;
+      const std::uint64_t theory = (n - 1) * (gathers * chunk_bytes + reductions * chunk_bytes + padded * sizeof(double));
+      std::vector<std::vector<comm_stats>> per_iteration(static_cast<std::size_t>(ranks));
+      std::vector<runtime_stats> last(static_cast<std::size_t>(ranks));
+      run_ranks(ranks, [&](in_process_communicator& comm) {
+        mlp_replica<in_process_communicator> r({.sharding = {.enabled = true, .keep_gathered = keep}}, 1 << 20, comm);
+        auto opt = make_adam();
+        for (int step = 1; step <= steps; ++step) {
+          const comm_stats before = comm.stats();
+          const runtime_stats rs = r.rt.stats();
+          r.forward_backward(step, comm.rank(), [] {});
+          REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+          comm_stats d = comm.stats();
+          d.bytes_sent -= before.bytes_sent;
+          d.bytes_received -= before.bytes_received;
+          d.collectives -= before.collectives;
+          per_iteration[static_cast<std::size_t>(comm.rank())].push_back(d);
+          if (step == steps) {
+            last[static_cast<std::size_t>(comm.rank())] = r.rt.stats();
+            CHECK(last[static_cast<std::size_t>(comm.rank())].gathers - rs.gathers == gathers);
+            CHECK(last[static_cast<std::size_t>(comm.rank())].reductions - rs.reductions == reductions);
+          }
+        }
+      });
+      for (int k = 0; k < ranks; ++k)
+        for (int step = 2; step <= steps; ++step) {
+          CAPTURE(k);
+          CAPTURE(step);
+          const auto& d = per_iteration[static_cast<std::size_t>(k)][static_cast<std::size_t>(step - 1)];
+          CHECK(d.bytes_sent == theory);
+          CHECK(d.bytes_received == theory);
+          CHECK(d.collectives == gathers + reductions + 1);
+        }
+    }
+  }
+}
+
+TEST_CASE("ZeRO memory: each rank's model-data peak is its 1/N share plus the collective buffers; the device stays within its budget") {
+  for (int ranks : {2, 3, 4}) {
+    for (bool tight : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(tight);
+      const std::size_t capacity = tight ? act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes : std::size_t{1} << 20;
+      const auto got = train_zero(ranks, capacity, false);
+      for (const auto& r : got) {
+        const std::size_t share = r.model_bytes / static_cast<std::size_t>(ranks);
+        // At most two parameter groups gathered at once (the current one, and the last forward
+        // one kept for backward), one gradient group, and one chunk of reduce scratch.
+        const std::size_t collective_bound = 3 * static_cast<std::size_t>(ranks) * chunk_bytes + chunk_bytes;
+        CHECK(r.stats.peak_collective_bytes > 0);
+        CHECK(r.stats.peak_collective_bytes <= collective_bound);
+        CHECK(r.stats.peak_model_bytes <= share + r.stats.peak_collective_bytes);
+        CHECK(r.stats.peak_device_bytes <= capacity);
+      }
+    }
+  }
+}
