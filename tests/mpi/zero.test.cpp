@@ -18,7 +18,7 @@ using chunkstar::testing::mlp_replica;
 
 namespace {
 
-constexpr int steps = 4;
+constexpr int steps = 10;
 constexpr std::size_t tight = 12 * chunkstar::testing::mlp_batch * chunkstar::testing::mlp_width * sizeof(float) + 10 * 1024;
 
 chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
