@@ -46,6 +46,10 @@ struct runtime_stats {
   std::uint64_t bytes_gathered = 0;   ///< ZeRO: bytes this rank received by those allgathers ((N-1) chunks each)
   std::uint64_t reductions = 0;       ///< ZeRO: gradient groups reduce-scattered
   std::uint64_t bytes_reduced = 0;    ///< ZeRO: bytes this rank sent by those reduce-scatters ((N-1) chunks each)
+  /// ZeRO: time the calling thread waited for reduce-scatters to complete. They start when a
+  /// group's gradients are final and complete when the next scope closes (or before the step), so
+  /// each overlaps the scope that follows: this is the part that did not. Depends on timing.
+  double reduce_wait_s = 0;
   std::size_t peak_device_bytes = 0;        ///< most bytes the runtime held in the device space at once
   std::size_t peak_device_chunk_bytes = 0;  ///< most chunk payload bytes on the compute tier at once
   std::size_t peak_non_model_bytes = 0;     ///< most non-model bytes at once

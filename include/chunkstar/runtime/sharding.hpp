@@ -23,6 +23,7 @@
 #include <chunkstar/tracer/tracer.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -82,6 +83,11 @@ class shard_manager {
     level.sharded = active();  // gradients then come from group buffers, never zero-filled chunk by chunk
   }
 
+  shard_manager(const shard_manager&) = delete;
+  shard_manager& operator=(const shard_manager&) = delete;
+  /** Waits for collectives still in flight (they write into this rank's buffers), then frees them. */
+  ~shard_manager() { drop(); }
+
   [[nodiscard]] bool active() const noexcept { return options_.enabled && comm_.size() > 1; }
   [[nodiscard]] shard_map map() const noexcept { return active() ? shard_map{comm_.size(), comm_.rank()} : shard_map{}; }
   [[nodiscard]] const sharding_options& options() const noexcept { return options_; }
@@ -98,6 +104,7 @@ class shard_manager {
     for (auto id : ids) {
       const std::size_t g = map().group(id.index);
       if (id.kind == chunk_kind::grad) {
+        if (groups_[g].reducing) finish_reductions();  // gradients again after their reduction (a divergent iteration)
         if (!groups_[g].grads) attach_gradients(g);
       } else {
         if (!groups_[g].params) gather(g, who, m);
@@ -128,12 +135,13 @@ class shard_manager {
    *  done with, and reduce-scatters the gradient groups that are final. */
   void after_close(std::size_t m, bool untraced = false) {
     if (!active()) return;
+    finish_reductions();  // started one scope ago: they ran while that scope computed
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       if (untraced) {  // evaluation, sampling: the training trace says nothing about these scopes
         if (groups_[g].params) release(g);
         continue;
       }
-      if (groups_[g].grads && all_final(g, m)) reduce(g);
+      if (groups_[g].grads && !groups_[g].reducing && all_final(g, m)) start_reduction(g);
       if (groups_[g].params && release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered)) release(g);
     }
   }
@@ -143,14 +151,16 @@ class shard_manager {
   void before_step() {
     if (!active()) return;
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      if (groups_[g].grads) reduce(g);
+      if (groups_[g].grads && !groups_[g].reducing) start_reduction(g);
       if (groups_[g].params) release(g);
     }
+    finish_reductions();
   }
 
   /** @brief Drops what an abandoned iteration left: gradient groups (unreduced) and gathered groups. */
   void drop() noexcept {
     closed_at_ = never;
+    discard_in_flight();
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].grads) store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
       if (groups_[g].params) release(g);
@@ -161,7 +171,24 @@ class shard_manager {
   struct group_state {
     void* params = nullptr;  // the gathered parameter group buffer (remote chunks attached)
     void* grads = nullptr;   // the gradient group buffer (chunks without a payload attached)
+    bool reducing = false;   // its reduce-scatter is in flight (grads is its send buffer until done)
   };
+
+  /** A reduce-scatter started and not yet completed: it runs while the next scope computes. */
+  struct reduction_in_flight {
+    std::size_t group = 0;
+    comm_handle done;
+    void* result = nullptr;          // scratch receiving this rank's reduced chunk
+    std::vector<float> send, recv;   // fp32 staging when 16-bit gradients are reduced in fp32
+  };
+
+  /** Room for @p bytes more on the compute tier. Reductions in flight hold their buffers; rather
+   *  than evict chunks for room they would give back, they are completed first (waiting issues no
+   *  collective, so the ranks' sequences of collectives stay the same). */
+  void room(std::size_t bytes, std::string_view who) {
+    if (!in_flight_.empty() && store_.device_in_use() + bytes > residency_.budget_now()) finish_reductions();
+    residency_.make_room(bytes, who);
+  }
 
   [[nodiscard]] std::size_t group_size(std::size_t g) const {
     return std::min<std::size_t>(static_cast<std::size_t>(comm_.size()), store_.num_chunks() - map().first(g));
@@ -191,7 +218,7 @@ class shard_manager {
     const chunk_id own_ids[] = {own};
     residency_.make_resident_on_device(own_ids, who, m);
     typename Store::pin_set pin(store_, {own});
-    residency_.make_room(n * b, who);
+    room(n * b, who);
     const auto members = remote_members(g);
     std::vector<std::size_t> at;
     for (auto id : members) at.push_back(id.index - map().first(g));
@@ -221,52 +248,91 @@ class shard_manager {
       members.push_back(id);
       at.push_back(k);
     }
-    residency_.make_room(n * store_.bytes_of(chunk_kind::grad), "gradients");
+    room(n * store_.bytes_of(chunk_kind::grad), "gradients");
     groups_[g].grads = store_.attach_group(members, at, n, /*zero=*/true);
   }
 
-  /** Reduce-scatters group @p g's gradients: the owner of each chunk receives the rank-order sum of
-   *  every rank's contribution, as this chunk's payload (or added into its existing one). */
-  void reduce(std::size_t g) {
+  /** Starts the reduce-scatter of group @p g's gradients: the owner of each chunk will receive the
+   *  rank-order sum of every rank's contribution (completed by finish_reductions()). */
+  void start_reduction(std::size_t g) {
     const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::grad);
     const dtype t = store_.desc(chunk_kind::grad).type;
     const std::size_t elems = b / dtype_size(t);
-    const chunk_id own{chunk_kind::grad, static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
-    void* base = groups_[g].grads;
     // fp32 staging on the host: for host-accessible devices (the simulated one). A CUDA device
     // reduces in the gradient dtype through its communicator (NCCL accumulates in it).
     const bool widen = Store::device_is_host_accessible && t != dtype::f32 && options_.reduce_in_fp32;
-    std::vector<float> send, recv;
-    residency_.make_room(b, "gradient reduction");
-    void* result = store_.allocate_scratch(b);
+    room(b, "gradient reduction");
+    reduction_in_flight r;
+    r.group = g;
+    r.result = store_.allocate_scratch(b);
     try {
       if (widen) {  // each contribution widened (exactly), summed in fp32 in rank order, rounded once
-        send.resize(n * elems);
-        recv.resize(elems);
-        widen_to_float(static_cast<const std::byte*>(base), t, send);
-        comm_.reduce_scatter(send.data(), recv.data(), elems, dtype::f32, reduce_op::sum);
-        narrow_from_float(recv, t, static_cast<std::byte*>(result));
+        r.send.resize(n * elems);
+        r.recv.resize(elems);
+        widen_to_float(static_cast<const std::byte*>(groups_[g].grads), t, r.send);
+        r.done = comm_.reduce_scatter_async(r.send.data(), r.recv.data(), elems, dtype::f32, reduce_op::sum);
       } else {
-        comm_.reduce_scatter(base, result, elems, t, reduce_op::sum);
+        r.done = comm_.reduce_scatter_async(groups_[g].grads, r.result, elems, t, reduce_op::sum);
       }
+      in_flight_.push_back(std::move(r));
     } catch (...) {
-      store_.free_scratch(result, b);
+      r.done = comm_handle{};
+      store_.free_scratch(r.result, b);
       throw;
     }
-    const bool own_had_payload = store_.at(own).group == nullptr && holds_payload(store_.at(own).where);
-    store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
-    if (own_had_payload) {  // contributions after an earlier reduction (a divergent iteration): add
-      std::vector<float> a(elems), r(elems);
-      store_.read_values(own, 0, a);
-      widen_to_float(static_cast<const std::byte*>(result), t, r);
-      for (std::size_t i = 0; i < elems; ++i) a[i] += r[i];
-      store_.write_values(own, 0, a);
-      store_.free_scratch(result, b);
-    } else {
-      store_.adopt(own, result);
-    }
+    groups_[g].reducing = true;
     ++stats_.reductions;
     stats_.bytes_reduced += (n - 1) * (widen ? elems * sizeof(float) : b);
+  }
+
+  /** Completes every reduction in flight, in the order they started: the owner's chunk adopts
+   *  (or adds) the reduced values and the group's gradient buffer is freed. If one failed, the
+   *  rest are discarded as by drop() and the error is rethrown. */
+  void finish_reductions() {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      while (!in_flight_.empty()) {
+        complete(in_flight_.front());
+        in_flight_.erase(in_flight_.begin());
+      }
+    } catch (...) {
+      discard_in_flight();  // their gradient groups stay attached, unreduced, as drop() expects
+      throw;
+    }
+    stats_.reduce_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  /** Waits for every reduction in flight (a collective may still write its buffers) and discards
+   *  its result; the groups' gradient buffers stay attached. */
+  void discard_in_flight() noexcept {
+    for (auto& r : in_flight_) {
+      r.done = comm_handle{};  // assigning over a pending handle waits for it, quietly
+      if (r.result) store_.free_scratch(r.result, store_.bytes_of(chunk_kind::grad));
+      groups_[r.group].reducing = false;
+    }
+    in_flight_.clear();
+  }
+
+  void complete(reduction_in_flight& r) {
+    const std::size_t g = r.group, b = store_.bytes_of(chunk_kind::grad);
+    const dtype t = store_.desc(chunk_kind::grad).type;
+    const std::size_t elems = b / dtype_size(t);
+    const chunk_id own{chunk_kind::grad, static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
+    r.done.wait();
+    if (!r.recv.empty()) narrow_from_float(r.recv, t, static_cast<std::byte*>(r.result));
+    const bool own_had_payload = store_.at(own).group == nullptr && holds_payload(store_.at(own).where);
+    store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
+    groups_[g].reducing = false;
+    if (own_had_payload) {  // contributions after an earlier reduction (a divergent iteration): add
+      std::vector<float> a(elems), sum(elems);
+      store_.read_values(own, 0, a);
+      widen_to_float(static_cast<const std::byte*>(r.result), t, sum);
+      for (std::size_t i = 0; i < elems; ++i) a[i] += sum[i];
+      store_.write_values(own, 0, a);
+      store_.free_scratch(std::exchange(r.result, nullptr), b);
+    } else {
+      store_.adopt(own, std::exchange(r.result, nullptr));
+    }
   }
 
   Store& store_;
@@ -277,6 +343,7 @@ class shard_manager {
   runtime_stats& stats_;
   const compute_level& level_;
   std::vector<group_state> groups_;
+  std::vector<reduction_in_flight> in_flight_;  // in the order started
   std::size_t closed_at_ = never;  // the moment of the last scope closed, until settle()
   bool closed_untraced_ = false;   // it was closed inside an untraced section
 };
