@@ -10,7 +10,8 @@
 //            (whole chunk groups: the chunk count is padded to a multiple of N) and a full replica.
 //            Self-check: peak <= share + the rank's peak gather/reduce buffer bytes, both in the
 //            steady state (stats reset after the warm-up) and over the whole run (the first,
-//            untraced iteration holds every gradient group until the step: more buffers). The
+//            untraced iteration decides finality from use counts, gradient_final_untraced, and
+//            may hold its buffers a little differently). The
 //            steady-state buffer peak must equal the theory's (below) exactly.
 //   comm:    bytes sent + received by one rank in one steady-state iteration (comm_stats deltas),
 //            against the theory computed from the chunk plan alone: the scopes chunked_gpt opens
@@ -326,8 +327,8 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
   if (device_capacity == 0) {
     // Everything resident in the steady state (train_gpt's resident budget, with the gather/reduce
     // buffers the theory predicts instead of its 3 N chunks): activations + this rank's share +
-    // the buffers' peak + one chunk of slack. The untraced first iteration needs more (it holds
-    // every gradient group until the step) and moves owned chunks to the host to make room.
+    // the buffers' peak + one chunk of slack. The untraced first iteration may need a little more
+    // (no trace: finality from use counts, no prefetch plan) and then moves owned chunks to the host.
     chunk_plan plan = layout.plan(gpt::param_specs(c));
     const std::size_t chunk_bytes = plan.chunk_elems * sizeof(float);
     plan.num_chunks = shard_map{ranks, 0}.padded(plan.num_chunks);
@@ -716,7 +717,7 @@ int main(int argc, char** argv) try {
       zs.push_back(z);
     }
     std::printf("\nper-rank peaks, max over ranks: steady state (after the warm-up) and, in brackets, the whole run (its first, "
-                "untraced iteration reduces every gradient group only before the step)\n"
+                "untraced iteration included)\n"
                 "| N | model data MiB (all) | share MiB (all/N) | per-rank peak MiB | gather/reduce buf MiB | buf theory MiB | peak/share | "
                 "peak/replica | replica MiB | chunks (MiB each) | device peak / budget MiB | moved MiB/it |\n"
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");

@@ -359,7 +359,10 @@ TEST_CASE("ZeRO overlap: a group's reduce-scatter runs while the next backward s
         CHECK(e != "reduce-scatter");  // the runtime never blocks on a reduce-scatter it could overlap
       }
       REQUIRE(overlapped.size() == static_cast<std::size_t>(steps));
-      for (std::size_t it = 1; it < overlapped.size(); ++it) {
+      // From the first iteration on: without a trace yet, a chunk's gradient is final once backward
+      // has used it as often as forward did (gradient_final_untraced), so the first iteration too
+      // reduces group by group instead of holding every gradient group until the step.
+      for (std::size_t it = 0; it < overlapped.size(); ++it) {
         CAPTURE(it);
         CHECK(started[it] == used);
         CHECK(overlapped[it] == used - 1);
@@ -369,4 +372,13 @@ TEST_CASE("ZeRO overlap: a group's reduce-scatter runs while the next backward s
     for (const auto& mine : got)
       for (const auto& [name, v] : mine) CHECK_MESSAGE(v == expected.params.at(name), name);
   }
+}
+
+TEST_CASE("gradient_final_untraced: final once backward has used a chunk as often as forward did") {
+  CHECK_FALSE(gradient_final_untraced(1, 0));
+  CHECK(gradient_final_untraced(1, 1));
+  CHECK_FALSE(gradient_final_untraced(2, 1));  // a tied weight: its second backward use is still to come
+  CHECK(gradient_final_untraced(2, 2));
+  CHECK(gradient_final_untraced(0, 1));  // used in backward only: final after that use
+  CHECK_FALSE(gradient_final_untraced(0, 0));
 }

@@ -57,6 +57,16 @@ template <Tracer T>
   return d == never || m + d >= n || tracer.kind_of(m + d) == moment_kind::optimizer;
 }
 
+/** @brief Without a trace (the first iteration, while it is recorded): gradient chunk c counts as
+ *  final once backward scopes have used it as often as forward scopes used its parameters so far
+ *  in this iteration (and at least once). Exact whenever backward mirrors forward, as autograd's
+ *  does (a tied weight used by two forward scopes is final after its second backward use); if a
+ *  later backward scope still adds to it, the owner adds that second reduction into its chunk: the
+ *  same gradient in a different summation order, never a lost contribution. */
+[[nodiscard]] constexpr bool gradient_final_untraced(std::uint32_t forward_uses, std::uint32_t backward_uses) noexcept {
+  return backward_uses > 0 && backward_uses >= forward_uses;
+}
+
 /** @brief True when the gathered group of parameter chunks @p members should be released after
  *  moment @p m: its next use by a scope is not the very next moment (the next layer of the same
  *  group), or is in the next iteration; with @p keep, only in the next iteration. A use by the
@@ -101,6 +111,11 @@ class shard_manager {
     groups_.resize(map().group(store_.num_chunks() - 1) + 1);
     // Per group, not per chunk: every rank runs this scope, so every rank must take part in the
     // group's collective even where it owns the chunk the scope needs.
+    if (!tracer_.ready() && !level_.untraced) {  // the first iteration: count uses (gradient_final_untraced)
+      uses_.resize(store_.num_chunks());
+      for (auto id : ids)
+        if ((kind == moment_kind::forward) == (id.kind == chunk_kind::param)) ++(kind == moment_kind::forward ? uses_[id.index].forward : uses_[id.index].backward);
+    }
     for (auto id : ids) {
       const std::size_t g = map().group(id.index);
       if (id.kind == chunk_kind::grad) {
@@ -111,7 +126,6 @@ class shard_manager {
         if (map().owns(id.index)) owned.push_back(id);
       }
     }
-    (void)kind;
     return owned;
   }
 
@@ -150,6 +164,7 @@ class shard_manager {
    *  order) and every gathered group released, so only owned chunks remain. */
   void before_step() {
     if (!active()) return;
+    uses_.clear();
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].grads && !groups_[g].reducing) start_reduction(g);
       if (groups_[g].params) release(g);
@@ -160,6 +175,7 @@ class shard_manager {
   /** @brief Drops what an abandoned iteration left: gradient groups (unreduced) and gathered groups. */
   void drop() noexcept {
     closed_at_ = never;
+    uses_.clear();
     discard_in_flight();
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].grads) store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
@@ -204,9 +220,19 @@ class shard_manager {
     for (std::size_t c = 0; c < group_size(g); ++c) v.push_back({k, static_cast<std::uint32_t>(map().first(g) + c)});
     return v;
   }
+  /** Whether every gradient chunk of group @p g gets no more contributions after moment @p m: from
+   *  the trace, or in the first iteration from the uses counted so far. Chunks no scope uses
+   *  (padding, parameters outside every scope) never hold a contribution: final either way. */
   [[nodiscard]] bool all_final(std::size_t g, std::size_t m) const {
-    for (std::size_t k = 0; k < group_size(g); ++k)
-      if (!gradient_final(tracer_, {chunk_kind::grad, static_cast<std::uint32_t>(map().first(g) + k)}, m)) return false;
+    for (std::size_t k = 0; k < group_size(g); ++k) {
+      const std::size_t c = map().first(g) + k;
+      if (tracer_.ready()) {
+        if (!gradient_final(tracer_, {chunk_kind::grad, static_cast<std::uint32_t>(c)}, m)) return false;
+      } else if (c < uses_.size() && (uses_[c].forward > 0 || uses_[c].backward > 0) &&
+                 !gradient_final_untraced(uses_[c].forward, uses_[c].backward)) {
+        return false;
+      }
+    }
     return true;
   }
 
@@ -343,6 +369,10 @@ class shard_manager {
   runtime_stats& stats_;
   const compute_level& level_;
   std::vector<group_state> groups_;
+  struct use_count {
+    std::uint32_t forward = 0, backward = 0;
+  };
+  std::vector<use_count> uses_;  // per chunk, the first iteration only (emptied when it ends)
   std::vector<reduction_in_flight> in_flight_;  // in the order started
   std::size_t closed_at_ = never;  // the moment of the last scope closed, until settle()
   bool closed_untraced_ = false;   // it was closed inside an untraced section
