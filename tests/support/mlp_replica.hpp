@@ -7,6 +7,7 @@
 #include <chunkstar/runtime/chunk_runtime.hpp>
 
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,16 @@ struct mlp_replica {
       out.insert(out.end(), v.begin(), v.end());
     }
     return out;
+  }
+
+  /** The inverse of all(): writes every tensor of list @p k from @p values, in registration order. */
+  void write_all(chunk_kind k, std::span<const float> values) {
+    std::size_t at = 0;
+    for (std::size_t t = 0; t < rt.params().size(); ++t) {
+      const std::size_t n = rt.params()[t].numel();
+      rt.write_tensor(param_id{static_cast<std::uint32_t>(t)}, k, values.subspan(at, n));
+      at += n;
+    }
   }
 };
 

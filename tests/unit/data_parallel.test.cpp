@@ -49,12 +49,7 @@ std::vector<float> reference(int ranks, std::vector<double>& clip) {
         for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];  // rank order, in float
     }
     r.rt.zero_grad();
-    std::size_t at = 0;
-    for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
-      const std::size_t n = r.rt.params()[t].numel();
-      r.rt.write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::grad, std::span<const float>(sum.data() + at, n));
-      at += n;
-    }
+    r.write_all(chunk_kind::grad, sum);
     const auto res = opt.step(r.rt, 2e-2f, ranks);
     REQUIRE(res.stepped);
     clip.push_back(res.clip_coefficient);

@@ -65,12 +65,7 @@ trained reference(int ranks) {
         for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
     }
     r.rt.zero_grad();
-    std::size_t at = 0;
-    for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
-      const std::size_t n = r.rt.params()[t].numel();
-      r.rt.write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::grad, std::span<const float>(sum.data() + at, n));
-      at += n;
-    }
+    r.write_all(chunk_kind::grad, sum);
     REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
   }
   return {owned_params(r), losses};
