@@ -74,6 +74,7 @@ struct options {
   int iterations = 31, warmup = 2;
   double bandwidth = 1e9, latency = 10e-6;
   bool keep_gathered = false;
+  bool gather_ahead = true;
   std::string scale_preset = "tiny";
   std::size_t device_budget = std::size_t{16} << 20, host_budget = std::size_t{64} << 20;
   std::size_t scale_batch = 1, scale_seq = 16;  // per rank
@@ -86,6 +87,7 @@ void usage() {
   std::printf(
       "usage: bench_zero [--mode all|timing|scale] [--preset mini] [--batch 12 (global)] [--seq 64] [--ranks 1,2,3,4]\n"
       "                  [--iterations 31] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)] [--keep-gathered]\n"
+      "                  [--no-gather-ahead]\n"
       "                  [--scale-preset tiny] [--device-budget 16MiB] [--host-budget 64MiB (per rank)]\n"
       "                  [--scale-batch 1] [--scale-seq 16 (per rank)] [--scale-steps 2]\n"
       "                  [--quick] [--json FILE] [--plot FILE.png]\n"
@@ -137,6 +139,7 @@ options parse(int argc, char** argv) {
       if (x.size() != 1 || x[0] < 0) throw config_error("--latency takes one number >= 0 (seconds)");
       o.latency = x[0];
     } else if (a == "--keep-gathered") o.keep_gathered = true;
+    else if (a == "--no-gather-ahead") o.gather_ahead = false;
     else if (a == "--scale-preset") o.scale_preset = value();
     else if (a == "--device-budget") o.device_budget = bytes(value()), dev_set = true;
     else if (a == "--host-budget") o.host_budget = bytes(value()), host_set = true;
@@ -178,7 +181,10 @@ options parse(int argc, char** argv) {
 
 struct comm_theory {
   std::uint64_t gathers = 0, reductions = 0, chunks = 0;  // per iteration; chunks: padded count (the norm's doubles)
+  std::uint64_t gathers_ahead = 0;                        // of the gathers, those started while the scope before computes
   std::uint64_t bytes_each_way = 0;                       // sent = received, per rank
+  std::uint64_t agreement_bytes_each_way = 0;  // once, in the first traced iteration: the ranks agree on the gathers ahead
+                                               // (an allreduce of a double per moment of the trace)
   std::uint64_t peak_collective_bytes = 0;  // most bytes in group buffers (N chunks each) and reduce scratch (one chunk) at once
 };
 
@@ -186,8 +192,10 @@ struct comm_theory {
  *  gathers each group of its parameter chunks that is not gathered; after it closes, a gathered
  *  group is released unless one of its chunks is used again by the very next scope (with keep:
  *  by any later scope of the iteration); a gradient group is attached at its first backward use
- *  and reduce-scattered once none of its gradient chunks is used again in the iteration. */
-comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ranks, bool keep, std::size_t param_chunk_bytes,
+ *  and reduce-scattered once none of its gradient chunks is used again in the iteration. With
+ *  @p ahead (the budget holds them all), once a scope is open the groups the next scope needs and
+ *  that are not gathered are gathered then. */
+comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ranks, bool keep, bool ahead, std::size_t param_chunk_bytes,
                         std::size_t grad_chunk_bytes) {
   comm_theory t;
   if (ranks <= 1) return t;  // sharding is off at one rank: no collective at all
@@ -246,6 +254,8 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
       if (!gathered[g]) gathered[g] = true, ++t.gathers, live += group_p;
       if (m >= first_backward && !attached[g]) attached[g] = true, live += group_g;
     }
+    for (std::size_t chunk = 0; ahead && m + 1 < M && chunk < P; ++chunk)
+      if (uses[m + 1][chunk] && !gathered[chunk / n]) gathered[chunk / n] = true, ++t.gathers, ++t.gathers_ahead, live += group_p;
     t.peak_collective_bytes = std::max(t.peak_collective_bytes, live);
     finish();  // the scope of moment m has closed
     for (std::size_t g = 0; g < groups; ++g) {
@@ -268,6 +278,8 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
   finish();
   t.chunks = P;
   t.bytes_each_way = (n - 1) * (t.gathers * param_chunk_bytes + t.reductions * grad_chunk_bytes + t.chunks * sizeof(double));
+  // A double per moment of the trace: the scopes, and the step's, one per chunk this rank steps.
+  if (ahead) t.agreement_bytes_each_way = (n - 1) * (M + P / n) * sizeof(double);
   return t;
 }
 
@@ -308,6 +320,7 @@ struct train_setup {
   int warmup = 0;  // iterations before the stats are reset (peaks then restart: the steady state)
   link_model link;
   bool keep_gathered = false;
+  bool gather_ahead = true;
   std::size_t device_capacity = 0, host_capacity = SIZE_MAX;  // 0: sized per N (timing runs)
   bool scale = false;  // auto placement + Belady at the given budgets (else everything on the device)
 };
@@ -332,14 +345,15 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
     chunk_plan plan = layout.plan(gpt::param_specs(c));
     const std::size_t chunk_bytes = plan.chunk_elems * sizeof(float);
     plan.num_chunks = shard_map{ranks, 0}.padded(plan.num_chunks);
-    const auto theory = zero_theory(c, plan, ranks, s.keep_gathered, chunk_bytes, chunk_bytes);
+    const auto theory = zero_theory(c, plan, ranks, s.keep_gathered, s.gather_ahead, chunk_bytes, chunk_bytes);
     device_capacity = e2e::activation_bytes(c, B, T) + padded_model_bytes(layout, c, ranks) / static_cast<std::size_t>(ranks) +
                       theory.peak_collective_bytes + chunk_bytes;
   }
   simulated_device_space device({.capacity = device_capacity, .name = "device"});
   host_space host({.capacity = s.host_capacity});
   host_copy_engine copier;
-  Runtime rt(device, host, copier, link, {.sharding = {.enabled = ranks > 1, .keep_gathered = s.keep_gathered}}, std::move(layout),
+  Runtime rt(device, host, copier, link,
+             {.sharding = {.enabled = ranks > 1, .keep_gathered = s.keep_gathered, .gather_ahead = s.gather_ahead}}, std::move(layout),
              std::move(placement));
   gpt::chunked_gpt<Runtime> model(rt, c, {B, T}, e2e::model_seed);
   model.finalize();
@@ -348,7 +362,9 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
   me.device_capacity = device_capacity;
   me.param_chunk_bytes = rt.plan().chunk_elems * sizeof(float);
   me.num_chunks = rt.plan().num_chunks;
-  me.theory = zero_theory(c, rt.plan(), ranks, s.keep_gathered, me.param_chunk_bytes, me.param_chunk_bytes);
+  // Under the scale runs' budgets only some gathers start ahead: the theory with all of them
+  // ahead bounds the buffers (a gather ahead only starts a group's buffer one scope earlier).
+  me.theory = zero_theory(c, rt.plan(), ranks, s.keep_gathered, s.gather_ahead, me.param_chunk_bytes, me.param_chunk_bytes);
   std::vector<int> tokens(B * T), targets(B * T);
   const std::size_t first = B * static_cast<std::size_t>(link.rank());  // this rank's slice of the global batch
   std::uint64_t moved0 = 0;
@@ -480,9 +496,10 @@ void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, co
                 std::to_string(x.theory.peak_collective_bytes));
     for (std::size_t i = from; i < x.comm.size(); ++i) {
       const std::string it = rk + ", iteration " + std::to_string(i + 1);
-      check(x.comm[i].bytes_sent == x.theory.bytes_each_way && x.comm[i].bytes_received == x.theory.bytes_each_way,
+      const std::uint64_t expected = x.theory.bytes_each_way + (i == 1 ? x.theory.agreement_bytes_each_way : 0);  // i = 1: the first traced
+      check(x.comm[i].bytes_sent == expected && x.comm[i].bytes_received == expected,
             it + ": sent " + std::to_string(x.comm[i].bytes_sent) + " / received " + std::to_string(x.comm[i].bytes_received) +
-                " bytes, theory " + std::to_string(x.theory.bytes_each_way) + " each way");
+                " bytes, theory " + std::to_string(expected) + " each way");
       check(x.gathers[i] == x.theory.gathers && x.reductions[i] == x.theory.reductions,
             it + ": " + std::to_string(x.gathers[i]) + " gathers / " + std::to_string(x.reductions[i]) + " reductions, theory " +
                 std::to_string(x.theory.gathers) + " / " + std::to_string(x.theory.reductions));
@@ -496,7 +513,7 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
                 // First compute only: nothing slept, as if the link were infinitely fast (the
                 // modelled seconds are still counted).
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
-                .keep_gathered = o.keep_gathered};
+                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead};
   const auto compute = run_group(s, data, ranks);
   s.link.sleep = true;
   const auto modelled = run_group(s, data, ranks);
@@ -566,7 +583,7 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
   train_setup s{.config = c, .batch_per_rank = o.scale_batch, .seq = o.scale_seq, .steps = o.scale_steps,
                 .warmup = o.scale_steps >= 2 ? 1 : 0,
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
-                .keep_gathered = o.keep_gathered, .device_capacity = o.device_budget, .host_capacity = o.host_budget, .scale = true};
+                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .device_capacity = o.device_budget, .host_capacity = o.host_budget, .scale = true};
   const auto t0 = e2e::clock::now();
   try {
     t.ranks = run_group(s, data, ranks);

@@ -42,9 +42,10 @@ struct mlp_replica {
   }
 
   /** Forward and backward of micro-batch @p mb of step @p step; @p after_backward runs after each
-   *  backward scope closes. @return the micro-batch's loss, sum((y - t)^2) / (2 batch). */
-  template <class After>
-  float forward_backward(int step, int mb, After&& after_backward) {
+   *  backward scope closes, @p after_forward after each forward one. @return the micro-batch's
+   *  loss, sum((y - t)^2) / (2 batch). */
+  template <class After, class AfterForward = void (*)()>
+  float forward_backward(int step, int mb, After&& after_backward, AfterForward&& after_forward = [] {}) {
     const std::size_t act = mlp_batch * mlp_width * sizeof(float);
     std::vector<non_model_buffer<float, runtime_type>> h;
     for (int l = 0; l <= mlp_layers; ++l) h.push_back(rt.template allocate_buffer<float>(mlp_batch * mlp_width));
@@ -59,6 +60,8 @@ struct mlp_replica {
           for (int i = 0; i < mlp_width; ++i) acc += W[o * mlp_width + i] * h[l].data()[n * mlp_width + i];
           h[l + 1].data()[n * mlp_width + o] = std::tanh(acc);
         }
+      s.close();
+      after_forward();
     }
     auto dh = rt.template allocate_buffer<float>(mlp_batch * mlp_width), dprev = rt.template allocate_buffer<float>(mlp_batch * mlp_width);
     float loss = 0;

@@ -92,12 +92,14 @@ struct rank_result {
 };
 
 template <class Placement = auto_placement, class Eviction = belady_eviction>
-std::vector<rank_result> train_zero(int ranks, std::size_t capacity, bool keep_gathered, std::size_t prefetch_depth = 2) {
+std::vector<rank_result> train_zero(int ranks, std::size_t capacity, bool keep_gathered, std::size_t prefetch_depth = 2,
+                                    bool gather_ahead = true) {
   std::vector<rank_result> out(static_cast<std::size_t>(ranks));
   run_ranks(ranks, [&](in_process_communicator& comm) {
     auto& me = out[static_cast<std::size_t>(comm.rank())];
     mlp_replica<in_process_communicator, Placement, Eviction> r(
-        {.prefetch_depth = prefetch_depth, .sharding = {.enabled = true, .keep_gathered = keep_gathered}}, capacity, comm);
+        {.prefetch_depth = prefetch_depth, .sharding = {.enabled = true, .keep_gathered = keep_gathered, .gather_ahead = gather_ahead}},
+        capacity, comm);
     auto opt = make_adam();
     for (int step = 1; step <= steps; ++step) {
       me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
@@ -174,7 +176,7 @@ TEST_CASE("ZeRO over 2-4 ranks is within 1e-6 (relative, over all parameters) of
   }
 }
 
-TEST_CASE("ZeRO at 3 ranks: the same bits whatever the placement, eviction policy, prefetch depth and budget") {
+TEST_CASE("ZeRO at 3 ranks: the same bits whatever the placement, eviction policy, prefetch depth, budget and gathers ahead") {
   constexpr int ranks = 3;
   const std::size_t tight = act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes, loose = std::size_t{1} << 20;
   const auto expected = train_zero(ranks, loose, false);
@@ -193,6 +195,7 @@ TEST_CASE("ZeRO at 3 ranks: the same bits whatever the placement, eviction polic
       same(train_zero<auto_placement, lru_eviction>(ranks, capacity, false, depth));
       same(train_zero<quarter_on_device, belady_eviction>(ranks, capacity, false, depth));
       same(train_zero<quarter_on_device, lru_eviction>(ranks, capacity, false, depth));
+      same(train_zero<auto_placement, belady_eviction>(ranks, capacity, false, depth, /*gather_ahead=*/false));
     }
   }
 }
@@ -202,7 +205,9 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
   // iteration, once the trace exists: forward gathers each group once (a group stays gathered
   // across its consecutive layers); backward gathers them again, except the last group, whose next
   // use is the very next moment (kept gathered: only the forward's gathers); each group's
-  // gradients are reduce-scattered once; the norm is one allreduce of a double per chunk.
+  // gradients are reduce-scattered once; the norm is one allreduce of a double per chunk. The
+  // first iteration with a trace (step 2) adds the ranks' agreement on the gathers ahead: one
+  // allreduce of a double per moment of the trace.
   for (int ranks : {2, 3, 4}) {
     for (bool keep : {false, true}) {
       CAPTURE(ranks);
@@ -212,6 +217,7 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
       const std::uint64_t theory = (n - 1) * (gathers * chunk_bytes + reductions * chunk_bytes + padded * sizeof(double));
       std::vector<std::vector<comm_stats>> per_iteration(static_cast<std::size_t>(ranks));
       std::vector<runtime_stats> last(static_cast<std::size_t>(ranks));
+      std::vector<std::uint64_t> moments(static_cast<std::size_t>(ranks));
       run_ranks(ranks, [&](in_process_communicator& comm) {
         mlp_replica<in_process_communicator> r({.sharding = {.enabled = true, .keep_gathered = keep}}, 1 << 20, comm);
         auto opt = make_adam();
@@ -225,6 +231,7 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
           d.bytes_received -= before.bytes_received;
           d.collectives -= before.collectives;
           per_iteration[static_cast<std::size_t>(comm.rank())].push_back(d);
+          moments[static_cast<std::size_t>(comm.rank())] = r.rt.tracer().num_moments();
           if (step == steps) {
             last[static_cast<std::size_t>(comm.rank())] = r.rt.stats();
             CHECK(last[static_cast<std::size_t>(comm.rank())].gathers - rs.gathers == gathers);
@@ -237,9 +244,10 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
           CAPTURE(k);
           CAPTURE(step);
           const auto& d = per_iteration[static_cast<std::size_t>(k)][static_cast<std::size_t>(step - 1)];
-          CHECK(d.bytes_sent == theory);
-          CHECK(d.bytes_received == theory);
-          CHECK(d.collectives == gathers + reductions + 1);
+          const std::uint64_t agreement = step == 2 ? (n - 1) * moments[static_cast<std::size_t>(k)] * sizeof(double) : 0;
+          CHECK(d.bytes_sent == theory + agreement);
+          CHECK(d.bytes_received == theory + agreement);
+          CHECK(d.collectives == gathers + reductions + 1 + (step == 2 ? 1 : 0));
         }
     }
   }
@@ -247,6 +255,7 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
 
 TEST_CASE("ZeRO memory: each rank's model-data peak is its 1/N share plus the collective buffers; the device stays within its budget") {
   for (int ranks : {2, 3, 4}) {
+    std::uint64_t loose_ahead = 0;
     for (bool tight : {false, true}) {
       CAPTURE(ranks);
       CAPTURE(tight);
@@ -254,14 +263,21 @@ TEST_CASE("ZeRO memory: each rank's model-data peak is its 1/N share plus the co
       const auto got = train_zero(ranks, capacity, false);
       for (const auto& r : got) {
         const std::size_t share = r.model_bytes / static_cast<std::size_t>(ranks);
-        // At most two parameter groups gathered at once (the current one, and the last forward
-        // one kept for backward), two gradient groups (one accumulating, one whose reduce-scatter
+        // At most two parameter groups gathered at once (the current one, and the next one
+        // gathered ahead or the last forward one kept for backward), two gradient groups (one accumulating, one whose reduce-scatter
         // overlaps the next scope), and one chunk of reduce scratch.
         const std::size_t collective_bound = 4 * static_cast<std::size_t>(ranks) * chunk_bytes + chunk_bytes;
         CHECK(r.stats.peak_collective_bytes > 0);
         CHECK(r.stats.peak_collective_bytes <= collective_bound);
         CHECK(r.stats.peak_model_bytes <= share + r.stats.peak_collective_bytes);
         CHECK(r.stats.peak_device_bytes <= capacity);
+        // Gathers ahead where the budget holds them (plan_gathers): at 3 ranks the tight budget
+        // holds half of them; every rank starts the same ones (the plan is agreed).
+        if (!tight) loose_ahead = r.stats.gathers_ahead;
+        CHECK(r.stats.gathers_ahead == got.front().stats.gathers_ahead);
+        if (tight) CHECK(r.stats.gathers_ahead <= loose_ahead);
+        if (tight && ranks == 3) CHECK(r.stats.gathers_ahead < loose_ahead);
+        if (ranks == 2 || ranks == 3) CHECK(r.stats.gathers_ahead > 0);
       }
     }
   }
@@ -278,7 +294,10 @@ class recording_communicator {
   [[nodiscard]] int size() const { return c_.size(); }
   void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { c_.allreduce(p, n, t, op); }
   void allreduce(std::span<double> d, reduce_op op) { c_.allreduce(d, op); }
-  void allgather(const void* s, void* r, std::size_t n) { c_.allgather(s, r, n); }
+  void allgather(const void* s, void* r, std::size_t n) {
+    log_.push_back("allgather");
+    c_.allgather(s, r, n);
+  }
   void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
     log_.push_back("reduce-scatter");
     c_.reduce_scatter(s, r, n, t, op);
@@ -288,10 +307,13 @@ class recording_communicator {
   void barrier() { c_.barrier(); }
   comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) { return c_.allreduce_async(p, n, t, op); }
   comm_handle allreduce_async(std::span<double> d, reduce_op op) { return c_.allreduce_async(d, op); }
-  comm_handle allgather_async(const void* s, void* r, std::size_t n) { return c_.allgather_async(s, r, n); }
+  comm_handle allgather_async(const void* s, void* r, std::size_t n) {
+    log_.push_back("gather-start");
+    return comm_handle(std::make_shared<logged>(c_.allgather_async(s, r, n), log_, "gather-wait"));
+  }
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
-    log_.push_back("start");
-    return comm_handle(std::make_shared<logged>(c_.reduce_scatter_async(s, r, n, t, op), log_));
+    log_.push_back("reduce-start");
+    return comm_handle(std::make_shared<logged>(c_.reduce_scatter_async(s, r, n, t, op), log_, "reduce-wait"));
   }
   comm_handle broadcast_async(void* p, std::size_t n, int root) { return c_.broadcast_async(p, n, root); }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) { return c_.ring_shift_async(s, r, n); }
@@ -300,9 +322,10 @@ class recording_communicator {
   struct logged {
     comm_handle inner;
     std::vector<std::string>& log;
-    logged(comm_handle h, std::vector<std::string>& l) : inner(std::move(h)), log(l) {}
+    const char* label;
+    logged(comm_handle h, std::vector<std::string>& l, const char* what) : inner(std::move(h)), log(l), label(what) {}
     void wait() {
-      log.push_back("wait");
+      log.push_back(label);
       inner.wait();
     }
     bool ready() { return inner.ready(); }
@@ -345,9 +368,9 @@ TEST_CASE("ZeRO overlap: a group's reduce-scatter runs while the next backward s
       std::size_t computed_since_start = 0;
       for (const auto& e : log) {
         if (e == "iteration") overlapped.push_back(0), started.push_back(0);
-        else if (e == "start") open = true, computed_since_start = 0, ++started.back();
+        else if (e == "reduce-start") open = true, computed_since_start = 0, ++started.back();
         else if (e == "computed" && open) ++computed_since_start;
-        else if (e == "wait") {
+        else if (e == "reduce-wait") {
           if (computed_since_start > 0) ++overlapped.back();
           open = false;
         }
@@ -376,4 +399,127 @@ TEST_CASE("gradient_final_untraced: final once backward has used a chunk as ofte
   CHECK(gradient_final_untraced(2, 2));
   CHECK(gradient_final_untraced(0, 1));  // used in backward only: final after that use
   CHECK_FALSE(gradient_final_untraced(0, 0));
+}
+
+TEST_CASE("ZeRO gathers ahead: once the trace exists, every gather but an iteration's first starts a scope before its use and runs while that scope computes") {
+  // 4 layers of one chunk each: groups of N consecutive layers. Forward gathers group 0 when
+  // layer 0 opens (nothing is open before it: synchronous) and each later group while the layer
+  // before it computes; backward likewise, its first group still gathered from forward.
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    const std::size_t used = (4 + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+    std::vector<std::vector<std::string>> logs(static_cast<std::size_t>(ranks));
+    std::vector<params_by_name> got(static_cast<std::size_t>(ranks));
+    std::vector<runtime_stats> stats(static_cast<std::size_t>(ranks));
+    run_ranks(ranks, [&](in_process_communicator& inner) {
+      auto& log = logs[static_cast<std::size_t>(inner.rank())];
+      recording_communicator comm(inner, log);
+      mlp_replica<recording_communicator> r({.sharding = {.enabled = true}}, 1 << 20, comm);
+      auto opt = make_adam();
+      for (int step = 1; step <= steps; ++step) {
+        log.push_back("iteration");
+        const auto computed = [&] { log.push_back("computed"); };
+        r.forward_backward(step, comm.rank(), computed, computed);
+        REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+      }
+      got[static_cast<std::size_t>(comm.rank())] = owned_params(r);
+      stats[static_cast<std::size_t>(comm.rank())] = r.rt.stats();
+      CHECK(r.rt.invariant_violations(true).empty());
+    });
+    for (std::size_t k = 0; k < logs.size(); ++k) {
+      CAPTURE(k);
+      std::vector<std::size_t> sync, ahead, overlapped;
+      std::size_t pending = 0, computed_since = 0;
+      for (const auto& e : logs[k]) {
+        if (e == "iteration") sync.push_back(0), ahead.push_back(0), overlapped.push_back(0);
+        else if (sync.empty()) continue;  // finalize()'s agreement on the configuration
+        else if (e == "allgather") ++sync.back();
+        else if (e == "gather-start") ++ahead.back(), ++pending, computed_since = 0;
+        else if (e == "computed") ++computed_since;
+        else if (e == "gather-wait") {
+          REQUIRE(pending > 0);
+          --pending;
+          if (computed_since > 0) ++overlapped.back();
+        }
+      }
+      CHECK(pending == 0);
+      REQUIRE(sync.size() == static_cast<std::size_t>(steps));
+      CHECK(sync[0] == 8);  // no trace yet: every scope gathers, and waits for it
+      CHECK(ahead[0] == 0);
+      for (std::size_t it = 1; it < sync.size(); ++it) {
+        CAPTURE(it);
+        CHECK(sync[it] == 1);                   // group 0, as layer 0 opens
+        CHECK(ahead[it] == 2 * used - 2);       // every other gather of the iteration (2U - 1 in all)
+        CHECK(overlapped[it] == ahead[it]);     // each with a scope computed between its start and its wait
+      }
+      CHECK(stats[k].gathers_ahead == (steps - 1) * (2 * used - 2));
+    }
+    const auto expected = reference(ranks);
+    for (const auto& mine : got)
+      for (const auto& [name, v] : mine) CHECK_MESSAGE(v == expected.params.at(name), name);
+  }
+}
+
+TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget holds it beside what the moment needs") {
+  // 2 ranks, 4 layers of one chunk each (groups {0, 1} and {2, 3}), chunks of 100 bytes, forward
+  // 0..3 then backward 3..0 and the step. Rank 0.
+  sharding_trace t;
+  const auto scope = [&](moment_kind k, std::uint32_t c) {
+    t.kinds.push_back(k);
+    t.params.push_back({c});
+    t.grads.push_back(k == moment_kind::backward ? std::vector<std::uint32_t>{c} : std::vector<std::uint32_t>{});
+  };
+  for (std::uint32_t l = 0; l < 4; ++l) scope(moment_kind::forward, l);
+  for (std::uint32_t l = 4; l-- > 0;) scope(moment_kind::backward, l);
+  t.kinds.push_back(moment_kind::optimizer);
+  t.params.emplace_back();
+  t.grads.emplace_back();
+  gather_plan_inputs in{.map = {.world = 2, .rank = 0}, .param_chunk_bytes = 100, .grad_chunk_bytes = 100, .keep_gathered = false, .budget = {}};
+
+  // Without budgets: no gather ahead; 3 gathers (forward: both groups; backward: group 0 again,
+  // group 1 stays from forward's layer 3), 2 reductions.
+  const auto none = plan_gathers(t, in);
+  CHECK(none.gathers == 3);
+  CHECK(none.gathers_ahead == 0);
+  CHECK(none.reductions == 2);
+  for (std::size_t m = 0; m < t.size(); ++m) CHECK_FALSE(none.starts_ahead(m));
+  // What each moment needs: at m = 1 (layer 1) group 0 (200 B; rank 0's chunk 0 is not in use):
+  // 200; at m = 5 (layer 2's backward) group 1 and its gradient group (400) and rank 0's chunk 2
+  // (100): 500; at m = 6 (layer 1's) group 0 and its gradients (400) beside group 1's reduction,
+  // in flight while layer 1 computes (its gradient group and the owner's result: 300): 700.
+  CHECK(none.need[1] == 200);
+  CHECK(none.need[5] == 500);
+  CHECK(none.need[6] == 700);
+
+  in.budget.assign(t.size(), 10'000);  // room for everything: forward's m = 1 gathers group 1 for
+  const auto loose = plan_gathers(t, in);  // m = 2, backward's m = 5 group 0 for m = 6
+  CHECK(loose.gathers == 3);
+  CHECK(loose.gathers_ahead == 2);
+  CHECK(loose.ahead[1] == std::vector<std::size_t>{1});
+  CHECK(loose.ahead[5] == std::vector<std::size_t>{0});
+  // The ahead gather at m = 1 costs the group (200) and rank 0's chunk 2, its send buffer (100).
+  CHECK(loose.need[1] == 500);
+  CHECK(loose.need[5] == 800);           // group 0 ahead, and rank 0's chunk 0, its send buffer
+  CHECK(loose.peak_buffer_bytes == 700);  // m = 6, as without gathers ahead
+
+  in.budget[1] = 499;  // one byte short at m = 1: only backward gathers ahead
+  const auto tight = plan_gathers(t, in);
+  CHECK_FALSE(tight.starts_ahead(1));
+  CHECK(tight.starts_ahead(5));
+  CHECK(tight.gathers == 3);
+
+  // The ranks' agreement restricts the moments: an empty mask allows all, a false entry none.
+  std::vector<bool> allowed(t.size(), true);
+  allowed[5] = false;
+  const auto agreed = plan_gathers(t, in, allowed);
+  CHECK_FALSE(agreed.starts_ahead(1));
+  CHECK_FALSE(agreed.starts_ahead(5));
+  CHECK(agreed.gathers_ahead == 0);
+
+  in.keep_gathered = true;  // kept from forward: backward gathers nothing, forward still ahead
+  in.budget.assign(t.size(), 10'000);
+  const auto kept = plan_gathers(t, in);
+  CHECK(kept.gathers == 2);
+  CHECK(kept.gathers_ahead == 1);
+  CHECK(kept.starts_ahead(1));
 }

@@ -317,6 +317,7 @@ class chunk_runtime {
     for (auto id : ids) touch(id);
     residency_.make_resident_on_device(shard_.prepare(ids, kind, name, m), name, m);
     typename store_type::pin_set pins(store_, std::move(ids));
+    shard_.gather_ahead(m, name);  // the next moment's groups arrive while this one computes
     for (auto p : params) states_.open(p.value);
     ++stats_.scopes;
     open_.push(name);

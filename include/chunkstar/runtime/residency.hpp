@@ -76,6 +76,13 @@ class residency_manager {
     return std::min(placement_.chunk_budget(in), room_after(in.device_capacity, in.non_model_now));
   }
   [[nodiscard]] std::size_t budget_now() const { return budget_at(tracer_.current_moment()); }
+  /** @brief From the trace: chunk bytes the compute tier may hold while moment @p m computes (its
+   *  recorded non-model peak live), for plans made ahead (prefetch, ZeRO's gathers ahead). */
+  [[nodiscard]] std::size_t planned_budget(std::size_t m) const {
+    auto in = inputs(m);
+    in.non_model_now = tracer_.non_model_peak(m);  // its use when it opens is within its recorded peak
+    return std::min(placement_.chunk_budget(in), room_after(in.device_capacity, in.non_model_now));
+  }
 
   /** @brief Non-model bytes the trace says this moment (or the next) may still allocate: room a
    *  new chunk buffer must leave free. */

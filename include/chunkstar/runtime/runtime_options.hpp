@@ -24,6 +24,10 @@ struct sharding_options {
   bool enabled = false;        ///< shard the model data over the communicator's ranks (1/N of it each)
   bool keep_gathered = false;  ///< keep gathered parameters from forward until their last backward use (FSDP's reshard_after_forward = false)
   bool reduce_in_fp32 = true;  ///< reduce 16-bit gradients in fp32 (false: in the gradient dtype; half the bytes)
+  /// Start the allgathers of the next moment's groups once a scope is open, so they run while it
+  /// computes, where the trace says the budget holds them (runtime/gather_plan.hpp); false: each
+  /// gather waits for the scope that needs it.
+  bool gather_ahead = true;
 };
 
 /** @brief Numeric knobs of a runtime (values, not types). */

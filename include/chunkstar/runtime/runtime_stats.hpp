@@ -50,6 +50,10 @@ struct runtime_stats {
   /// group's gradients are final and complete when the next scope closes (or before the step), so
   /// each overlaps the scope that follows: this is the part that did not. Depends on timing.
   double reduce_wait_s = 0;
+  std::uint64_t gathers_ahead = 0;    ///< ZeRO: of the gathers, those started a moment before their use (gather_plan.hpp)
+  /// ZeRO: time the calling thread waited for allgathers: synchronous ones whole, those started
+  /// ahead for the part that did not overlap the scope before. Depends on timing.
+  double gather_wait_s = 0;
   std::size_t peak_device_bytes = 0;        ///< most bytes the runtime held in the device space at once
   std::size_t peak_device_chunk_bytes = 0;  ///< most chunk payload bytes on the compute tier at once
   std::size_t peak_non_model_bytes = 0;     ///< most non-model bytes at once

@@ -6,9 +6,9 @@
  *         compute-tier group buffer; gradients of a group are accumulated in a group buffer and
  *         reduce-scattered to their owners once final; the optimizer steps owned chunks only.
  *
- *  Decisions (`shard_map`, `gradient_final`, `release_gathered`) are pure functions of the
- *  ownership and the trace; `shard_manager` carries them out with the chunk store and the
- *  communicator. Every rank runs the same scopes, so every rank issues the same collectives in the
+ *  Decisions (`shard_map`, `gradient_final`, `release_gathered`, `plan_gathers`) are pure
+ *  functions of the ownership and the trace; `shard_manager` carries them out with the chunk store
+ *  and the communicator. Every rank runs the same scopes, so every rank issues the same collectives in the
  *  same order (decisions read only logical state and the trace, never timing).
  */
 #pragma once
@@ -17,9 +17,11 @@
 #include <chunkstar/core/dtype.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/runtime/chunk_id.hpp>
+#include <chunkstar/runtime/gather_plan.hpp>
 #include <chunkstar/runtime/non_model.hpp>
 #include <chunkstar/runtime/runtime_options.hpp>
 #include <chunkstar/runtime/runtime_stats.hpp>
+#include <chunkstar/runtime/shard_map.hpp>
 #include <chunkstar/tracer/tracer.hpp>
 
 #include <algorithm>
@@ -31,21 +33,6 @@
 #include <vector>
 
 namespace chunkstar {
-
-/** @brief Who owns which chunk: chunk c belongs to rank c mod N; chunks gN .. gN+N-1 form group g. */
-struct shard_map {
-  int world = 1;
-  int rank = 0;
-  [[nodiscard]] constexpr int owner(std::size_t c) const noexcept { return static_cast<int>(c % static_cast<std::size_t>(world)); }
-  [[nodiscard]] constexpr bool owns(std::size_t c) const noexcept { return owner(c) == rank; }
-  [[nodiscard]] constexpr std::size_t group(std::size_t c) const noexcept { return c / static_cast<std::size_t>(world); }
-  [[nodiscard]] constexpr std::size_t first(std::size_t g) const noexcept { return g * static_cast<std::size_t>(world); }
-  /** @brief @p chunks rounded up to whole groups (every rank then owns as many chunks). */
-  [[nodiscard]] constexpr std::size_t padded(std::size_t chunks) const noexcept {
-    const auto n = static_cast<std::size_t>(world);
-    return (chunks + n - 1) / n * n;
-  }
-};
 
 /** @brief True when gradient chunk @p id gets no more contributions in this iteration after moment
  *  @p m: its next use, per the trace, is the optimizer step or the next iteration. Without a trace:
@@ -118,6 +105,7 @@ class shard_manager {
     }
     for (auto id : ids) {
       const std::size_t g = map().group(id.index);
+      if (groups_[g].gathering && id.kind == chunk_kind::param) finish_gather(g);  // started a moment ago
       if (id.kind == chunk_kind::grad) {
         if (groups_[g].reducing) finish_reductions();  // gradients again after their reduction (a divergent iteration)
         if (!groups_[g].grads) attach_gradients(g);
@@ -128,6 +116,20 @@ class shard_manager {
     }
     return owned;
   }
+
+  /** @brief Once the scope of moment @p m is open (its chunks pinned): starts the allgathers of
+   *  the groups moment m + 1 needs, where the plan accepted them (see gather_plan.hpp), so they
+   *  run while m computes; prepare(m + 1) waits for them. The plan is made when a trace is
+   *  adopted and agreed across ranks then (one allreduce), so every rank starts the same gathers. */
+  void gather_ahead(std::size_t m, std::string_view who) {
+    if (!active() || !options_.gather_ahead || m == never || level_.untraced || !tracer_.ready()) return;
+    if (plan_key_ != tracer_.stats().traces) make_plan();
+    if (!plan_.starts_ahead(m)) return;
+    for (auto g : plan_.ahead[m])
+      if (g < groups_.size() && !groups_[g].params) start_gather(g, who, m);
+  }
+  /** @brief The plan of gathers ahead for the current trace (empty before one is made). */
+  [[nodiscard]] const gather_plan& plan() const noexcept { return plan_; }
 
   /** @brief A scope closed at moment @p m: its work (collectives, which may throw) is left for the
    *  next call into the runtime, `settle()`, since a scope closes in a destructor. */
@@ -177,6 +179,7 @@ class shard_manager {
     closed_at_ = never;
     uses_.clear();
     discard_in_flight();
+    discard_gathers();
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].grads) store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
       if (groups_[g].params) release(g);
@@ -188,6 +191,14 @@ class shard_manager {
     void* params = nullptr;  // the gathered parameter group buffer (remote chunks attached)
     void* grads = nullptr;   // the gradient group buffer (chunks without a payload attached)
     bool reducing = false;   // its reduce-scatter is in flight (grads is its send buffer until done)
+    bool gathering = false;  // its allgather, started ahead, is in flight (params is its receive buffer)
+  };
+
+  /** An allgather started ahead of its moment; this rank's chunk, its send buffer, stays pinned. */
+  struct gather_in_flight {
+    std::size_t group = 0;
+    typename Store::pin_set own;
+    comm_handle done;  // declared after `own`: destroyed (waited for) before the chunk is unpinned
   };
 
   /** A reduce-scatter started and not yet completed: it runs while the next scope computes. */
@@ -236,6 +247,73 @@ class shard_manager {
     return true;
   }
 
+  /** Plans the gathers ahead for the adopted trace, from this rank's budgets; the ranks then agree
+   *  on the moments every one of them accepted (allreduce of min over 0/1 per moment). */
+  void make_plan() {
+    const auto trace = sharding_trace_of(tracer_);
+    gather_plan_inputs in{.map = map(),
+                          .param_chunk_bytes = store_.bytes_of(chunk_kind::param),
+                          .grad_chunk_bytes = store_.has(chunk_kind::grad) ? store_.bytes_of(chunk_kind::grad) : 0,
+                          .keep_gathered = options_.keep_gathered,
+                          .budget = {}};
+    for (std::size_t m = 0; m < trace.size(); ++m) in.budget.push_back(residency_.planned_budget(m));
+    const auto mine = plan_gathers(trace, in);
+    std::vector<double> accept(trace.size());
+    for (std::size_t m = 0; m < accept.size(); ++m) accept[m] = mine.starts_ahead(m) ? 1.0 : 0.0;
+    comm_.allreduce(std::span<double>(accept), reduce_op::min);
+    std::vector<bool> agreed(accept.size());
+    for (std::size_t m = 0; m < accept.size(); ++m) agreed[m] = accept[m] > 0.5;
+    plan_ = plan_gathers(trace, in, agreed);
+    plan_key_ = tracer_.stats().traces;
+  }
+
+  /** Starts the allgather of group @p g (see gather()); completed by finish_gather(). */
+  void start_gather(std::size_t g, std::string_view who, std::size_t m) {
+    const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::param);
+    const chunk_id own{chunk_kind::param, static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
+    const chunk_id own_ids[] = {own};
+    residency_.make_resident_on_device(own_ids, who, m);
+    gather_in_flight r{.group = g, .own = typename Store::pin_set(store_, {own}), .done = {}};
+    room(n * b, who);
+    const auto members = remote_members(g);
+    std::vector<std::size_t> at;
+    for (auto id : members) at.push_back(id.index - map().first(g));
+    void* base = store_.attach_group(members, at, n, /*zero=*/false);
+    try {
+      r.done = comm_.allgather_async(store_.at(own).data, base, b);
+    } catch (...) {
+      store_.detach_group(base, tier::remote);
+      throw;
+    }
+    gathering_.push_back(std::move(r));
+    groups_[g].params = base;
+    groups_[g].gathering = true;
+    ++stats_.gathers;
+    ++stats_.gathers_ahead;
+    stats_.bytes_gathered += (n - 1) * b;
+  }
+
+  /** Waits for group @p g's allgather started ahead. If it failed, every gather in flight is
+   *  discarded (their groups released) and the error rethrown. */
+  void finish_gather(std::size_t g) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto it = std::find_if(gathering_.begin(), gathering_.end(), [&](const auto& r) { return r.group == g; });
+    try {
+      it->done.wait();
+    } catch (...) {
+      discard_gathers();
+      throw;
+    }
+    gathering_.erase(it);
+    groups_[g].gathering = false;
+    stats_.gather_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  /** Waits quietly for every gather in flight and releases its group. */
+  void discard_gathers() noexcept {
+    while (!gathering_.empty()) release(gathering_.back().group);
+  }
+
   /** Allgathers group @p g's parameters: this rank's chunk (made resident first: it is the send
    *  buffer) into position rank() of a new group buffer whose other positions are the remote chunks. */
   void gather(std::size_t g, std::string_view who, std::size_t m) {
@@ -249,18 +327,31 @@ class shard_manager {
     std::vector<std::size_t> at;
     for (auto id : members) at.push_back(id.index - map().first(g));
     void* base = store_.attach_group(members, at, n, /*zero=*/false);
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       comm_.allgather(store_.at(own).data, base, b);
     } catch (...) {
       store_.detach_group(base, tier::remote);
       throw;
     }
+    stats_.gather_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     groups_[g].params = base;
     ++stats_.gathers;
     stats_.bytes_gathered += (n - 1) * b;
   }
 
-  void release(std::size_t g) noexcept { store_.detach_group(std::exchange(groups_[g].params, nullptr), tier::remote); }
+  /** Frees group @p g's gathered parameters; a gather still in flight is waited for first (it
+   *  writes into the buffer), quietly. */
+  void release(std::size_t g) noexcept {
+    if (std::exchange(groups_[g].gathering, false)) {
+      const auto it = std::find_if(gathering_.begin(), gathering_.end(), [&](const auto& r) { return r.group == g; });
+      if (it != gathering_.end()) {
+        it->done = comm_handle{};  // assigning over a pending handle waits for it, quietly
+        gathering_.erase(it);      // unpins this rank's chunk
+      }
+    }
+    store_.detach_group(std::exchange(groups_[g].params, nullptr), tier::remote);
+  }
 
   /** Gives the gradients of group @p g a zeroed group buffer (the owned one too, unless an earlier
    *  reduction this iteration left it a payload: new contributions then add into that). */
@@ -374,6 +465,9 @@ class shard_manager {
   };
   std::vector<use_count> uses_;  // per chunk, the first iteration only (emptied when it ends)
   std::vector<reduction_in_flight> in_flight_;  // in the order started
+  std::vector<gather_in_flight> gathering_;     // gathers started ahead, in the order started
+  gather_plan plan_;                            // the gathers ahead of the adopted trace
+  std::size_t plan_key_ = never;                // tracer_stats::traces when plan_ was made
   std::size_t closed_at_ = never;  // the moment of the last scope closed, until settle()
   bool closed_untraced_ = false;   // it was closed inside an untraced section
 };
