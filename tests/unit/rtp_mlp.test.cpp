@@ -207,7 +207,8 @@ run_record run_rtp(int n) {
       const auto ii = static_cast<std::size_t>(it);
       const micro_batch mb = make_batch(false, it, me);
       shard_before[ii][mi].assign(rot.owned().begin(), rot.owned().end());
-      rec.train_loss[ii] = global(forward(mb));  // every rank writes the same value
+      const double train_loss = global(forward(mb));  // the same on every rank
+      if (me == 0) rec.train_loss[ii] = train_loss;
       // Replicated parameters' gradients, this rank's micro-batch only until the all-reduce.
       std::vector<float> rep_grad(2 * dout, 0.0f);  // ds | db2
       const auto fscale = static_cast<float>(scale);
@@ -246,7 +247,8 @@ run_record run_rtp(int n) {
       rep.insert(rep.end(), rep_grad.begin(), rep_grad.end());
       // Evaluation between iterations: forward only, and the owned shard must be where it was.
       const std::vector<float> owned(rot.owned().begin(), rot.owned().end());
-      rec.eval_loss[ii] = global(forward(make_batch(true, 0, me)));
+      const double eval_loss = global(forward(make_batch(true, 0, me)));
+      if (me == 0) rec.eval_loss[ii] = eval_loss;
       if (std::memcmp(owned.data(), rot.owned().data(), owned.size() * sizeof(float)) != 0) ++rec.eval_displaced[mi];
     }
   });
