@@ -1,0 +1,223 @@
+/** @file
+ *  @brief `rtp::rotation`: the Rotated Tensor Parallelism schedule of one layer sharded N ways.
+ *         Each rank owns one shard of the layer's weights and its gradient; a pass rotates the
+ *         shards around the ring while the user's kernel computes with the one that is resident,
+ *         and in backward a gradient buffer travels with each shard and arrives at its owner
+ *         holding the sum over all ranks.
+ *
+ *  The schedule owns the buffers, the communication, the order and the overlap; the user owns the
+ *  math (a kernel per step, given the resident shard's index and data). The order is
+ *  rtp/ring_order.hpp's; docs/rtp.md has the whole picture.
+ *
+ *  Buffers (host memory, `shard_elems` elements of `T` each):
+ *  - owned: the rank's shard (`owned()`) and its gradient (`owned_grad()`). The optimizer steps
+ *    these; the schedule never writes the owned weights and writes the owned gradient only at the
+ *    very end of `backward`.
+ *  - in transit: two weight buffers (one resident, one receiving the next shard), two gradient
+ *    buffers (one sending the partial sum on, one receiving the next) and one scratch buffer the
+ *    kernel adds this rank's contribution into while a partial sum is still in flight. A shift
+ *    never sends from and receives into the same buffer, and no kernel reads a buffer being
+ *    received into or writes one being sent.
+ */
+#pragma once
+
+#include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/rtp/ring_order.hpp>
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace chunkstar::rtp {
+
+/** @brief The RTP schedule of one layer over communicator @p Comm, shards of `T` (float by default).
+ *
+ *  Every rank of the communicator builds one with the same `shard_elems`, fills `owned()` with its
+ *  shard (for example with `counter_init`), and calls `forward` and `backward` in the same
+ *  sequence (they issue ring shifts, which are collectives).
+ *
+ *  **forward(f)**: for s = 0..N-1, `f(j, shard)` with j = `forward_shard(rank, N, s)` and `shard`
+ *  that shard's weights (read-only). The shift that brings the next shard is started before `f`
+ *  and waited for after it, so communication overlaps the kernel. Step 0 computes with the owned
+ *  shard, which is never overwritten: a forward-only pass (evaluation) leaves every rank's owned
+ *  shard bit-unchanged, however many passes run. N - 1 shifts of one shard.
+ *
+ *  **backward(g)**: for t = 0..N-1, `g(j, shard, grad)` with j = `backward_shard(rank, N, t)`;
+ *  `g` must *add* this rank's gradient contribution for shard j into `grad` (zeroed for it).
+ *  Before step 0 shard rank-1 is fetched (the one shift not overlapped with a kernel). During
+ *  step t the next weights and the partial gradient sum of shard j (the earlier ranks'
+ *  contributions) arrive while `g` runs; after `g`, the partial plus this rank's contribution is
+ *  sent on. At the last step the shard is the owned one, and `owned_grad()` is set to the sum over
+ *  all ranks, added in the order `gradient_contributor(j, N, 0..N-1)` (the owner last), each
+ *  rank's contribution being exactly what its kernel added to a zeroed buffer. So the result is
+ *  bit-identical run to run. It replaces the previous `owned_grad()` (accumulate micro-batches in
+ *  the kernel, or add `owned_grad()` into your own buffer after each backward). It is the
+ *  gradient of the *sum* of the ranks' losses, as `reduce_replicated_grads` gives for replicated
+ *  parameters. N - 1 weight shifts and N - 1 gradient shifts of one shard each.
+ *
+ *  With one rank neither pass communicates; backward calls `g` once on the owned shard.
+ *
+ *  **Exception safety.** If a kernel or the communicator throws, every shift already started is
+ *  waited for (quietly: the first exception is the one that propagates) before the call returns,
+ *  `owned()` and `owned_grad()` hold exactly what they held before the call, nothing is left in
+ *  flight and the object can be used again (with a communicator still in step with its peers: a
+ *  pass that failed on one rank left the ranks' collective sequences apart, which the in-process
+ *  and MPI communicators report to the peers as `communication_error`). The destructor never
+ *  throws and has nothing to wait for: no shift outlives the pass that started it.
+ *
+ *  Not thread-safe; a kernel must not start a pass on the same object (`state_error`). A kernel
+ *  may issue collectives of its own if every rank issues the same ones at the same step (they
+ *  queue behind the shift in flight).
+ */
+template <Communicator Comm, std::floating_point T = float>
+class rotation {
+ public:
+  using value_type = T;
+
+  /** @brief A schedule for shards of @p shard_elems elements on @p comm (held by reference; it
+   *  must outlive this object). Allocates the owned shard and gradient (zeroed) and the transit
+   *  buffers. Throws `config_error` for an empty shard. */
+  rotation(Comm& comm, std::size_t shard_elems)
+      : comm_(comm), rank_(comm.rank()), world_(comm.size()), elems_(shard_elems) {
+    if (shard_elems == 0)
+      throw config_error("rtp::rotation: a shard of 0 elements; a sharded layer needs at least one element per rank");
+    if (shard_elems > std::numeric_limits<std::size_t>::max() / sizeof(T))
+      throw config_error("rtp::rotation: a shard of " + std::to_string(shard_elems) + " elements overflows its byte size");
+    home_w_.assign(elems_, T{});
+    home_g_.assign(elems_, T{});
+    if (world_ > 1) {
+      for (auto& b : w_) b.assign(elems_, T{});
+      for (auto& b : g_) b.assign(elems_, T{});
+    }
+    scratch_.assign(elems_, T{});
+  }
+
+  rotation(const rotation&) = delete;
+  rotation& operator=(const rotation&) = delete;
+  ~rotation() = default;  // every pass waits for its shifts before it returns or unwinds
+
+  /** @brief This rank, which is also the index of the shard it owns. */
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  /** @brief Ranks in the ring, which is also the number of shards. */
+  [[nodiscard]] int world() const noexcept { return world_; }
+  /** @brief Elements per shard. */
+  [[nodiscard]] std::size_t shard_elems() const noexcept { return elems_; }
+  /** @brief Bytes per shard: what one weight or gradient shift sends. */
+  [[nodiscard]] std::size_t shard_bytes() const noexcept { return elems_ * sizeof(T); }
+  /** @brief Bytes of the buffers that exist for the rotation only (two weight, two gradient and
+   *  one scratch shard with more than one rank, the scratch alone with one): the per-rank memory
+   *  RTP adds to the owned shard and gradient. */
+  [[nodiscard]] std::size_t transient_bytes() const noexcept {
+    return (w_[0].size() + w_[1].size() + g_[0].size() + g_[1].size() + scratch_.size()) * sizeof(T);
+  }
+
+  /** @brief The owned shard (shard `rank()`): fill it before the first pass, step it after a
+   *  backward. Stable address for the object's lifetime. */
+  [[nodiscard]] std::span<T> owned() noexcept { return home_w_; }
+  /** @copydoc owned() */
+  [[nodiscard]] std::span<const T> owned() const noexcept { return home_w_; }
+  /** @brief The owned shard's gradient, summed over all ranks by the last `backward`. */
+  [[nodiscard]] std::span<T> owned_grad() noexcept { return home_g_; }
+  /** @copydoc owned_grad() */
+  [[nodiscard]] std::span<const T> owned_grad() const noexcept { return home_g_; }
+
+  /** @brief Runs a forward pass: `f(shard_index, std::span<const T> shard)` once per shard, in
+   *  `forward_shard` order (see the class comment). */
+  template <class F>
+    requires std::invocable<F&, int, std::span<const T>>
+  void forward(F&& f) {
+    const pass_guard guard(busy_, "forward");
+    const std::size_t bytes = shard_bytes();
+    const T* resident = home_w_.data();
+    for (int s = 0; s < world_; ++s) {
+      T* incoming = w_[static_cast<std::size_t>(s % 2)].data();  // never `resident`: home, then alternating
+      comm_handle next;  // waited for quietly if the kernel throws
+      if (s + 1 < world_) next = comm_.ring_shift_async(resident, incoming, bytes);
+      std::invoke(f, forward_shard(rank_, world_, s), std::span<const T>(resident, elems_));
+      next.wait();
+      resident = incoming;
+    }
+  }
+
+  /** @brief Runs a backward pass: `g(shard_index, std::span<const T> shard, std::span<T> grad)`
+   *  once per shard, in `backward_shard` order; `g` adds this rank's contribution to the shard's
+   *  gradient into `grad`. Afterwards `owned_grad()` holds the sum over all ranks (see the class
+   *  comment). */
+  template <class G>
+    requires std::invocable<G&, int, std::span<const T>, std::span<T>>
+  void backward(G&& g) {
+    const pass_guard guard(busy_, "backward");
+    if (world_ == 1) {
+      std::fill(scratch_.begin(), scratch_.end(), T{});
+      std::invoke(g, 0, std::span<const T>(home_w_), std::span<T>(scratch_));
+      std::copy(scratch_.begin(), scratch_.end(), home_g_.begin());  // only after the kernel succeeded
+      return;
+    }
+    const std::size_t bytes = shard_bytes();
+    {  // shard rank-1, for step 0: nothing computes yet, so only the zero fill overlaps it
+      comm_handle first = comm_.ring_shift_async(home_w_.data(), w_[0].data(), bytes);
+      std::fill(g_[0].begin(), g_[0].end(), T{});
+      first.wait();
+    }
+    comm_handle partial;  // the partial sum arriving for the current step (started after the previous kernel)
+    for (int t = 0; t < world_; ++t) {
+      const auto cur = static_cast<std::size_t>(t % 2), other = 1 - cur;
+      const bool last = t == world_ - 1;
+      const T* weights = last ? home_w_.data() : w_[cur].data();
+      comm_handle next_weights;
+      if (t + 2 < world_) next_weights = comm_.ring_shift_async(w_[cur].data(), w_[other].data(), bytes);
+      // Step 0's contribution is the sum's first term: the kernel adds straight into the buffer
+      // that is sent on. Later steps add into the scratch while the partial sum is still arriving.
+      T* acc = t == 0 ? g_[0].data() : scratch_.data();
+      if (t > 0) std::fill(scratch_.begin(), scratch_.end(), T{});
+      std::invoke(g, backward_shard(rank_, world_, t), std::span<const T>(weights, elems_), std::span<T>(acc, elems_));
+      next_weights.wait();
+      partial.wait();  // g_[cur] now holds the earlier ranks' sum for this shard
+      if (last) {
+        // Written here only, after the last call that can throw: a failed pass leaves it as it was.
+        for (std::size_t i = 0; i < elems_; ++i) home_g_[i] = g_[cur][i] + scratch_[i];
+        return;
+      }
+      if (t > 0)
+        for (std::size_t i = 0; i < elems_; ++i) g_[cur][i] += scratch_[i];
+      partial = comm_.ring_shift_async(g_[cur].data(), g_[other].data(), bytes);
+    }
+  }
+
+ private:
+  /** @brief Marks a pass in progress; a nested pass (a kernel calling back in) is a state_error. */
+  class pass_guard {
+   public:
+    pass_guard(bool& busy, const char* what) : busy_(busy) {
+      if (busy_)
+        throw state_error(std::string("rtp::rotation::") + what +
+                          ": a pass is already running on this object (a kernel called back into its schedule); "
+                          "use one rotation object per layer and start passes from outside the kernels");
+      busy_ = true;
+    }
+    pass_guard(const pass_guard&) = delete;
+    pass_guard& operator=(const pass_guard&) = delete;
+    ~pass_guard() { busy_ = false; }
+
+   private:
+    bool& busy_;
+  };
+
+  Comm& comm_;
+  int rank_;
+  int world_;
+  std::size_t elems_;
+  std::vector<T> home_w_, home_g_;
+  std::vector<T> w_[2], g_[2];  // empty with one rank
+  std::vector<T> scratch_;
+  bool busy_ = false;
+};
+
+}  // namespace chunkstar::rtp
