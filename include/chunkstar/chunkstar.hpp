@@ -54,3 +54,8 @@
 #include <chunkstar/runtime/chunk_runtime.hpp>
 #include <chunkstar/runtime/runtime_stats.hpp>
 #include <chunkstar/runtime/timeline.hpp>
+#include <chunkstar/rtp/counter_init.hpp>
+#include <chunkstar/rtp/partition.hpp>
+#include <chunkstar/rtp/replicated.hpp>
+#include <chunkstar/rtp/ring_order.hpp>
+#include <chunkstar/rtp/rotation.hpp>
