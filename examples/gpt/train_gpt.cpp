@@ -180,16 +180,28 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   // Memory: a simulated device with a hard capacity, the host, and the link between them.
   const dtype type = gpt::precision_type(o.precision);
   const auto layout = make_layout(o, cfg);
-  std::size_t model_bytes = 0, chunk_bytes = 0;
+  std::size_t model_bytes = 0, collective = 0;
   {  // the model data a runtime of this shape holds (this rank's share), to size the default budget
-    const auto chunks = layout.plan(gpt::param_specs(cfg, type));
+    auto chunks = layout.plan(gpt::param_specs(cfg, type));
+    const shard_map shards{ranks, 0};
+    chunks.num_chunks = shards.padded(chunks.num_chunks);  // ZeRO: whole groups, as the runtime pads
+    chunks.chunk_tensors.resize(chunks.num_chunks);
     for (const auto& l : make_chunk_lists(chunks, {.param_type = type})) model_bytes += l.chunk_bytes * l.num_chunks;
-    chunk_bytes = chunks.chunk_elems * dtype_size(type);
     model_bytes = model_bytes / static_cast<std::size_t>(ranks);
+    if (ranks > 1 && o.parallel == "zero") {
+      // ZeRO's gather and reduce buffers at their peak: the sharding rules replayed over the
+      // scopes the model opens, every gather ahead accepted (runtime/gather_plan.hpp).
+      const std::size_t chunk_bytes = chunks.chunk_elems * dtype_size(type);
+      const auto trace = gpt::scope_trace(cfg, chunks);
+      collective = plan_gathers(trace, {.map = shards,
+                                        .param_chunk_bytes = chunk_bytes,
+                                        .grad_chunk_bytes = chunk_bytes,
+                                        .keep_gathered = o.keep_gathered,
+                                        .budget = std::vector<std::size_t>(trace.size(), SIZE_MAX)})
+                       .peak_buffer_bytes;
+    }
   }
   const std::size_t act = activation_bytes(cfg, o);
-  // ZeRO's gather and reduce buffers: two parameter groups and one gradient group of N chunks.
-  const std::size_t collective = ranks > 1 ? 3 * static_cast<std::size_t>(ranks) * chunk_bytes : 0;
   // --policy resident keeps every chunk on the device, so its automatic budget holds all of the
   // model data (this rank's share of it under ZeRO); the others hold a share of it, so that chunks move.
   const bool resident = o.policy == "resident";
