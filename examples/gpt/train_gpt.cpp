@@ -193,12 +193,22 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
       // scopes the model opens, every gather ahead accepted (runtime/gather_plan.hpp).
       const std::size_t chunk_bytes = chunks.chunk_elems * dtype_size(type);
       const auto trace = gpt::scope_trace(cfg, chunks);
-      collective = plan_gathers(trace, {.map = shards,
+      if (o.memory_saving) {  // a scope's own chunks and the previous scope's gradients still reducing
+        std::size_t most = 0, kept = 0;
+        for (std::size_t m = 0; m < trace.size(); ++m) {
+          const std::size_t before = m > 0 ? trace.grads[m - 1].size() : 0;
+          most = std::max(most, (o.keep_gathered ? 0 : trace.params[m].size()) + trace.grads[m].size() + before);
+          kept += o.keep_gathered && trace.kinds[m] == moment_kind::forward ? trace.params[m].size() : 0;
+        }
+        collective = (most + kept) * chunk_bytes;
+      } else {
+        collective = plan_gathers(trace, {.map = shards,
                                         .param_chunk_bytes = chunk_bytes,
                                         .grad_chunk_bytes = chunk_bytes,
                                         .keep_gathered = o.keep_gathered,
                                         .budget = std::vector<std::size_t>(trace.size(), SIZE_MAX)})
-                       .peak_buffer_bytes;
+                         .peak_buffer_bytes;
+      }
     }
   }
   const std::size_t act = activation_bytes(cfg, o);
@@ -233,7 +243,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   // The runtime and the model: every parameter registered in execution order.
   Runtime rt(device, host, copier, comm,
              {.param_type = type, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty(),
-              .sharding = {.enabled = o.parallel == "zero", .keep_gathered = o.keep_gathered}},
+              .sharding = {.enabled = o.parallel == "zero", .keep_gathered = o.keep_gathered, .memory_saving = o.memory_saving}},
              layout, placement);
   const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};
   const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());  // this rank's slice of the global batch
@@ -506,6 +516,9 @@ int main(int argc, char** argv) {
   app.add_option("--parallel", o.parallel,
                  "none, or zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); --batch stays the global batch");
   app.add_flag("--keep-gathered", o.keep_gathered, "--parallel zero: keep gathered parameters from forward to backward (more memory, fewer gathers)");
+  app.add_flag("--memory-saving", o.memory_saving,
+               "--parallel zero: gather and reduce chunk by chunk (broadcast from and reduce to the owner) instead of in groups of N: "
+               "less device memory, more collectives (PatrickStar's MSC)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

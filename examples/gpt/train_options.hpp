@@ -60,6 +60,7 @@ struct train_options {
   std::vector<std::string> allow_change;  // --allow-change: configuration a resume may change
   std::string parallel = "none";          // none, or zero: shard the model data over MPI ranks
   bool keep_gathered = false;             // --parallel zero: keep gathered parameters from forward to backward
+  bool memory_saving = false;             // --parallel zero: chunk by chunk (PatrickStar's MSC), no group buffers
 };
 
 /** @brief Largest values the numeric options accept (far beyond any useful run, well inside every

@@ -24,8 +24,8 @@ constexpr std::size_t tight = 12 * chunkstar::testing::mlp_batch * chunkstar::te
 chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
 
 template <class Comm>
-std::map<std::string, std::vector<float>> train(Comm& comm, std::size_t capacity) {
-  mlp_replica<Comm> r({.sharding = {.enabled = true}}, capacity, comm);
+std::map<std::string, std::vector<float>> train(Comm& comm, std::size_t capacity, bool memory_saving = false) {
+  mlp_replica<Comm> r({.sharding = {.enabled = true, .memory_saving = memory_saving}}, capacity, comm);
   auto opt = make_adam();
   for (int step = 1; step <= steps; ++step) {
     r.forward_backward(step, comm.rank(), [] {});
@@ -43,17 +43,20 @@ std::map<std::string, std::vector<float>> train(Comm& comm, std::size_t capacity
 
 }  // namespace
 
-TEST_CASE("ZeRO on MPI ranks gives the bits of the same ranks in-process, at a loose and a tight budget") {
+TEST_CASE("ZeRO on MPI ranks gives the bits of the same ranks in-process, at a loose and a tight budget, in both modes") {
   mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
-  for (std::size_t capacity : {std::size_t{1} << 20, tight}) {
-    CAPTURE(capacity);
-    const auto mine = train(comm, capacity);
-    std::map<std::string, std::vector<float>> threads;
-    run_ranks(comm.size(), [&](in_process_communicator& c) {
-      auto got = train(c, capacity);
-      if (c.rank() == comm.rank()) threads = std::move(got);
-    });
-    CHECK(!mine.empty());
-    CHECK(mine == threads);
+  for (bool memory_saving : {false, true}) {
+    for (std::size_t capacity : {std::size_t{1} << 20, tight}) {
+      CAPTURE(memory_saving);
+      CAPTURE(capacity);
+      const auto mine = train(comm, capacity, memory_saving);
+      std::map<std::string, std::vector<float>> threads;
+      run_ranks(comm.size(), [&](in_process_communicator& c) {
+        auto got = train(c, capacity, memory_saving);
+        if (c.rank() == comm.rank()) threads = std::move(got);
+      });
+      CHECK(!mine.empty());
+      CHECK(mine == threads);
+    }
   }
 }

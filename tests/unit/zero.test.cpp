@@ -93,12 +93,13 @@ struct rank_result {
 
 template <class Placement = auto_placement, class Eviction = belady_eviction>
 std::vector<rank_result> train_zero(int ranks, std::size_t capacity, bool keep_gathered, std::size_t prefetch_depth = 2,
-                                    bool gather_ahead = true) {
+                                    bool gather_ahead = true, bool memory_saving = false) {
   std::vector<rank_result> out(static_cast<std::size_t>(ranks));
   run_ranks(ranks, [&](in_process_communicator& comm) {
     auto& me = out[static_cast<std::size_t>(comm.rank())];
     mlp_replica<in_process_communicator, Placement, Eviction> r(
-        {.prefetch_depth = prefetch_depth, .sharding = {.enabled = true, .keep_gathered = keep_gathered, .gather_ahead = gather_ahead}},
+        {.prefetch_depth = prefetch_depth,
+         .sharding = {.enabled = true, .keep_gathered = keep_gathered, .gather_ahead = gather_ahead, .memory_saving = memory_saving}},
         capacity, comm);
     auto opt = make_adam();
     for (int step = 1; step <= steps; ++step) {
@@ -522,4 +523,40 @@ TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget ho
   CHECK(kept.gathers == 2);
   CHECK(kept.gathers_ahead == 1);
   CHECK(kept.starts_ahead(1));
+}
+
+TEST_CASE("ZeRO memory-saving mode: chunk by chunk, the reference's bits at N = 1-4 where group buffers do not fit") {
+  // One chunk per layer. A scope then holds one remote parameter chunk, its gradient chunk and the
+  // previous layer's gradient still being reduced: at most 4 chunks of collective buffers at any N
+  // (with keep_gathered, the forward's remote chunks stay for backward: at most 4 of them, and two
+  // gradient chunks), where groups need 4N + 1. At 4 ranks the tight budget below holds the
+  // former, not the latter.
+  for (int ranks : {1, 2, 3, 4}) {
+    CAPTURE(ranks);
+    const auto expected = reference(ranks);
+    const std::size_t tight = act_bytes + 6 * chunk_bytes;
+    for (std::size_t capacity : {std::size_t{1} << 20, tight}) {
+      for (bool keep : {false, true}) {
+        CAPTURE(capacity);
+        CAPTURE(keep);
+        const auto got = train_zero(ranks, capacity, keep, 2, true, /*memory_saving=*/true);
+        params_by_name all;
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          for (const auto& v : got[k].violations) FAIL_CHECK(v);
+          for (int step = 1; step <= steps; ++step)
+            CHECK(got[k].losses[static_cast<std::size_t>(step - 1)] == expected.losses[static_cast<std::size_t>(step - 1)][k]);
+          all.insert(got[k].params.begin(), got[k].params.end());
+          CHECK(got[k].stats.peak_collective_bytes <= (keep ? 6 : 4) * chunk_bytes);
+          CHECK(got[k].stats.peak_device_bytes <= capacity);
+          CHECK(got[k].stats.peak_model_bytes <= got[k].model_bytes / static_cast<std::size_t>(ranks) + got[k].stats.peak_collective_bytes);
+          CHECK(got[k].stats.gathers_ahead == 0);
+          if (ranks > 1) CHECK(got[k].stats.gathers > 0);
+        }
+        REQUIRE(all.size() == expected.params.size());
+        for (const auto& [name, values] : expected.params) CHECK_MESSAGE(all[name] == values, name);
+      }
+    }
+  }
+  // The same budget at 4 ranks is too small for group buffers: a typed error, not a hang.
+  CHECK_THROWS_AS(train_zero(4, act_bytes + 6 * chunk_bytes, false), out_of_memory_error);
 }

@@ -401,6 +401,16 @@ class chunk_store {
     free_on(tier::device, base, it->bytes);
     groups_.erase(it);
   }
+  /** @brief Ends the one-chunk group buffer @p base (one member at position 0) by making it that
+   *  member's own compute-tier payload: it stays on the device, unpinned, outside any group. */
+  void ungroup(void* base) noexcept {
+    const auto it = std::find_if(groups_.begin(), groups_.end(), [&](const group_buffer& g) { return g.base == base; });
+    if (it == groups_.end() || it->members.size() != 1 || it->bytes != bytes_of(it->members.front().kind)) return;
+    auto& s = at(it->members.front());
+    s.group = nullptr;
+    --s.pinned;
+    groups_.erase(it);
+  }
   /** @brief A compute-tier buffer outside any chunk (a collective's receive buffer), counted as
    *  scratch until free_scratch or adopt. @throws out_of_memory_error when there is no room. */
   void* allocate_scratch(std::size_t bytes) {

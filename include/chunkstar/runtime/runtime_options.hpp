@@ -28,6 +28,11 @@ struct sharding_options {
   /// computes, where the trace says the budget holds them (runtime/gather_plan.hpp); false: each
   /// gather waits for the scope that needs it.
   bool gather_ahead = true;
+  /// PatrickStar's memory-saving mode: a remote parameter chunk is broadcast from its owner on its
+  /// own and a gradient chunk reduced to its owner on its own, so only the chunks a scope uses are
+  /// resident, never whole groups of N (for models where N-1 gather buffers do not fit). More
+  /// collectives, smaller ones; the same bits. Gathers ahead are not made in this mode.
+  bool memory_saving = false;
 };
 
 /** @brief Numeric knobs of a runtime (values, not types). */

@@ -95,22 +95,23 @@ class shard_manager {
   std::vector<chunk_id> prepare(std::span<const chunk_id> ids, moment_kind kind, std::string_view who, std::size_t m) {
     std::vector<chunk_id> owned;
     if (!active()) return {ids.begin(), ids.end()};
-    groups_.resize(map().group(store_.num_chunks() - 1) + 1);
-    // Per group, not per chunk: every rank runs this scope, so every rank must take part in the
-    // group's collective even where it owns the chunk the scope needs.
+    groups_.resize(unit_of(store_.num_chunks() - 1) + 1);
+    // Per unit (a group; one chunk in the memory-saving mode), even where this rank owns the
+    // chunk the scope needs: every rank runs this scope, so every rank takes part in the collective.
     if (!tracer_.ready() && !level_.untraced) {  // the first iteration: count uses (gradient_final_untraced)
       uses_.resize(store_.num_chunks());
       for (auto id : ids)
         if ((kind == moment_kind::forward) == (id.kind == chunk_kind::param)) ++(kind == moment_kind::forward ? uses_[id.index].forward : uses_[id.index].backward);
     }
     for (auto id : ids) {
-      const std::size_t g = map().group(id.index);
+      const std::size_t g = unit_of(id.index);
       if (groups_[g].gathering && id.kind == chunk_kind::param) finish_gather(g);  // started a moment ago
       if (id.kind == chunk_kind::grad) {
         if (groups_[g].reducing) finish_reductions();  // gradients again after their reduction (a divergent iteration)
-        if (!groups_[g].grads) attach_gradients(g);
+        if (!groups_[g].accumulating) memory_saving() ? attach_gradient(id) : attach_gradients(g);
+        if (groups_[g].grads == nullptr) owned.push_back(id);  // its own payload, from an earlier reduction
       } else {
-        if (!groups_[g].params) gather(g, who, m);
+        if (!groups_[g].gathered) memory_saving() ? fetch(id, who, m) : gather(g, who, m);
         if (map().owns(id.index)) owned.push_back(id);
       }
     }
@@ -122,11 +123,11 @@ class shard_manager {
    *  run while m computes; prepare(m + 1) waits for them. The plan is made when a trace is
    *  adopted and agreed across ranks then (one allreduce), so every rank starts the same gathers. */
   void gather_ahead(std::size_t m, std::string_view who) {
-    if (!active() || !options_.gather_ahead || m == never || level_.untraced || !tracer_.ready()) return;
+    if (!active() || !options_.gather_ahead || memory_saving() || m == never || level_.untraced || !tracer_.ready()) return;
     if (plan_key_ != tracer_.stats().traces) make_plan();
     if (!plan_.starts_ahead(m)) return;
     for (auto g : plan_.ahead[m])
-      if (g < groups_.size() && !groups_[g].params) start_gather(g, who, m);
+      if (g < groups_.size() && !groups_[g].gathered) start_gather(g, who, m);
   }
   /** @brief The plan of gathers ahead for the current trace (empty before one is made). */
   [[nodiscard]] const gather_plan& plan() const noexcept { return plan_; }
@@ -154,11 +155,11 @@ class shard_manager {
     finish_reductions();  // started one scope ago: they ran while that scope computed
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       if (untraced) {  // evaluation, sampling: the training trace says nothing about these scopes
-        if (groups_[g].params) release(g);
+        if (groups_[g].gathered) release(g);
         continue;
       }
-      if (groups_[g].grads && !groups_[g].reducing && all_final(g, m)) start_reduction(g);
-      if (groups_[g].params && release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered)) release(g);
+      if (groups_[g].accumulating && !groups_[g].reducing && all_final(g, m)) start_reduction(g);
+      if (groups_[g].gathered && release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered)) release(g);
     }
   }
 
@@ -168,8 +169,8 @@ class shard_manager {
     if (!active()) return;
     uses_.clear();
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      if (groups_[g].grads && !groups_[g].reducing) start_reduction(g);
-      if (groups_[g].params) release(g);
+      if (groups_[g].accumulating && !groups_[g].reducing) start_reduction(g);
+      if (groups_[g].gathered) release(g);
     }
     finish_reductions();
   }
@@ -182,14 +183,18 @@ class shard_manager {
     discard_gathers();
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].grads) store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
-      if (groups_[g].params) release(g);
+      groups_[g].accumulating = false;
+      if (groups_[g].gathered) release(g);
     }
   }
 
  private:
+  /** A unit's state: a group of N chunks, or one chunk in the memory-saving mode. */
   struct group_state {
-    void* params = nullptr;  // the gathered parameter group buffer (remote chunks attached)
-    void* grads = nullptr;   // the gradient group buffer (chunks without a payload attached)
+    bool gathered = false;   // its parameters are on the compute tier for use
+    void* params = nullptr;  // their buffer (remote chunks attached; none for an owner's own chunk)
+    bool accumulating = false;  // its gradients collect contributions
+    void* grads = nullptr;   // their buffer (chunks without a payload attached; none for a payload of its own)
     bool reducing = false;   // its reduce-scatter is in flight (grads is its send buffer until done)
     bool gathering = false;  // its allgather, started ahead, is in flight (params is its receive buffer)
   };
@@ -204,6 +209,7 @@ class shard_manager {
   /** A reduce-scatter started and not yet completed: it runs while the next scope computes. */
   struct reduction_in_flight {
     std::size_t group = 0;
+    typename Store::pin_set own;     // memory-saving mode: the owner's own gradient payload, reduced in place
     comm_handle done;
     void* result = nullptr;          // scratch receiving this rank's reduced chunk
     std::vector<float> send, recv;   // fp32 staging when 16-bit gradients are reduced in fp32
@@ -217,6 +223,11 @@ class shard_manager {
     residency_.make_room(bytes, who);
   }
 
+  [[nodiscard]] bool memory_saving() const noexcept { return options_.memory_saving; }
+  /** The unit chunk @p c is gathered and reduced with: its group; itself in the memory-saving mode. */
+  [[nodiscard]] std::size_t unit_of(std::size_t c) const { return memory_saving() ? c : map().group(c); }
+  [[nodiscard]] std::size_t first_of(std::size_t u) const { return memory_saving() ? u : map().first(u); }
+  [[nodiscard]] std::size_t unit_size(std::size_t u) const { return memory_saving() ? 1 : group_size(u); }
   [[nodiscard]] std::size_t group_size(std::size_t g) const {
     return std::min<std::size_t>(static_cast<std::size_t>(comm_.size()), store_.num_chunks() - map().first(g));
   }
@@ -226,17 +237,17 @@ class shard_manager {
       if (static_cast<int>(k) != comm_.rank()) v.push_back({chunk_kind::param, static_cast<std::uint32_t>(map().first(g) + k)});
     return v;
   }
-  [[nodiscard]] std::vector<chunk_id> members(chunk_kind k, std::size_t g) const {
+  [[nodiscard]] std::vector<chunk_id> members(chunk_kind k, std::size_t u) const {
     std::vector<chunk_id> v;
-    for (std::size_t c = 0; c < group_size(g); ++c) v.push_back({k, static_cast<std::uint32_t>(map().first(g) + c)});
+    for (std::size_t c = 0; c < unit_size(u); ++c) v.push_back({k, static_cast<std::uint32_t>(first_of(u) + c)});
     return v;
   }
   /** Whether every gradient chunk of group @p g gets no more contributions after moment @p m: from
    *  the trace, or in the first iteration from the uses counted so far. Chunks no scope uses
    *  (padding, parameters outside every scope) never hold a contribution: final either way. */
   [[nodiscard]] bool all_final(std::size_t g, std::size_t m) const {
-    for (std::size_t k = 0; k < group_size(g); ++k) {
-      const std::size_t c = map().first(g) + k;
+    for (std::size_t k = 0; k < unit_size(g); ++k) {
+      const std::size_t c = first_of(g) + k;
       if (tracer_.ready()) {
         if (!gradient_final(tracer_, {chunk_kind::grad, static_cast<std::uint32_t>(c)}, m)) return false;
       } else if (c < uses_.size() && (uses_[c].forward > 0 || uses_[c].backward > 0) &&
@@ -287,7 +298,7 @@ class shard_manager {
     }
     gathering_.push_back(std::move(r));
     groups_[g].params = base;
-    groups_[g].gathering = true;
+    groups_[g].gathered = groups_[g].gathering = true;
     ++stats_.gathers;
     ++stats_.gathers_ahead;
     stats_.bytes_gathered += (n - 1) * b;
@@ -336,6 +347,7 @@ class shard_manager {
     }
     stats_.gather_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     groups_[g].params = base;
+    groups_[g].gathered = true;
     ++stats_.gathers;
     stats_.bytes_gathered += (n - 1) * b;
   }
@@ -350,7 +362,8 @@ class shard_manager {
         gathering_.erase(it);      // unpins this rank's chunk
       }
     }
-    store_.detach_group(std::exchange(groups_[g].params, nullptr), tier::remote);
+    if (groups_[g].params) store_.detach_group(std::exchange(groups_[g].params, nullptr), tier::remote);
+    groups_[g].gathered = false;
   }
 
   /** Gives the gradients of group @p g a zeroed group buffer (the owned one too, unless an earlier
@@ -367,11 +380,13 @@ class shard_manager {
     }
     room(n * store_.bytes_of(chunk_kind::grad), "gradients");
     groups_[g].grads = store_.attach_group(members, at, n, /*zero=*/true);
+    groups_[g].accumulating = true;
   }
 
   /** Starts the reduce-scatter of group @p g's gradients: the owner of each chunk will receive the
    *  rank-order sum of every rank's contribution (completed by finish_reductions()). */
   void start_reduction(std::size_t g) {
+    if (memory_saving()) return start_chunk_reduction(g);
     const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::grad);
     const dtype t = store_.desc(chunk_kind::grad).type;
     const std::size_t elems = b / dtype_size(t);
@@ -431,6 +446,7 @@ class shard_manager {
   }
 
   void complete(reduction_in_flight& r) {
+    if (memory_saving()) return complete_chunk_reduction(r);
     const std::size_t g = r.group, b = store_.bytes_of(chunk_kind::grad);
     const dtype t = store_.desc(chunk_kind::grad).type;
     const std::size_t elems = b / dtype_size(t);
@@ -439,7 +455,7 @@ class shard_manager {
     if (!r.recv.empty()) narrow_from_float(r.recv, t, static_cast<std::byte*>(r.result));
     const bool own_had_payload = store_.at(own).group == nullptr && holds_payload(store_.at(own).where);
     store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
-    groups_[g].reducing = false;
+    groups_[g].reducing = groups_[g].accumulating = false;
     if (own_had_payload) {  // contributions after an earlier reduction (a divergent iteration): add
       std::vector<float> a(elems), sum(elems);
       store_.read_values(own, 0, a);
@@ -450,6 +466,91 @@ class shard_manager {
     } else {
       store_.adopt(own, std::exchange(r.result, nullptr));
     }
+  }
+
+  // --- the memory-saving mode (PatrickStar's MSC): one chunk at a time, owner to all and back ---
+
+  /** Brings parameter chunk @p id to every rank: a broadcast from its owner (whose payload, made
+   *  resident and pinned, is the send buffer) into a one-chunk buffer on every other rank. */
+  void fetch(chunk_id id, std::string_view who, std::size_t m) {
+    const std::size_t b = store_.bytes_of(chunk_kind::param);
+    const int root = map().owner(id.index);
+    auto& unit = groups_[id.index];
+    if (root == comm_.rank()) {
+      const chunk_id own_ids[] = {id};
+      residency_.make_resident_on_device(own_ids, who, m);
+      typename Store::pin_set pin(store_, {id});
+      comm_.broadcast(store_.at(id).data, b, root);
+    } else {
+      room(b, who);
+      const chunk_id ids[] = {id};
+      const std::size_t at[] = {0};
+      void* buf = store_.attach_group(ids, at, 1, /*zero=*/false);
+      try {
+        comm_.broadcast(buf, b, root);
+      } catch (...) {
+        store_.detach_group(buf, tier::remote);
+        throw;
+      }
+      unit.params = buf;
+      stats_.bytes_gathered += b;
+    }
+    unit.gathered = true;
+    ++stats_.gathers;
+  }
+
+  /** Gives gradient chunk @p id a zeroed one-chunk buffer on every rank (its owner's too, unless
+   *  an earlier reduction this iteration left it a payload: contributions then add into that). */
+  void attach_gradient(chunk_id id) {
+    auto& unit = groups_[id.index];
+    unit.accumulating = true;
+    if (holds_payload(store_.at(id).where)) return;  // the owner's, reduced once already
+    room(store_.bytes_of(chunk_kind::grad), "gradients");
+    const chunk_id ids[] = {id};
+    const std::size_t at[] = {0};
+    unit.grads = store_.attach_group(ids, at, 1, /*zero=*/true);
+  }
+
+  /** Starts the reduction of gradient chunk @p c to its owner: an allreduce in place (the
+   *  Communicator concept has no rooted reduce; every communicator sums in rank order, so the
+   *  owner's sum has the same bits as a reduce-scatter's), whose result only the owner keeps. */
+  void start_chunk_reduction(std::size_t c) {
+    const chunk_id id{chunk_kind::grad, static_cast<std::uint32_t>(c)};
+    const dtype t = store_.desc(chunk_kind::grad).type;
+    const std::size_t b = store_.bytes_of(chunk_kind::grad), elems = b / dtype_size(t);
+    const bool widen = Store::device_is_host_accessible && t != dtype::f32 && options_.reduce_in_fp32;
+    reduction_in_flight r;
+    r.group = c;
+    if (groups_[c].grads == nullptr) r.own = typename Store::pin_set(store_, {id});  // its own payload: keep it in place
+    void* data = store_.at(id).data;
+    if (widen) {
+      r.send.resize(elems);
+      widen_to_float(static_cast<const std::byte*>(data), t, r.send);
+      r.done = comm_.allreduce_async(r.send.data(), elems, dtype::f32, reduce_op::sum);
+    } else {
+      r.done = comm_.allreduce_async(data, elems, t, reduce_op::sum);
+    }
+    in_flight_.push_back(std::move(r));
+    groups_[c].reducing = true;
+    ++stats_.reductions;
+    stats_.bytes_reduced += (widen ? elems * sizeof(float) : b);
+  }
+
+  /** Completes a chunk's reduction: the owner keeps the sum as its gradient payload, the other
+   *  ranks free their buffer. */
+  void complete_chunk_reduction(reduction_in_flight& r) {
+    const std::size_t c = r.group;
+    const chunk_id id{chunk_kind::grad, static_cast<std::uint32_t>(c)};
+    r.done.wait();
+    auto& unit = groups_[c];
+    if (map().owns(c)) {
+      if (!r.send.empty()) narrow_from_float(r.send, store_.desc(chunk_kind::grad).type, static_cast<std::byte*>(store_.at(id).data));
+      if (unit.grads) store_.ungroup(std::exchange(unit.grads, nullptr));
+    } else if (unit.grads) {
+      store_.detach_group(std::exchange(unit.grads, nullptr), tier::remote);
+    }
+    r.own.reset();
+    unit.reducing = unit.accumulating = false;
   }
 
   Store& store_;
