@@ -7,7 +7,7 @@
 #          ctest on every label but `slow` (all labels with --with-slow; only `unit` with --quick).
 #   asan   ASan+UBSan, no CUDA tests, examples or benchmarks; ctest label `unit` (and `slow` with
 #          --with-slow). Skipped by --quick.
-#   tsan   ThreadSanitizer on the threaded suites (copy engines, spaces, rank groups, runtime, ZeRO).
+#   tsan   ThreadSanitizer on the threaded suites (copy engines, spaces, rank groups, runtime, ZeRO, RTP).
 #          Skipped by --quick.
 # Every stage runs even when an earlier one failed; the exit code is non-zero if any failed.
 set -euo pipefail
@@ -98,7 +98,7 @@ if ((!quick)); then
   # allocation), in-process rank groups and the runtime (asynchronous moves). Tests that use OpenMP
   # stay out: libgomp is not built with TSan.
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$repo/tests/tsan.supp}
-  tsan_tests=(copy_engine memory_space communicator chunk_runtime eviction_optimality runtime_ranks scripted_copy_engine zero zero_checkpoint)
+  tsan_tests=(copy_engine memory_space communicator chunk_runtime eviction_optimality runtime_ranks scripted_copy_engine zero zero_checkpoint rtp_schedule rtp_mlp)
   stage_targets="${tsan_tests[*]/#/test_}"
   stage tsan "$build_root/tests-tsan" -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$" -- \
     -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS=-O1 -g -fsanitize=thread" \
