@@ -97,9 +97,9 @@ inline cpu_isa_probe probe_cpu() noexcept {
   if (!osxsave || !avx || max_leaf < 7) return p;
   unsigned xcr0_lo = 0, xcr0_hi = 0;
   __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  (void)xcr0_hi;  // the state bits tested here are all in the low half
-  const bool ymm_state = (xcr0_lo & 0x6u) == 0x6u;    // SSE and AVX state
-  const bool zmm_state = (xcr0_lo & 0xe6u) == 0xe6u;  // and opmask, ZMM_Hi256, Hi16_ZMM
+  const unsigned long long xcr0 = (static_cast<unsigned long long>(xcr0_hi) << 32) | xcr0_lo;
+  const bool ymm_state = (xcr0 & 0x6u) == 0x6u;    // SSE and AVX state
+  const bool zmm_state = (xcr0 & 0xe6u) == 0xe6u;  // and opmask, ZMM_Hi256, Hi16_ZMM
   __cpuid_count(7, 0, a, b, c, d);
   const bool avx2 = (b >> 5) & 1u, avx512f = (b >> 16) & 1u;
   p.avx2 = ymm_state && avx2 && fma && f16c;
