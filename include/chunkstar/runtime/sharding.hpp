@@ -90,8 +90,9 @@ class shard_manager {
   [[nodiscard]] const sharding_options& options() const noexcept { return options_; }
 
   /** @brief Before a scope of @p kind over chunks @p ids opens (moment @p m): gathers the groups of
-   *  the remote parameter chunks, and in backward gives the groups' gradients a group buffer.
-   *  @return the chunks the demand path must still make resident (the owned ones). */
+   *  its parameter chunks (in the memory-saving mode, each chunk from its owner), and in backward
+   *  gives their gradients a group buffer (a one-chunk buffer). @return the chunks the demand path
+   *  must still make resident (the owned ones). */
   std::vector<chunk_id> prepare(std::span<const chunk_id> ids, moment_kind kind, std::string_view who, std::size_t m) {
     std::vector<chunk_id> owned;
     if (!active()) return {ids.begin(), ids.end()};
@@ -309,6 +310,8 @@ class shard_manager {
   void finish_gather(std::size_t g) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto it = std::find_if(gathering_.begin(), gathering_.end(), [&](const auto& r) { return r.group == g; });
+    groups_[g].gathering = false;
+    if (it == gathering_.end()) return;
     try {
       it->done.wait();
     } catch (...) {
@@ -316,7 +319,6 @@ class shard_manager {
       throw;
     }
     gathering_.erase(it);
-    groups_[g].gathering = false;
     stats_.gather_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -355,12 +357,11 @@ class shard_manager {
   /** Frees group @p g's gathered parameters; a gather still in flight is waited for first (it
    *  writes into the buffer), quietly. */
   void release(std::size_t g) noexcept {
-    if (std::exchange(groups_[g].gathering, false)) {
-      const auto it = std::find_if(gathering_.begin(), gathering_.end(), [&](const auto& r) { return r.group == g; });
-      if (it != gathering_.end()) {
-        it->done = comm_handle{};  // assigning over a pending handle waits for it, quietly
-        gathering_.erase(it);      // unpins this rank's chunk
-      }
+    groups_[g].gathering = false;
+    const auto it = std::find_if(gathering_.begin(), gathering_.end(), [&](const auto& r) { return r.group == g; });
+    if (it != gathering_.end()) {
+      it->done = comm_handle{};  // assigning over a pending handle waits for it, quietly
+      gathering_.erase(it);      // unpins this rank's chunk
     }
     if (groups_[g].params) store_.detach_group(std::exchange(groups_[g].params, nullptr), tier::remote);
     groups_[g].gathered = false;
