@@ -29,13 +29,22 @@
 //            overlap = iteration_s / max(compute_s, comm_s). The runtime overlaps each
 //            reduce-scatter with the backward scope after it; allgathers are still synchronous
 //            (gathering ahead is not built yet), so expect between 1 and (compute + comm) / max.
-//   scale:   the deepest model of --scale-preset's family (its width) that trains --scale-steps
-//            steps on N ranks, each with --device-budget and --host-budget, against
-//            limit_params = N (device + host) / 16 bytes per parameter (fp32 param, grad, momentum,
-//            variance: bench_scale's definition). Two steps by default: the first is the untraced
-//            one, the second the traced steady state (its comm bytes are checked as above).
+//   scale:   the largest model of --scale-preset's family that trains --scale-steps steps on N
+//            ranks, each with --device-budget and --host-budget, against limit_params =
+//            N (device + host) / 16 bytes per parameter (fp32 param, grad, momentum, variance:
+//            bench_scale's definition). The family grows by width (--scale-grow width, the default):
+//            the preset's head count (4 for tiny) at --scale-layers layers (64), width 4, 8, 12, ...,
+//            binary-searched for the widest that trains; --scale-grow depth searches the preset's
+//            depth at its width instead (the old figure: with --no-chunk-cap it repeats exactly).
+//            Width, because ZeRO shards model data: a depth-grown tiny family reaches the limit's
+//            parameter count only at ~200 layers, whose activations (13 MiB per micro-batch) fill
+//            the 16 MiB device before the model data does. The chunk layout is train_gpt's with its
+//            largest chunk capped (scale_layout: a group is N chunks, so at N = 4 the buffers a scope
+//            needs, not the share, decide what fits). Two steps by default: the first is the
+//            untraced one, the second the traced steady state (its comm bytes are checked as above).
 //   Defaults: preset mini, global batch 12 x 64 (12 splits over 1..4 ranks), 2 + 31 iterations,
-//            scale over the tiny family at 16 MiB + 64 MiB per rank: about 2 minutes on 2 cores.
+//            about 70 s on 2 cores; scale over the tiny family by width at 64 layers at 16 MiB +
+//            64 MiB per rank, about 20 s (each trial trains 2 steps, 1-2 s at ~15 M parameters).
 //
 // Losses: printed per step and N. ZeRO is bit-identical to a rank-order reference at each N (the
 // `zero` test); across N the summation order changes, so the losses differ in their last bits.
@@ -65,6 +74,18 @@ using bench_zero::modelled_link;
 namespace {
 
 constexpr double bytes_per_param = 16;  // fp32 param, grad, momentum, variance (bench_scale)
+// --scale-layers: the width family's depth. A GPT block is about 12 C^2 parameters and its largest
+// tensor 4 C^2 (the MLP's); a chunk holds at least that tensor, so a ZeRO group (N chunks) is at
+// least N/3 of a block (4/3 at N = 4), and at a given model size a block is 1/depth of it: the
+// shallower the family, the larger the gather/reduce buffers a scope needs. Measured at
+// the default budgets (16 MiB + 64 MiB per rank, 1 x 16 tokens; ratio = largest / limit, N = 1..4):
+//   4 layers: 0.894 0.283 0.177 0.107 (chunks 0.7-1.5 MiB: the buffers, 14 MiB, fill the device)
+//   32:       0.936 0.903 0.836 0.574      48: 0.948 0.912 0.856 0.676
+//   64:       0.956 0.932 0.914 0.726      80: 0.969 0.929 0.890 0.759
+//   96:       0.920 0.944 0.930 0.748     128: 0.941 0.953 0.913 0.684
+// Shallower, the buffers crowd the device out; deeper, the activations do (they grow as depth x
+// width, 9 MiB at 64 layers x width 140); 64 is the best compromise across N.
+constexpr int default_scale_layers = 64;
 
 struct options {
   std::string mode = "all";  // all | timing | scale
@@ -76,6 +97,10 @@ struct options {
   bool keep_gathered = false;
   bool gather_ahead = true;
   std::string scale_preset = "tiny";
+  std::string scale_grow = "width";  // width | depth: what the scale family grows by
+  int scale_layers = 0;              // the width family's depth (0: default_scale_layers)
+  double scale_buffer_fraction = 0.5;  // the chunk cap: predicted gather/reduce buffers <= this x the device budget
+  bool chunk_cap = true;               // false: train_gpt's layout as it is (the old figure)
   std::size_t device_budget = std::size_t{16} << 20, host_budget = std::size_t{64} << 20;
   std::size_t scale_batch = 1, scale_seq = 16;  // per rank
   int scale_steps = 2;
@@ -88,18 +113,25 @@ void usage() {
       "usage: bench_zero [--mode all|timing|scale] [--preset mini] [--batch 12 (global)] [--seq 64] [--ranks 1,2,3,4]\n"
       "                  [--iterations 31] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)] [--keep-gathered]\n"
       "                  [--no-gather-ahead]\n"
-      "                  [--scale-preset tiny] [--device-budget 16MiB] [--host-budget 64MiB (per rank)]\n"
+      "                  [--scale-preset tiny] [--scale-grow width|depth] [--scale-layers 64 (width: the depth)]\n"
+      "                  [--scale-buffer-fraction 0.5] [--no-chunk-cap]\n"
+      "                  [--device-budget 16MiB] [--host-budget 64MiB (per rank)]\n"
       "                  [--scale-batch 1] [--scale-seq 16 (per rank)] [--scale-steps 2]\n"
       "                  [--quick] [--json FILE] [--plot FILE.png]\n"
       "timing: per N, model-data peak per rank, comm bytes per iteration against the theory, iteration time on a\n"
-      "modelled link; scale: the deepest model of the scale preset's family that trains on N ranks with the given\n"
-      "per-rank budgets. --quick: preset tiny, batch 12 x 16, 1 + 2 iterations, scale at 2 MiB + 4 MiB per rank.\n");
+      "modelled link (about 70 s). scale: the largest model of the scale preset's family that trains on N ranks with\n"
+      "the given per-rank budgets, against N (device + host) / 16 B (about 20 s): the family grows by width (the\n"
+      "preset's heads, width in steps of the head count) at --scale-layers layers, or with --scale-grow depth by\n"
+      "depth at the preset's width (the old figure). Chunks: train_gpt's layout with the largest size capped so the\n"
+      "plan minimises share + predicted gather/reduce buffers, buffers within --scale-buffer-fraction x the device\n"
+      "(--no-chunk-cap: train_gpt's layout as it is). --quick: preset tiny, batch 12 x 16, 1 + 2 iterations, scale at\n"
+      "2 MiB + 4 MiB per rank and 8 layers (about a second in all).\n");
 }
 
 options parse(int argc, char** argv) {
   options o;
   bool preset_set = false, batch_set = false, seq_set = false, its_set = false, warmup_set = false, dev_set = false,
-       host_set = false, steps_set = false;
+       host_set = false, steps_set = false, layers_set = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -141,6 +173,14 @@ options parse(int argc, char** argv) {
     } else if (a == "--keep-gathered") o.keep_gathered = true;
     else if (a == "--no-gather-ahead") o.gather_ahead = false;
     else if (a == "--scale-preset") o.scale_preset = value();
+    else if (a == "--scale-grow") o.scale_grow = value();
+    else if (a == "--scale-layers") o.scale_layers = static_cast<int>(count(value())), layers_set = true;
+    else if (a == "--no-chunk-cap") o.chunk_cap = false;
+    else if (a == "--scale-buffer-fraction") {
+      const double f = number(value());
+      if (f > 1) throw config_error("--scale-buffer-fraction takes a number in (0, 1]");
+      o.scale_buffer_fraction = f;
+    }
     else if (a == "--device-budget") o.device_budget = bytes(value()), dev_set = true;
     else if (a == "--host-budget") o.host_budget = bytes(value()), host_set = true;
     else if (a == "--scale-batch") o.scale_batch = count(value());
@@ -156,6 +196,9 @@ options parse(int argc, char** argv) {
       throw config_error("unknown option '" + a + "' (bench_zero --help)");
   }
   if (o.mode != "all" && o.mode != "timing" && o.mode != "scale") throw config_error("--mode: all, timing or scale, got '" + o.mode + "'");
+  if (o.scale_grow != "width" && o.scale_grow != "depth") throw config_error("--scale-grow: width or depth, got '" + o.scale_grow + "'");
+  if (o.scale_layers > gpt::max_layers) throw config_error("--scale-layers: at most " + std::to_string(gpt::max_layers));
+  if (o.scale_layers == 0) o.scale_layers = default_scale_layers;
   if (o.quick) {  // the CTest smoke run: every part, small
     if (!preset_set) o.preset = "tiny";
     if (!batch_set) o.batch = 12;
@@ -165,6 +208,7 @@ options parse(int argc, char** argv) {
     if (!dev_set) o.device_budget = std::size_t{2} << 20;
     if (!host_set) o.host_budget = std::size_t{4} << 20;
     if (!steps_set) o.scale_steps = 2;
+    if (!layers_set) o.scale_layers = 8;  // a 2 MiB device: at 64 layers the activations alone are 1.6 MiB of it
   }
   // The first iteration runs without a trace (every group released at once, every reduction before
   // the step): the theory is of the traced iterations, so at least one warm-up iteration.
@@ -323,6 +367,7 @@ struct train_setup {
   bool gather_ahead = true;
   std::size_t device_capacity = 0, host_capacity = SIZE_MAX;  // 0: sized per N (timing runs)
   bool scale = false;  // auto placement + Belady at the given budgets (else everything on the device)
+  searched_layout_options layout{};  // scale runs: the chunk layout (scale_layout: train_gpt's, chunk size capped)
 };
 
 /** The AdamW of bench_cpu_trainer and train_gpt (no decay on biases and norms, clipping at 1). */
@@ -405,7 +450,7 @@ std::vector<rank_out> run_group(const train_setup& s, const gpt::text_data& data
     auto& me = out[static_cast<std::size_t>(comm.rank())];
     if (s.scale) {
       using rt = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, link_comm>;
-      train_rank<rt>(s, data, link, ranks, me, e2e::trainer_layout(s.config), auto_placement{});
+      train_rank<rt>(s, data, link, ranks, me, searched_chunk_layout(s.layout), auto_placement{});
     } else {
       using rt = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer, link_comm>;
       train_rank<rt>(s, data, link, ranks, me, searched_chunk_layout(), static_placement::all_device());
@@ -558,11 +603,105 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
 }
 
 // ------------------------------------------------------------------------------------------------
-// Scale: the deepest model of a family that trains on N ranks at per-rank budgets.
+// Scale: the largest model of a family that trains on N ranks at per-rank budgets.
+
+/** The family the scale search walks, indexed by k = 1, 2, ...: with grow "width", the preset's
+ *  head count (4 for tiny) at width k x heads and a fixed depth; with "depth" (the old figure),
+ *  the preset at k layers. A fixed head count rather than a fixed head size: the width then steps
+ *  by the head count (4), a fine grid (one step is 2 x 4 / width of the parameters, 5% at width
+ *  150), where a fixed head size of 16 would step by 16 (about 20% of the parameters at width 150,
+ *  over 50% at 64: the grid, not the memory, would decide the ratio); every member is valid (the heads
+ *  divide the width); and the attention scores, heads x T^2 per block, stay what they are while
+ *  the rest of the activations (16 x T x width per block) and the weights grow. ZeRO shards the
+ *  same tensors either way. */
+struct scale_family {
+  std::string grow;
+  gpt::gpt_config preset;
+  int layers = 0;  // width: the fixed depth
+
+  [[nodiscard]] gpt::gpt_config member(int k) const {
+    gpt::gpt_config c = preset;
+    if (grow == "depth") {
+      c.layers = k;
+    } else {
+      c.layers = layers;
+      c.width = k * preset.heads;
+    }
+    return c;
+  }
+  [[nodiscard]] std::size_t params(int k) const { return gpt::param_count(member(k)); }
+  /** The most members there can be (the width or depth bound of gpt::validate). */
+  [[nodiscard]] int max_index() const { return grow == "depth" ? gpt::max_layers : gpt::max_dimension / preset.heads; }
+};
+
+std::string describe(const gpt::gpt_config& c) {
+  return std::to_string(c.layers) + " layers x width " + std::to_string(c.width) + " (" + std::to_string(c.heads) + " heads)";
+}
+
+/** The chunk layout of a scale run: train_gpt's (the least-waste size between lo, the largest
+ *  tensor, and 4 lo), with its largest size capped. Why: a group is N chunks, a backward scope
+ *  touches one or two groups of parameters and as many of gradients, and a reduce-scatter holds its
+ *  group buffer while the next scope computes, so at N = 4 a wide model's 4-lo chunks need more
+ *  buffers than a 16 MiB device has; the smallest chunks, on the other hand, pack badly (lo itself
+ *  cannot hold a block's 3C x C and C x C weights with its biases: up to 70% more model data). The rule, the
+ *  same at every N: of the caps lo, lo + 3 lo / 48, ..., 4 lo, the one whose plan minimises what a
+ *  rank must hold of model data, its share (padded to whole groups, with the packing's waste) plus
+ *  the gather/reduce buffer peak that zero_theory replays (without gathers ahead: those start only
+ *  where the budget holds them) -- the bound the memory self-check tests -- among those whose
+ *  buffers fit --scale-buffer-fraction of the device budget (the device also holds the activations
+ *  and the scope's chunks); if none does, the minimum overall (the run then shows whether it
+ *  trains). At N = 1 there are no buffers, so the least waste wins (often a little less than
+ *  train_gpt's own search finds: it walks its 3 lo span in at most 1024 steps, a narrower cap finer). */
+struct scale_chunks {
+  searched_layout_options layout;
+  std::size_t chunk_elems = 0, num_chunks = 0;  // the chosen plan; num_chunks padded to whole groups
+  std::size_t share = 0;      // model bytes / N at that plan
+  std::uint64_t buffers = 0;  // the replay's buffer peak at that plan (no gathers ahead)
+  bool capped = false;        // the plan differs from train_gpt's uncapped one
+  bool within = true;         // the buffers fit fraction x the device
+};
+
+scale_chunks scale_layout(const options& o, const gpt::gpt_config& c, int ranks) {
+  const searched_layout_options base = e2e::trainer_layout(c).options();
+  const std::size_t lo = base.min_chunk_elems, hi = base.max_chunk_elems;
+  const auto budget = static_cast<std::uint64_t>(o.scale_buffer_fraction * static_cast<double>(o.device_budget));
+  const auto specs = gpt::param_specs(c);
+  const auto evaluate = [&](std::size_t cap) {
+    scale_chunks e;
+    e.layout = base;
+    e.layout.max_chunk_elems = cap;
+    chunk_plan plan = searched_chunk_layout(e.layout).plan(specs);
+    plan.num_chunks = shard_map{ranks, 0}.padded(plan.num_chunks);
+    plan.chunk_tensors.resize(plan.num_chunks);
+    const std::size_t bytes = plan.chunk_elems * sizeof(float);
+    e.chunk_elems = plan.chunk_elems;
+    e.num_chunks = plan.num_chunks;
+    std::size_t all = 0;
+    for (const auto& l : make_chunk_lists(plan, {.param_type = dtype::f32}))
+      if (!l.aliases_param) all += l.chunk_bytes * l.num_chunks;
+    e.share = all / static_cast<std::size_t>(ranks);
+    e.buffers = zero_theory(c, plan, ranks, o.keep_gathered, /*ahead=*/false, bytes, bytes).peak_collective_bytes;
+    e.within = e.buffers <= budget;
+    return e;
+  };
+  const scale_chunks uncapped = evaluate(hi);
+  if (!o.chunk_cap) return uncapped;
+  scale_chunks best = uncapped;
+  constexpr std::size_t steps = 48, align = 32;
+  for (std::size_t i = steps; i-- > 0;) {  // smaller caps: a strictly better one replaces the best
+    const std::size_t cap = std::max(lo, (lo + i * (hi - lo) / steps) / align * align);
+    scale_chunks e = evaluate(cap);
+    const bool better = e.within != best.within ? e.within : e.share + e.buffers < best.share + best.buffers;
+    if (better) best = e;
+  }
+  best.capped = best.chunk_elems != uncapped.chunk_elems;
+  return best;
+}
 
 struct scale_trial {
   gpt::gpt_config config{};
   std::size_t params = 0;
+  scale_chunks chunks;
   bool fits = false;
   std::string error;
   std::vector<rank_out> ranks;
@@ -580,10 +719,12 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
   scale_trial t;
   t.config = c;
   t.params = gpt::param_count(c);
+  t.chunks = scale_layout(o, c, ranks);
   train_setup s{.config = c, .batch_per_rank = o.scale_batch, .seq = o.scale_seq, .steps = o.scale_steps,
                 .warmup = o.scale_steps >= 2 ? 1 : 0,
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
-                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .device_capacity = o.device_budget, .host_capacity = o.host_budget, .scale = true};
+                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .device_capacity = o.device_budget, .host_capacity = o.host_budget,
+                .scale = true, .layout = t.chunks.layout};
   const auto t0 = e2e::clock::now();
   try {
     t.ranks = run_group(s, data, ranks);
@@ -597,39 +738,41 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
   return t;
 }
 
-gpt::gpt_config family_member(const gpt::gpt_config& preset, int layers) {
-  gpt::gpt_config c = preset;
-  c.layers = layers;
-  return c;
-}
-
-scale_result search_scale(const options& o, const gpt::gpt_config& preset, const gpt::text_data& data, int ranks) {
+scale_result search_scale(const options& o, const scale_family& family, const gpt::text_data& data, int ranks) {
   scale_result r;
   r.ranks = ranks;
   r.limit_params = static_cast<double>(ranks) * static_cast<double>(o.device_budget + o.host_budget) / bytes_per_param;
-  const std::size_t base = gpt::param_count(family_member(preset, 1)), per_layer = gpt::param_count(family_member(preset, 2)) - base;
   std::printf("\n== scale, N = %d: %s + %s per rank, limit %.3f M parameters ==\n", ranks, format_bytes(o.device_budget).c_str(),
               format_bytes(o.host_budget).c_str(), r.limit_params / 1e6);
-  if (static_cast<double>(base) > r.limit_params) {
-    std::printf("even one layer is above the limit\n");
+  if (static_cast<double>(family.params(1)) > r.limit_params) {
+    std::printf("even the smallest member (%s) is above the limit\n", describe(family.member(1)).c_str());
     return r;
   }
-  int lo = 1, hi = static_cast<int>((r.limit_params - static_cast<double>(base)) / static_cast<double>(per_layer)) + 1;
-  while (lo <= hi) {  // fitting is monotone in depth: binary search for the deepest that trains
+  int lo = 1, hi = 1;
+  if (family.grow == "depth") {  // the old bound (one past the limit at most), so the old figure's trials repeat
+    const std::size_t base = family.params(1), per_layer = family.params(2) - base;
+    hi = static_cast<int>((r.limit_params - static_cast<double>(base)) / static_cast<double>(per_layer)) + 1;
+  } else {  // the widest member within the limit
+    while (hi < family.max_index() && static_cast<double>(family.params(hi + 1)) <= r.limit_params) ++hi;
+  }
+  const auto first_line = [](const std::string& e) {
+    if (std::getenv("BENCH_ZERO_FULL_ERRORS")) return e;
+    return e.substr(0, std::min<std::size_t>(e.find('\n'), 150));
+  };
+  while (lo <= hi) {  // fitting is taken as monotone in the index: binary search for the largest that trains
     const int mid = lo + (hi - lo) / 2;
-    scale_trial t = try_scale(o, family_member(preset, mid), data, ranks);
-    const auto first_line = [](const std::string& e) {
-      if (std::getenv("BENCH_ZERO_FULL_ERRORS")) return e;
-      return e.substr(0, std::min<std::size_t>(e.find('\n'), 150));
-    };
+    scale_trial t = try_scale(o, family.member(mid), data, ranks);
+    const auto& ch = t.chunks;
+    std::printf("  %s %8.3f M params (%5.1f%% of limit), %zu chunks x %s MiB%s, buffers %s MiB predicted%s: ", describe(t.config).c_str(),
+                static_cast<double>(t.params) / 1e6, 100 * static_cast<double>(t.params) / r.limit_params, ch.num_chunks,
+                e2e::mib(double(ch.chunk_elems * sizeof(float))).c_str(), ch.capped ? " (capped)" : "",
+                e2e::mib(double(ch.buffers)).c_str(), ch.within ? "" : " (above the fraction)");
     if (t.fits)
-      std::printf("  %4d layers %8.3f M params (%5.1f%% of limit): trains, peak model data %s MiB per rank, %s MiB of it gather/reduce buffers (%.1f s)\n", mid,
-                  static_cast<double>(t.params) / 1e6, 100 * static_cast<double>(t.params) / r.limit_params,
+      std::printf("trains, peak model data %s MiB per rank, %s MiB of it gather/reduce buffers (%.1f s)\n",
                   e2e::mib(max_over_ranks(t.ranks, whole_peak_model)).c_str(), e2e::mib(max_over_ranks(t.ranks, whole_peak_collective)).c_str(),
                   t.seconds);
     else
-      std::printf("  %4d layers %8.3f M params (%5.1f%% of limit): %s (%.1f s)\n", mid, static_cast<double>(t.params) / 1e6,
-                  100 * static_cast<double>(t.params) / r.limit_params, first_line(t.error).c_str(), t.seconds);
+      std::printf("%s (%.1f s)\n", first_line(t.error).c_str(), t.seconds);
     std::fflush(stdout);
     if (t.fits) {
       lo = mid + 1;
@@ -696,7 +839,9 @@ int write_plot(const options& o, const std::vector<zero_result>& zs, const std::
   }
   if (!ss.empty()) {
     files.emplace_back("scale.dat", sca);
-    script += "set title 'largest model (" + o.scale_preset + " family), " + format_bytes(o.device_budget) + " + " +
+    const std::string family = o.scale_grow == "depth" ? o.scale_preset + " family by depth"
+                                                         : o.scale_preset + " family by width, " + std::to_string(o.scale_layers) + " layers";
+    script += "set title 'largest model (" + family + "), " + format_bytes(o.device_budget) + " + " +
               format_bytes(o.host_budget) + " per rank'\nset ylabel 'parameters (M)'\n"
               "plot '@DIR@/scale.dat' using 1:3 with linespoints lw 2 title 'limit N(device+host)/16 B', "
               "'' using 1:2 with linespoints lw 2 title 'largest that trains'\n";
@@ -801,13 +946,22 @@ int main(int argc, char** argv) try {
   }
 
   if (o.mode != "timing") {
-    const gpt::gpt_config preset = gpt::parse_preset(o.scale_preset);
+    const scale_family family{.grow = o.scale_grow, .preset = gpt::parse_preset(o.scale_preset), .layers = o.scale_layers};
     const gpt::text_data data = gpt::load_text("", o.scale_seq);
-    std::printf("\nscale: %s family (width %d, %d heads), depth searched; %zu x %zu tokens per rank, %d steps; auto placement + "
-                "Belady, train_gpt's layout; limit = N (device + host) / %.0f bytes per parameter\n",
-                o.scale_preset.c_str(), preset.width, preset.heads, o.scale_batch, o.scale_seq, o.scale_steps, bytes_per_param);
+    if (family.grow == "depth")
+      std::printf("\nscale: %s family (width %d, %d heads), depth searched", o.scale_preset.c_str(), family.preset.width, family.preset.heads);
+    else
+      std::printf("\nscale: %s family grown by width at %d layers and %d heads (width steps of %d), width searched",
+                  o.scale_preset.c_str(), family.layers, family.preset.heads, family.preset.heads);
+    std::printf("; %zu x %zu tokens per rank, %d steps; auto placement + Belady; train_gpt's layout (chunks between the largest "
+                "tensor lo and 4 lo, least waste)", o.scale_batch, o.scale_seq, o.scale_steps);
+    if (o.chunk_cap)
+      std::printf(" with its largest chunk capped: of 49 caps lo..4 lo, the one whose plan minimises share + the replay's "
+                  "gather/reduce buffer peak (no gathers ahead), among those whose buffers fit %.2f x the device budget",
+                  o.scale_buffer_fraction);
+    std::printf("; limit = N (device + host) / %.0f bytes per parameter\n", bytes_per_param);
     for (int n : o.ranks) {
-      scale_result r = search_scale(o, preset, data, n);
+      scale_result r = search_scale(o, family, data, n);
       if (r.best.fits) {  // the largest: the same self-checks as the timing runs
         check_group(r.best.ranks, n, static_cast<std::size_t>(o.scale_steps >= 2 ? 1 : o.scale_steps), "scale", /*ample=*/false);
         check(static_cast<double>(r.best.params) <= r.limit_params, "scale at N = " + std::to_string(n) + ": above the limit");
@@ -816,13 +970,20 @@ int main(int argc, char** argv) try {
       }
       ss.push_back(std::move(r));
     }
-    std::printf("\nlargest model per N; peaks: last step [whole run, the untraced first step included]\n"
-                "| N | device + host per rank | limit M params | max M params | ratio | layers | model data MiB (all) | per-rank peak MiB | "
-                "gather/reduce buf MiB | comm MiB/it | theory MiB | step ms | comm ms (modelled, not slept) |\n"
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("\nlargest model per N (%s); peaks: last step [whole run, the untraced first step included]; chunks: count padded "
+                "to whole groups x MiB each, * where the cap changed train_gpt's plan (buffer budget %.2f x device); activations: one micro-batch's "
+                "(e2e::activation_bytes)\n"
+                "| N | device + host per rank | limit M params | max M params | ratio | layers | width | chunks | model data MiB (all) | "
+                "per-rank peak MiB | gather/reduce buf MiB | activations MiB | device peak MiB | comm MiB/it | theory MiB | step ms | "
+                "comm ms (modelled, not slept) |\n"
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+                family.grow == "depth" ? "depth searched" : ("width searched at " + std::to_string(family.layers) + " layers").c_str(),
+                o.scale_buffer_fraction);
     for (const auto& r : ss) {
       e2e::json_record j;
-      j.str("benchmark", "zero_scale").str("preset", o.scale_preset).num("ranks", r.ranks);
+      j.str("benchmark", "zero_scale").str("preset", o.scale_preset).str("grow", o.scale_grow).num("ranks", r.ranks);
+      if (o.scale_grow == "width") j.num("scale_layers", o.scale_layers);
+      j.num("scale_buffer_fraction", o.scale_buffer_fraction);
       j.num("device_budget", double(o.device_budget)).num("host_budget", double(o.host_budget));
       j.num("limit_params", r.limit_params).num("bytes_per_param", bytes_per_param);
       j.num("batch", double(o.scale_batch)).num("seq", double(o.scale_seq)).num("steps", o.scale_steps);
@@ -835,14 +996,21 @@ int main(int argc, char** argv) try {
         const double peak = max_over_ranks(b.ranks, [](const rank_out& y) { return y.stats.peak_model_bytes; });
         const double coll = max_over_ranks(b.ranks, [](const rank_out& y) { return y.stats.peak_collective_bytes; });
         const double peak_all = max_over_ranks(b.ranks, whole_peak_model), coll_all = max_over_ranks(b.ranks, whole_peak_collective);
-        std::printf("| %d | %s + %s | %.3f | %.3f | %.3f | %d | %s | %s [%s] | %s [%s] | %s | %s | %.1f | %.1f |\n", r.ranks,
-                    format_bytes(o.device_budget).c_str(), format_bytes(o.host_budget).c_str(), r.limit_params / 1e6,
-                    double(b.params) / 1e6, double(b.params) / r.limit_params, b.config.layers, e2e::mib(double(x.model_bytes)).c_str(),
+        const double dev = max_over_ranks(b.ranks, [](const rank_out& y) { return y.stats.peak_device_bytes; });
+        const double dev_all = max_over_ranks(b.ranks, whole_peak_device);
+        const double act = double(e2e::activation_bytes(b.config, o.scale_batch, o.scale_seq));
+        std::printf("| %d | %s + %s | %.3f | %.3f | %.3f | %d | %d | %zu x %s%s | %s | %s [%s] | %s [%s] | %s | %s [%s] | %s | %s | %.1f | %.1f |\n",
+                    r.ranks, format_bytes(o.device_budget).c_str(), format_bytes(o.host_budget).c_str(), r.limit_params / 1e6,
+                    double(b.params) / 1e6, double(b.params) / r.limit_params, b.config.layers, b.config.width, x.num_chunks,
+                    e2e::mib(double(x.param_chunk_bytes)).c_str(), b.chunks.capped ? "*" : "", e2e::mib(double(x.model_bytes)).c_str(),
                     e2e::mib(peak).c_str(), e2e::mib(peak_all).c_str(), e2e::mib(coll).c_str(), e2e::mib(coll_all).c_str(),
-                    e2e::mib(double(x.comm[last].bytes())).c_str(),
+                    e2e::mib(act).c_str(), e2e::mib(dev).c_str(), e2e::mib(dev_all).c_str(), e2e::mib(double(x.comm[last].bytes())).c_str(),
                     e2e::mib(2.0 * double(x.theory.bytes_each_way)).c_str(), 1e3 * it, 1e3 * cm);
         j.num("max_params", double(b.params)).num("ratio", double(b.params) / r.limit_params);
         j.num("layers", b.config.layers).num("width", b.config.width).num("heads", b.config.heads);
+        j.num("chunk_bytes", double(x.param_chunk_bytes)).num("num_chunks", double(x.num_chunks)).boolean("chunk_capped", b.chunks.capped);
+        j.num("chunk_cap_elems", double(b.chunks.layout.max_chunk_elems)).num("gather_buffer_bytes_theory_no_ahead", double(b.chunks.buffers));
+        j.num("activation_bytes", act).num("device_peak_bytes", dev).num("device_peak_bytes_whole_run", dev_all);
         j.num("model_bytes", double(x.model_bytes)).num("per_rank_model_bytes_peak", peak).num("gather_buffer_bytes", coll);
         j.num("per_rank_model_bytes_peak_whole_run", peak_all).num("gather_buffer_bytes_whole_run", coll_all);
         j.num("gather_buffer_bytes_theory", double(x.theory.peak_collective_bytes));
@@ -855,7 +1023,8 @@ int main(int argc, char** argv) try {
       }
       std::string tried;
       for (const auto& t : r.trials)
-        tried += (tried.empty() ? "" : "; ") + std::to_string(t.config.layers) + " layers " + std::to_string(t.params) +
+        tried += (tried.empty() ? "" : "; ") + std::to_string(t.config.layers) + " layers x " + std::to_string(t.config.width) + " " +
+                 std::to_string(t.params) +
                  (t.fits ? " trains" : " " + t.error.substr(0, t.error.find(':')));
       j.str("trials", tried);
       records.push_back(j);
