@@ -96,6 +96,7 @@ struct options {
   double bandwidth = 1e9, latency = 10e-6;
   bool keep_gathered = false;
   bool gather_ahead = true;
+  bool memory_saving = false;
   std::string scale_preset = "tiny";
   std::string scale_grow = "width";  // width | depth: what the scale family grows by
   int scale_layers = 0;              // the width family's depth (0: default_scale_layers)
@@ -112,7 +113,7 @@ void usage() {
   std::printf(
       "usage: bench_zero [--mode all|timing|scale] [--preset mini] [--batch 12 (global)] [--seq 64] [--ranks 1,2,3,4]\n"
       "                  [--iterations 31] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)] [--keep-gathered]\n"
-      "                  [--no-gather-ahead]\n"
+      "                  [--no-gather-ahead] [--memory-saving]\n"
       "                  [--scale-preset tiny] [--scale-grow width|depth] [--scale-layers 64 (width: the depth)]\n"
       "                  [--scale-buffer-fraction 0.5] [--no-chunk-cap]\n"
       "                  [--device-budget 16MiB] [--host-budget 64MiB (per rank)]\n"
@@ -172,6 +173,7 @@ options parse(int argc, char** argv) {
       o.latency = x[0];
     } else if (a == "--keep-gathered") o.keep_gathered = true;
     else if (a == "--no-gather-ahead") o.gather_ahead = false;
+    else if (a == "--memory-saving") o.memory_saving = true;
     else if (a == "--scale-preset") o.scale_preset = value();
     else if (a == "--scale-grow") o.scale_grow = value();
     else if (a == "--scale-layers") o.scale_layers = static_cast<int>(count(value())), layers_set = true;
@@ -226,7 +228,7 @@ options parse(int argc, char** argv) {
 struct comm_theory {
   std::uint64_t gathers = 0, reductions = 0, chunks = 0;  // per iteration; chunks: padded count (the norm's doubles)
   std::uint64_t gathers_ahead = 0;                        // of the gathers, those started while the scope before computes
-  std::uint64_t bytes_each_way = 0;                       // sent = received, per rank
+  std::uint64_t bytes_sent = 0, bytes_received = 0;        // per rank (equal in the group mode)
   std::uint64_t agreement_bytes_each_way = 0;  // once, in the first traced iteration: the ranks agree on the gathers ahead
                                                // (an allreduce of a double per moment of the trace)
   std::uint64_t peak_collective_bytes = 0;  // most bytes in group buffers (N chunks each) and reduce scratch (one chunk) at once
@@ -240,10 +242,14 @@ struct comm_theory {
  *  @p ahead (the budget holds them all), once a scope is open the groups the next scope needs and
  *  that are not gathered are gathered then. */
 comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ranks, bool keep, bool ahead, std::size_t param_chunk_bytes,
-                        std::size_t grad_chunk_bytes) {
+                        std::size_t grad_chunk_bytes, bool msc = false, int rank = 0) {
   comm_theory t;
   if (ranks <= 1) return t;  // sharding is off at one rank: no collective at all
-  const std::size_t n = static_cast<std::size_t>(ranks), P = plan.num_chunks, groups = P / n;
+  ahead = ahead && !msc;     // the memory-saving mode gathers nothing ahead
+  // The unit gathered and reduced together: a group of N chunks, or (memory-saving mode) one chunk,
+  // broadcast from its owner (which holds no buffer for it) and reduced to its owner.
+  const std::size_t n = static_cast<std::size_t>(ranks), u = msc ? 1 : n, P = plan.num_chunks, groups = P / u;
+  const auto owns = [&](std::size_t chunk) { return chunk % n == static_cast<std::size_t>(rank); };
   std::vector<std::vector<std::size_t>> stage;  // param indices of each stage, in registration order
   std::size_t index = 0;
   for (const auto& layer : gpt::param_layers(c)) {
@@ -274,54 +280,67 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
     }
   auto next_use = [&](std::size_t chunk, std::size_t m, bool grads) { return (grads ? next_grad : next_param)[m][chunk]; };
   std::vector<bool> gathered(groups, false), attached(groups, false);
-  const std::uint64_t group_p = n * param_chunk_bytes, group_g = n * grad_chunk_bytes;
+  const std::uint64_t group_g = u * grad_chunk_bytes;
+  const auto group_p = [&](std::size_t g) -> std::uint64_t { return msc && owns(g) ? 0 : u * param_chunk_bytes; };
+  const std::uint64_t result = msc ? 0 : grad_chunk_bytes;  // the owner's result buffer (the mode's reduce is in place)
   std::uint64_t live = 0;  // bytes in group buffers now
+  std::uint64_t sent = 0, received = 0;
+  const auto gather_bytes = [&](std::size_t g) {
+    if (!msc) sent += (n - 1) * param_chunk_bytes, received += (n - 1) * param_chunk_bytes;
+    else if (owns(g)) sent += (n - 1) * param_chunk_bytes;
+    else received += param_chunk_bytes;
+  };
   // A reduce-scatter starts when a scope closes with its group final (or before the step) and
   // holds its group buffer and the owner's result chunk until the next scope has closed (or the
   // step begins): it runs while that scope computes.
   std::vector<std::size_t> in_flight;
   auto start = [&](std::size_t g) {
-    live += grad_chunk_bytes;  // the owner's result buffer
+    live += result;
     t.peak_collective_bytes = std::max(t.peak_collective_bytes, live);
     in_flight.push_back(g);
     ++t.reductions;
+    if (!msc) sent += (n - 1) * grad_chunk_bytes, received += (n - 1) * grad_chunk_bytes;
+    else if (owns(g)) received += (n - 1) * grad_chunk_bytes;
+    else sent += grad_chunk_bytes;
   };
   auto finish = [&] {
-    for (std::size_t g : in_flight) attached[g] = false, live -= group_g + grad_chunk_bytes;
+    for (std::size_t g : in_flight) attached[g] = false, live -= group_g + result;
     in_flight.clear();
   };
   auto reducing = [&](std::size_t g) { return std::find(in_flight.begin(), in_flight.end(), g) != in_flight.end(); };
   for (std::size_t m = 0; m < M; ++m) {
     for (std::size_t chunk = 0; chunk < P; ++chunk) {
       if (!uses[m][chunk]) continue;
-      const std::size_t g = chunk / n;
-      if (!gathered[g]) gathered[g] = true, ++t.gathers, live += group_p;
+      const std::size_t g = chunk / u;
+      if (!gathered[g]) gathered[g] = true, ++t.gathers, live += group_p(g), gather_bytes(g);
       if (m >= first_backward && !attached[g]) attached[g] = true, live += group_g;
     }
     for (std::size_t chunk = 0; ahead && m + 1 < M && chunk < P; ++chunk)
-      if (uses[m + 1][chunk] && !gathered[chunk / n]) gathered[chunk / n] = true, ++t.gathers, ++t.gathers_ahead, live += group_p;
+      if (uses[m + 1][chunk] && !gathered[chunk / u])
+        gathered[chunk / u] = true, ++t.gathers, ++t.gathers_ahead, live += group_p(chunk / u), gather_bytes(chunk / u);
     t.peak_collective_bytes = std::max(t.peak_collective_bytes, live);
     finish();  // the scope of moment m has closed
     for (std::size_t g = 0; g < groups; ++g) {
       if (attached[g] && !reducing(g)) {
         bool final = true;
-        for (std::size_t k = g * n; k < g * n + n; ++k) final = final && next_use(k, m, true) == none;
+        for (std::size_t k = g * u; k < g * u + u; ++k) final = final && next_use(k, m, true) == none;
         if (final) start(g);
       }
       if (gathered[g]) {
         std::size_t nu = none;
-        for (std::size_t k = g * n; k < g * n + n; ++k) nu = std::min(nu, next_use(k, m, false));
-        if (nu == none || (!keep && nu > m + 1)) gathered[g] = false, live -= group_p;
+        for (std::size_t k = g * u; k < g * u + u; ++k) nu = std::min(nu, next_use(k, m, false));
+        if (nu == none || (!keep && nu > m + 1)) gathered[g] = false, live -= group_p(g);
       }
     }
   }
   for (std::size_t g = 0; g < groups; ++g) {  // before the step, in group order
     if (attached[g] && !reducing(g)) start(g);
-    if (gathered[g]) gathered[g] = false, live -= group_p;
+    if (gathered[g]) gathered[g] = false, live -= group_p(g);
   }
   finish();
   t.chunks = P;
-  t.bytes_each_way = (n - 1) * (t.gathers * param_chunk_bytes + t.reductions * grad_chunk_bytes + t.chunks * sizeof(double));
+  t.bytes_sent = sent + (n - 1) * t.chunks * sizeof(double);  // and the norm: an allreduce of a double per chunk
+  t.bytes_received = received + (n - 1) * t.chunks * sizeof(double);
   // A double per moment of the trace: the scopes, and the step's, one per chunk this rank steps.
   if (ahead) t.agreement_bytes_each_way = (n - 1) * (M + P / n) * sizeof(double);
   return t;
@@ -365,6 +384,7 @@ struct train_setup {
   link_model link;
   bool keep_gathered = false;
   bool gather_ahead = true;
+  bool memory_saving = false;  // ZeRO's memory-saving mode: chunk by chunk
   std::size_t device_capacity = 0, host_capacity = SIZE_MAX;  // 0: sized per N (timing runs)
   bool scale = false;  // auto placement + Belady at the given budgets (else everything on the device)
   searched_layout_options layout{};  // scale runs: the chunk layout (scale_layout: train_gpt's, chunk size capped)
@@ -390,7 +410,7 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
     chunk_plan plan = layout.plan(gpt::param_specs(c));
     const std::size_t chunk_bytes = plan.chunk_elems * sizeof(float);
     plan.num_chunks = shard_map{ranks, 0}.padded(plan.num_chunks);
-    const auto theory = zero_theory(c, plan, ranks, s.keep_gathered, s.gather_ahead, chunk_bytes, chunk_bytes);
+    const auto theory = zero_theory(c, plan, ranks, s.keep_gathered, s.gather_ahead, chunk_bytes, chunk_bytes, s.memory_saving);
     device_capacity = e2e::activation_bytes(c, B, T) + padded_model_bytes(layout, c, ranks) / static_cast<std::size_t>(ranks) +
                       theory.peak_collective_bytes + chunk_bytes;
   }
@@ -398,7 +418,8 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
   host_space host({.capacity = s.host_capacity});
   host_copy_engine copier;
   Runtime rt(device, host, copier, link,
-             {.sharding = {.enabled = ranks > 1, .keep_gathered = s.keep_gathered, .gather_ahead = s.gather_ahead}}, std::move(layout),
+             {.sharding = {.enabled = ranks > 1, .keep_gathered = s.keep_gathered, .gather_ahead = s.gather_ahead, .memory_saving = s.memory_saving}},
+             std::move(layout),
              std::move(placement));
   gpt::chunked_gpt<Runtime> model(rt, c, {B, T}, e2e::model_seed);
   model.finalize();
@@ -409,7 +430,8 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
   me.num_chunks = rt.plan().num_chunks;
   // Under the scale runs' budgets only some gathers start ahead: the theory with all of them
   // ahead bounds the buffers (a gather ahead only starts a group's buffer one scope earlier).
-  me.theory = zero_theory(c, rt.plan(), ranks, s.keep_gathered, s.gather_ahead, me.param_chunk_bytes, me.param_chunk_bytes);
+  me.theory = zero_theory(c, rt.plan(), ranks, s.keep_gathered, s.gather_ahead, me.param_chunk_bytes, me.param_chunk_bytes, s.memory_saving,
+                          link.rank());
   std::vector<int> tokens(B * T), targets(B * T);
   const std::size_t first = B * static_cast<std::size_t>(link.rank());  // this rank's slice of the global batch
   std::uint64_t moved0 = 0;
@@ -541,10 +563,10 @@ void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, co
                 std::to_string(x.theory.peak_collective_bytes));
     for (std::size_t i = from; i < x.comm.size(); ++i) {
       const std::string it = rk + ", iteration " + std::to_string(i + 1);
-      const std::uint64_t expected = x.theory.bytes_each_way + (i == 1 ? x.theory.agreement_bytes_each_way : 0);  // i = 1: the first traced
-      check(x.comm[i].bytes_sent == expected && x.comm[i].bytes_received == expected,
+      const std::uint64_t agree = i == 1 ? x.theory.agreement_bytes_each_way : 0;  // i = 1: the first traced
+      check(x.comm[i].bytes_sent == x.theory.bytes_sent + agree && x.comm[i].bytes_received == x.theory.bytes_received + agree,
             it + ": sent " + std::to_string(x.comm[i].bytes_sent) + " / received " + std::to_string(x.comm[i].bytes_received) +
-                " bytes, theory " + std::to_string(expected) + " each way");
+                " bytes, theory " + std::to_string(x.theory.bytes_sent + agree) + " / " + std::to_string(x.theory.bytes_received + agree));
       check(x.gathers[i] == x.theory.gathers && x.reductions[i] == x.theory.reductions,
             it + ": " + std::to_string(x.gathers[i]) + " gathers / " + std::to_string(x.reductions[i]) + " reductions, theory " +
                 std::to_string(x.theory.gathers) + " / " + std::to_string(x.theory.reductions));
@@ -558,7 +580,7 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
                 // First compute only: nothing slept, as if the link were infinitely fast (the
                 // modelled seconds are still counted).
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
-                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead};
+                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .memory_saving = o.memory_saving};
   const auto compute = run_group(s, data, ranks);
   s.link.sleep = true;
   const auto modelled = run_group(s, data, ranks);
@@ -680,7 +702,7 @@ scale_chunks scale_layout(const options& o, const gpt::gpt_config& c, int ranks)
     for (const auto& l : make_chunk_lists(plan, {.param_type = dtype::f32}))
       if (!l.aliases_param) all += l.chunk_bytes * l.num_chunks;
     e.share = all / static_cast<std::size_t>(ranks);
-    e.buffers = zero_theory(c, plan, ranks, o.keep_gathered, /*ahead=*/false, bytes, bytes).peak_collective_bytes;
+    e.buffers = zero_theory(c, plan, ranks, o.keep_gathered, /*ahead=*/false, bytes, bytes, o.memory_saving).peak_collective_bytes;
     e.within = e.buffers <= budget;
     return e;
   };
@@ -723,7 +745,7 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
   train_setup s{.config = c, .batch_per_rank = o.scale_batch, .seq = o.scale_seq, .steps = o.scale_steps,
                 .warmup = o.scale_steps >= 2 ? 1 : 0,
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
-                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .device_capacity = o.device_budget, .host_capacity = o.host_budget,
+                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .memory_saving = o.memory_saving, .device_capacity = o.device_budget, .host_capacity = o.host_budget,
                 .scale = true, .layout = t.chunks.layout};
   const auto t0 = e2e::clock::now();
   try {
@@ -897,7 +919,7 @@ int main(int argc, char** argv) try {
                 "iteration ms | compute ms | comm ms (modelled) | overlap = it/max | (c+m)/max |\n"
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const auto& z : zs) {
-      const double mx = std::max(z.compute_s, z.comm_s), theory = 2.0 * double(z.theory.bytes_each_way);
+      const double mx = std::max(z.compute_s, z.comm_s), theory = double(z.theory.bytes_sent + z.theory.bytes_received);
       char ratio[32] = "-";
       if (theory > 0) std::snprintf(ratio, sizeof ratio, "%.6f", double(z.comm_bytes) / theory);
       std::printf("| %d | %llu (theory %llu) | %llu (theory %llu) | %llu | %s | %s | %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n", z.ranks,
@@ -936,7 +958,7 @@ int main(int argc, char** argv) try {
       j.num("chunk_bytes", double(z.chunk_bytes)).num("num_chunks", double(z.num_chunks));
       j.num("bytes_moved_per_iteration", double(z.bytes_moved) / o.iterations);
       j.num("gathers_per_iteration", double(z.gathers)).num("reductions_per_iteration", double(z.reductions));
-      j.num("comm_bytes", double(z.comm_bytes)).num("comm_bytes_theory", 2.0 * double(z.theory.bytes_each_way));
+      j.num("comm_bytes", double(z.comm_bytes)).num("comm_bytes_theory", double(z.theory.bytes_sent + z.theory.bytes_received));
       j.num("iteration_s", z.iteration_s).num("compute_s", z.compute_s).num("comm_s", z.comm_s);
       j.num("overlap", z.iteration_s / mx).num("serial_overlap", (z.compute_s + z.comm_s) / mx);
       j.num("bandwidth", o.bandwidth).num("latency", o.latency).boolean("keep_gathered", o.keep_gathered);
@@ -1005,7 +1027,7 @@ int main(int argc, char** argv) try {
                     e2e::mib(double(x.param_chunk_bytes)).c_str(), b.chunks.capped ? "*" : "", e2e::mib(double(x.model_bytes)).c_str(),
                     e2e::mib(peak).c_str(), e2e::mib(peak_all).c_str(), e2e::mib(coll).c_str(), e2e::mib(coll_all).c_str(),
                     e2e::mib(act).c_str(), e2e::mib(dev).c_str(), e2e::mib(dev_all).c_str(), e2e::mib(double(x.comm[last].bytes())).c_str(),
-                    e2e::mib(2.0 * double(x.theory.bytes_each_way)).c_str(), 1e3 * it, 1e3 * cm);
+                    e2e::mib(double(x.theory.bytes_sent + x.theory.bytes_received)).c_str(), 1e3 * it, 1e3 * cm);
         j.num("max_params", double(b.params)).num("ratio", double(b.params) / r.limit_params);
         j.num("layers", b.config.layers).num("width", b.config.width).num("heads", b.config.heads);
         j.num("chunk_bytes", double(x.param_chunk_bytes)).num("num_chunks", double(x.num_chunks)).boolean("chunk_capped", b.chunks.capped);
@@ -1014,7 +1036,7 @@ int main(int argc, char** argv) try {
         j.num("model_bytes", double(x.model_bytes)).num("per_rank_model_bytes_peak", peak).num("gather_buffer_bytes", coll);
         j.num("per_rank_model_bytes_peak_whole_run", peak_all).num("gather_buffer_bytes_whole_run", coll_all);
         j.num("gather_buffer_bytes_theory", double(x.theory.peak_collective_bytes));
-        j.num("comm_bytes", double(x.comm[last].bytes())).num("comm_bytes_theory", 2.0 * double(x.theory.bytes_each_way));
+        j.num("comm_bytes", double(x.comm[last].bytes())).num("comm_bytes_theory", double(x.theory.bytes_sent + x.theory.bytes_received));
         j.num("iteration_s", it).num("compute_s", it).num("comm_s", cm);  // no link slept: compute is the iteration
       } else {
         std::printf("| %d | %s + %s | %.3f | - | - | - | - | - | - | - | - | - | - |\n", r.ranks, format_bytes(o.device_budget).c_str(),
