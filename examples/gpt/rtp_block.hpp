@@ -37,6 +37,7 @@
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/rotation.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>

@@ -3,7 +3,7 @@
 // independent float64 reference that carries a running error bound for every value
 // (block_error_bound.hpp). Each rank has its own micro-batch; the serial block runs the N
 // micro-batches one after another with its gradients summed. Tolerances are derived, not tuned:
-// docs/rtp.md ("The GPT block: tolerance") explains them.
+// docs/rtp.md ("The GPT block", "Tolerance") derives them.
 #include "block_error_bound.hpp"
 #include "rtp_block.hpp"
 
@@ -295,7 +295,7 @@ constexpr int mc_samples = 32;
 // Hoeffding: for independent zero-mean local errors |d_s| <= b_s, P(|sum J_s d_s| >= lambda
 // sqrt(sum J_s^2 b_s^2)) <= 2 exp(-lambda^2 / 2); lambda = 6 gives 3e-8 per element. A uniform
 // draw in [-b_s, b_s] has variance b_s^2 / 3, so sqrt(sum J_s^2 b_s^2) = sqrt(3) rms; and 32
-// samples estimate the rms within a factor 2 except with probability 1e-5 (chi-square, 32
+// samples estimate the rms within a factor 2 except with probability 5e-6 (chi-square, 32
 // degrees of freedom). So: 6 sqrt(3) 2 = 20.8.
 constexpr double mc_factor = 6 * 1.7320508075688772 * 2;
 
