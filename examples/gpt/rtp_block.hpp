@@ -1,0 +1,391 @@
+/** @file
+ *  @brief `gpt::rtp_block`: one GPT transformer block under Rotated Tensor Parallelism (RTP) on
+ *         N ranks, and `gpt::rtp_block_partition`, which of the block's weights each shard holds.
+ *
+ *  Every rank trains on its own micro-batch (as in data parallelism) and owns 1/N of the block's
+ *  large weights; the shards rotate round the ring (`chunkstar::rtp::rotation`, one per
+ *  sub-layer), activations never move. The partition is "column then row, fused per shard":
+ *
+ *  - attention, by head group: shard j holds heads [j H/N, (j+1) H/N), i.e. channels
+ *    [j C/N, (j+1) C/N) of q, k and v: those rows of the qkv weight and bias, and the same
+ *    columns (inputs) of the output projection. With the shard at hand a rank computes q, k, v of
+ *    those heads, their attention, and the heads' partial output projection [rows, C], which it
+ *    adds to a running sum; after the N steps the sum is the full projection.
+ *  - MLP, by hidden unit: shard j holds units [j 4C/N, (j+1) 4C/N): those rows of the fc weight and
+ *    bias and the same columns of the fc projection. fc, GELU (element-wise, so local to the units)
+ *    and the partial projection happen in one step; the partial outputs are summed likewise.
+ *  - replicated on every rank: both LayerNorms' gains and biases and the two output biases
+ *    (added once, after the sum, not per shard). Their gradients are summed over ranks by
+ *    `reduce_replicated_grads`, so the replicas stay equal.
+ *
+ *  The math is the serial block's (gpt_model.hpp `block_forward` / `block_backward`), written with
+ *  the same kernels (kernels_cpu.hpp) on sub-blocks: a shard's q|k|v rows form a qkv weight for
+ *  H/N heads of width C/N, so `attention_forward` runs unchanged on the head subset. Activations use
+ *  `block_activations` with the serial block's sizes (RTP does not shrink activations); only the
+ *  inner layout of the per-shard tensors differs (see `rtp_block::forward`). docs/rtp.md has the
+ *  memory and communication per rank and why this split.
+ */
+#pragma once
+
+#include "gpt_model.hpp"
+#include "kernels_cpu.hpp"
+#include "model_config.hpp"
+
+#include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/rtp/partition.hpp>
+#include <chunkstar/rtp/replicated.hpp>
+#include <chunkstar/rtp/rotation.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+/** @brief The tensors of one block, in `block_params` order. */
+enum class block_tensor : int { ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b };
+
+/** @brief Number of `block_tensor`s. */
+inline constexpr std::size_t block_tensor_count = 12;
+
+/** @brief The tensor @p t of @p p. */
+template <cpu::scalar T>
+T* tensor_of(const block_params<T>& p, block_tensor t) noexcept {
+  T* const all[block_tensor_count] = {p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b,
+                                      p.ln2_w, p.ln2_b, p.fc_w,  p.fc_b,  p.fcproj_w, p.fcproj_b};
+  return all[static_cast<std::size_t>(t)];
+}
+
+/** @brief Elements of tensor @p t in a block of width @p C. */
+constexpr std::size_t block_tensor_elems(block_tensor t, std::size_t C) noexcept {
+  switch (t) {
+    case block_tensor::qkv_w: return 3 * C * C;
+    case block_tensor::qkv_b: return 3 * C;
+    case block_tensor::proj_w: return C * C;
+    case block_tensor::fc_w: return 4 * C * C;
+    case block_tensor::fc_b: return 4 * C;
+    case block_tensor::fcproj_w: return 4 * C * C;
+    default: return C;  // the LayerNorms and the two output biases
+  }
+}
+
+/** @brief Which elements of a block each of N shards holds, and where in the shard buffer.
+ *
+ *  A pure description (no communication); `partition_block` builds it and checks divisibility.
+ *  Layouts, row-major, Cs = C/N channels (H/N heads), M = 4C/N hidden units:
+ *  - attention shard: [q rows | k rows | v rows] of qkv.w (3 Cs x C) | the same rows of qkv.b
+ *    (3 Cs) | proj.w's columns (C x Cs). The q|k|v order per row is what `attention_forward`
+ *    expects of a qkv tensor of width Cs, so the shard is a self-contained Cs-wide attention.
+ *  - MLP shard: fc.w's rows (M x C) | fc.b's (M) | fcproj.w's columns (C x M).
+ *  - replicated (every rank): ln1.w | ln1.b | proj.b | ln2.w | ln2.b | fcproj.b, C each.
+ */
+struct rtp_block_partition {
+  std::size_t width = 0;           ///< C
+  std::size_t heads = 0;           ///< H
+  std::size_t world = 0;           ///< N
+  std::size_t head_size = 0;       ///< C / H
+  std::size_t shard_heads = 0;     ///< H / N
+  std::size_t shard_channels = 0;  ///< Cs = C / N = shard_heads * head_size
+  std::size_t shard_units = 0;     ///< M = 4C / N
+
+  /** @brief The replicated tensors, in their order in the replicated buffer. */
+  static constexpr std::array<block_tensor, 6> replicated_tensors{block_tensor::ln1_w, block_tensor::ln1_b,
+                                                                  block_tensor::proj_b, block_tensor::ln2_w,
+                                                                  block_tensor::ln2_b, block_tensor::fcproj_b};
+
+  [[nodiscard]] constexpr std::size_t attn_qkv_w() const noexcept { return 0; }
+  [[nodiscard]] constexpr std::size_t attn_qkv_b() const noexcept { return 3 * shard_channels * width; }
+  [[nodiscard]] constexpr std::size_t attn_proj_w() const noexcept { return attn_qkv_b() + 3 * shard_channels; }
+  /** @brief Elements of an attention shard: Cs (4C + 3). */
+  [[nodiscard]] constexpr std::size_t attn_elems() const noexcept { return attn_proj_w() + width * shard_channels; }
+
+  [[nodiscard]] constexpr std::size_t mlp_fc_w() const noexcept { return 0; }
+  [[nodiscard]] constexpr std::size_t mlp_fc_b() const noexcept { return shard_units * width; }
+  [[nodiscard]] constexpr std::size_t mlp_proj_w() const noexcept { return mlp_fc_b() + shard_units; }
+  /** @brief Elements of an MLP shard: M (2C + 1). */
+  [[nodiscard]] constexpr std::size_t mlp_elems() const noexcept { return mlp_proj_w() + width * shard_units; }
+
+  /** @brief Elements of the replicated buffer: 6C. */
+  [[nodiscard]] constexpr std::size_t replicated_elems() const noexcept { return 6 * width; }
+  /** @brief Offset of replicated tensor @p t (one of `replicated_tensors`) in the replicated buffer. */
+  [[nodiscard]] constexpr std::size_t replicated_offset(block_tensor t) const noexcept {
+    for (std::size_t k = 0; k < replicated_tensors.size(); ++k)
+      if (replicated_tensors[k] == t) return k * width;
+    return replicated_elems();  // not replicated
+  }
+
+  /** @brief Calls `f(tensor, global_index, offset)` for every element of attention shard @p shard:
+   *  element `global_index` of the full `tensor` lives at `offset` in the shard. */
+  template <class F>
+  void for_each_attention(int shard, F&& f) const {
+    const std::size_t C = width, Cs = shard_channels, c0 = static_cast<std::size_t>(shard) * Cs;
+    for (std::size_t part = 0; part < 3; ++part)  // q, k, v
+      for (std::size_t r = 0; r < Cs; ++r) {
+        const std::size_t row = part * C + c0 + r, local = part * Cs + r;
+        for (std::size_t col = 0; col < C; ++col) f(block_tensor::qkv_w, row * C + col, attn_qkv_w() + local * C + col);
+        f(block_tensor::qkv_b, row, attn_qkv_b() + local);
+      }
+    for (std::size_t o = 0; o < C; ++o)
+      for (std::size_t r = 0; r < Cs; ++r) f(block_tensor::proj_w, o * C + c0 + r, attn_proj_w() + o * Cs + r);
+  }
+
+  /** @brief The same for MLP shard @p shard. */
+  template <class F>
+  void for_each_mlp(int shard, F&& f) const {
+    const std::size_t C = width, M = shard_units, u0 = static_cast<std::size_t>(shard) * M;
+    for (std::size_t r = 0; r < M; ++r) {
+      for (std::size_t col = 0; col < C; ++col) f(block_tensor::fc_w, (u0 + r) * C + col, mlp_fc_w() + r * C + col);
+      f(block_tensor::fc_b, u0 + r, mlp_fc_b() + r);
+    }
+    for (std::size_t o = 0; o < C; ++o)
+      for (std::size_t r = 0; r < M; ++r) f(block_tensor::fcproj_w, o * 4 * C + u0 + r, mlp_proj_w() + o * M + r);
+  }
+
+  /** @brief The same for the replicated buffer. */
+  template <class F>
+  void for_each_replicated(F&& f) const {
+    for (std::size_t k = 0; k < replicated_tensors.size(); ++k)
+      for (std::size_t i = 0; i < width; ++i) f(replicated_tensors[k], i, k * width + i);
+  }
+};
+
+/** @brief The partition of a block of @p c over @p world ranks. Throws `chunkstar::config_error`
+ *  (from rtp/partition.hpp, naming the dimension and listing the world sizes that divide it) when
+ *  @p world does not divide the heads, or the MLP's 4C hidden units. (4C = 4 H (C/H), so any N
+ *  that divides the heads divides 4C: the heads are the binding dimension.) */
+inline rtp_block_partition partition_block(const gpt_config& c, int world) {
+  validate(c);
+  const auto H = static_cast<std::size_t>(c.heads), C = static_cast<std::size_t>(c.width);
+  chunkstar::rtp::require_divisible("heads", H, world);
+  chunkstar::rtp::require_divisible("mlp hidden units (4 * width)", 4 * C, world);
+  rtp_block_partition p;
+  p.width = C;
+  p.heads = H;
+  p.world = static_cast<std::size_t>(world);
+  p.head_size = C / H;
+  p.shard_heads = chunkstar::rtp::shard_range(H, world, 0, "heads").size();
+  p.shard_channels = p.shard_heads * p.head_size;
+  p.shard_units = chunkstar::rtp::shard_range(4 * C, world, 0, "mlp hidden units (4 * width)").size();
+  return p;
+}
+
+/** @brief One transformer block of config @p c on the ranks of a `Communicator`, under RTP.
+ *
+ *  Every rank of `comm` constructs one (same config), fills its shards (`fill` by global index, so
+ *  a rank materialises only its own; or `load` from full tensors), then calls `forward` and
+ *  `backward` in the same sequence (they are collectives: ring shifts and, in backward, one
+ *  all-reduce of the replicated gradients). Each rank passes its own micro-batch.
+ *
+ *  Holds per rank: the owned attention and MLP shards and their gradients (two
+ *  `chunkstar::rtp::rotation`s, each with its transit buffers) and the replicated tensors and
+ *  their gradients.
+ *
+ *  **Gradients.** `backward` *replaces* the owned shards' gradients with the gradient of the
+ *  **sum** of the ranks' losses (what the rotation gives) and the replicated gradients with the
+ *  same sum (all-reduced). Scale the upstream gradient for a mean.
+ *
+ *  **Exception safety.** If a kernel or the communicator throws, the owned weights and the
+ *  replicated weights are unchanged (nothing here writes them), no shift is in flight (the
+ *  rotations' guarantee), and the object can be used again; activations, the workspace and the
+ *  gradients are unspecified (a failed backward may have replaced the MLP shard's gradient and not
+ *  the attention shard's). A failure on one rank reaches the peers as `communication_error` (see
+ *  rtp/rotation.hpp).
+ */
+template <chunkstar::Communicator Comm>
+class rtp_block {
+ public:
+  using rotation_type = chunkstar::rtp::rotation<Comm>;
+
+  /** @brief Partitions a block of @p c over `comm.size()` ranks (`config_error` if the world size
+   *  does not divide the heads) and allocates this rank's shards, zeroed. */
+  rtp_block(Comm& comm, const gpt_config& c)
+      : comm_(comm),
+        config_(c),
+        part_(partition_block(c, comm.size())),
+        attn_(comm, part_.attn_elems()),
+        mlp_(comm, part_.mlp_elems()),
+        rep_(part_.replicated_elems(), 0.0f),
+        rep_grad_(part_.replicated_elems(), 0.0f) {}
+
+  rtp_block(const rtp_block&) = delete;
+  rtp_block& operator=(const rtp_block&) = delete;
+
+  [[nodiscard]] const rtp_block_partition& partition() const noexcept { return part_; }
+  [[nodiscard]] const gpt_config& config() const noexcept { return config_; }
+  /** @brief The attention sub-layer's rotation: `owned()` is this rank's attention shard. */
+  [[nodiscard]] rotation_type& attention() noexcept { return attn_; }
+  [[nodiscard]] const rotation_type& attention() const noexcept { return attn_; }
+  /** @brief The MLP sub-layer's rotation. */
+  [[nodiscard]] rotation_type& mlp() noexcept { return mlp_; }
+  [[nodiscard]] const rotation_type& mlp() const noexcept { return mlp_; }
+  /** @brief The replicated tensors (`rtp_block_partition::replicated_tensors` order), the same on
+   *  every rank as long as every rank applies the same update to them. */
+  [[nodiscard]] std::span<float> replicated() noexcept { return rep_; }
+  [[nodiscard]] std::span<const float> replicated() const noexcept { return rep_; }
+  /** @brief Their gradients, summed over the ranks by the last `backward`. */
+  [[nodiscard]] std::span<float> replicated_grad() noexcept { return rep_grad_; }
+  [[nodiscard]] std::span<const float> replicated_grad() const noexcept { return rep_grad_; }
+
+  /** @brief Bytes per rank of model data: owned shards and their gradients, replicas and theirs. */
+  [[nodiscard]] std::size_t model_bytes() const noexcept {
+    return 2 * (part_.attn_elems() + part_.mlp_elems() + part_.replicated_elems()) * sizeof(float);
+  }
+  /** @brief Bytes per rank the rotations add (their transit buffers). */
+  [[nodiscard]] std::size_t transient_bytes() const noexcept { return attn_.transient_bytes() + mlp_.transient_bytes(); }
+
+  /** @brief Materialises this rank's shards and the replicas only: element i of tensor t is
+   *  `value(t, i)` (i the index in the full tensor; e.g. a `counter_init` draw). */
+  template <class F>
+  void fill(F&& value) {
+    const int me = comm_.rank();
+    auto a = attn_.owned();
+    part_.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { a[off] = value(t, i); });
+    auto m = mlp_.owned();
+    part_.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { m[off] = value(t, i); });
+    part_.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { rep_[off] = value(t, i); });
+  }
+
+  /** @brief `fill` from the full tensors of @p full. */
+  void load(const block_params<float>& full) {
+    fill([&](block_tensor t, std::size_t i) { return tensor_of(full, t)[i]; });
+  }
+
+  /** @brief Writes this rank's shards and the replicas into their places in the full tensors of
+   *  @p full (the other shards' elements are left alone): every rank storing into one block
+   *  assembles the whole block. */
+  void store(const block_params<float>& full) const { store_from(full, attn_.owned(), mlp_.owned(), rep_); }
+  /** @brief The same for the gradients. */
+  void store_grads(const block_params<float>& full) const {
+    store_from(full, attn_.owned_grad(), mlp_.owned_grad(), rep_grad_);
+  }
+
+  /** @brief The block's forward on this rank's micro-batch of @p B sequences of @p Tn tokens:
+   *  `a.res3` = block(@p x), as `block_forward`; @p proj is [B Tn, C] scratch. Two rotations (N - 1
+   *  shifts each); forward-only use (evaluation) leaves every shard where it was.
+   *
+   *  Activations: the same tensors and sizes as the serial block (`bind_block_activations`), with
+   *  the per-shard ones stored shard-major: shard j's q|k|v [rows, 3 Cs] at `a.qkv + j rows 3 Cs`,
+   *  its heads' output [rows, Cs] at `a.atty + j rows Cs`, their probabilities [B, H/N, Tn, Tn] at
+   *  `a.att + j B (H/N) Tn Tn`, and MLP shard j's fc output and GELU [rows, M] at
+   *  `a.fch + j rows M` and `a.fch_gelu + j rows M`. The others (LayerNorms, res2, res3) are the
+   *  serial layout. */
+  void forward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a, float* proj) {
+    compute_activation_sizes(config_, B, Tn);  // validates the shape
+    const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
+    const std::size_t G = part_.shard_heads;
+    const float* ln1_w = rep(block_tensor::ln1_w);
+    cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, ln1_w, rep(block_tensor::ln1_b), N, C);
+    // res2 first collects the head groups' partial projections, in ring order.
+    cpu::zero(a.res2, N * C);
+    attn_.forward([&](int j, std::span<const float> s) {
+      const auto jj = static_cast<std::size_t>(j);
+      float* qkv = a.qkv + jj * N * 3 * Cs;
+      float* atty = a.atty + jj * N * Cs;
+      float* att = a.att + jj * B * G * Tn * Tn;
+      cpu::matmul_forward(qkv, a.ln1, s.data() + part_.attn_qkv_w(), s.data() + part_.attn_qkv_b(), N, C, 3 * Cs);
+      cpu::attention_forward(atty, att, qkv, B, Tn, Cs, G);
+      cpu::matmul_forward(proj, atty, s.data() + part_.attn_proj_w(), static_cast<const float*>(nullptr), N, Cs, C);
+      add_into(a.res2, proj, N * C);
+    });
+    finish_residual(a.res2, x, rep(block_tensor::proj_b), N);  // res2 = x + (sum + proj.b)
+    cpu::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, rep(block_tensor::ln2_w), rep(block_tensor::ln2_b),
+                           N, C);
+    cpu::zero(a.res3, N * C);
+    mlp_.forward([&](int j, std::span<const float> s) {
+      const auto jj = static_cast<std::size_t>(j);
+      float* fch = a.fch + jj * N * M;
+      float* fch_gelu = a.fch_gelu + jj * N * M;
+      cpu::matmul_forward(fch, a.ln2, s.data() + part_.mlp_fc_w(), s.data() + part_.mlp_fc_b(), N, C, M);
+      cpu::gelu_forward(fch_gelu, fch, N * M);
+      cpu::matmul_forward(proj, fch_gelu, s.data() + part_.mlp_proj_w(), static_cast<const float*>(nullptr), N, M, C);
+      add_into(a.res3, proj, N * C);
+    });
+    finish_residual(a.res3, a.res2, rep(block_tensor::fcproj_b), N);  // res3 = res2 + (sum + fcproj.b)
+  }
+
+  /** @brief The block's backward on this rank's micro-batch, for the last `forward` on @p a. On
+   *  entry `w.dres` is the gradient of the block's output; on exit, of its input @p x (the sum
+   *  over the shards of their contributions, as the serial block's). Replaces the shards' and the
+   *  replicas' gradients with their sums over the ranks. Uses of the workspace: dres, dln, and the
+   *  first rows*Cs, rows*3Cs, rows*M, rows*M and B (H/N) Tn elements of datty, dqkv, dfch_gelu,
+   *  dfch and att_scratch. */
+  void backward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a,
+                const backward_workspace<float>& w) {
+    compute_activation_sizes(config_, B, Tn);
+    const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
+    const std::size_t G = part_.shard_heads;
+    std::fill(rep_grad_.begin(), rep_grad_.end(), 0.0f);
+    // MLP branch: every shard adds its units' share into dln.
+    cpu::detail::add_column_sums(rep_grad(block_tensor::fcproj_b), w.dres, N, C);
+    cpu::zero(w.dln, N * C);
+    mlp_.backward([&](int j, std::span<const float> s, std::span<float> g) {
+      const auto jj = static_cast<std::size_t>(j);
+      const float* fch = a.fch + jj * N * M;
+      const float* fch_gelu = a.fch_gelu + jj * N * M;
+      cpu::zero(w.dfch_gelu, N * M);
+      cpu::matmul_backward(w.dfch_gelu, g.data() + part_.mlp_proj_w(), static_cast<float*>(nullptr), w.dres, fch_gelu,
+                           s.data() + part_.mlp_proj_w(), N, M, C);
+      cpu::zero(w.dfch, N * M);
+      cpu::gelu_backward(w.dfch, fch, w.dfch_gelu, N * M);
+      cpu::matmul_backward(w.dln, g.data() + part_.mlp_fc_w(), g.data() + part_.mlp_fc_b(), w.dfch, a.ln2,
+                           s.data() + part_.mlp_fc_w(), N, C, M);
+    });
+    cpu::layernorm_backward(w.dres, rep_grad(block_tensor::ln2_w), rep_grad(block_tensor::ln2_b), w.dln, a.res2,
+                            rep(block_tensor::ln2_w), a.ln2_mean, a.ln2_rstd, N, C);
+    // Attention branch: every head group adds its share into dln.
+    cpu::detail::add_column_sums(rep_grad(block_tensor::proj_b), w.dres, N, C);
+    cpu::zero(w.dln, N * C);
+    attn_.backward([&](int j, std::span<const float> s, std::span<float> g) {
+      const auto jj = static_cast<std::size_t>(j);
+      const float* qkv = a.qkv + jj * N * 3 * Cs;
+      const float* atty = a.atty + jj * N * Cs;
+      const float* att = a.att + jj * B * G * Tn * Tn;
+      cpu::zero(w.datty, N * Cs);
+      cpu::matmul_backward(w.datty, g.data() + part_.attn_proj_w(), static_cast<float*>(nullptr), w.dres, atty,
+                           s.data() + part_.attn_proj_w(), N, Cs, C);
+      cpu::zero(w.dqkv, N * 3 * Cs);
+      cpu::attention_backward(w.dqkv, w.att_scratch, w.datty, qkv, att, B, Tn, Cs, G);
+      cpu::matmul_backward(w.dln, g.data() + part_.attn_qkv_w(), g.data() + part_.attn_qkv_b(), w.dqkv, a.ln1,
+                           s.data() + part_.attn_qkv_w(), N, C, 3 * Cs);
+    });
+    cpu::layernorm_backward(w.dres, rep_grad(block_tensor::ln1_w), rep_grad(block_tensor::ln1_b), w.dln, x,
+                            rep(block_tensor::ln1_w), a.ln1_mean, a.ln1_rstd, N, C);
+    chunkstar::rtp::reduce_replicated_grads(comm_, std::span<float>(rep_grad_));
+  }
+
+ private:
+  const float* rep(block_tensor t) const noexcept { return rep_.data() + part_.replicated_offset(t); }
+  float* rep_grad(block_tensor t) noexcept { return rep_grad_.data() + part_.replicated_offset(t); }
+
+  static void add_into(float* acc, const float* part, std::size_t n) noexcept {
+    for (std::size_t i = 0; i < n; ++i) acc[i] += part[i];
+  }
+  /** @brief out = residual + (out + bias), per row: the output bias is added once, to the sum of
+   *  the shards' partial outputs. */
+  void finish_residual(float* out, const float* residual, const float* bias, std::size_t rows) const noexcept {
+    const std::size_t C = part_.width;
+    for (std::size_t n = 0; n < rows; ++n)
+      for (std::size_t c = 0; c < C; ++c) out[n * C + c] = residual[n * C + c] + (out[n * C + c] + bias[c]);
+  }
+
+  void store_from(const block_params<float>& full, std::span<const float> a, std::span<const float> m,
+                  std::span<const float> r) const {
+    const int me = comm_.rank();
+    part_.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = a[off]; });
+    part_.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = m[off]; });
+    part_.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = r[off]; });
+  }
+
+  Comm& comm_;
+  gpt_config config_;
+  rtp_block_partition part_;
+  rotation_type attn_;
+  rotation_type mlp_;
+  std::vector<float> rep_, rep_grad_;
+};
+
+}  // namespace gpt
