@@ -29,7 +29,7 @@ using namespace chunkstar;
 // A type with every required expression, each switchable off (or to a wrong shape) to show that
 // the concept notices. All switches on = a valid model (the positive control).
 template <bool ConstRank = true, bool IntRank = true, bool DoubleAllreduce = true, bool Ring = true, bool AsyncHandle = true,
-          bool Barrier = true>
+          bool Barrier = true, bool Reduce = true>
 struct fake_comm {
   int rank() const noexcept
     requires(ConstRank && IntRank)
@@ -53,6 +53,9 @@ struct fake_comm {
   {}
   void allgather(const void*, void*, std::size_t) {}
   void reduce_scatter(const void*, void*, std::size_t, dtype, reduce_op) {}
+  void reduce(const void*, void*, std::size_t, dtype, reduce_op, int)
+    requires Reduce
+  {}
   void broadcast(void*, std::size_t, int) {}
   void ring_shift(const void*, void*, std::size_t)
     requires Ring
@@ -71,6 +74,11 @@ struct fake_comm {
   comm_handle allreduce_async(std::span<double>, reduce_op) { return {}; }
   comm_handle allgather_async(const void*, void*, std::size_t) { return {}; }
   comm_handle reduce_scatter_async(const void*, void*, std::size_t, dtype, reduce_op) { return {}; }
+  comm_handle reduce_async(const void*, void*, std::size_t, dtype, reduce_op, int)
+    requires Reduce
+  {
+    return {};
+  }
   comm_handle broadcast_async(void*, std::size_t, int) { return {}; }
   comm_handle ring_shift_async(const void*, void*, std::size_t) { return {}; }
 };
@@ -84,6 +92,7 @@ static_assert(!Communicator<fake_comm<true, true, false>>, "allreduce(span<doubl
 static_assert(!Communicator<fake_comm<true, true, true, false>>, "ring_shift is required");
 static_assert(!Communicator<fake_comm<true, true, true, true, false>>, "async forms must return comm_handle");
 static_assert(!Communicator<fake_comm<true, true, true, true, true, false>>, "barrier is required");
+static_assert(!Communicator<fake_comm<true, true, true, true, true, true, false>>, "reduce (rooted) is required");
 static_assert(!Communicator<int>);
 static_assert(!Communicator<in_process_group>, "the group is not a rank's communicator");
 
@@ -158,6 +167,7 @@ class swapped_ops_communicator {
   void allreduce(std::span<double> d, reduce_op op) { c_->allreduce(d, swap(op)); }
   void allgather(const void* s, void* r, std::size_t n) { c_->allgather(s, r, n); }
   void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { c_->reduce_scatter(s, r, n, t, swap(op)); }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { c_->reduce(s, r, n, t, swap(op), root); }
   void broadcast(void* p, std::size_t n, int root) { c_->broadcast(p, n, root); }
   void ring_shift(const void* s, void* r, std::size_t n) { c_->ring_shift(s, r, n); }
   void barrier() { c_->barrier(); }
@@ -166,6 +176,9 @@ class swapped_ops_communicator {
   comm_handle allgather_async(const void* s, void* r, std::size_t n) { return c_->allgather_async(s, r, n); }
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
     return c_->reduce_scatter_async(s, r, n, t, swap(op));
+  }
+  comm_handle reduce_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    return c_->reduce_async(s, r, n, t, swap(op), root);
   }
   comm_handle broadcast_async(void* p, std::size_t n, int root) { return c_->broadcast_async(p, n, root); }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) { return c_->ring_shift_async(s, r, n); }
