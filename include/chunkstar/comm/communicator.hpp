@@ -200,8 +200,9 @@ struct comm_counter {
  *     rank's `cp`, reduced over ranks, into rank `root`'s `p`; on every other rank `p` is not
  *     written (and may be null). In place on the root when `cp == p`; any other overlap of `cp`
  *     and `p` on the root is a `config_error` (on other ranks `p` is not looked at). `root` outside
- *     `[0, size())` is a `config_error`. The same result at the root as `allreduce`, for the bytes
- *     of a reduce-scatter: the root receives (N-1)·b, every other rank sends b (b = n·dtype_size(t)).
+ *     `[0, size())` is a `config_error`. The root gets what `allreduce` would give it, but only the
+ *     root receives: (N-1)·b, while every other rank sends b (b = n·dtype_size(t)); so N reduces
+ *     of b bytes to N different roots move what one reduce-scatter of N blocks of b does.
  *  7. `c.broadcast(p, n, root)` — `n` bytes of rank `root`'s `p` into every rank's `p`;
  *     `root` outside `[0, size())` is a `config_error`.
  *  8. `c.ring_shift(cp, p, n)` — sends `n` bytes to `(rank()+1) % size()`, receives `n` bytes
@@ -218,9 +219,10 @@ struct comm_counter {
  *      `communication_error` (from the call, or from `comm_handle::wait()`); never a hang where
  *      the model can detect the cause.
  *
- *  Determinism (2, 3, 5, 6): the result is bit-identical on every rank and equals the reduction in
- *  rank order 0..N-1 (for 6, at the root): each element of rank 0 widened to float (double for 3), combined with ranks
- *  1..N-1 in turn in float, then rounded once to `t`. `sum` adds; `max`/`min` keep the earlier
+ *  Determinism (2, 3, 5, 6): the result is bit-identical on every rank (for 6, it is only at the
+ *  root, and equals what 2 would have given there) and equals the reduction in rank order 0..N-1:
+ *  each element of rank 0 widened to float (double for 3), combined with ranks 1..N-1 in turn in
+ *  float, then rounded once to `t`. `sum` adds; `max`/`min` keep the earlier
  *  value on ties and propagate the first NaN met in rank order. With one rank the result is the
  *  input unchanged (no widen/narrow round trip). So N ranks give the same bits whichever model
  *  runs them. Exception: `nccl_communicator` uses NCCL's own order (see its header).
