@@ -6,9 +6,11 @@
  *  work and counts the bytes (comm_stats). The bytes of one call are the wrapped communicator's
  *  comm_stats delta across the call: max(sent, received), since a rank's link is full duplex (for
  *  allgather, reduce-scatter and allreduce both are (N-1) x the per-rank bytes, so this is the sent
- *  bytes). The call then sleeps until its modelled duration has passed since it began. The link is
- *  one resource per rank: a collective issued while an earlier one still occupies it starts when
- *  that one ends (asynchronous calls queue behind each other, as on one NIC).
+ *  bytes; for a rooted reduce of b bytes it is (N-1)·b received on the root and b sent elsewhere,
+ *  so the root's link carries N-1 times what each other rank's does). The call then sleeps until
+ *  its modelled duration has passed since it began. The link is one resource per rank: a
+ *  collective issued while an earlier one still occupies it starts when that one ends
+ *  (asynchronous calls queue behind each other, as on one NIC).
  *
  *  Asynchronous calls return at once; their handle's wait() waits for the wrapped operation and
  *  then for the modelled end, so work done between issue and wait overlaps with the link (the
@@ -79,6 +81,9 @@ class modelled_link {
   void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
     sync([&] { inner_.reduce_scatter(s, r, n, t, op); });
   }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    sync([&] { inner_.reduce(s, r, n, t, op, root); });
+  }
   void broadcast(void* p, std::size_t n, int root) {
     sync([&] { inner_.broadcast(p, n, root); });
   }
@@ -100,6 +105,9 @@ class modelled_link {
   }
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
     return async([&] { return inner_.reduce_scatter_async(s, r, n, t, op); });
+  }
+  comm_handle reduce_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    return async([&] { return inner_.reduce_async(s, r, n, t, op, root); });
   }
   comm_handle broadcast_async(void* p, std::size_t n, int root) {
     return async([&] { return inner_.broadcast_async(p, n, root); });

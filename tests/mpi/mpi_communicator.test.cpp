@@ -86,6 +86,19 @@ TEST_CASE("mpi_communicator gives the same bits as in_process_group for the same
     }
     std::vector<std::byte> scattered(count * dtype_size(t));
     comm.reduce_scatter(scattered_send.data(), scattered.data(), count, t, reduce_op::sum);
+    // The rooted reduce to the last rank, sync out of place and async in place.
+    const int root = n - 1;
+    std::vector<std::byte> reduced(count * dtype_size(t), std::byte{0x5a});
+    const std::vector<std::byte> untouched = reduced;
+    const auto reduce_in = input(r);
+    comm.reduce(reduce_in.data(), reduced.data(), count, t, reduce_op::sum, root);
+    auto reduced_in_place = input(r);
+    comm.reduce_async(reduced_in_place.data(), reduced_in_place.data(), count, t, reduce_op::sum, root).wait();
+    CHECK(reduce_in == input(r));
+    if (r != root) {
+      CHECK(reduced == untouched);
+      CHECK(reduced_in_place == input(r));
+    }
     // The same on n threads in this process.
     std::vector<std::byte> local_sync, local_scattered;
     run_ranks(n, [&](in_process_communicator& c) {
@@ -106,6 +119,10 @@ TEST_CASE("mpi_communicator gives the same bits as in_process_group for the same
     CHECK(sync == local_sync);
     CHECK(async == local_sync);
     CHECK(scattered == local_scattered);
+    if (r == root) {  // an allreduce's result, at the root, bit for bit
+      CHECK(reduced == local_sync);
+      CHECK(reduced_in_place == local_sync);
+    }
   }
 }
 
@@ -170,6 +187,33 @@ TEST_CASE("mpi_communicator's sequence check: a divergent call is the same commu
     CHECK_MESSAGE(w.find("rank 0 called allreduce(1 x f32, max) but rank " + std::to_string(other.size() - 1) + " called barrier()") !=
                       std::string::npos, w);
   }
+}
+
+TEST_CASE("mpi_communicator's sequence check: a reduce to another root names both calls and roots") {
+  if (world().size() < 2) return;
+  mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
+  const int last = comm.size() - 1;
+  std::vector<float> send(8, 1.0f), recv(8, 0.0f);
+  comm.reduce(send.data(), recv.data(), 8, dtype::f32, reduce_op::sum, 0);  // call #0 agrees
+  if (comm.rank() == 0) CHECK(recv[7] == float(comm.size()));
+  std::string what;
+  try {
+    // The last rank thinks it owns the chunk; the others think rank 0 does.
+    comm.reduce_async(send.data(), recv.data(), 8, dtype::f16, reduce_op::max, comm.rank() == last ? last : 0).wait();
+    FAIL_CHECK("a reduce to another root did not throw");
+  } catch (const communication_error& e) {
+    what = e.what();
+  }
+  CHECK_MESSAGE(what.find("collective mismatch at call #1: rank 0 called reduce(8 x f16, max, to root 0) but rank " +
+                          std::to_string(last) + " called reduce(8 x f16, max, to root " + std::to_string(last) + ")") !=
+                    std::string::npos,
+                what);
+  CHECK_THROWS_AS(comm.reduce(send.data(), recv.data(), 8, dtype::f32, reduce_op::sum, 0), communication_error);  // poisoned
+  // A bad root is an argument error at the call, before any communication (on every rank alike).
+  mpi_communicator fresh(MPI_COMM_WORLD, {.check_sequence = true});
+  CHECK_THROWS_AS(fresh.reduce(send.data(), recv.data(), 8, dtype::f32, reduce_op::sum, fresh.size()), config_error);
+  fresh.reduce(send.data(), recv.data(), 8, dtype::f32, reduce_op::sum, last);  // still in step: call #0 on every rank
+  if (fresh.rank() == last) CHECK(recv[0] == float(fresh.size()));
 }
 
 TEST_CASE("mpi_session and mpi_communicator lifetime") {

@@ -41,6 +41,7 @@ CHUNKSTAR_COMM_CONFORMANCE_CASE(chunkstar_comm_rank_size, "rank, size, barrier, 
 CHUNKSTAR_COMM_CONFORMANCE_CASE(chunkstar_comm_allreduce, "allreduce matches the rank-order reference", allreduce)
 CHUNKSTAR_COMM_CONFORMANCE_CASE(chunkstar_comm_allreduce_f64, "allreduce of doubles", allreduce_f64)
 CHUNKSTAR_COMM_CONFORMANCE_CASE(chunkstar_comm_reduce_scatter, "reduce_scatter", reduce_scatter)
+CHUNKSTAR_COMM_CONFORMANCE_CASE(chunkstar_comm_reduce, "reduce (rooted) matches the rank-order reference at the root", reduce)
 CHUNKSTAR_COMM_CONFORMANCE_CASE(chunkstar_comm_allgather, "allgather", allgather)
 CHUNKSTAR_COMM_CONFORMANCE_CASE(chunkstar_comm_broadcast, "broadcast", broadcast)
 CHUNKSTAR_COMM_CONFORMANCE_CASE(chunkstar_comm_ring_shift, "ring_shift", ring_shift)
@@ -54,6 +55,7 @@ CHUNKSTAR_COMM_CONFORMANCE_CASE(chunkstar_comm_determinism, "deterministic, bit-
   TEST_CASE_TEMPLATE_INVOKE(chunkstar_comm_allreduce, __VA_ARGS__);      \
   TEST_CASE_TEMPLATE_INVOKE(chunkstar_comm_allreduce_f64, __VA_ARGS__);  \
   TEST_CASE_TEMPLATE_INVOKE(chunkstar_comm_reduce_scatter, __VA_ARGS__); \
+  TEST_CASE_TEMPLATE_INVOKE(chunkstar_comm_reduce, __VA_ARGS__);         \
   TEST_CASE_TEMPLATE_INVOKE(chunkstar_comm_allgather, __VA_ARGS__);      \
   TEST_CASE_TEMPLATE_INVOKE(chunkstar_comm_broadcast, __VA_ARGS__);      \
   TEST_CASE_TEMPLATE_INVOKE(chunkstar_comm_ring_shift, __VA_ARGS__);     \

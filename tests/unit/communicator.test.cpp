@@ -2,6 +2,7 @@
 // in_process_group (1..4 ranks; as doctest cases and framework-free, rank reports combined), a
 // broken model they must reject, and in_process_group's failure handling.
 #include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/comm/communicator_ref.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/comm/single_process.hpp>
 
@@ -29,7 +30,7 @@ using namespace chunkstar;
 // A type with every required expression, each switchable off (or to a wrong shape) to show that
 // the concept notices. All switches on = a valid model (the positive control).
 template <bool ConstRank = true, bool IntRank = true, bool DoubleAllreduce = true, bool Ring = true, bool AsyncHandle = true,
-          bool Barrier = true>
+          bool Barrier = true, bool Reduce = true>
 struct fake_comm {
   int rank() const noexcept
     requires(ConstRank && IntRank)
@@ -53,6 +54,9 @@ struct fake_comm {
   {}
   void allgather(const void*, void*, std::size_t) {}
   void reduce_scatter(const void*, void*, std::size_t, dtype, reduce_op) {}
+  void reduce(const void*, void*, std::size_t, dtype, reduce_op, int)
+    requires Reduce
+  {}
   void broadcast(void*, std::size_t, int) {}
   void ring_shift(const void*, void*, std::size_t)
     requires Ring
@@ -71,6 +75,11 @@ struct fake_comm {
   comm_handle allreduce_async(std::span<double>, reduce_op) { return {}; }
   comm_handle allgather_async(const void*, void*, std::size_t) { return {}; }
   comm_handle reduce_scatter_async(const void*, void*, std::size_t, dtype, reduce_op) { return {}; }
+  comm_handle reduce_async(const void*, void*, std::size_t, dtype, reduce_op, int)
+    requires Reduce
+  {
+    return {};
+  }
   comm_handle broadcast_async(void*, std::size_t, int) { return {}; }
   comm_handle ring_shift_async(const void*, void*, std::size_t) { return {}; }
 };
@@ -84,6 +93,7 @@ static_assert(!Communicator<fake_comm<true, true, false>>, "allreduce(span<doubl
 static_assert(!Communicator<fake_comm<true, true, true, false>>, "ring_shift is required");
 static_assert(!Communicator<fake_comm<true, true, true, true, false>>, "async forms must return comm_handle");
 static_assert(!Communicator<fake_comm<true, true, true, true, true, false>>, "barrier is required");
+static_assert(!Communicator<fake_comm<true, true, true, true, true, true, false>>, "reduce (rooted) is required");
 static_assert(!Communicator<int>);
 static_assert(!Communicator<in_process_group>, "the group is not a rank's communicator");
 
@@ -158,6 +168,7 @@ class swapped_ops_communicator {
   void allreduce(std::span<double> d, reduce_op op) { c_->allreduce(d, swap(op)); }
   void allgather(const void* s, void* r, std::size_t n) { c_->allgather(s, r, n); }
   void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { c_->reduce_scatter(s, r, n, t, swap(op)); }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { c_->reduce(s, r, n, t, swap(op), root); }
   void broadcast(void* p, std::size_t n, int root) { c_->broadcast(p, n, root); }
   void ring_shift(const void* s, void* r, std::size_t n) { c_->ring_shift(s, r, n); }
   void barrier() { c_->barrier(); }
@@ -166,6 +177,9 @@ class swapped_ops_communicator {
   comm_handle allgather_async(const void* s, void* r, std::size_t n) { return c_->allgather_async(s, r, n); }
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
     return c_->reduce_scatter_async(s, r, n, t, swap(op));
+  }
+  comm_handle reduce_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    return c_->reduce_async(s, r, n, t, swap(op), root);
   }
   comm_handle broadcast_async(void* p, std::size_t n, int root) { return c_->broadcast_async(p, n, root); }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) { return c_->ring_shift_async(s, r, n); }
@@ -198,6 +212,23 @@ TEST_CASE("communicator conformance: a model with max and min swapped fails on e
     const auto all = chunkstar::testing::combine_rank_reports(reports);
     CHECK(all.failed == reports[0].failed + reports[1].failed);
     CHECK(contains(all.to_string(), "rank 1: "));
+  });
+  bounded([] {  // the rooted reduce on its own (a report keeps only its first failures' messages)
+    std::vector<chunkstar::testing::conformance_report> reports(2);
+    run_ranks(2, [&](in_process_communicator& comm) {
+      swapped_ops_communicator broken(comm);
+      reports[static_cast<std::size_t>(comm.rank())] =
+          chunkstar::testing::check_communicator(broken, {.only = {communicator_check::reduce}});
+    });
+    // The result is only at the root: each rank sees the failures of the reduces to itself.
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto& r = reports[static_cast<std::size_t>(rank)];
+      CHECK(!r.ok());
+      CHECK_MESSAGE(std::any_of(r.failures.begin(), r.failures.end(), [&](const std::string& f) {
+        return contains(f, "reduce f32 max") && contains(f, "to root " + std::to_string(rank)) && contains(f, "at the root differs");
+      }), r.to_string());
+      CHECK(std::none_of(r.failures.begin(), r.failures.end(), [](const std::string& f) { return contains(f, "sum"); }));
+    }
   });
 }
 
@@ -288,6 +319,12 @@ TEST_CASE("in_process_group: same kind but different sizes, dtypes, ops or roots
       {"dtype", [](in_process_communicator& c, std::vector<float>& b) { c.allreduce(b.data(), 4, c.rank() == 0 ? dtype::f32 : dtype::bf16, reduce_op::sum); }},
       {"op", [](in_process_communicator& c, std::vector<float>& b) { c.allreduce(b.data(), 4, dtype::f32, c.rank() == 0 ? reduce_op::sum : reduce_op::max); }},
       {"root", [](in_process_communicator& c, std::vector<float>& b) { c.broadcast(b.data(), 16, c.rank() == 0 ? 0 : 1); }},
+      {"reduce root", [](in_process_communicator& c, std::vector<float>& b) { c.reduce(b.data(), b.data(), 4, dtype::f32, reduce_op::sum, c.rank()); }},
+      {"reduce op", [](in_process_communicator& c, std::vector<float>& b) { c.reduce(b.data(), b.data(), 4, dtype::f32, c.rank() == 0 ? reduce_op::min : reduce_op::max, 0); }},
+      {"reduce vs allreduce", [](in_process_communicator& c, std::vector<float>& b) {
+         if (c.rank() == 0) c.reduce(b.data(), b.data(), 4, dtype::f32, reduce_op::sum, 0);
+         else c.allreduce(b.data(), 4, dtype::f32, reduce_op::sum);
+       }},
   };
   for (const auto& v : variants) {
     CAPTURE(v.name);
@@ -307,6 +344,80 @@ TEST_CASE("in_process_group: same kind but different sizes, dtypes, ops or roots
       CHECK(named == 2);
     });
   }
+}
+
+TEST_CASE("in_process_group: a reduce to another root is a mismatch naming both calls and roots") {
+  bounded([] {
+    std::vector<std::string> errors(3);
+    CHECK_THROWS_AS(run_ranks(3,
+                              [&](in_process_communicator& comm) {
+                                std::vector<float> buf(8, 1.0f), out(8);
+                                comm.reduce(buf.data(), out.data(), 8, dtype::f32, reduce_op::sum, 1);  // call #0 matches
+                                try {
+                                  // rank 2 thinks it owns the chunk; the others think rank 0 does
+                                  comm.reduce_async(buf.data(), out.data(), 8, dtype::bf16, reduce_op::sum, comm.rank() == 2 ? 2 : 0).wait();
+                                } catch (const communication_error& e) {
+                                  errors[static_cast<std::size_t>(comm.rank())] = e.what();
+                                  throw;
+                                }
+                              }),
+                    communication_error);
+    for (const auto& e : errors) {
+      CHECK_MESSAGE(contains(e, "collective mismatch at call #1: rank 0 called reduce(8 x bf16, sum, to root 0) but rank 2 "
+                                "called reduce(8 x bf16, sum, to root 2)"), e);
+    }
+  });
+}
+
+TEST_CASE("reduce: the root gets the rank-order fold, the other ranks' buffers are left alone, volumes are counted") {
+  bounded([] {
+    run_ranks(4, [](in_process_communicator& comm) {
+      const int r = comm.rank();
+      // Rank k contributes 1 + k at every element; in place on the root (rank 2).
+      std::vector<float> mine(6, 1.0f + static_cast<float>(r));
+      const comm_stats before = comm.stats();
+      comm.reduce(mine.data(), mine.data(), mine.size(), dtype::f32, reduce_op::sum, 2);
+      const comm_stats after = comm.stats();
+      for (float x : mine) CHECK(x == (r == 2 ? 10.0f : 1.0f + static_cast<float>(r)));
+      CHECK(after.collectives - before.collectives == 1);
+      CHECK(after.bytes_sent - before.bytes_sent == (r == 2 ? 0u : 24u));
+      CHECK(after.bytes_received - before.bytes_received == (r == 2 ? 3u * 24u : 0u));
+      // Not in place, null recv on the ranks other than the root.
+      std::vector<float> out(6, -1.0f);
+      comm.reduce(mine.data(), r == 0 ? out.data() : nullptr, mine.size(), dtype::f32, reduce_op::max, 0);
+      if (r == 0) for (float x : out) CHECK(x == 10.0f);  // rank 2's 10 is the largest
+      // Over communicator_ref, asynchronously.
+      communicator_ref ref(comm);
+      std::vector<float> x(3, static_cast<float>(r)), y(3, -1.0f);
+      comm_handle h = ref.reduce_async(x.data(), y.data(), 3, dtype::f32, reduce_op::min, 3);
+      h.wait();
+      for (float v : y) CHECK(v == (r == 3 ? 0.0f : -1.0f));
+      CHECK(ref.stats().collectives == comm.stats().collectives);
+    });
+  });
+  single_process_communicator one;
+  float a[3] = {1, 2, 3}, b[3] = {};
+  one.reduce(a, b, 3, dtype::f32, reduce_op::sum, 0);
+  CHECK(b[2] == 3.0f);
+  one.reduce(a, a, 3, dtype::f32, reduce_op::sum, 0);  // in place: nothing to do
+  CHECK(a[1] == 2.0f);
+  CHECK_THROWS_AS(one.reduce(a, b, 3, dtype::f32, reduce_op::sum, 1), config_error);
+  CHECK_THROWS_AS(one.reduce(a, a + 1, 2, dtype::f32, reduce_op::sum, 0), config_error);
+}
+
+TEST_CASE("communicator conformance over communicator_ref: the rooted reduce and the async mix") {
+  using chunkstar::testing::communicator_check;
+  bounded([] {
+    std::vector<chunkstar::testing::conformance_report> reports(3);
+    run_ranks(3, [&](in_process_communicator& comm) {
+      communicator_ref ref(comm);
+      reports[static_cast<std::size_t>(comm.rank())] =
+          chunkstar::testing::check_communicator(ref, {.only = {communicator_check::reduce, communicator_check::async}});
+    });
+    const auto all = chunkstar::testing::combine_rank_reports(reports);
+    CHECK_MESSAGE(all.ok(), all.to_string());
+    CHECK(all.checks > 3 * 100);
+  });
 }
 
 TEST_CASE("in_process_group: a rank that returns early fails its peers instead of hanging them") {

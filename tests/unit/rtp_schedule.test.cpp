@@ -102,6 +102,7 @@ class recording_ring {
   void allreduce(std::span<double> d, reduce_op op) { c_.allreduce(d, op); }
   void allgather(const void* s, void* r, std::size_t n) { c_.allgather(s, r, n); }
   void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { c_.reduce_scatter(s, r, n, t, op); }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { c_.reduce(s, r, n, t, op, root); }
   void broadcast(void* p, std::size_t n, int root) { c_.broadcast(p, n, root); }
   void ring_shift(const void* s, void* r, std::size_t n) {
     log_.violations.push_back("a blocking ring_shift: nothing can overlap it");
@@ -113,6 +114,9 @@ class recording_ring {
   comm_handle allgather_async(const void* s, void* r, std::size_t n) { return c_.allgather_async(s, r, n); }
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
     return c_.reduce_scatter_async(s, r, n, t, op);
+  }
+  comm_handle reduce_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    return c_.reduce_async(s, r, n, t, op, root);
   }
   comm_handle broadcast_async(void* p, std::size_t n, int root) { return c_.broadcast_async(p, n, root); }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) {
@@ -175,6 +179,7 @@ class scripted_ring {
   void allreduce(std::span<double>, reduce_op) {}
   void allgather(const void*, void*, std::size_t) {}
   void reduce_scatter(const void*, void*, std::size_t, dtype, reduce_op) {}
+  void reduce(const void*, void*, std::size_t, dtype, reduce_op, int) {}
   void broadcast(void*, std::size_t, int) {}
   void ring_shift(const void* s, void* r, std::size_t n) { ring_shift_async(s, r, n).wait(); }
   void barrier() {}
@@ -182,6 +187,7 @@ class scripted_ring {
   comm_handle allreduce_async(std::span<double>, reduce_op) { return {}; }
   comm_handle allgather_async(const void*, void*, std::size_t) { return {}; }
   comm_handle reduce_scatter_async(const void*, void*, std::size_t, dtype, reduce_op) { return {}; }
+  comm_handle reduce_async(const void*, void*, std::size_t, dtype, reduce_op, int) { return {}; }
   comm_handle broadcast_async(void*, std::size_t, int) { return {}; }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) {
     const int k = shifts++;

@@ -303,6 +303,7 @@ class recording_communicator {
     log_.push_back("reduce-scatter");
     c_.reduce_scatter(s, r, n, t, op);
   }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { c_.reduce(s, r, n, t, op, root); }
   void broadcast(void* p, std::size_t n, int root) { c_.broadcast(p, n, root); }
   void ring_shift(const void* s, void* r, std::size_t n) { c_.ring_shift(s, r, n); }
   void barrier() { c_.barrier(); }
@@ -315,6 +316,9 @@ class recording_communicator {
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
     log_.push_back("reduce-start");
     return comm_handle(std::make_shared<logged>(c_.reduce_scatter_async(s, r, n, t, op), log_, "reduce-wait"));
+  }
+  comm_handle reduce_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    return c_.reduce_async(s, r, n, t, op, root);
   }
   comm_handle broadcast_async(void* p, std::size_t n, int root) { return c_.broadcast_async(p, n, root); }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) { return c_.ring_shift_async(s, r, n); }

@@ -14,7 +14,16 @@
 
 namespace chunkstar::detail {
 
-enum class collective_kind : std::uint8_t { allreduce, allreduce_f64, allgather, reduce_scatter, broadcast, ring_shift, barrier };
+enum class collective_kind : std::uint8_t {
+  allreduce,
+  allreduce_f64,
+  allgather,
+  reduce_scatter,
+  reduce,  // rooted: the root is part of the call
+  broadcast,
+  ring_shift,
+  barrier
+};
 
 /** @brief What one collective call asked for; every rank's k-th call must describe the same. */
 struct collective_call {
@@ -35,6 +44,8 @@ struct collective_call {
       case collective_kind::allgather: return "allgather(" + n + " bytes per rank)";
       case collective_kind::reduce_scatter:
         return "reduce_scatter(" + n + " x " + std::string(dtype_name(type)) + " per rank, " + o + ")";
+      case collective_kind::reduce:
+        return "reduce(" + n + " x " + std::string(dtype_name(type)) + ", " + o + ", to root " + std::to_string(root) + ")";
       case collective_kind::broadcast: return "broadcast(" + n + " bytes from root " + std::to_string(root) + ")";
       case collective_kind::ring_shift: return "ring_shift(" + n + " bytes)";
       case collective_kind::barrier: return "barrier()";

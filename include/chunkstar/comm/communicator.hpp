@@ -132,9 +132,10 @@ class comm_handle {
  *  (`stats()` on every model; not part of the concept). Volumes are those of the model's algorithm:
  *  chunkstar's deterministic reductions gather every rank's contribution and fold them in rank
  *  order, so for N ranks an allgather or reduce-scatter of b bytes per rank moves (N-1)·b each way,
- *  an allreduce of b bytes (N-1)·b each way (NCCL's ring allreduce: 2(N-1)/N·b), a broadcast
- *  (N-1)·b out of the root and b into every other rank, a ring shift b each way. One rank moves
- *  nothing. */
+ *  an allreduce of b bytes (N-1)·b each way (NCCL's ring allreduce: 2(N-1)/N·b), a reduce of b
+ *  bytes (N-1)·b into the root and b out of every other rank (NCCL's ncclReduce is counted the
+ *  same), a broadcast (N-1)·b out of the root and b into every other rank, a ring shift b each way.
+ *  One rank moves nothing. */
 struct comm_stats {
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
@@ -150,6 +151,11 @@ struct comm_counter {
     const auto v = static_cast<std::uint64_t>(bytes_per_rank) * static_cast<std::uint64_t>(size - 1);
     stats.bytes_sent += v;
     stats.bytes_received += v;
+    ++stats.collectives;
+  }
+  void reduce(std::size_t bytes, int root, int rank, int size) noexcept {  // every rank's input gathered to the root
+    if (size > 1) (rank == root ? stats.bytes_received += static_cast<std::uint64_t>(bytes) * static_cast<std::uint64_t>(size - 1)
+                                : stats.bytes_sent += bytes);
     ++stats.collectives;
   }
   void broadcast(std::size_t bytes, int root, int rank, int size) noexcept {
@@ -190,24 +196,33 @@ struct comm_counter {
  *  5. `c.reduce_scatter(cp, p, n, t, op)` — `cp` holds `size() * n` elements; `p` receives the
  *     reduction over ranks of block `rank()` (elements `[rank()*n, (rank()+1)*n)`). In place when
  *     `p == cp + rank() * n * dtype_size(t)`; any other overlap is a `config_error`.
- *  6. `c.broadcast(p, n, root)` — `n` bytes of rank `root`'s `p` into every rank's `p`;
+ *  6. `c.reduce(cp, p, n, t, op, root)` — the rooted reduce: `n` elements of type `t` from every
+ *     rank's `cp`, reduced over ranks, into rank `root`'s `p`; on every other rank `p` is not
+ *     written (and may be null). In place on the root when `cp == p`; any other overlap of `cp`
+ *     and `p` on the root is a `config_error` (on other ranks `p` is not looked at). `root` outside
+ *     `[0, size())` is a `config_error`. The root gets what `allreduce` would give it, but only the
+ *     root receives: (N-1)·b, while every other rank sends b (b = n·dtype_size(t)); so N reduces
+ *     of b bytes to N different roots move what one reduce-scatter of N blocks of b does.
+ *  7. `c.broadcast(p, n, root)` — `n` bytes of rank `root`'s `p` into every rank's `p`;
  *     `root` outside `[0, size())` is a `config_error`.
- *  7. `c.ring_shift(cp, p, n)` — sends `n` bytes to `(rank()+1) % size()`, receives `n` bytes
+ *  8. `c.ring_shift(cp, p, n)` — sends `n` bytes to `(rank()+1) % size()`, receives `n` bytes
  *     from `(rank()-1+size()) % size()`; with one rank it copies `cp` to `p`. `cp` and `p` must
  *     not overlap (`config_error`).
- *  8. `c.barrier()` — returns once every rank has entered it.
- *  9. `c.allreduce_async(p, n, t, op)`, `c.allreduce_async(d, op)`, `c.allgather_async(cp, p, n)`,
- *     `c.reduce_scatter_async(cp, p, n, t, op)`, `c.broadcast_async(p, n, root)`,
- *     `c.ring_shift_async(cp, p, n)` → `comm_handle`: the same operations, started in issue order
- *     and completed by the handle. Several may be outstanding; buffers stay the caller's to keep
- *     alive and untouched until `wait()`. Argument errors (`config_error`) are thrown at the call.
- *  10. Failures of the transport, a peer that failed or went away, or mismatched calls throw
+ *  9. `c.barrier()` — returns once every rank has entered it.
+ *  10. `c.allreduce_async(p, n, t, op)`, `c.allreduce_async(d, op)`, `c.allgather_async(cp, p, n)`,
+ *      `c.reduce_scatter_async(cp, p, n, t, op)`, `c.reduce_async(cp, p, n, t, op, root)`,
+ *      `c.broadcast_async(p, n, root)`, `c.ring_shift_async(cp, p, n)` → `comm_handle`: the same
+ *      operations, started in issue order and completed by the handle. Several may be
+ *      outstanding; buffers stay the caller's to keep alive and untouched until `wait()`.
+ *      Argument errors (`config_error`) are thrown at the call.
+ *  11. Failures of the transport, a peer that failed or went away, or mismatched calls throw
  *      `communication_error` (from the call, or from `comm_handle::wait()`); never a hang where
  *      the model can detect the cause.
  *
- *  Determinism (2, 3, 5): the result is bit-identical on every rank and equals the reduction in
- *  rank order 0..N-1: each element of rank 0 widened to float (double for 3), combined with ranks
- *  1..N-1 in turn in float, then rounded once to `t`. `sum` adds; `max`/`min` keep the earlier
+ *  Determinism (2, 3, 5, 6): the result is bit-identical on every rank (for 6, it is only at the
+ *  root, and equals what 2 would have given there) and equals the reduction in rank order 0..N-1:
+ *  each element of rank 0 widened to float (double for 3), combined with ranks 1..N-1 in turn in
+ *  float, then rounded once to `t`. `sum` adds; `max`/`min` keep the earlier
  *  value on ties and propagate the first NaN met in rank order. With one rank the result is the
  *  input unchanged (no widen/narrow round trip). So N ranks give the same bits whichever model
  *  runs them. Exception: `nccl_communicator` uses NCCL's own order (see its header).
@@ -221,6 +236,7 @@ concept Communicator = requires(C& c, const C& cc, void* p, const void* cp, std:
   { c.allreduce(d, op) } -> std::same_as<void>;
   { c.allgather(cp, p, n) } -> std::same_as<void>;
   { c.reduce_scatter(cp, p, n, t, op) } -> std::same_as<void>;
+  { c.reduce(cp, p, n, t, op, root) } -> std::same_as<void>;
   { c.broadcast(p, n, root) } -> std::same_as<void>;
   { c.ring_shift(cp, p, n) } -> std::same_as<void>;
   { c.barrier() } -> std::same_as<void>;
@@ -228,6 +244,7 @@ concept Communicator = requires(C& c, const C& cc, void* p, const void* cp, std:
   { c.allreduce_async(d, op) } -> std::same_as<comm_handle>;
   { c.allgather_async(cp, p, n) } -> std::same_as<comm_handle>;
   { c.reduce_scatter_async(cp, p, n, t, op) } -> std::same_as<comm_handle>;
+  { c.reduce_async(cp, p, n, t, op, root) } -> std::same_as<comm_handle>;
   { c.broadcast_async(p, n, root) } -> std::same_as<comm_handle>;
   { c.ring_shift_async(cp, p, n) } -> std::same_as<comm_handle>;
 };
@@ -342,6 +359,21 @@ inline void check_root(int root, int size, std::string_view what) {
   if (root < 0 || root >= size)
     throw config_error(std::string(what) + ": root " + std::to_string(root) + " is not a rank of this " +
                        std::to_string(size) + "-rank communicator; pass a root in [0, " + std::to_string(size) + ")");
+}
+
+/** @brief The rooted reduce's checks: `root` is a rank; `send` (every rank) and, on the root,
+ *  `recv` hold `count` elements; on the root they are the same buffer (in place) or disjoint.
+ *  Other ranks' `recv` is not looked at (it is not written, and may be null). */
+inline void check_reduce(const void* send, const void* recv, std::size_t count, dtype t, int root, int rank, int size) {
+  check_root(root, size, "reduce");
+  const std::size_t bytes = count * dtype_size(t);
+  check_buffer(send, bytes, "reduce", "send");
+  if (rank != root) return;
+  check_buffer(recv, bytes, "reduce", "recv (on the root)");
+  if (send != recv && overlaps(send, bytes, recv, bytes))
+    throw config_error("reduce: on the root (rank " + std::to_string(root) + ") send and recv overlap without being equal (" +
+                       std::to_string(bytes) + " bytes each); use disjoint buffers, or pass recv = send for an in-place "
+                       "reduce");
 }
 
 /** @brief A one-shot completion flag with a stored failure, for models that finish work on

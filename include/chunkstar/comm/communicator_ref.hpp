@@ -27,6 +27,9 @@ class communicator_ref {
   void allreduce(std::span<double> d, reduce_op op) { allreduce_async(d, op).wait(); }
   void allgather(const void* s, void* r, std::size_t n) { allgather_async(s, r, n).wait(); }
   void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { reduce_scatter_async(s, r, n, t, op).wait(); }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    reduce_async(s, r, n, t, op, root).wait();
+  }
   void broadcast(void* p, std::size_t n, int root) { broadcast_async(p, n, root).wait(); }
   void ring_shift(const void* s, void* r, std::size_t n) { ring_shift_async(s, r, n).wait(); }
   void barrier() { vt_->barrier(obj_); }
@@ -35,6 +38,9 @@ class communicator_ref {
   comm_handle allgather_async(const void* s, void* r, std::size_t n) { return vt_->allgather(obj_, s, r, n); }
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
     return vt_->reduce_scatter(obj_, s, r, n, t, op);
+  }
+  comm_handle reduce_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    return vt_->reduce(obj_, s, r, n, t, op, root);
   }
   comm_handle broadcast_async(void* p, std::size_t n, int root) { return vt_->broadcast(obj_, p, n, root); }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) { return vt_->ring_shift(obj_, s, r, n); }
@@ -50,6 +56,7 @@ class communicator_ref {
     comm_handle (*allreduce_f64)(void*, std::span<double>, reduce_op);
     comm_handle (*allgather)(void*, const void*, void*, std::size_t);
     comm_handle (*reduce_scatter)(void*, const void*, void*, std::size_t, dtype, reduce_op);
+    comm_handle (*reduce)(void*, const void*, void*, std::size_t, dtype, reduce_op, int);
     comm_handle (*broadcast)(void*, void*, std::size_t, int);
     comm_handle (*ring_shift)(void*, const void*, void*, std::size_t);
     comm_stats (*stats)(const void*);
@@ -64,6 +71,9 @@ class communicator_ref {
       [](void* o, const void* s, void* r, std::size_t n) { return static_cast<C*>(o)->allgather_async(s, r, n); },
       [](void* o, const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
         return static_cast<C*>(o)->reduce_scatter_async(s, r, n, t, op);
+      },
+      [](void* o, const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+        return static_cast<C*>(o)->reduce_async(s, r, n, t, op, root);
       },
       [](void* o, void* p, std::size_t n, int root) { return static_cast<C*>(o)->broadcast_async(p, n, root); },
       [](void* o, const void* s, void* r, std::size_t n) { return static_cast<C*>(o)->ring_shift_async(s, r, n); },

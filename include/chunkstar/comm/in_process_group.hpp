@@ -56,6 +56,9 @@ class in_process_communicator {
   void reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     reduce_scatter_async(send, recv, count, t, op).wait();
   }
+  void reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
+    reduce_async(send, recv, count, t, op, root).wait();
+  }
   void broadcast(void* buf, std::size_t bytes, int root) { broadcast_async(buf, bytes, root).wait(); }
   void ring_shift(const void* send, void* recv, std::size_t bytes) { ring_shift_async(send, recv, bytes).wait(); }
   void barrier() { barrier_async().wait(); }
@@ -64,6 +67,7 @@ class in_process_communicator {
   comm_handle allreduce_async(std::span<double> inout, reduce_op op);
   comm_handle allgather_async(const void* send, void* recv, std::size_t bytes);
   comm_handle reduce_scatter_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op);
+  comm_handle reduce_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root);
   comm_handle broadcast_async(void* buf, std::size_t bytes, int root);
   comm_handle ring_shift_async(const void* send, void* recv, std::size_t bytes);
   /** @brief The barrier as an asynchronous collective (not required by `Communicator`). */
@@ -470,6 +474,28 @@ inline comm_handle in_process_communicator::reduce_scatter_async(const void* sen
     // reads that block.
     detail::fold_ranks(recv, srcs.data(), static_cast<int>(n), count, t, op);
     g.sync(rank_, nullptr);
+  });
+}
+
+inline comm_handle in_process_communicator::reduce_async(const void* send, void* recv, std::size_t count, dtype t,
+                                                         reduce_op op, int root) {
+  detail::check_reduce(send, recv, count, t, root, rank_, size());
+  const detail::collective_call call{detail::collective_kind::reduce, count, t, op, root};
+  const std::uint64_t index = next_index_++;
+  counter_.reduce(count * dtype_size(t), root, rank_, size());
+  return submit([=, this] {
+    in_process_group& g = *group_;
+    const in_process_group::slot mine{call, index, send, nullptr};
+    g.sync(rank_, &mine);
+    if (rank_ == root) {
+      // Only the root reads (its peers' inputs and its own) and only the root writes; element-wise,
+      // so the in-place case (recv == send) is safe.
+      const auto n = static_cast<std::size_t>(g.size());
+      std::vector<const void*> srcs(n);
+      for (std::size_t k = 0; k < n; ++k) srcs[k] = g.peer(static_cast<int>(k)).in;
+      detail::fold_ranks(recv, srcs.data(), static_cast<int>(n), count, t, op);
+    }
+    g.sync(rank_, nullptr);  // the peers' inputs stay untouched until the root has read them
   });
 }
 

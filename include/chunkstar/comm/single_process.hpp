@@ -43,6 +43,12 @@ class single_process_communicator {
     copy(recv, send, count * dtype_size(t));
   }
 
+  /** @brief Copies `count` elements to `recv` (nothing to do in place); checks `root` is 0. */
+  void reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op /*op*/, int root) {
+    detail::check_reduce(send, recv, count, t, root, 0, 1);
+    copy(recv, send, count * dtype_size(t));
+  }
+
   /** @brief Nothing to send; checks `root` is 0. */
   void broadcast(void* buf, std::size_t bytes, int root) {
     detail::check_buffer(buf, bytes, "broadcast", "buf");
@@ -74,6 +80,10 @@ class single_process_communicator {
   }
   comm_handle reduce_scatter_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     reduce_scatter(send, recv, count, t, op);
+    return {};
+  }
+  comm_handle reduce_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
+    reduce(send, recv, count, t, op, root);
     return {};
   }
   comm_handle broadcast_async(void* buf, std::size_t bytes, int root) {

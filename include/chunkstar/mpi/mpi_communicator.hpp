@@ -161,6 +161,11 @@ struct mpi_options {
  *    2(N-1)/N bytes per element as a ring allreduce, but unpipelined, plus ~2x the buffer in
  *    temporaries.
  *  - `reduce_scatter`: Alltoall then local fold: the ring's (N-1)/N volume, N blocks of temporaries.
+ *  - `reduce` (rooted), sync and async: an MPI_Igather of every rank's buffer to the root, then
+ *    the fold on the root in `wait()` (the sync form is the async one waited for): the root
+ *    receives (N-1) times the buffer, every other rank sends it once (a reduce-scatter's volume),
+ *    and the root holds N buffers of temporaries. One nonblocking collective, for the reason
+ *    below.
  *  - `allreduce_async`: a single MPI_Iallgather of the whole buffer, then the fold in `wait()`:
  *    (N-1) times the buffer per rank (vs 2(N-1)/N) and N buffers of temporaries. It uses one
  *    nonblocking collective because a second stage started lazily in `wait()` could be started
@@ -261,6 +266,10 @@ class mpi_communicator {
     fold_gathered(size_, recv, gathered.data(), block, count, t, op);
   }
 
+  void reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
+    reduce_async(send, recv, count, t, op, root).wait();
+  }
+
   void broadcast(void* buf, std::size_t bytes, int root) {
     detail::check_buffer(buf, bytes, "broadcast", "buf");
     detail::check_root(root, size_, "broadcast");
@@ -338,6 +347,31 @@ class mpi_communicator {
     state->finish = [=, nranks = size_](const std::byte* gathered) {
       fold_gathered(nranks, recv, gathered, block, count, t, op);
     };
+    return comm_handle(std::move(state));
+  }
+
+  comm_handle reduce_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
+    detail::check_reduce(send, recv, count, t, root, rank_, size_);
+    check({detail::collective_kind::reduce, count, t, op, root});
+    const std::size_t bytes = count * dtype_size(t);
+    const int n = detail::mpi_count(bytes, "reduce");
+    counter_.reduce(bytes, root, rank_, size_);
+    if (bytes == 0) return {};  // count is the same on every rank, so all skip together
+    if (size_ == 1) {
+      if (recv != send) std::memmove(recv, send, bytes);
+      return {};
+    }
+    // Gathered to the root and folded there in rank order; MPI_Reduce would combine in its own.
+    auto state = make_state("MPI_Igather (reduce)", 1);
+    const bool is_root = rank_ == root;
+    if (is_root) state->buffer.resize(bytes * static_cast<std::size_t>(size_));
+    detail::mpi_check(MPI_Igather(send, n, MPI_BYTE, is_root ? state->buffer.data() : nullptr, n, MPI_BYTE, root, comm_,
+                                  &state->requests[0]),
+                      "MPI_Igather");
+    if (is_root)
+      state->finish = [=, nranks = size_](const std::byte* gathered) {
+        fold_gathered(nranks, recv, gathered, bytes, count, t, op);  // recv may be send: the gather copied it
+      };
     return comm_handle(std::move(state));
   }
 

@@ -104,13 +104,17 @@ struct event_state {
  *  handle is a CUDA event recorded after the operation, and `wait()` also checks NCCL's
  *  asynchronous error state. Synchronous calls are the async form plus `wait()`. `barrier()` is a
  *  one-float allreduce that is waited for. `ring_shift` is ncclSend/ncclRecv in
- *  one ncclGroupStart/ncclGroupEnd. In-place allgather/reduce_scatter follow NCCL's own in-place
- *  rules, which are the concept's.
+ *  one ncclGroupStart/ncclGroupEnd. In-place allgather/reduce_scatter/reduce follow NCCL's own
+ *  in-place rules, which are the concept's. The rooted `reduce` is ncclReduce: `recv` is used on
+ *  the root only (NCCL ignores it elsewhere, so it may be null there); comm_stats counts it as the
+ *  other models do ((N-1)·b into the root, b out of every other rank), not NCCL's ring or tree
+ *  traffic.
  *
- *  Determinism differs from the other models: NCCL chooses its own reduction order (rings, trees,
- *  per-channel splits) and accumulates f16/bf16 in its own way, so results are NOT the rank-order
- *  fold of `Communicator`. They are identical on every rank of one NCCL run, but "N ranks = 1
- *  rank" holds only to reduction-order tolerance on NCCL, not bitwise; NaN handling of max/min is
+ *  Determinism differs from the other models (allreduce, reduce_scatter and reduce alike): NCCL
+ *  chooses its own reduction order (rings, trees, per-channel splits) and accumulates f16/bf16 in
+ *  its own way, so results are NOT the rank-order fold of `Communicator`. They are identical on
+ *  every rank of one NCCL run (a reduce's root holds what an allreduce would have given it only to
+ *  the same tolerance: the two may take different orders), but "N ranks = 1 rank" holds only to reduction-order tolerance on NCCL, not bitwise; NaN handling of max/min is
  *  NCCL's. With one rank the reduction is a copy, so the single-rank case is exact.
  *
  *  Construction is collective over the `size` ranks (ncclCommInitRank). Bootstrap the unique id
@@ -189,6 +193,9 @@ class nccl_communicator {
   void reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     reduce_scatter_async(send, recv, count, t, op).wait();
   }
+  void reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
+    reduce_async(send, recv, count, t, op, root).wait();
+  }
   void broadcast(void* buf, std::size_t bytes, int root) { broadcast_async(buf, bytes, root).wait(); }
   void ring_shift(const void* send, void* recv, std::size_t bytes) { ring_shift_async(send, recv, bytes).wait(); }
 
@@ -242,6 +249,16 @@ class nccl_communicator {
     detail::nccl_check(
         ncclReduceScatter(send, recv, count, detail::to_nccl(t), detail::to_nccl(op), comm_, stream_),
         "ncclReduceScatter");
+    return record();
+  }
+
+  comm_handle reduce_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
+    chunkstar::detail::check_reduce(send, recv, count, t, root, rank_, size_);
+    counter_.reduce(count * dtype_size(t), root, rank_, size_);
+    if (count == 0) return {};
+    detail::device_guard guard(device_);
+    detail::nccl_check(
+        ncclReduce(send, recv, count, detail::to_nccl(t), detail::to_nccl(op), root, comm_, stream_), "ncclReduce");
     return record();
   }
 

@@ -11,18 +11,23 @@
  *  in-process group fails every peer; an MPI program should abort the job).
  *
  *  Checked, for each of f32, f16, bf16 and sum, max, min, sync and async, counts from 0 to 1001:
- *  - (1) `rank()` in [0, size()), `size()` >= 1, each rank's `rank()` distinct (gathered), (8)
+ *  - (1) `rank()` in [0, size()), `size()` >= 1, each rank's `rank()` distinct (gathered), (9)
  *    barriers;
- *  - (2, 3, 5) allreduce (both overloads) and reduce_scatter (also in place) give, bit for bit,
- *    the rank-order reduction 0..N-1 in float (double), rounded once — or, with `exact = false`
- *    (NCCL), that reduction to a reduction-order tolerance; in-place reduce_scatter leaves the other
- *    blocks alone; results are bit-identical on every rank and on a repeat;
- *  - (4) allgather (also in place), (6) broadcast from every root, (7) ring_shift one step and
+ *  - (2, 3, 5, 6) allreduce (both overloads), reduce_scatter (also in place) and the rooted reduce
+ *    (to every root, also in place) give, bit for bit, the rank-order reduction 0..N-1 in float
+ *    (double), rounded once — or, with `exact = false` (NCCL), that reduction to a reduction-order
+ *    tolerance; in-place reduce_scatter leaves the other blocks alone; a reduce writes nothing on
+ *    the ranks other than the root (their recv keeps a sentinel, or is null) and no rank's send;
+ *    results are bit-identical on every rank and on a repeat;
+ *  - a reduce's comm_stats volumes, on models with `stats()`: (N-1)·b into the root, b out of every
+ *    other rank, one collective;
+ *  - (4) allgather (also in place), (7) broadcast from every root, (8) ring_shift one step and
  *    size() steps (home again), send buffer untouched;
- *  - (9) six async collectives outstanding at once, waited for in reverse order; default and
- *    moved-from handles are complete;
+ *  - (10) eight async collectives outstanding at once (two of them reduces to different roots),
+ *    waited for in reverse order; default and moved-from handles are complete;
  *  - argument errors throw `config_error` at the call, identically on every model: a bad root, an
- *    overlapping allgather or ring_shift, a null buffer with a non-zero count.
+ *    overlapping allgather or ring_shift, a reduce's send and recv overlapping on the root, a null
+ *    buffer with a non-zero count.
  */
 #pragma once
 
@@ -79,6 +84,7 @@ enum class communicator_check : std::uint8_t {
   allreduce,       ///< allreduce(p, n, t, op) and allreduce_async against the rank-order reference
   allreduce_f64,   ///< allreduce(span<double>, op), sync and async
   reduce_scatter,  ///< reduce_scatter, out of place and in place, sync and async
+  reduce,          ///< the rooted reduce to every root, out of place and in place, sync and async; stats
   allgather,       ///< allgather, out of place and in place, sync and async
   broadcast,       ///< broadcast from every root, sync and async; bad roots
   ring_shift,      ///< ring_shift one step and size() steps, sync and async; overlaps refused
@@ -367,6 +373,139 @@ void reduce_scatter_checks(conformance_report& r, C& comm, bool exact) {
 }
 
 template <class B, class C>
+void reduce_checks(conformance_report& r, C& comm, bool exact) {
+  const int n = comm.size();
+  const int rk = comm.rank();
+  constexpr std::byte sentinel{0xa5};
+  auto as_bytes = [](const auto& v) {
+    std::vector<std::byte> b(v.size() * sizeof(v[0]));
+    if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  for (bool async : {false, true}) {
+    std::uint64_t seed = 3000;
+    for_each_dtype([&](auto tag) {
+      using T = decltype(tag);
+      for (reduce_op op : all_ops) {
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{17}, std::size_t{1001}}) {
+          for (int root = 0; root < n; ++root) {
+            for (bool in_place : {false, true}) {
+              ++seed;
+              const std::size_t bytes = count * sizeof(T);
+              const auto mine = as_bytes(rank_data<T>(seed, rk, count));
+              const std::vector<std::byte> fill(bytes, sentinel);
+              B send(bytes), recv(bytes);
+              send.write(mine.data(), bytes, 0);
+              recv.write(fill.data(), bytes, 0);
+              void* out = in_place ? send.data() : recv.data();  // on every rank: in place at the root
+              if (async) {
+                comm_handle h = comm.reduce_async(send.data(), out, count, dtype_of_v<T>, op, root);
+                h.wait();
+              } else {
+                comm.reduce(send.data(), out, count, dtype_of_v<T>, op, root);
+              }
+              const std::string what = describe(async ? "reduce_async" : "reduce", dtype_of_v<T>, op, count, rk, n) +
+                                       " to root " + std::to_string(root) + (in_place ? " in place" : "");
+              const auto send_after = send.read();
+              const auto recv_after = recv.read();
+              if (rk == root) {
+                const auto want = reference<T>(seed, n, count, op);
+                const std::size_t bad = first_bad(in_place ? send_after : recv_after, want, exact,
+                                                  exact ? std::vector<double>{} : abs_sum<T>(seed, n, count), n);
+                r.expect(bad == count, [&] {
+                  return what + ": element " + std::to_string(bad) + " at the root differs from the rank-order reduction";
+                });
+                if (!in_place) r.expect(send_after == mine, [&] { return what + ": the root's send was modified"; });
+              } else {
+                r.expect(send_after == mine, [&] { return what + ": send was modified on a rank other than the root"; });
+                r.expect(recv_after == fill, [&] { return what + ": recv was written on a rank other than the root"; });
+              }
+            }
+          }
+        }
+      }
+    });
+  }
+  // Ranks other than the root may pass a null recv, or one overlapping send: it is not looked at.
+  for (bool async : {false, true}) {
+    for (int root = 0; root < n; ++root) {
+      for (bool null_elsewhere : {true, false}) {
+        const std::uint64_t seed = 3900 + static_cast<std::uint64_t>(root) * 4 + (async ? 2u : 0u) + (null_elsewhere ? 1u : 0u);
+        const std::size_t count = 5;
+        const auto mine = as_bytes(rank_data<float>(seed, rk, count));
+        B send(count * sizeof(float)), recv(count * sizeof(float));
+        send.write(mine.data(), mine.size(), 0);
+        void* out = rk == root       ? recv.data()
+                    : null_elsewhere ? nullptr
+                                     : static_cast<std::byte*>(send.data()) + sizeof(float);
+        const std::string what = std::string(async ? "reduce_async" : "reduce") + " to root " + std::to_string(root) +
+                                 " on rank " + std::to_string(rk) + (null_elsewhere ? " (recv null" : " (recv overlapping send") +
+                                 " on the other ranks)";
+        // A config_error here is not caught: the other ranks are in the collective already.
+        if (async) comm.reduce_async(send.data(), out, count, dtype::f32, reduce_op::sum, root).wait();
+        else comm.reduce(send.data(), out, count, dtype::f32, reduce_op::sum, root);
+        if (rk == root) {
+          const std::size_t bad = first_bad(recv.read(), reference<float>(seed, n, count, reduce_op::sum), exact,
+                                            abs_sum<float>(seed, n, count), n);
+          r.expect(bad == count, [&] { return what + ": element " + std::to_string(bad) + " at the root is wrong"; });
+        } else {
+          r.expect(send.read() == mine, [&] { return what + ": send was modified"; });
+        }
+      }
+    }
+  }
+  // Nothing to reduce: null buffers everywhere are fine.
+  comm.reduce(nullptr, nullptr, 0, dtype::bf16, reduce_op::max, n - 1);
+  // comm_stats volumes, where the model keeps them (not part of the concept).
+  if constexpr (requires(const C& c) { { c.stats() } -> std::convertible_to<comm_stats>; }) {
+    const std::size_t count = 100, b = count * 2;
+    B send(b), recv(b);
+    send.write(as_bytes(rank_data<float16>(3999, rk, count)).data(), b, 0);
+    for (int root = 0; root < n; ++root) {
+      for (bool async : {false, true}) {
+        const comm_stats before = comm.stats();
+        if (async) comm.reduce_async(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root).wait();
+        else comm.reduce(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root);
+        const comm_stats after = comm.stats();
+        const std::uint64_t sent = after.bytes_sent - before.bytes_sent;
+        const std::uint64_t received = after.bytes_received - before.bytes_received;
+        const std::uint64_t want_sent = n > 1 && rk != root ? b : 0;
+        const std::uint64_t want_received = n > 1 && rk == root ? b * static_cast<std::uint64_t>(n - 1) : 0;
+        r.expect(sent == want_sent && received == want_received, [&] {
+          return std::string(async ? "reduce_async" : "reduce") + " of " + std::to_string(b) + " bytes to root " +
+                 std::to_string(root) + " on rank " + std::to_string(rk) + " of " + std::to_string(n) + ": comm_stats counts " +
+                 std::to_string(sent) + " sent, " + std::to_string(received) + " received; expected " +
+                 std::to_string(want_sent) + " sent, " + std::to_string(want_received) +
+                 " received ((N-1)*b into the root, b out of every other rank)";
+        });
+        // A model that counts collectives (single_process keeps no stats at all) counts this one once.
+        if (after.collectives != 0)
+          r.expect(after.collectives - before.collectives == 1, [&] {
+            return "reduce on rank " + std::to_string(rk) + ": comm_stats counted " +
+                   std::to_string(after.collectives - before.collectives) + " collectives, not 1";
+          });
+      }
+    }
+  }
+  // Argument errors, at the call: a bad root on every rank; on a rank that is its own root (no
+  // communication starts, so each rank names itself), overlapping send and recv and null buffers.
+  B buf(64), other(64);
+  auto* p = static_cast<std::byte*>(buf.data());
+  expect_config_error(r, [&] { comm.reduce(p, other.data(), 4, dtype::f32, reduce_op::sum, n); }, "reduce with root = size()");
+  expect_config_error(r, [&] { comm.reduce(p, other.data(), 4, dtype::f32, reduce_op::sum, -1); }, "reduce with root = -1");
+  expect_config_error(r, [&] { (void)comm.reduce_async(p, other.data(), 4, dtype::f32, reduce_op::sum, n); },
+                      "reduce_async with root = size()");
+  expect_config_error(r, [&] { comm.reduce(p, p + 4, 8, dtype::f32, reduce_op::sum, rk); },
+                      "reduce with send and recv overlapping on the root (not equal)");
+  expect_config_error(r, [&] { (void)comm.reduce_async(p + 8, p, 8, dtype::f16, reduce_op::max, rk); },
+                      "reduce_async with send and recv overlapping on the root (not equal)");
+  expect_config_error(r, [&] { comm.reduce(nullptr, other.data(), 4, dtype::f32, reduce_op::sum, rk); },
+                      "reduce of 4 elements from a null send");
+  expect_config_error(r, [&] { comm.reduce(p, nullptr, 4, dtype::f32, reduce_op::sum, rk); },
+                      "reduce of 4 elements into a null recv on the root");
+}
+
+template <class B, class C>
 void allgather_checks(conformance_report& r, C& comm) {
   const int n = comm.size();
   const int rk = comm.rank();
@@ -482,7 +621,7 @@ void async_checks(conformance_report& r, C& comm, bool exact) {
   const int rk = comm.rank();
   const auto nn = static_cast<std::size_t>(n);
   const std::size_t count = 129, bytes = 77;
-  const std::uint64_t s1 = 301, s2 = 302, s3 = 303, s4 = 304, s5 = 305;
+  const std::uint64_t s1 = 301, s2 = 302, s3 = 303, s4 = 304, s5 = 305, s6 = 306, s7 = 307;
   B ar(count * sizeof(float));
   ar.write(rank_data<float>(s1, rk, count).data(), count * sizeof(float), 0);
   B ag_send(bytes), ag_recv(bytes * nn);
@@ -494,19 +633,27 @@ void async_checks(conformance_report& r, C& comm, bool exact) {
   B rs_a(bytes), rs_b(bytes);
   rs_a.write(rank_bytes(s5, rk, bytes).data(), bytes, 0);
   std::vector<double> scalars{double(rk), 1.0, -double(rk)};
+  // Two rooted reduces, to different roots: f16 min out of place to root 0, f32 sum in place to root n-1.
+  const std::vector<std::byte> red_fill(count * 2, std::byte{0x5a});
+  B red_send(count * 2), red_recv(count * 2), red_inout(count * sizeof(float));
+  red_send.write(rank_data<float16>(s6, rk, count).data(), count * 2, 0);
+  red_recv.write(red_fill.data(), count * 2, 0);
+  red_inout.write(rank_data<float>(s7, rk, count).data(), count * sizeof(float), 0);
 
   // All outstanding at once, then waited for in reverse order.
   std::vector<comm_handle> handles;
   handles.push_back(comm.allreduce_async(ar.data(), count, dtype::f32, reduce_op::sum));
+  handles.push_back(comm.reduce_async(red_send.data(), red_recv.data(), count, dtype::f16, reduce_op::min, 0));
   handles.push_back(comm.allgather_async(ag_send.data(), ag_recv.data(), bytes));
   handles.push_back(comm.reduce_scatter_async(rs_send.data(), rs_recv.data(), count, dtype::bf16, reduce_op::max));
   handles.push_back(comm.broadcast_async(bc.data(), bytes, n - 1));
+  handles.push_back(comm.reduce_async(red_inout.data(), red_inout.data(), count, dtype::f32, reduce_op::sum, n - 1));
   handles.push_back(comm.ring_shift_async(rs_a.data(), rs_b.data(), bytes));
   handles.push_back(comm.allreduce_async(std::span<double>(scalars), reduce_op::sum));
   for (auto it = handles.rbegin(); it != handles.rend(); ++it) it->wait();
   bool all_ready = true;
   for (auto& h : handles) all_ready = all_ready && h.ready();
-  const std::string where = "six async collectives outstanding at once, on rank " + std::to_string(rk);
+  const std::string where = "eight async collectives outstanding at once, on rank " + std::to_string(rk);
   r.expect(all_ready, where + ": a handle is not ready() after wait()");
 
   const auto want_ar = reference<float>(s1, n, count, reduce_op::sum);
@@ -524,6 +671,19 @@ void async_checks(conformance_report& r, C& comm, bool exact) {
   // max is order-free: exact on every model.
   r.expect(first_bad(rs_recv.read(), want_rs, true, {}, n) == count, where + ": reduce_scatter (max) wrong");
   r.expect(bc.read() == rank_bytes(s4, n - 1, bytes), where + ": broadcast wrong");
+  if (rk == 0)  // min is order-free: exact on every model
+    r.expect(first_bad(red_recv.read(), reference<float16>(s6, n, count, reduce_op::min), true, {}, n) == count,
+             where + ": reduce (f16 min) to root 0 wrong");
+  else
+    r.expect(red_recv.read() == red_fill, where + ": reduce to root 0 wrote recv on another rank");
+  const auto red_mine = rank_data<float>(s7, rk, count);
+  if (rk == n - 1)
+    r.expect(first_bad(red_inout.read(), reference<float>(s7, n, count, reduce_op::sum), exact,
+                       abs_sum<float>(s7, n, count), n) == count,
+             where + ": reduce (f32 sum, in place) to root n-1 wrong");
+  else
+    r.expect(first_bad(red_inout.read(), red_mine, true, {}, n) == count,
+             where + ": reduce in place to root n-1 changed the buffer of another rank");
   r.expect(rs_b.read() == rank_bytes(s5, (rk - 1 + n) % n, bytes), where + ": ring_shift wrong");
   const double tri = double(n) * double(n - 1) / 2.0;
   r.expect(scalars[0] == tri && scalars[1] == double(n) && scalars[2] == -tri, where + ": allreduce(span<double>) wrong");
@@ -612,6 +772,7 @@ template <class Buffer = host_buffer, Communicator C>
   if (wanted(communicator_check::allreduce)) comm_detail::allreduce_checks<Buffer>(r, comm, o.exact);
   if (wanted(communicator_check::allreduce_f64)) comm_detail::allreduce_f64_checks(r, comm, o.exact);
   if (wanted(communicator_check::reduce_scatter)) comm_detail::reduce_scatter_checks<Buffer>(r, comm, o.exact);
+  if (wanted(communicator_check::reduce)) comm_detail::reduce_checks<Buffer>(r, comm, o.exact);
   if (wanted(communicator_check::allgather)) comm_detail::allgather_checks<Buffer>(r, comm);
   if (wanted(communicator_check::broadcast)) comm_detail::broadcast_checks<Buffer>(r, comm);
   if (wanted(communicator_check::ring_shift)) comm_detail::ring_shift_checks<Buffer>(r, comm);
