@@ -45,7 +45,7 @@ struct runtime_stats {
   std::uint64_t gathers = 0;          ///< ZeRO: parameter groups allgathered
   std::uint64_t bytes_gathered = 0;   ///< ZeRO: bytes this rank received by those allgathers ((N-1) chunks each)
   std::uint64_t reductions = 0;       ///< ZeRO: gradient groups reduce-scattered
-  std::uint64_t bytes_reduced = 0;    ///< ZeRO: bytes this rank sent by those reduce-scatters ((N-1) chunks each)
+  std::uint64_t bytes_reduced = 0;    ///< ZeRO: bytes this rank sent by those reductions ((N-1) chunks per reduce-scatter; a chunk per memory-saving reduction it does not own)
   /// ZeRO: time the calling thread waited for reduce-scatters to complete. They start when a
   /// group's gradients are final and complete when the next scope closes (or before the step), so
   /// each overlaps the scope that follows: this is the part that did not. Depends on timing.

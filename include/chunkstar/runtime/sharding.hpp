@@ -512,9 +512,9 @@ class shard_manager {
     unit.grads = store_.attach_group(ids, at, 1, /*zero=*/true);
   }
 
-  /** Starts the reduction of gradient chunk @p c to its owner: an allreduce in place (the
-   *  Communicator concept has no rooted reduce; every communicator sums in rank order, so the
-   *  owner's sum has the same bits as a reduce-scatter's), whose result only the owner keeps. */
+  /** Starts the reduction of gradient chunk @p c to its owner, in place on the owner (every
+   *  communicator sums in rank order, so the owner's sum has the bits of the group mode's
+   *  reduce-scatter, and N such reductions move what one reduce-scatter of N chunks does). */
   void start_chunk_reduction(std::size_t c) {
     const chunk_id id{chunk_kind::grad, static_cast<std::uint32_t>(c)};
     const dtype t = store_.desc(chunk_kind::grad).type;
@@ -524,17 +524,18 @@ class shard_manager {
     r.group = c;
     if (groups_[c].grads == nullptr) r.own = typename Store::pin_set(store_, {id});  // its own payload: keep it in place
     void* data = store_.at(id).data;
+    const int root = map().owner(c);
     if (widen) {
       r.send.resize(elems);
       widen_to_float(static_cast<const std::byte*>(data), t, r.send);
-      r.done = comm_.allreduce_async(r.send.data(), elems, dtype::f32, reduce_op::sum);
+      r.done = comm_.reduce_async(r.send.data(), r.send.data(), elems, dtype::f32, reduce_op::sum, root);
     } else {
-      r.done = comm_.allreduce_async(data, elems, t, reduce_op::sum);
+      r.done = comm_.reduce_async(data, data, elems, t, reduce_op::sum, root);
     }
     in_flight_.push_back(std::move(r));
     groups_[c].reducing = true;
     ++stats_.reductions;
-    stats_.bytes_reduced += (widen ? elems * sizeof(float) : b);
+    if (!map().owns(c)) stats_.bytes_reduced += (widen ? elems * sizeof(float) : b);
   }
 
   /** Completes a chunk's reduction: the owner keeps the sum as its gradient payload, the other
