@@ -21,14 +21,20 @@
 //            (N-1) x (G x param chunk bytes + R x grad chunk bytes + 8 x padded chunks) bytes (the
 //            last term: the norm's allreduce of one double per chunk). Self-check: equality, on
 //            every rank and every measured iteration, and G, R equal the runtime's own counts. The
-//            same replay gives the peak of group buffers (N chunks each) plus reduce scratch.
+//            same replay gives the peak of group buffers (N chunks each) plus reduce scratch. It
+//            includes the gathers started a scope ahead (gather_plan.hpp: all of them at the
+//            timing runs' ample budget) and, once, the ranks' agreement on them (an allreduce of a
+//            double per moment in the first traced iteration). --memory-saving replays the mode's
+//            rules instead: one chunk per unit, broadcast from its owner and reduced to it, so the
+//            bytes differ per rank (the owner of a chunk sends (N-1) chunks, the others one).
 //   time:    every collective runs through modelled_link (modelled_link.hpp), which sleeps each one
 //            out to latency + bytes / bandwidth. iteration_s: forward + backward + step, max over
 //            the ranks, median over the measured iterations; compute_s: the same run with the link
 //            infinitely fast (no sleep); comm_s: the modelled seconds of one iteration;
 //            overlap = iteration_s / max(compute_s, comm_s). The runtime overlaps each
-//            reduce-scatter with the backward scope after it; allgathers are still synchronous
-//            (gathering ahead is not built yet), so expect between 1 and (compute + comm) / max.
+//            reduce-scatter with the scope after it and each allgather but an iteration's first with
+//            the scope before it (--no-gather-ahead: synchronous), so expect between 1 and
+//            (compute + comm) / max.
 //   scale:   the largest model of --scale-preset's family that trains --scale-steps steps on N
 //            ranks, each with --device-budget and --host-budget, against limit_params =
 //            N (device + host) / 16 bytes per parameter (fp32 param, grad, momentum, variance:
