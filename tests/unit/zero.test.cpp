@@ -286,8 +286,8 @@ TEST_CASE("ZeRO memory: each rank's model-data peak is its 1/N share plus the co
 
 namespace {
 
-/** An in-process rank that logs when a reduce-scatter starts and when the runtime waits for it;
- *  everything else is forwarded unchanged. */
+/** An in-process rank that logs when a reduce-scatter, a rooted reduce or an allgather starts
+ *  and when the runtime waits for it; everything else is forwarded unchanged. */
 class recording_communicator {
  public:
   recording_communicator(in_process_communicator& c, std::vector<std::string>& log) : c_(c), log_(log) {}
@@ -303,7 +303,10 @@ class recording_communicator {
     log_.push_back("reduce-scatter");
     c_.reduce_scatter(s, r, n, t, op);
   }
-  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { c_.reduce(s, r, n, t, op, root); }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    log_.push_back("reduce");
+    c_.reduce(s, r, n, t, op, root);
+  }
   void broadcast(void* p, std::size_t n, int root) { c_.broadcast(p, n, root); }
   void ring_shift(const void* s, void* r, std::size_t n) { c_.ring_shift(s, r, n); }
   void barrier() { c_.barrier(); }
@@ -318,8 +321,10 @@ class recording_communicator {
     return comm_handle(std::make_shared<logged>(c_.reduce_scatter_async(s, r, n, t, op), log_, "reduce-wait"));
   }
   comm_handle reduce_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
-    return c_.reduce_async(s, r, n, t, op, root);
+    log_.push_back("reduce-start");
+    return comm_handle(std::make_shared<logged>(c_.reduce_async(s, r, n, t, op, root), log_, "reduce-wait"));
   }
+
   comm_handle broadcast_async(void* p, std::size_t n, int root) { return c_.broadcast_async(p, n, root); }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) { return c_.ring_shift_async(s, r, n); }
 
@@ -563,4 +568,47 @@ TEST_CASE("ZeRO memory-saving mode: chunk by chunk, the reference's bits at N = 
   }
   // The same budget at 4 ranks is too small for group buffers: a typed error, not a hang.
   CHECK_THROWS_AS(train_zero(4, act_bytes + 6 * chunk_bytes, false), out_of_memory_error);
+}
+
+TEST_CASE("ZeRO memory-saving mode: each chunk's reduction to its owner runs while the next backward scope computes") {
+  // One chunk per layer, so in this mode one reduction per layer and iteration; all but layer 0's
+  // (no scope after it) have a backward scope computed between their start and their wait.
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    std::vector<std::vector<std::string>> logs(static_cast<std::size_t>(ranks));
+    run_ranks(ranks, [&](in_process_communicator& inner) {
+      auto& log = logs[static_cast<std::size_t>(inner.rank())];
+      recording_communicator comm(inner, log);
+      mlp_replica<recording_communicator> r({.sharding = {.enabled = true, .memory_saving = true}}, 1 << 20, comm);
+      auto opt = make_adam();
+      for (int step = 1; step <= steps; ++step) {
+        log.push_back("iteration");
+        r.forward_backward(step, comm.rank(), [&] { log.push_back("computed"); });
+        REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+      }
+    });
+    for (const auto& log : logs) {
+      std::vector<std::size_t> started, overlapped;
+      std::size_t pending = 0, computed_since = 0;
+      for (const auto& e : log) {
+        if (e == "iteration") started.push_back(0), overlapped.push_back(0);
+        else if (started.empty()) continue;
+        else if (e == "reduce-start") ++started.back(), ++pending, computed_since = 0;
+        else if (e == "computed") ++computed_since;
+        else if (e == "reduce-wait") {
+          REQUIRE(pending > 0);
+          --pending;
+          if (computed_since > 0) ++overlapped.back();
+        }
+        CHECK(e != "reduce");            // never a synchronous reduction
+        CHECK(e != "reduce-scatter");    // nor a group's
+      }
+      REQUIRE(started.size() == static_cast<std::size_t>(steps));
+      for (std::size_t it = 0; it < started.size(); ++it) {
+        CAPTURE(it);
+        CHECK(started[it] == 4);
+        CHECK(overlapped[it] == 3);
+      }
+    }
+  }
 }
