@@ -345,6 +345,36 @@ class recording_communicator {
 };
 static_assert(Communicator<recording_communicator>);
 
+/** One rank's training of the MLP over a recording_communicator (a loose budget, 10 steps). */
+struct recorded_rank {
+  std::vector<std::string> log;  // the communicator's, with "iteration" before each, "computed" after
+                                 // each backward scope (and forward one, if asked), "step" before each step
+  params_by_name params;         // owned, at the end
+  runtime_stats stats;
+  std::vector<std::string> violations;
+};
+std::vector<recorded_rank> train_recorded(int ranks, sharding_options sharding, bool log_forward = false) {
+  std::vector<recorded_rank> out(static_cast<std::size_t>(ranks));
+  run_ranks(ranks, [&](in_process_communicator& inner) {
+    auto& me = out[static_cast<std::size_t>(inner.rank())];
+    recording_communicator comm(inner, me.log);
+    mlp_replica<recording_communicator> r({.sharding = sharding}, 1 << 20, comm);
+    auto opt = make_adam();
+    const auto computed = [&] { me.log.push_back("computed"); };
+    for (int step = 1; step <= steps; ++step) {
+      me.log.push_back("iteration");
+      if (log_forward) r.forward_backward(step, comm.rank(), computed, computed);
+      else r.forward_backward(step, comm.rank(), computed);
+      me.log.push_back("step");
+      REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+    }
+    me.params = owned_params(r);
+    me.stats = r.rt.stats();
+    me.violations = r.rt.invariant_violations(true);
+  });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO overlap: a group's reduce-scatter runs while the next backward scope computes, and completes before the step") {
@@ -355,22 +385,8 @@ TEST_CASE("ZeRO overlap: a group's reduce-scatter runs while the next backward s
   for (int ranks : {2, 3}) {
     CAPTURE(ranks);
     const std::size_t used = (4 + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
-    std::vector<std::vector<std::string>> logs(static_cast<std::size_t>(ranks));
-    std::vector<params_by_name> got(static_cast<std::size_t>(ranks));
-    run_ranks(ranks, [&](in_process_communicator& inner) {
-      auto& log = logs[static_cast<std::size_t>(inner.rank())];
-      recording_communicator comm(inner, log);
-      mlp_replica<recording_communicator> r({.sharding = {.enabled = true}}, 1 << 20, comm);
-      auto opt = make_adam();
-      for (int step = 1; step <= steps; ++step) {
-        log.push_back("iteration");
-        r.forward_backward(step, comm.rank(), [&] { log.push_back("computed"); });
-        log.push_back("step");
-        REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
-      }
-      got[static_cast<std::size_t>(comm.rank())] = owned_params(r);
-    });
-    for (const auto& log : logs) {
+    const auto got = train_recorded(ranks, {.enabled = true});
+    for (const auto& [log, params, stats, violations] : got) {
       // Per iteration after the first: how many reductions saw a backward scope computed between
       // their start and the wait for them, and how many ran at all.
       std::vector<std::size_t> overlapped, started;
@@ -398,7 +414,7 @@ TEST_CASE("ZeRO overlap: a group's reduce-scatter runs while the next backward s
     }
     const auto expected = reference(ranks);  // and the bits are the reference's
     for (const auto& mine : got)
-      for (const auto& [name, v] : mine) CHECK_MESSAGE(v == expected.params.at(name), name);
+      for (const auto& [name, v] : mine.params) CHECK_MESSAGE(v == expected.params.at(name), name);
   }
 }
 
@@ -418,29 +434,13 @@ TEST_CASE("ZeRO gathers ahead: once the trace exists, every gather but an iterat
   for (int ranks : {2, 3}) {
     CAPTURE(ranks);
     const std::size_t used = (4 + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
-    std::vector<std::vector<std::string>> logs(static_cast<std::size_t>(ranks));
-    std::vector<params_by_name> got(static_cast<std::size_t>(ranks));
-    std::vector<runtime_stats> stats(static_cast<std::size_t>(ranks));
-    run_ranks(ranks, [&](in_process_communicator& inner) {
-      auto& log = logs[static_cast<std::size_t>(inner.rank())];
-      recording_communicator comm(inner, log);
-      mlp_replica<recording_communicator> r({.sharding = {.enabled = true}}, 1 << 20, comm);
-      auto opt = make_adam();
-      for (int step = 1; step <= steps; ++step) {
-        log.push_back("iteration");
-        const auto computed = [&] { log.push_back("computed"); };
-        r.forward_backward(step, comm.rank(), computed, computed);
-        REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
-      }
-      got[static_cast<std::size_t>(comm.rank())] = owned_params(r);
-      stats[static_cast<std::size_t>(comm.rank())] = r.rt.stats();
-      CHECK(r.rt.invariant_violations(true).empty());
-    });
-    for (std::size_t k = 0; k < logs.size(); ++k) {
+    const auto got = train_recorded(ranks, {.enabled = true}, /*log_forward=*/true);
+    for (std::size_t k = 0; k < got.size(); ++k) {
       CAPTURE(k);
+      CHECK(got[k].violations.empty());
       std::vector<std::size_t> sync, ahead, overlapped;
       std::size_t pending = 0, computed_since = 0;
-      for (const auto& e : logs[k]) {
+      for (const auto& e : got[k].log) {
         if (e == "iteration") sync.push_back(0), ahead.push_back(0), overlapped.push_back(0);
         else if (sync.empty()) continue;  // finalize()'s agreement on the configuration
         else if (e == "allgather") ++sync.back();
@@ -462,11 +462,11 @@ TEST_CASE("ZeRO gathers ahead: once the trace exists, every gather but an iterat
         CHECK(ahead[it] == 2 * used - 2);       // every other gather of the iteration (2U - 1 in all)
         CHECK(overlapped[it] == ahead[it]);     // each with a scope computed between its start and its wait
       }
-      CHECK(stats[k].gathers_ahead == (steps - 1) * (2 * used - 2));
+      CHECK(got[k].stats.gathers_ahead == (steps - 1) * (2 * used - 2));
     }
     const auto expected = reference(ranks);
     for (const auto& mine : got)
-      for (const auto& [name, v] : mine) CHECK_MESSAGE(v == expected.params.at(name), name);
+      for (const auto& [name, v] : mine.params) CHECK_MESSAGE(v == expected.params.at(name), name);
   }
 }
 
@@ -575,19 +575,7 @@ TEST_CASE("ZeRO memory-saving mode: each chunk's reduction to its owner runs whi
   // (no scope after it) have a backward scope computed between their start and their wait.
   for (int ranks : {2, 3}) {
     CAPTURE(ranks);
-    std::vector<std::vector<std::string>> logs(static_cast<std::size_t>(ranks));
-    run_ranks(ranks, [&](in_process_communicator& inner) {
-      auto& log = logs[static_cast<std::size_t>(inner.rank())];
-      recording_communicator comm(inner, log);
-      mlp_replica<recording_communicator> r({.sharding = {.enabled = true, .memory_saving = true}}, 1 << 20, comm);
-      auto opt = make_adam();
-      for (int step = 1; step <= steps; ++step) {
-        log.push_back("iteration");
-        r.forward_backward(step, comm.rank(), [&] { log.push_back("computed"); });
-        REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
-      }
-    });
-    for (const auto& log : logs) {
+    for (const auto& [log, params, stats, violations] : train_recorded(ranks, {.enabled = true, .memory_saving = true})) {
       std::vector<std::size_t> started, overlapped;
       std::size_t pending = 0, computed_since = 0;
       for (const auto& e : log) {
