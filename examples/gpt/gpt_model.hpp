@@ -118,28 +118,31 @@ inline bool ends_with(const std::string& s, std::string_view suffix) {
 }
 }  // namespace detail
 
-/** @brief Initialises tensor number @p index of param_specs(c) (whose spec is @p s). */
+/** @brief The initial value of element @p i of tensor number @p index of param_specs(c) (whose
+ *  spec is @p s): a pure function of (seed, tensor, element), so a rank that holds only some
+ *  elements of a tensor (RTP's shards) materialises exactly those, with the same values as a
+ *  process that initialises the whole tensor. */
 template <cpu::scalar T>
-void init_tensor(const gpt_config& c, const chunkstar::tensor_spec& s, std::size_t index, T* data, std::uint64_t seed,
-                 double std_dev = 0.02) {
-  const std::size_t n = s.numel();
-  if (s.role == chunkstar::tensor_role::norm) {
-    const T v = detail::ends_with(s.name, ".w") ? T(1) : T(0);
-    for (std::size_t i = 0; i < n; ++i) data[i] = v;
-    return;
-  }
-  if (s.role == chunkstar::tensor_role::bias) {
-    for (std::size_t i = 0; i < n; ++i) data[i] = T(0);
-    return;
-  }
+T init_value(const gpt_config& c, const chunkstar::tensor_spec& s, std::size_t index, std::size_t i, std::uint64_t seed,
+             double std_dev = 0.02) {
+  if (s.role == chunkstar::tensor_role::norm) return detail::ends_with(s.name, ".w") ? T(1) : T(0);
+  if (s.role == chunkstar::tensor_role::bias) return T(0);
   double sd = std_dev;
   if (detail::ends_with(s.name, "attn.proj.w") || detail::ends_with(s.name, "mlp.proj.w"))
     sd /= std::sqrt(2.0 * c.layers);
   const std::uint64_t key = detail::splitmix64(seed ^ detail::splitmix64(index + 1));
-  for (std::size_t i = 0; i < n; ++i) {  // Box-Muller, one normal per pair of uniforms
-    const double u1 = detail::uniform01(key + 2 * i), u2 = detail::uniform01(key + 2 * i + 1);
-    data[i] = static_cast<T>(sd * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-  }
+  // Box-Muller, one normal per pair of uniforms
+  const double u1 = detail::uniform01(key + 2 * i), u2 = detail::uniform01(key + 2 * i + 1);
+  return static_cast<T>(sd * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+/** @brief Initialises tensor number @p index of param_specs(c) (whose spec is @p s): init_value()
+ *  of every element. */
+template <cpu::scalar T>
+void init_tensor(const gpt_config& c, const chunkstar::tensor_spec& s, std::size_t index, T* data, std::uint64_t seed,
+                 double std_dev = 0.02) {
+  const std::size_t n = s.numel();
+  for (std::size_t i = 0; i < n; ++i) data[i] = init_value<T>(c, s, index, i, seed, std_dev);
 }
 
 /** @brief init_tensor() for every tensor of @p p. */
