@@ -128,10 +128,19 @@ template <class R>
   if constexpr (requires { rt.shards(); }) return rt.shards();
   else return {};
 }
+/** The rank that saves tensor @p t of a sharded runtime: the one the runtime names
+ *  (`rt.tensor_owner(t)`, for runtimes that split tensors some other way, such as RTP's), else the
+ *  owner of the chunk that holds it (ZeRO). */
+template <class R>
+[[nodiscard]] int owner_of(const R& rt, std::size_t t) {
+  if constexpr (requires { rt.tensor_owner(t); }) return rt.tensor_owner(t);
+  else return rt.shards().owner(rt.plan().slots[t].chunk);
+}
 /** Whether @p rt holds tensor @p t's data (it is in a chunk this rank owns). */
 template <class R>
 [[nodiscard]] bool holds(const R& rt, std::size_t t) {
-  if constexpr (requires { rt.shards(); rt.plan(); }) return rt.shards().owns(rt.plan().slots[t].chunk);
+  if constexpr (requires { rt.shards(); rt.tensor_owner(t); }) return rt.tensor_owner(t) == rt.shards().rank;
+  else if constexpr (requires { rt.shards(); rt.plan(); }) return rt.shards().owns(rt.plan().slots[t].chunk);
   else return true;
 }
 
@@ -177,7 +186,7 @@ void write_index(const R& rt, const std::filesystem::path& path, int world) {
   };
   std::string json = "{\n  \"metadata\": {\"format\": \"chunkstar\", \"world\": \"" + std::to_string(world) + "\"},\n  \"weight_map\": {";
   for (std::size_t t = 0; t < specs.size(); ++t) {
-    const int owner = shards_of(rt).owner(rt.plan().slots[t].chunk);
+    const int owner = owner_of(rt, t);
     json += std::string(t ? "," : "") + "\n    \"" + escape(specs[t].name) + "\": \"" + shard_file_name(checkpoint_model_stem, owner, world) + "\"";
   }
   json += "\n  }\n}\n";
@@ -197,8 +206,9 @@ void write_index(const R& rt, const std::filesystem::path& path, int world) {
  *  and holding nothing else), and only once the new checkpoint is complete, so a failure or a crash
  *  leaves the previous one readable. Nothing is deleted that this save did not create, except the
  *  checkpoint it replaces and temporaries of killed earlier saves.
- *  A sharded runtime (ZeRO, N ranks) saves collectively — call it on every rank: each rank writes
- *  the tensors it owns as `model-<r>-of-<N>.safetensors` and `optimizer-<r>-of-<N>.safetensors`
+ *  A sharded runtime (ZeRO, N ranks; or any runtime with `shards()`, `communicator()` and
+ *  `tensor_owner(t)`, the rank that saves tensor t, as RTP's checkpoint view) saves collectively —
+ *  call it on every rank: each rank writes the tensors it owns as `model-<r>-of-<N>.safetensors` and `optimizer-<r>-of-<N>.safetensors`
  *  into rank 0's temporary directory (a file system every rank sees), rank 0 adds
  *  `model.safetensors.index.json` and swaps the directory in once every rank succeeded.
  *  After a throw (on every rank alike): @p dir is as it was and this save's temporary is gone.
