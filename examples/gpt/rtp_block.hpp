@@ -201,13 +201,25 @@ class rtp_block {
   using rotation_type = chunkstar::rtp::rotation<Comm>;
 
   /** @brief Partitions a block of @p c over `comm.size()` ranks (`config_error` if the world size
-   *  does not divide the heads) and allocates this rank's shards, zeroed. */
+   *  does not divide the heads) and allocates this rank's shards, zeroed, and the two rotations'
+   *  transit buffers. */
   rtp_block(Comm& comm, const gpt_config& c)
       : comm_(comm),
         config_(c),
         part_(partition_block(c, comm.size())),
         attn_(comm, part_.attn_elems()),
         mlp_(comm, part_.mlp_elems()),
+        rep_(part_.replicated_elems(), 0.0f),
+        rep_grad_(part_.replicated_elems(), 0.0f) {}
+
+  /** @brief The same, with both rotations using the transit buffers @p shared (a model's blocks
+   *  share one set: see rtp/transit_buffers.hpp). */
+  rtp_block(Comm& comm, const gpt_config& c, chunkstar::rtp::transit_buffers<float>& shared)
+      : comm_(comm),
+        config_(c),
+        part_(partition_block(c, comm.size())),
+        attn_(comm, part_.attn_elems(), shared),
+        mlp_(comm, part_.mlp_elems(), shared),
         rep_(part_.replicated_elems(), 0.0f),
         rep_grad_(part_.replicated_elems(), 0.0f) {}
 
@@ -234,7 +246,7 @@ class rtp_block {
   [[nodiscard]] std::size_t model_bytes() const noexcept {
     return 2 * (part_.attn_elems() + part_.mlp_elems() + part_.replicated_elems()) * sizeof(float);
   }
-  /** @brief Bytes per rank the rotations add (their transit buffers). */
+  /** @brief Bytes per rank the rotations add (their transit buffers; shared ones are the model's to count). */
   [[nodiscard]] std::size_t transient_bytes() const noexcept { return attn_.transient_bytes() + mlp_.transient_bytes(); }
 
   /** @brief Materialises this rank's shards and the replicas only: element i of tensor t is

@@ -108,11 +108,11 @@ class rtp_gpt {
         rank_(comm.rank()),
         vpad_(rtp_padded_vocab(static_cast<std::size_t>(c.vocab), comm.size())),
         vs_(vpad_ / static_cast<std::size_t>(comm.size())),
-        wte_(comm, vs_ * static_cast<std::size_t>(c.width)),
+        wte_(comm, vs_ * static_cast<std::size_t>(c.width), transit_),
         top_(static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width), 0.0f),
         top_grad_(top_.size(), 0.0f) {
     const auto sizes = compute_activation_sizes(c, B, Tn);
-    for (int l = 0; l < c.layers; ++l) blocks_.push_back(std::make_unique<rtp_block<Comm>>(comm, c));
+    for (int l = 0; l < c.layers; ++l) blocks_.push_back(std::make_unique<rtp_block<Comm>>(comm, c, transit_));
     specs_ = param_specs(c);
     const std::size_t N = B * Tn, C = static_cast<std::size_t>(c.width);
     // Activations: the serial model's, without the [rows, V] logits and probabilities (the head
@@ -148,12 +148,9 @@ class rtp_gpt {
     for (const auto& p : parts_) n += p.w.size();
     return 4 * n * sizeof(float);
   }
-  /** @brief Bytes of the rotations' transit buffers on this rank. */
-  [[nodiscard]] std::size_t transient_bytes() const noexcept {
-    std::size_t n = wte_.transient_bytes();
-    for (const auto& b : blocks_) n += b->transient_bytes();
-    return n;
-  }
+  /** @brief Bytes of the rotations' transit buffers on this rank: one set, shared by every
+   *  rotation (they run one at a time), of five shards of the largest. */
+  [[nodiscard]] std::size_t transient_bytes() const noexcept { return transit_.bytes(); }
   /** @brief Bytes of activations and the backward workspace on this rank. */
   [[nodiscard]] std::size_t activation_bytes() const noexcept { return (acts_.size() + work_.size()) * sizeof(float); }
   /** @brief Bytes of the largest shard of one rotation (what one shift sends). */
@@ -217,8 +214,22 @@ class rtp_gpt {
   }
 
   /** @brief Backward of the last `forward`: replaces every gradient with that of the sum over
-   *  ranks of `loss_scale` x their mean losses. Collective. */
-  void backward(const int* tokens, const int* targets, float loss_scale = 1.0f) {
+   *  ranks of `loss_scale` x their mean losses, or with @p accumulate adds it to the gradients
+   *  already there (micro-batches of one step; the first time keeps one gradient copy per buffer
+   *  for it). Collective. */
+  void backward(const int* tokens, const int* targets, float loss_scale = 1.0f, bool accumulate = false) {
+    if (accumulate) {
+      acc_.resize(parts_.size());
+      for (std::size_t k = 0; k < parts_.size(); ++k) acc_[k].assign(parts_[k].g.begin(), parts_[k].g.end());
+    }
+    run_backward(tokens, targets, loss_scale);
+    if (accumulate)  // the earlier micro-batches' sum first, then this one's: the serial order
+      for (std::size_t k = 0; k < parts_.size(); ++k)
+        for (std::size_t i = 0; i < acc_[k].size(); ++i) parts_[k].g[i] = acc_[k][i] + parts_[k].g[i];
+  }
+
+ private:
+  void run_backward(const int* tokens, const int* targets, float loss_scale) {
     const std::size_t B = B_, Tn = Tn_, N = B * Tn, C = static_cast<std::size_t>(c_.width);
     const auto a = bind(B, Tn);
     const auto w = bind_backward_workspace<float>(c_, B, Tn, work_.data());
@@ -271,6 +282,7 @@ class rtp_gpt {
     chunkstar::rtp::reduce_replicated_grads(comm_, std::span<float>(top_grad_));
   }
 
+ public:
   /** @brief What `step` did. */
   struct step_result {
     double grad_norm = 0;  ///< global norm of the (unscaled) gradient, over every rank's shards and the replicas once
@@ -473,12 +485,14 @@ class rtp_gpt {
   std::size_t B_, Tn_;
   int world_, rank_;
   std::size_t vpad_, vs_;
+  chunkstar::rtp::transit_buffers<float> transit_;  // before the rotations that use it
   rotation_type wte_;
   std::vector<std::unique_ptr<rtp_block<Comm>>> blocks_;
   std::vector<float> top_, top_grad_;  // wpe [T_max, C] | lnf.w | lnf.b, and their gradients
   std::vector<chunkstar::tensor_spec> specs_;
   std::vector<float> acts_, work_;
   std::vector<rtp_part> parts_;
+  std::vector<std::vector<float>> acc_;  // the gradients of the step's earlier micro-batches (accumulate)
   std::int64_t steps_ = 0;
 };
 

@@ -12,6 +12,8 @@
 #include "chunked_gpt.hpp"
 #include "data.hpp"
 #include "preflight.hpp"
+#include "rtp_checkpoint.hpp"
+#include "rtp_gpt.hpp"
 #include "run_record.hpp"
 #include "train_options.hpp"
 
@@ -401,6 +403,132 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   return gpt::exit_ok;
 }
 
+// ------------------------------------------------------------------------------------------------
+// --parallel rtp: Rotated Tensor Parallelism (rtp_gpt.hpp). Each rank trains on its slice of the
+// global batch and owns 1/N of every sharded layer (weights, gradient, Adam moments) in host memory;
+// the shards rotate round the ring of ranks. The same options, data, schedule and checkpoints as the
+// other modes; losses agree with them within fp32 rounding (the ring adds in its own order).
+int train_rtp(const train_options& o, const run_plan& plan, communicator_ref comm) {
+  using clock = std::chrono::steady_clock;
+  const gpt::gpt_config& cfg = plan.cfg;
+  const gpt::text_data& data = plan.data;
+  const int ranks = comm.size();
+  const auto average = [&](double x) {
+    comm.allreduce(std::span<double>(&x, 1), reduce_op::sum);
+    return x / ranks;
+  };
+  std::printf("data: %s, %zu train / %zu validation bytes\n", data.source.c_str(), data.train.size(), data.val.size());
+  std::printf("parallel: RTP over %d rank%s, %lld sequences each of the global batch of %lld\n", ranks, ranks > 1 ? "s" : "",
+              static_cast<long long>(o.batch / ranks), static_cast<long long>(o.batch));
+  const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};
+  const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());
+  gpt::rtp_gpt<communicator_ref> model(comm, cfg, shape.batch, shape.seq);
+  model.init(o.seed);
+  const std::size_t whole = 16 * gpt::param_count(cfg);  // weights, gradients, two Adam moments, fp32
+  gpt::check_memory({.model_data = model.model_bytes() + model.transient_bytes(), .activations = model.activation_bytes()});
+  std::printf("%s\n", cpu_summary().c_str());
+  std::printf("model: %d layers, width %d, %d heads, context %d: %zu parameters\n", cfg.layers, cfg.width, cfg.heads,
+              cfg.context, gpt::param_count(cfg));
+  std::printf("memory per rank (host): model data %s of the whole %s (its shards and the replicas: weights, gradients, "
+              "Adam moments), rotation buffers %s, activations %s\n",
+              format_bytes(model.model_bytes()).c_str(), format_bytes(whole).c_str(), format_bytes(model.transient_bytes()).c_str(),
+              format_bytes(model.activation_bytes()).c_str());
+
+  const auto groups = param_groups::with_default_decay(o.weight_decay);
+  const adam_hyper base{.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = o.weight_decay};
+  const warmup_cosine cosine = gpt::cosine_schedule(o);
+  auto lr_at = [&](std::int64_t step) { return o.schedule == "constant" ? o.lr : cosine(step); };
+  if (plan.resume) {
+    gpt::rtp_load_view<communicator_ref> view(model);
+    (void)load_checkpoint(view, o.resume);
+    model.restore_step_count(plan.resume->optimizer_steps);
+    std::printf("resumed from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(plan.resume->step));
+  }
+  auto save = [&](std::int64_t step) {
+    try {
+      gpt::rtp_save_view<communicator_ref> view(model, comm);
+      save_checkpoint(view, o.save, gpt::save_record(plan.record, o, step, model.optimizer_steps(), std::nullopt, 0));
+    } catch (const chunkstar::error& e) {
+      throw output_error(std::string("saving the checkpoint of step ") + std::to_string(step) + " failed (the previous checkpoint in '" +
+                         o.save + "', if any, is intact): " + e.what());
+    }
+    std::printf("saved checkpoint to %s (step %lld)\n", o.save.c_str(), static_cast<long long>(step));
+  };
+
+  const std::size_t N = model.tokens_per_batch();
+  std::vector<int> tokens(N), targets(N);
+  auto validation_loss = [&] {
+    double sum = 0;
+    for (std::int64_t b = 0; b < o.val_batches; ++b) {
+      gpt::fill_batch(data.val, o.seed, static_cast<std::uint64_t>(b), shape.batch, shape.seq, tokens.data(), targets.data(), first);
+      sum += model.loss(tokens.data(), targets.data());
+    }
+    return average(sum / static_cast<double>(o.val_batches));
+  };
+  const auto run_start = clock::now();
+  double first_loss = 0, last_loss = 0;
+  std::uint64_t step_bytes = 0;  // sent by this rank in the last training iteration
+  std::optional<double> last_val;
+  for (std::int64_t step = plan.first_step; step <= plan.last_step; ++step) {
+    const auto t0 = clock::now();
+    const auto sent = comm.stats().bytes_sent;
+    double loss = 0;
+    for (int micro = 0; micro < o.accum; ++micro) {
+      gpt::fill_batch(data.train, o.seed, gpt::train_key(step, micro), shape.batch, shape.seq, tokens.data(), targets.data(), first);
+      loss += model.forward(tokens.data(), targets.data()) / static_cast<double>(o.accum);
+      model.backward(tokens.data(), targets.data(), 1.0f, micro > 0);
+    }
+    loss = average(loss);
+    const float lr = lr_at(step);
+    adam_hyper h = base;
+    h.lr = lr;
+    // Gradients are of the sum of the ranks' slice means: the step averages over accum x N micro-batches.
+    const auto r = model.step(h, groups, static_cast<int>(o.accum) * ranks, o.clip);
+    step_bytes = comm.stats().bytes_sent - sent;
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    if (step == plan.first_step) first_loss = loss;
+    last_loss = loss;
+    char norm[16] = "     -";
+    if (o.clip > 0) std::snprintf(norm, sizeof norm, "%6.3f", r.grad_norm);
+    std::printf("step %5lld/%lld | loss %.6f | %7.0f tok/s | lr %.2e | norm %s | sent %s\n", static_cast<long long>(step),
+                static_cast<long long>(o.steps), loss, static_cast<double>(N * static_cast<std::size_t>(o.accum * ranks)) / dt,
+                static_cast<double>(lr), norm, format_bytes(step_bytes).c_str());
+    if (o.val_every > 0 && (step % o.val_every == 0 || step == plan.last_step)) {
+      last_val = validation_loss();
+      std::printf("validation loss %.6f at step %lld\n", *last_val, static_cast<long long>(step));
+    }
+    if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == plan.last_step)) save(step);
+    std::fflush(stdout);
+  }
+  const double total = std::chrono::duration<double>(clock::now() - run_start).count();
+  char val[32] = "none";
+  if (last_val) std::snprintf(val, sizeof val, "%.4f", *last_val);
+  std::printf("\nsummary: %lld steps in %.1f s, loss %.4f -> %.4f, validation %s, 0 skipped\n",
+              static_cast<long long>(plan.last_step - plan.first_step + 1), total, first_loss, last_loss, val);
+  double peaks[] = {static_cast<double>(model.model_bytes()), static_cast<double>(model.transient_bytes())};
+  comm.allreduce(std::span<double>(peaks), reduce_op::max);
+  // The theory counts the ring's shards and the replicas' all-reduces; the step adds the clipping
+  // norm's all-reduce (8 bytes) and --accum multiplies the passes.
+  std::printf("per rank (largest): model data %s (1/%d of the whole %s, plus replicas), rotation buffers %s (largest shard %s); "
+              "rank 0 sent %s in the last training iteration (theory for one micro-batch %s)\n",
+              format_bytes(static_cast<std::size_t>(peaks[0])).c_str(), ranks, format_bytes(whole).c_str(),
+              format_bytes(static_cast<std::size_t>(peaks[1])).c_str(), format_bytes(model.largest_shard_bytes()).c_str(),
+              format_bytes(step_bytes).c_str(), format_bytes(model.iteration_bytes_theory()).c_str());
+  if (o.sample > 0) {
+    std::mt19937_64 rng(o.seed);
+    std::vector<int> text{'T', 'h', 'e', ' '};
+    for (std::int64_t i = 0; i < o.sample; ++i) {
+      const auto probs = model.next_token_probs(text);  // rank 0's on every rank: every rank picks the same
+      std::discrete_distribution<int> pick(probs.begin(), probs.end());
+      text.push_back(pick(rng));
+    }
+    std::string out;
+    for (int t : text) out += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
+    std::printf("\nsample:\n%s\n", out.c_str());
+  }
+  return gpt::exit_ok;
+}
+
 template <class Scaler>
 int with_policy(const train_options& o, const run_plan& plan, communicator_ref comm) {
   // One communicator type for one process and MPI ranks alike: the transport is a run-time choice.
@@ -431,6 +559,7 @@ int run(const train_options& o, communicator_ref comm) {
   try {
     const run_plan plan = prepare(o, comm.size());
     phase = "training";
+    if (o.parallel == "rtp") return train_rtp(o, plan, comm);
     return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler>(o, plan, comm)
                                                           : with_policy<static_loss_scaler>(o, plan, comm);
   } catch (const output_error& e) {
@@ -514,7 +643,8 @@ int main(int argc, char** argv) {
   app.add_option("--trace", o.trace, "Write a Chrome-trace timeline (JSON) of memory and transfers");
   app.add_option("--sample", o.sample, "Bytes to generate at the end (0: none)");
   app.add_option("--parallel", o.parallel,
-                 "none, or zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); --batch stays the global batch");
+                 "none; zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); rtp: each rank owns 1/N of "
+                 "every layer and the shards rotate round the ranks (RTP, fp32, host memory); --batch stays the global batch");
   app.add_flag("--keep-gathered", o.keep_gathered, "--parallel zero: keep gathered parameters from forward to backward (more memory, fewer gathers)");
   app.add_flag("--memory-saving", o.memory_saving,
                "--parallel zero: gather and reduce chunk by chunk (broadcast from and reduce to the owner) instead of in groups of N: "
@@ -526,17 +656,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n(train_gpt --help lists the options)\n", e.what());
     return gpt::exit_bad_input;
   }
-  // --parallel zero: one process per rank under mpirun; only rank 0 prints progress.
+  // --parallel zero or rtp: one process per rank under mpirun; only rank 0 prints progress.
   single_process_communicator one;
 #if CHUNKSTAR_HAS_MPI()
   std::optional<mpi_session> session;
   std::optional<mpi_communicator> world;
-  if (o.parallel == "zero") {
+  if (o.parallel == "zero" || o.parallel == "rtp") {
     try {
       session.emplace(&argc, &argv);
       world.emplace(MPI_COMM_WORLD);
     } catch (const chunkstar::error& e) {
-      fatal(gpt::exit_internal, std::string("cannot start MPI for --parallel zero: ") + e.what());
+      fatal(gpt::exit_internal, "cannot start MPI for --parallel " + o.parallel + ": " + e.what());
     }
     process_rank = world->rank();
     if (process_rank != 0 && !std::freopen("/dev/null", "w", stdout)) fatal(gpt::exit_io, "cannot silence the output of rank " + std::to_string(process_rank));
@@ -545,7 +675,8 @@ int main(int argc, char** argv) {
     return rc;
   }
 #else
-  if (o.parallel == "zero") fatal(gpt::exit_bad_input, "--parallel zero needs MPI, and this build of train_gpt has none: install an MPI (libopenmpi-dev) and rebuild");
+  if (o.parallel == "zero" || o.parallel == "rtp")
+    fatal(gpt::exit_bad_input, "--parallel " + o.parallel + " needs MPI, and this build of train_gpt has none: install an MPI (libopenmpi-dev) and rebuild");
 #endif
   return run(o, one);
 }

@@ -58,7 +58,7 @@ struct train_options {
   std::int64_t save_every = 0;
   std::int64_t sample = 200;
   std::vector<std::string> allow_change;  // --allow-change: configuration a resume may change
-  std::string parallel = "none";          // none, or zero: shard the model data over MPI ranks
+  std::string parallel = "none";          // none; zero: shard the model data over MPI ranks; rtp: rotated tensor parallelism
   bool keep_gathered = false;             // --parallel zero: keep gathered parameters from forward to backward
   bool memory_saving = false;             // --parallel zero: chunk by chunk (PatrickStar's MSC), no group buffers
 };
@@ -155,7 +155,7 @@ inline void validate_ranks(const train_options& o, int ranks) {
                                       " ranks: use a multiple of " + std::to_string(ranks) + ", or run on " + valid + " ranks");
   }
   if (o.parallel == "none" && ranks > 1)
-    detail::bad_option("--parallel", "none on " + std::to_string(ranks) + " MPI ranks: every rank would train the same model alone; use --parallel zero");
+    detail::bad_option("--parallel", "none on " + std::to_string(ranks) + " MPI ranks: every rank would train the same model alone; use --parallel zero or rtp");
 }
 
 /** @brief Checks every option against its range and the others, throwing config_error naming the
@@ -177,7 +177,19 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   if (o.save_every > 0 && o.save.empty()) detail::bad_option("--save-every", "needs --save DIR to say where checkpoints go");
   detail::require_one_of("--policy", o.policy, {"patrickstar", "lru", "resident", "offload"});
   detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
-  detail::require_one_of("--parallel", o.parallel, {"none", "zero"});
+  detail::require_one_of("--parallel", o.parallel, {"none", "zero", "rtp"});
+  if (o.parallel == "rtp") {
+    // RTP keeps each rank's shards in host memory, in fp32: the chunk runtime's options do not apply (yet).
+    const auto not_with_rtp = [](const char* option, const std::string& why) {
+      detail::bad_option(option, why + " does not apply to --parallel rtp, whose shards live in host memory in fp32 (docs/rtp.md); drop it");
+    };
+    if (o.precision != "fp32") not_with_rtp("--precision", o.precision);
+    if (o.device_budget != "auto") not_with_rtp("--device-budget", o.device_budget);
+    if (o.policy != "patrickstar") not_with_rtp("--policy", o.policy);
+    if (o.keep_gathered) not_with_rtp("--keep-gathered", "it");
+    if (o.memory_saving) not_with_rtp("--memory-saving", "it");
+    if (!o.trace.empty()) not_with_rtp("--trace", "the chunk timeline");
+  }
   (void)precision_type(o.precision);
   detail::require_finite("--lr", o.lr, 0.0, true);
   detail::require_finite("--weight-decay", o.weight_decay, 0.0);

@@ -59,3 +59,4 @@
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/ring_order.hpp>
 #include <chunkstar/rtp/rotation.hpp>
+#include <chunkstar/rtp/transit_buffers.hpp>

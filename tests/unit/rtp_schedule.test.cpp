@@ -10,6 +10,7 @@
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/ring_order.hpp>
 #include <chunkstar/rtp/rotation.hpp>
+#include <chunkstar/rtp/transit_buffers.hpp>
 
 #include <doctest/doctest.h>
 
@@ -329,6 +330,48 @@ TEST_CASE("rotation: backward brings each shard's gradient home summed over all 
         expected[i] = acc;
       }
       CHECK(same_bits(grads[me], expected));
+    }
+  }
+}
+
+TEST_CASE("rotation: rotations sharing one set of transit buffers give the bits of rotations with their own") {
+  // A small and a large layer, alternately, twice over: the shared set is grown by the large one
+  // and left dirty by each pass; every pass must still see its own shards and sum its own gradient.
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    std::vector<std::vector<float>> own(static_cast<std::size_t>(n)), shared(static_cast<std::size_t>(n));
+    std::vector<std::size_t> bytes(static_cast<std::size_t>(n));
+    for (const bool share : {false, true})
+      run_ranks(n, [&](in_process_communicator& comm) {
+        const auto me = static_cast<std::size_t>(comm.rank());
+        rtp::transit_buffers<float> set;
+        std::optional<rotation<in_process_communicator>> small, large;
+        if (share) {
+          small.emplace(comm, elems, set);
+          large.emplace(comm, 3 * elems, set);
+          bytes[me] = small->transient_bytes();
+        } else {
+          small.emplace(comm, elems);
+          large.emplace(comm, 3 * elems);
+        }
+        fill_owned(*small);
+        fill_owned(*large);
+        auto& out = share ? shared[me] : own[me];
+        for (int pass = 0; pass < 2; ++pass)
+          for (auto* rot : {&*small, &*large}) {
+            rot->forward([&](int j, std::span<const float> w) { CHECK(holds_shard(w, j)); });
+            rot->backward([&](int j, std::span<const float> w, std::span<float> g) {
+              CHECK(holds_shard(w, j));
+              for (std::size_t i = 0; i < g.size(); ++i) g[i] += contribution(comm.rank(), j, i) * static_cast<float>(pass + 1);
+            });
+            out.insert(out.end(), rot->owned_grad().begin(), rot->owned_grad().end());
+          }
+      });
+    for (int r = 0; r < n; ++r) {
+      const auto me = static_cast<std::size_t>(r);
+      CHECK(same_bits(own[me], shared[me]));
+      // One set of five buffers (the scratch alone with one rank) of the larger shard.
+      CHECK(bytes[me] == (n > 1 ? 5u : 1u) * 3 * elems * sizeof(float));
     }
   }
 }

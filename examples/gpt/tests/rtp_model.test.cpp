@@ -214,7 +214,8 @@ TEST_CASE("rtp gpt: the padded vocabulary, shard sizes and the partition of ever
     std::vector<std::size_t> base;
     std::size_t off = 0;
     for (const auto& s : gpt::param_specs(config)) base.push_back(off), off += s.numel();
-    std::vector<std::size_t> bytes(static_cast<std::size_t>(n)), sent(static_cast<std::size_t>(n)), theory(static_cast<std::size_t>(n));
+    std::vector<std::size_t> bytes(static_cast<std::size_t>(n)), sent(static_cast<std::size_t>(n)), theory(static_cast<std::size_t>(n)),
+        transit(static_cast<std::size_t>(n)), largest(static_cast<std::size_t>(n)), replica_elems(static_cast<std::size_t>(n));
     chunkstar::in_process_group group(n);
     std::mutex mu;
     group.run([&](in_process_communicator& comm) {
@@ -228,9 +229,13 @@ TEST_CASE("rtp gpt: the padded vocabulary, shard sizes and the partition of ever
       sent[r] = comm.stats().bytes_sent - before.bytes_sent;
       theory[r] = m.iteration_bytes_theory();
       bytes[r] = m.model_bytes();
+      transit[r] = m.transient_bytes();
+      largest[r] = m.largest_shard_bytes();
       std::lock_guard lock(mu);
-      for (const auto& p : m.parts())
+      for (const auto& p : m.parts()) {
+        if (p.replicated) replica_elems[r] += p.w.size();
         p.for_each([&](std::size_t t, std::size_t i, std::size_t) { (p.replicated ? replica : count)[base[t] + i] += 1; });
+      }
     });
     for (std::size_t e = 0; e < param_elems; ++e) {
       const bool ok = (count[e] == 1 && replica[e] == 0) || (count[e] == 0 && replica[e] == n);
@@ -239,10 +244,19 @@ TEST_CASE("rtp gpt: the padded vocabulary, shard sizes and the partition of ever
         break;
       }
     }
+    // Memory per rank: its 1/N of the sharded elements (at most one padding row of wte less) and
+    // the replicas, four lists of each (weights, gradient, two Adam moments); in transit one set of
+    // five shards of the largest layer (two weight, two gradient, one scratch), shared by every
+    // rotation — so at most total/N + the replicas + two shards of the largest layer and three
+    // gradient-sized buffers for backward.
+    const std::size_t sharded = param_elems - replica_elems[0], C = static_cast<std::size_t>(config.width);
     for (int r = 0; r < n; ++r) {
+      const auto k = static_cast<std::size_t>(r);
       // Bytes per training iteration, counted by the communicator, against the model's theory.
-      CHECK(sent[static_cast<std::size_t>(r)] == theory[static_cast<std::size_t>(r)]);
-      if (n > 1) CHECK(bytes[static_cast<std::size_t>(r)] < 4 * param_elems * sizeof(float));
+      CHECK(sent[k] == theory[k]);
+      CHECK(bytes[k] <= 16 * (sharded / static_cast<std::size_t>(n) + C + replica_elems[k]));
+      CHECK(bytes[k] >= 16 * (sharded / static_cast<std::size_t>(n) - C + replica_elems[k]));
+      CHECK(transit[k] == (n > 1 ? 5 : 1) * largest[k]);
     }
   }
 }

@@ -13,7 +13,8 @@
  *  - owned: the rank's shard (`owned()`) and its gradient (`owned_grad()`). The optimizer steps
  *    these; the schedule never writes the owned weights and writes the owned gradient only at the
  *    very end of `backward`.
- *  - in transit: two weight buffers (one resident, one receiving the next shard), two gradient
+ *  - in transit (`transit_buffers`, the rotation's own or shared with the model's other
+ *    rotations): two weight buffers (one resident, one receiving the next shard), two gradient
  *    buffers (one sending the partial sum on, one receiving the next) and one scratch buffer the
  *    kernel adds this rank's contribution into while a partial sum is still in flight. A shift
  *    never sends from and receives into the same buffer, and no kernel reads a buffer being
@@ -24,12 +25,14 @@
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/rtp/ring_order.hpp>
+#include <chunkstar/rtp/transit_buffers.hpp>
 
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -82,22 +85,31 @@ class rotation {
   using value_type = T;
 
   /** @brief A schedule for shards of @p shard_elems elements on @p comm (held by reference; it
-   *  must outlive this object). Allocates the owned shard and gradient (zeroed) and the transit
+   *  must outlive this object). Allocates the owned shard and gradient (zeroed) and its own transit
    *  buffers. Throws `config_error` for an empty shard. */
   rotation(Comm& comm, std::size_t shard_elems)
-      : comm_(comm), rank_(comm.rank()), world_(comm.size()), elems_(shard_elems) {
+      : rotation(comm, shard_elems, std::make_unique<transit_buffers<T>>()) {}
+
+  /** @brief The same, with transit buffers shared with other rotations (held by reference; they
+   *  must outlive this object, and the rotations sharing them must not run passes concurrently):
+   *  grows them to this shard's size if they are smaller. */
+  rotation(Comm& comm, std::size_t shard_elems, transit_buffers<T>& shared)
+      : rotation(comm, shard_elems, std::unique_ptr<transit_buffers<T>>(), &shared) {}
+
+ private:
+  rotation(Comm& comm, std::size_t shard_elems, std::unique_ptr<transit_buffers<T>> own, transit_buffers<T>* shared = nullptr)
+      : comm_(comm), rank_(comm.rank()), world_(comm.size()), elems_(shard_elems), own_(std::move(own)),
+        pool_(shared ? shared : own_.get()) {
     if (shard_elems == 0)
       throw config_error("rtp::rotation: a shard of 0 elements; a sharded layer needs at least one element per rank");
     if (shard_elems > std::numeric_limits<std::size_t>::max() / sizeof(T))
       throw config_error("rtp::rotation: a shard of " + std::to_string(shard_elems) + " elements overflows its byte size");
     home_w_.assign(elems_, T{});
     home_g_.assign(elems_, T{});
-    if (world_ > 1) {
-      for (auto& b : w_) b.assign(elems_, T{});
-      for (auto& b : g_) b.assign(elems_, T{});
-    }
-    scratch_.assign(elems_, T{});
+    pool_->reserve(elems_, world_ > 1);
   }
+
+ public:
 
   rotation(const rotation&) = delete;
   rotation& operator=(const rotation&) = delete;
@@ -111,12 +123,11 @@ class rotation {
   [[nodiscard]] std::size_t shard_elems() const noexcept { return elems_; }
   /** @brief Bytes per shard: what one weight or gradient shift sends. */
   [[nodiscard]] std::size_t shard_bytes() const noexcept { return elems_ * sizeof(T); }
-  /** @brief Bytes of the buffers that exist for the rotation only (two weight, two gradient and
-   *  one scratch shard with more than one rank, the scratch alone with one): the per-rank memory
-   *  RTP adds to the owned shard and gradient. */
-  [[nodiscard]] std::size_t transient_bytes() const noexcept {
-    return (w_[0].size() + w_[1].size() + g_[0].size() + g_[1].size() + scratch_.size()) * sizeof(T);
-  }
+  /** @brief Bytes of the transit buffers this rotation uses (two weight, two gradient and one
+   *  scratch shard with more than one rank, the scratch alone with one): the per-rank memory RTP
+   *  adds to the owned shard and gradient. Shared buffers are counted by every rotation sharing
+   *  them (the model that shares them counts them once). */
+  [[nodiscard]] std::size_t transient_bytes() const noexcept { return pool_->bytes(); }
 
   /** @brief The owned shard (shard `rank()`): fill it before the first pass, step it after a
    *  backward. Stable address for the object's lifetime. */
@@ -137,7 +148,7 @@ class rotation {
     const std::size_t bytes = shard_bytes();
     const T* resident = home_w_.data();
     for (int s = 0; s < world_; ++s) {
-      T* incoming = w_[static_cast<std::size_t>(s % 2)].data();  // never `resident`: home, then alternating
+      T* incoming = pool_->weights(static_cast<std::size_t>(s % 2));  // never `resident`: home, then alternating
       comm_handle next;  // waited for quietly if the kernel throws
       if (s + 1 < world_) next = comm_.ring_shift_async(resident, incoming, bytes);
       std::invoke(f, forward_shard(rank_, world_, s), std::span<const T>(resident, elems_));
@@ -155,39 +166,43 @@ class rotation {
   void backward(G&& g) {
     const pass_guard guard(busy_, "backward");
     if (world_ == 1) {
-      std::fill(scratch_.begin(), scratch_.end(), T{});
-      std::invoke(g, 0, std::span<const T>(home_w_), std::span<T>(scratch_));
-      std::copy(scratch_.begin(), scratch_.end(), home_g_.begin());  // only after the kernel succeeded
+      T* scratch = pool_->scratch();
+      std::fill(scratch, scratch + elems_, T{});
+      std::invoke(g, 0, std::span<const T>(home_w_), std::span<T>(scratch, elems_));
+      std::copy(scratch, scratch + elems_, home_g_.begin());  // only after the kernel succeeded
       return;
     }
     const std::size_t bytes = shard_bytes();
+    T* const w[2] = {pool_->weights(0), pool_->weights(1)};
+    T* const gb[2] = {pool_->grads(0), pool_->grads(1)};
+    T* const scratch = pool_->scratch();
     {  // shard rank-1, for step 0: nothing computes yet, so only the zero fill overlaps it
-      comm_handle first = comm_.ring_shift_async(home_w_.data(), w_[0].data(), bytes);
-      std::fill(g_[0].begin(), g_[0].end(), T{});
+      comm_handle first = comm_.ring_shift_async(home_w_.data(), w[0], bytes);
+      std::fill(gb[0], gb[0] + elems_, T{});
       first.wait();
     }
     comm_handle partial;  // the partial sum arriving for the current step (started after the previous kernel)
     for (int t = 0; t < world_; ++t) {
       const auto cur = static_cast<std::size_t>(t % 2), other = 1 - cur;
       const bool last = t == world_ - 1;
-      const T* weights = last ? home_w_.data() : w_[cur].data();
+      const T* weights = last ? home_w_.data() : w[cur];
       comm_handle next_weights;
-      if (t + 2 < world_) next_weights = comm_.ring_shift_async(w_[cur].data(), w_[other].data(), bytes);
+      if (t + 2 < world_) next_weights = comm_.ring_shift_async(w[cur], w[other], bytes);
       // Step 0's contribution is the sum's first term: the kernel adds straight into the buffer
       // that is sent on. Later steps add into the scratch while the partial sum is still arriving.
-      T* acc = t == 0 ? g_[0].data() : scratch_.data();
-      if (t > 0) std::fill(scratch_.begin(), scratch_.end(), T{});
+      T* acc = t == 0 ? gb[0] : scratch;
+      if (t > 0) std::fill(scratch, scratch + elems_, T{});
       std::invoke(g, backward_shard(rank_, world_, t), std::span<const T>(weights, elems_), std::span<T>(acc, elems_));
       next_weights.wait();
-      partial.wait();  // g_[cur] now holds the earlier ranks' sum for this shard
+      partial.wait();  // gb[cur] now holds the earlier ranks' sum for this shard
       if (last) {
         // Written here only, after the last call that can throw: a failed pass leaves it as it was.
-        for (std::size_t i = 0; i < elems_; ++i) home_g_[i] = g_[cur][i] + scratch_[i];
+        for (std::size_t i = 0; i < elems_; ++i) home_g_[i] = gb[cur][i] + scratch[i];
         return;
       }
       if (t > 0)
-        for (std::size_t i = 0; i < elems_; ++i) g_[cur][i] += scratch_[i];
-      partial = comm_.ring_shift_async(g_[cur].data(), g_[other].data(), bytes);
+        for (std::size_t i = 0; i < elems_; ++i) gb[cur][i] += scratch[i];
+      partial = comm_.ring_shift_async(gb[cur], gb[other], bytes);
     }
   }
 
@@ -215,8 +230,8 @@ class rotation {
   int world_;
   std::size_t elems_;
   std::vector<T> home_w_, home_g_;
-  std::vector<T> w_[2], g_[2];  // empty with one rank
-  std::vector<T> scratch_;
+  std::unique_ptr<transit_buffers<T>> own_;  // null when the transit buffers are shared
+  transit_buffers<T>* pool_;
   bool busy_ = false;
 };
 

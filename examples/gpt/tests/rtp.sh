@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# train_gpt --parallel rtp on MPI ranks, end to end:
+#  1. 2 and 4 ranks train the same model on the same data as one process: losses within fp32
+#     rounding (the ring adds the shards' partial sums in its own order, so bits may differ);
+#  2. checkpoints cross modes: saved under RTP at 4 ranks, resumed under RTP at 2, in one process
+#     and under ZeRO at 2; saved in one process and under ZeRO, resumed under RTP — every resume on
+#     the uninterrupted trajectory;
+#  3. bad input (a world size the heads do not split over, an option RTP does not take) is exit 2
+#     with a message naming it; a rank killed (SIGKILL) mid-run ends the job, non-zero, within 30 s.
+#   bash rtp.sh <train_gpt> <mpiexec> <work dir>
+set -uo pipefail
+train=$1
+mpiexec=$2
+work=$3
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1  # 4 ranks on few cores
+mpi=("$mpiexec" --allow-run-as-root --oversubscribe -np)
+args=(--preset tiny --batch 8 --seq 32 --steps 8 --warmup 2 --val-every 4 --sample 16)
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+losses() { grep -E '^(step|validation)' "$1" | sed -E 's/^step +([0-9]+)\/[0-9]+ \| loss ([0-9.]+).*/\1 \2/; s/^validation loss ([0-9.]+) at step ([0-9]+)/v\2 \1/'; }
+# Same steps, each loss within 1e-4 relative (fp32 rounding, amplified a little by Adam over 8 steps).
+close() {
+  awk 'NR == FNR { a[$1] = $2; next } { if (!($1 in a)) { print "missing " $1; bad = 1; next }
+       d = a[$1] - $2; if (d < 0) d = -d; if (d > 1e-4 * $2) { print $1 ": " a[$1] " vs " $2; bad = 1 } n++ }
+       END { exit bad || n == 0 }' <(losses "$1") <(losses "$2")
+}
+after4() { losses "$1" | grep -E '^(5|6|7|8|v8) '; }
+
+timeout 300 "$train" "${args[@]}" >one.txt 2>&1 || fail "one process: rc $?"
+for n in 2 4; do
+  timeout 300 "${mpi[@]}" $n "$train" "${args[@]}" --parallel rtp >rtp$n.txt 2>&1 || fail "$n RTP ranks: rc $?"
+  if out=$(close rtp$n.txt one.txt); then echo "ok: $n RTP ranks train as one process: $(losses rtp$n.txt | tr '\n' ' ')"
+  else fail "$n RTP ranks differ from one process: $out"; fi
+  grep -q "per rank (largest): model data" rtp$n.txt || fail "no per-rank memory in the $n-rank summary"
+  grep -q "^sample:" rtp$n.txt || fail "no sample from $n ranks"
+done
+grep -q "1/4 of the whole" rtp4.txt || fail "the 4-rank summary does not say each rank holds 1/4"
+
+# Checkpoints across modes. An uninterrupted run's steps 5-8 are the reference for every resume.
+cmp_resume() {  # <what> <file>
+  local d
+  d=$(awk 'NR == FNR { a[$1] = $2; next } ($1 in a) { x = a[$1] - $2; if (x < 0) x = -x; if (x > 1e-4 * $2) print $1 ": " a[$1] " vs " $2 }' \
+      <(after4 one.txt) <(after4 "$2"))
+  [[ -z $d && -n $(after4 "$2") ]] && echo "ok: $1 on the uninterrupted trajectory" || fail "$1 left the trajectory: $d"
+}
+timeout 300 "${mpi[@]}" 4 "$train" "${args[@]}" --parallel rtp --stop-after 4 --save ck_rtp >save_rtp.txt 2>&1 || fail "RTP save: rc $?"
+[[ -f ck_rtp/model.safetensors.index.json && -f ck_rtp/optimizer-00004-of-00004.safetensors ]] || fail "no sharded RTP checkpoint: $(ls ck_rtp)"
+timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --resume ck_rtp >r_rtp2.txt 2>&1 || fail "RTP 4 -> RTP 2 resume: rc $?"
+cmp_resume "RTP at 4 ranks -> RTP at 2" r_rtp2.txt
+timeout 300 "$train" "${args[@]}" --resume ck_rtp >r_one.txt 2>&1 || fail "RTP -> one process resume: rc $?"
+cmp_resume "RTP at 4 ranks -> one process" r_one.txt
+timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel zero --resume ck_rtp >r_zero.txt 2>&1 || fail "RTP -> ZeRO resume: rc $?"
+cmp_resume "RTP at 4 ranks -> ZeRO at 2" r_zero.txt
+timeout 300 "$train" "${args[@]}" --stop-after 4 --save ck_one >save_one.txt 2>&1 || fail "one-process save: rc $?"
+timeout 300 "${mpi[@]}" 4 "$train" "${args[@]}" --parallel rtp --resume ck_one >r_from_one.txt 2>&1 || fail "one process -> RTP resume: rc $?"
+cmp_resume "one process -> RTP at 4 ranks" r_from_one.txt
+timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel zero --stop-after 4 --save ck_zero >save_zero.txt 2>&1 || fail "ZeRO save: rc $?"
+timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --resume ck_zero >r_from_zero.txt 2>&1 || fail "ZeRO -> RTP resume: rc $?"
+cmp_resume "ZeRO at 2 ranks -> RTP at 2" r_from_zero.txt
+
+# Bad input: exit 2, the message names what is wrong.
+timeout 120 "${mpi[@]}" 3 "$train" "${args[@]}" --batch 6 --parallel rtp >bad3.txt 2>&1
+rc=$?
+((rc == 2)) && grep -q "dimension 'heads' of size 4 does not split evenly over 3 ranks" bad3.txt && grep -q "1, 2, 4" bad3.txt \
+  && echo "ok: 3 ranks for 4 heads: exit 2, the heads and the valid world sizes named" || fail "3 ranks for 4 heads: rc $rc: $(head -3 bad3.txt)"
+timeout 120 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --precision bf16 >badp.txt 2>&1
+rc=$?
+((rc == 2)) && grep -q -- "--precision bf16 does not apply to --parallel rtp" badp.txt && echo "ok: --precision bf16 under RTP: exit 2, named" \
+  || fail "--precision bf16 under RTP: rc $rc: $(head -3 badp.txt)"
+
+# A rank dies: the job must end by itself.
+"${mpi[@]}" 4 "$train" --preset tiny --batch 8 --seq 32 --steps 100000 --warmup 2 --val-every 0 --sample 0 --parallel rtp >kill.txt 2>&1 &
+job=$!
+for _ in $(seq 1 300); do grep -q '^step +3/' kill.txt 2>/dev/null && break; sleep 0.1; done
+victim=$(pgrep -f -n "train_gpt --preset tiny --batch 8 --seq 32 --steps 100000")
+start=$SECONDS
+if [[ -n $victim ]]; then kill -9 "$victim"; else fail "no rank to kill"; fi
+for _ in $(seq 1 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+if kill -0 $job 2>/dev/null; then
+  fail "the job still runs 30 s after a rank was killed"
+  pkill -9 -f "train_gpt --preset tiny --batch 8 --seq 32 --steps 100000"
+  kill -9 $job 2>/dev/null
+fi
+wait $job
+rc=$?
+((rc != 0)) || fail "the job exited 0 after a rank was killed"
+echo "ok: a killed rank ended the job in $((SECONDS - start)) s with rc $rc"
+
+((failures)) && { echo "$failures check(s) failed"; exit 1; }
+echo "all RTP trainer checks passed"
