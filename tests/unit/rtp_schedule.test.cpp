@@ -376,6 +376,65 @@ TEST_CASE("rotation: rotations sharing one set of transit buffers give the bits 
   }
 }
 
+TEST_CASE("rotation with an external shard: load and store at the documented points, the bits of a rotation that holds it") {
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    std::vector<std::vector<float>> own(static_cast<std::size_t>(n)), ext(static_cast<std::size_t>(n));
+    std::vector<int> loads_fwd(static_cast<std::size_t>(n)), loads_bwd(static_cast<std::size_t>(n)), stores(static_cast<std::size_t>(n)),
+        wrong(static_cast<std::size_t>(n)), after_throw(static_cast<std::size_t>(n));
+    for (const bool external : {false, true})
+      run_ranks(n, [&](in_process_communicator& comm) {
+        const auto me = static_cast<std::size_t>(comm.rank());
+        rtp::transit_buffers<float> set;
+        std::vector<float> mine(elems), sum;
+        for (std::size_t i = 0; i < elems; ++i) mine[i] = weight_value(comm.rank(), i);
+        const auto kernel = [&](int j, std::span<const float> w, std::span<float> g) {
+          if (!holds_shard(w, j)) ++wrong[me];
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] += contribution(comm.rank(), j, i);
+        };
+        auto& out = external ? ext[me] : own[me];
+        if (!external) {
+          rotation<in_process_communicator> rot(comm, elems);
+          fill_owned(rot);
+          rot.forward([&](int j, std::span<const float> w) { wrong[me] += !holds_shard(w, j); });
+          rot.backward(kernel);
+          out.assign(rot.owned_grad().begin(), rot.owned_grad().end());
+          return;
+        }
+        rotation<in_process_communicator> rot(comm, elems, set, rtp::external_shard);
+        CHECK(rot.owned().empty());
+        CHECK_THROWS_AS(rot.forward([](int, std::span<const float>) {}), state_error);
+        int phase = 0;  // 0 forward, 1 backward, 2 not counted
+        const auto load = [&](std::span<float> dst) {
+          if (phase < 2) ++(phase == 0 ? loads_fwd : loads_bwd)[me];
+          std::copy(mine.begin(), mine.end(), dst.begin());
+        };
+        rot.forward(load, [&](int j, std::span<const float> w) { wrong[me] += !holds_shard(w, j); });
+        phase = 1;
+        rot.backward(load, kernel, [&](std::span<const float> g) {
+          ++stores[me];
+          out.assign(g.begin(), g.end());
+        });
+        // A throwing kernel: the store is never called (one rank alone, so nobody waits on it).
+        if (n == 1) {
+          phase = 2;
+          CHECK_THROWS_AS(rot.backward(load, [](int, std::span<const float>, std::span<float>) { throw std::runtime_error("k"); },
+                                       [&](std::span<const float>) { ++after_throw[me]; }),
+                          std::runtime_error);
+        }
+      });
+    for (int r = 0; r < n; ++r) {
+      const auto me = static_cast<std::size_t>(r);
+      CHECK(wrong[me] == 0);
+      CHECK(same_bits(own[me], ext[me]));
+      CHECK(loads_fwd[me] == 1);
+      CHECK(loads_bwd[me] == (n == 1 ? 1 : 2));  // the first fetch and the last step
+      CHECK(stores[me] == 1);
+      CHECK(after_throw[me] == 0);
+    }
+  }
+}
+
 TEST_CASE("rotation: every shift starts before a kernel and is waited for after it; send and receive buffers are distinct") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);

@@ -40,6 +40,14 @@
 
 namespace chunkstar::rtp {
 
+/** @brief Tag for a rotation whose owned shard lives elsewhere (a chunk runtime, the caller's
+ *  buffers): each pass loads it through a callback and hands the gradient sum to another. */
+struct external_shard_t {
+  explicit external_shard_t() = default;
+};
+/** @copydoc external_shard_t */
+inline constexpr external_shard_t external_shard{};
+
 /** @brief The RTP schedule of one layer over communicator @p Comm, shards of `T` (float by default).
  *
  *  Every rank of the communicator builds one with the same `shard_elems`, fills `owned()` with its
@@ -96,17 +104,27 @@ class rotation {
   rotation(Comm& comm, std::size_t shard_elems, transit_buffers<T>& shared)
       : rotation(comm, shard_elems, std::unique_ptr<transit_buffers<T>>(), &shared) {}
 
+  /** @brief A rotation that holds no owned shard: the caller keeps it (e.g. in a chunk runtime)
+   *  and passes it in at each pass (`forward(load, f)`, `backward(load, g, store)`), so a rank's
+   *  only memory for the rotation is the shared transit buffers (all five, even with one rank,
+   *  where they hold the loaded shard). `owned()` and `owned_grad()` are empty. */
+  rotation(Comm& comm, std::size_t shard_elems, transit_buffers<T>& shared, external_shard_t)
+      : rotation(comm, shard_elems, std::unique_ptr<transit_buffers<T>>(), &shared, true) {}
+
  private:
-  rotation(Comm& comm, std::size_t shard_elems, std::unique_ptr<transit_buffers<T>> own, transit_buffers<T>* shared = nullptr)
-      : comm_(comm), rank_(comm.rank()), world_(comm.size()), elems_(shard_elems), own_(std::move(own)),
+  rotation(Comm& comm, std::size_t shard_elems, std::unique_ptr<transit_buffers<T>> own, transit_buffers<T>* shared = nullptr,
+           bool external = false)
+      : comm_(comm), rank_(comm.rank()), world_(comm.size()), elems_(shard_elems), external_(external), own_(std::move(own)),
         pool_(shared ? shared : own_.get()) {
     if (shard_elems == 0)
       throw config_error("rtp::rotation: a shard of 0 elements; a sharded layer needs at least one element per rank");
     if (shard_elems > std::numeric_limits<std::size_t>::max() / sizeof(T))
       throw config_error("rtp::rotation: a shard of " + std::to_string(shard_elems) + " elements overflows its byte size");
-    home_w_.assign(elems_, T{});
-    home_g_.assign(elems_, T{});
-    pool_->reserve(elems_, world_ > 1);
+    if (!external_) {
+      home_w_.assign(elems_, T{});
+      home_g_.assign(elems_, T{});
+    }
+    pool_->reserve(elems_, world_ > 1 || external_);
   }
 
  public:
@@ -144,9 +162,53 @@ class rotation {
   template <class F>
     requires std::invocable<F&, int, std::span<const T>>
   void forward(F&& f) {
+    require_own("forward");
+    forward_impl([this](T*) -> const T* { return home_w_.data(); }, f);
+  }
+
+  /** @brief The forward pass of a rotation built with `external_shard`: `load(std::span<T> dst)`
+   *  writes this rank's shard into `dst` (a transit buffer) at the start of the pass; then as
+   *  `forward(f)`. */
+  template <class L, class F>
+    requires std::invocable<L&, std::span<T>> && std::invocable<F&, int, std::span<const T>>
+  void forward(L&& load, F&& f) {
+    require_external("forward");
+    forward_impl(loader(load), f);
+  }
+
+  /** @brief Runs a backward pass: `g(shard_index, std::span<const T> shard, std::span<T> grad)`
+   *  once per shard, in `backward_shard` order; `g` adds this rank's contribution to the shard's
+   *  gradient into `grad`. Afterwards `owned_grad()` holds the sum over all ranks (see the class
+   *  comment). */
+  template <class G>
+    requires std::invocable<G&, int, std::span<const T>, std::span<T>>
+  void backward(G&& g) {
+    require_own("backward");
+    backward_impl([this](T*) -> const T* { return home_w_.data(); }, g, [this](const T* sum) {
+      std::copy(sum, sum + elems_, home_g_.begin());
+    });
+  }
+
+  /** @brief The backward pass of a rotation built with `external_shard`: `load(std::span<T> dst)`
+   *  writes this rank's shard into `dst` (at the start, and again for the last step, where its
+   *  own shard is needed once more), `g` as in `backward(g)`, and `store(std::span<const T> sum)`
+   *  receives the gradient sum over all ranks once, after everything that can fail. */
+  template <class L, class G, class S>
+    requires std::invocable<L&, std::span<T>> && std::invocable<G&, int, std::span<const T>, std::span<T>> &&
+             std::invocable<S&, std::span<const T>>
+  void backward(L&& load, G&& g, S&& store) {
+    require_external("backward");
+    backward_impl(loader(load), g, [&](const T* sum) { std::invoke(store, std::span<const T>(sum, elems_)); });
+  }
+
+ private:
+  /** Forward, with @p own_shard(spare) giving this rank's shard (the home buffer, or loaded into
+   *  the free transit buffer @p spare). */
+  template <class Own, class F>
+  void forward_impl(Own&& own_shard, F& f) {
     const pass_guard guard(busy_, "forward");
     const std::size_t bytes = shard_bytes();
-    const T* resident = home_w_.data();
+    const T* resident = own_shard(world_ > 1 ? pool_->weights(1) : pool_->scratch());
     for (int s = 0; s < world_; ++s) {
       T* incoming = pool_->weights(static_cast<std::size_t>(s % 2));  // never `resident`: home, then alternating
       comm_handle next;  // waited for quietly if the kernel throws
@@ -157,19 +219,17 @@ class rotation {
     }
   }
 
-  /** @brief Runs a backward pass: `g(shard_index, std::span<const T> shard, std::span<T> grad)`
-   *  once per shard, in `backward_shard` order; `g` adds this rank's contribution to the shard's
-   *  gradient into `grad`. Afterwards `owned_grad()` holds the sum over all ranks (see the class
-   *  comment). */
-  template <class G>
-    requires std::invocable<G&, int, std::span<const T>, std::span<T>>
-  void backward(G&& g) {
+  /** Backward, with @p own_shard as in forward_impl and @p finish(sum) called with the gradient
+   *  sum once, after the last call that can throw. */
+  template <class Own, class G, class Finish>
+  void backward_impl(Own&& own_shard, G& g, Finish&& finish) {
     const pass_guard guard(busy_, "backward");
     if (world_ == 1) {
       T* scratch = pool_->scratch();
+      const T* weights = own_shard(pool_->weights(0));
       std::fill(scratch, scratch + elems_, T{});
-      std::invoke(g, 0, std::span<const T>(home_w_), std::span<T>(scratch, elems_));
-      std::copy(scratch, scratch + elems_, home_g_.begin());  // only after the kernel succeeded
+      std::invoke(g, 0, std::span<const T>(weights, elems_), std::span<T>(scratch, elems_));
+      finish(scratch);  // only after the kernel succeeded
       return;
     }
     const std::size_t bytes = shard_bytes();
@@ -177,7 +237,7 @@ class rotation {
     T* const gb[2] = {pool_->grads(0), pool_->grads(1)};
     T* const scratch = pool_->scratch();
     {  // shard rank-1, for step 0: nothing computes yet, so only the zero fill overlaps it
-      comm_handle first = comm_.ring_shift_async(home_w_.data(), w[0], bytes);
+      comm_handle first = comm_.ring_shift_async(own_shard(w[1]), w[0], bytes);
       std::fill(gb[0], gb[0] + elems_, T{});
       first.wait();
     }
@@ -185,7 +245,9 @@ class rotation {
     for (int t = 0; t < world_; ++t) {
       const auto cur = static_cast<std::size_t>(t % 2), other = 1 - cur;
       const bool last = t == world_ - 1;
-      const T* weights = last ? home_w_.data() : w[cur];
+      // The last step needs this rank's own shard again; w[cur] is free then (its shard left at
+      // step t - 2, and step t - 1 started no shift).
+      const T* weights = last ? own_shard(w[cur]) : w[cur];
       comm_handle next_weights;
       if (t + 2 < world_) next_weights = comm_.ring_shift_async(w[cur], w[other], bytes);
       // Step 0's contribution is the sum's first term: the kernel adds straight into the buffer
@@ -196,8 +258,10 @@ class rotation {
       next_weights.wait();
       partial.wait();  // gb[cur] now holds the earlier ranks' sum for this shard
       if (last) {
-        // Written here only, after the last call that can throw: a failed pass leaves it as it was.
-        for (std::size_t i = 0; i < elems_; ++i) home_g_[i] = gb[cur][i] + scratch[i];
+        // Handed over here only, after the last call that can throw: a failed pass leaves the
+        // owned gradient (or the caller's) as it was.
+        for (std::size_t i = 0; i < elems_; ++i) gb[cur][i] += scratch[i];
+        finish(gb[cur]);
         return;
       }
       if (t > 0)
@@ -225,10 +289,29 @@ class rotation {
     bool& busy_;
   };
 
+  template <class L>
+  auto loader(L& load) {
+    return [this, &load](T* dst) -> const T* {
+      std::invoke(load, std::span<T>(dst, elems_));
+      return dst;
+    };
+  }
+  void require_own(const char* what) const {
+    if (external_)
+      throw state_error(std::string("rtp::rotation::") + what +
+                        ": this rotation was built with external_shard and holds no shard; pass the load (and store) callbacks");
+  }
+  void require_external(const char* what) const {
+    if (!external_)
+      throw state_error(std::string("rtp::rotation::") + what +
+                        ": load/store callbacks are for rotations built with external_shard; this one holds its shard (owned())");
+  }
+
   Comm& comm_;
   int rank_;
   int world_;
   std::size_t elems_;
+  bool external_ = false;
   std::vector<T> home_w_, home_g_;
   std::unique_ptr<transit_buffers<T>> own_;  // null when the transit buffers are shared
   transit_buffers<T>* pool_;
