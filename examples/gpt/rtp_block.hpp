@@ -195,6 +195,17 @@ inline rtp_block_partition partition_block(const gpt_config& c, int world) {
  *  the attention shard's). A failure on one rank reaches the peers as `communication_error` (see
  *  rtp/rotation.hpp).
  */
+/** @brief Where a block's shards live when its rotations are built with `external_shard` (the
+ *  model keeps them in a shard store): `load` fills rotation @p which's owned shard (0 attention,
+ *  1 MLP) into @p dst, `store_grad` takes its gradient sum over the ranks. */
+struct rtp_block_io {
+  virtual void load(int which, std::span<float> dst) = 0;
+  virtual void store_grad(int which, std::span<const float> sum) = 0;
+
+ protected:
+  ~rtp_block_io() = default;
+};
+
 template <chunkstar::Communicator Comm>
 class rtp_block {
  public:
@@ -212,14 +223,16 @@ class rtp_block {
         rep_(part_.replicated_elems(), 0.0f),
         rep_grad_(part_.replicated_elems(), 0.0f) {}
 
-  /** @brief The same, with both rotations using the transit buffers @p shared (a model's blocks
-   *  share one set: see rtp/transit_buffers.hpp). */
-  rtp_block(Comm& comm, const gpt_config& c, chunkstar::rtp::transit_buffers<float>& shared)
+  /** @brief A block whose shards live elsewhere: both rotations are built with `external_shard`
+   *  on the transit buffers @p shared (a model's blocks share one set: rtp/transit_buffers.hpp),
+   *  and `forward` and `backward` take an `rtp_block_io` that loads the shards and takes their
+   *  gradients. `fill`, `load`, `store` and the rotations' `owned()` do not apply. */
+  rtp_block(Comm& comm, const gpt_config& c, chunkstar::rtp::transit_buffers<float>& shared, chunkstar::rtp::external_shard_t)
       : comm_(comm),
         config_(c),
         part_(partition_block(c, comm.size())),
-        attn_(comm, part_.attn_elems(), shared),
-        mlp_(comm, part_.mlp_elems(), shared),
+        attn_(comm, part_.attn_elems(), shared, chunkstar::rtp::external_shard),
+        mlp_(comm, part_.mlp_elems(), shared, chunkstar::rtp::external_shard),
         rep_(part_.replicated_elems(), 0.0f),
         rep_grad_(part_.replicated_elems(), 0.0f) {}
 
@@ -285,7 +298,8 @@ class rtp_block {
    *  `a.att + j B (H/N) Tn Tn`, and MLP shard j's fc output and GELU [rows, M] at
    *  `a.fch + j rows M` and `a.fch_gelu + j rows M`. The others (LayerNorms, res2, res3) are the
    *  serial layout. */
-  void forward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a, float* proj) {
+  void forward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a, float* proj,
+               rtp_block_io* io = nullptr) {
     compute_activation_sizes(config_, B, Tn);  // validates the shape
     const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
     const std::size_t G = part_.shard_heads;
@@ -293,7 +307,7 @@ class rtp_block {
     cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, ln1_w, rep(block_tensor::ln1_b), N, C);
     // res2 first collects the head groups' partial projections, in ring order.
     cpu::zero(a.res2, N * C);
-    attn_.forward([&](int j, std::span<const float> s) {
+    forward_pass(attn_, 0, io, [&](int j, std::span<const float> s) {
       const auto jj = static_cast<std::size_t>(j);
       float* qkv = a.qkv + jj * N * 3 * Cs;
       float* atty = a.atty + jj * N * Cs;
@@ -307,7 +321,7 @@ class rtp_block {
     cpu::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, rep(block_tensor::ln2_w), rep(block_tensor::ln2_b),
                            N, C);
     cpu::zero(a.res3, N * C);
-    mlp_.forward([&](int j, std::span<const float> s) {
+    forward_pass(mlp_, 1, io, [&](int j, std::span<const float> s) {
       const auto jj = static_cast<std::size_t>(j);
       float* fch = a.fch + jj * N * M;
       float* fch_gelu = a.fch_gelu + jj * N * M;
@@ -326,7 +340,7 @@ class rtp_block {
    *  first rows*Cs, rows*3Cs, rows*M, rows*M and B (H/N) Tn elements of datty, dqkv, dfch_gelu,
    *  dfch and att_scratch. */
   void backward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a,
-                const backward_workspace<float>& w) {
+                const backward_workspace<float>& w, rtp_block_io* io = nullptr) {
     compute_activation_sizes(config_, B, Tn);
     const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
     const std::size_t G = part_.shard_heads;
@@ -334,7 +348,7 @@ class rtp_block {
     // MLP branch: every shard adds its units' share into dln.
     cpu::detail::add_column_sums(rep_grad(block_tensor::fcproj_b), w.dres, N, C);
     cpu::zero(w.dln, N * C);
-    mlp_.backward([&](int j, std::span<const float> s, std::span<float> g) {
+    backward_pass(mlp_, 1, io, [&](int j, std::span<const float> s, std::span<float> g) {
       const auto jj = static_cast<std::size_t>(j);
       const float* fch = a.fch + jj * N * M;
       const float* fch_gelu = a.fch_gelu + jj * N * M;
@@ -351,7 +365,7 @@ class rtp_block {
     // Attention branch: every head group adds its share into dln.
     cpu::detail::add_column_sums(rep_grad(block_tensor::proj_b), w.dres, N, C);
     cpu::zero(w.dln, N * C);
-    attn_.backward([&](int j, std::span<const float> s, std::span<float> g) {
+    backward_pass(attn_, 0, io, [&](int j, std::span<const float> s, std::span<float> g) {
       const auto jj = static_cast<std::size_t>(j);
       const float* qkv = a.qkv + jj * N * 3 * Cs;
       const float* atty = a.atty + jj * N * Cs;
@@ -370,6 +384,18 @@ class rtp_block {
   }
 
  private:
+  /** A pass of rotation @p which: on the shard it holds, or through @p io. */
+  template <class F>
+  static void forward_pass(rotation_type& r, int which, rtp_block_io* io, F&& f) {
+    if (!io) return r.forward(f);
+    r.forward([&](std::span<float> d) { io->load(which, d); }, f);
+  }
+  template <class G>
+  static void backward_pass(rotation_type& r, int which, rtp_block_io* io, G&& g) {
+    if (!io) return r.backward(g);
+    r.backward([&](std::span<float> d) { io->load(which, d); }, g, [&](std::span<const float> sum) { io->store_grad(which, sum); });
+  }
+
   const float* rep(block_tensor t) const noexcept { return rep_.data() + part_.replicated_offset(t); }
   float* rep_grad(block_tensor t) noexcept { return rep_grad_.data() + part_.replicated_offset(t); }
 

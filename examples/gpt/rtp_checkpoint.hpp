@@ -39,22 +39,15 @@ struct view_options {
   chunkstar::dtype param_type = chunkstar::dtype::f32;
 };
 
-/** The list of @p p that holds @p kind (weights for param and master). */
-inline std::span<float> list_of(rtp_part& p, chunkstar::chunk_kind kind) {
-  switch (kind) {
-    case chunkstar::chunk_kind::momentum: return p.m;
-    case chunkstar::chunk_kind::variance: return p.v;
-    default: return p.w;
-  }
-}
-
 /** Calls `f(part, global_index, offset)` for every element of tensor @p t this rank holds. */
 template <class Model, class F>
-void for_each_of(Model& model, std::size_t t, F&& f) {
-  for (auto& p : model.parts()) {
+void for_each_of(const Model& model, std::size_t t, F&& f) {
+  const auto parts = model.parts();
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const auto& p = parts[k];
     if (std::none_of(p.segments.begin(), p.segments.end(), [&](const auto& s) { return s.tensor == t; })) continue;
     p.for_each([&](std::size_t tt, std::size_t i, std::size_t off) {
-      if (tt == t) f(p, i, off);
+      if (tt == t) f(k, i, off);
     });
   }
 }
@@ -63,10 +56,10 @@ void for_each_of(Model& model, std::size_t t, F&& f) {
 
 /** @brief The save view of an `rtp_gpt` (see the file comment). Construct it on every rank at the
  *  same point (it communicates), pass it to `chunkstar::save_checkpoint` on every rank, then drop it. */
-template <chunkstar::Communicator Comm>
+template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store>
 class rtp_save_view {
  public:
-  explicit rtp_save_view(rtp_gpt<Comm>& model, Comm& comm) : model_(model), comm_(comm) {
+  explicit rtp_save_view(rtp_gpt<Comm, Store>& model, Comm& comm) : model_(model), comm_(comm) {
     const auto specs = model.specs();
     const int n = comm.size(), me = comm.rank();
     // Each tensor to the rank with the fewest bytes so far (ties: the lowest rank): a pure function
@@ -79,18 +72,26 @@ class rtp_save_view {
       load[r] += specs[t].numel();
     }
     data_.resize(specs.size());
+    // One list of every part at a time, each tensor's elements summed into the rank that writes it.
+    const auto parts = model.parts();
+    std::vector<std::vector<float>> lists(parts.size());
     std::vector<float> part;
-    for (std::size_t t = 0; t < specs.size(); ++t)
-      for (const auto kind : lists) {
+    for (const auto kind : lists_saved) {
+      for (std::size_t k = 0; k < parts.size(); ++k) {
+        lists[k].resize(parts[k].elems);
+        model.read(k, kind, lists[k]);
+      }
+      for (std::size_t t = 0; t < specs.size(); ++t) {
         part.assign(specs[t].numel(), -0.0f);
-        rtp_detail::for_each_of(model, t, [&](rtp_part& p, std::size_t i, std::size_t off) {
-          if (!p.replicated || me == 0) part[i] = rtp_detail::list_of(p, kind)[off];  // a replica once
+        rtp_detail::for_each_of(model, t, [&](std::size_t k, std::size_t i, std::size_t off) {
+          if (!parts[k].replicated || me == 0) part[i] = lists[k][off];  // a replica once
         });
         auto& out = data_[t][slot(kind)];
         if (owner_[t] == me) out.assign(part.size(), 0.0f);
         comm.reduce(part.data(), out.empty() ? nullptr : out.data(), part.size(), chunkstar::dtype::f32,
                     chunkstar::reduce_op::sum, owner_[t]);
       }
+    }
   }
 
   [[nodiscard]] std::span<const chunkstar::tensor_spec> params() const noexcept { return model_.specs(); }
@@ -113,13 +114,13 @@ class rtp_save_view {
   }
 
  private:
-  static constexpr chunkstar::chunk_kind lists[] = {chunkstar::chunk_kind::param, chunkstar::chunk_kind::momentum,
+  static constexpr chunkstar::chunk_kind lists_saved[] = {chunkstar::chunk_kind::param, chunkstar::chunk_kind::momentum,
                                                     chunkstar::chunk_kind::variance};
   static std::size_t slot(chunkstar::chunk_kind k) noexcept {
     return k == chunkstar::chunk_kind::momentum ? 1 : k == chunkstar::chunk_kind::variance ? 2 : 0;
   }
 
-  rtp_gpt<Comm>& model_;
+  rtp_gpt<Comm, Store>& model_;
   Comm& comm_;
   std::vector<int> owner_;
   std::vector<std::array<std::vector<float>, 3>> data_;  // per tensor: weights, exp_avg, exp_avg_sq (owner only)
@@ -128,10 +129,10 @@ class rtp_save_view {
 /** @brief The load view of an `rtp_gpt`: `chunkstar::load_checkpoint(view, dir)` on every rank
  *  restores that rank's elements of every tensor (weights and, unless told otherwise, the Adam
  *  moments) from any chunkstar checkpoint of this model — one process's, ZeRO's or RTP's. */
-template <chunkstar::Communicator Comm>
+template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store>
 class rtp_load_view {
  public:
-  explicit rtp_load_view(rtp_gpt<Comm>& model) : model_(model) {}
+  explicit rtp_load_view(rtp_gpt<Comm, Store>& model) : model_(model) {}
 
   [[nodiscard]] std::span<const chunkstar::tensor_spec> params() const noexcept { return model_.specs(); }
   [[nodiscard]] rtp_detail::view_options options() const noexcept { return {}; }
@@ -141,13 +142,23 @@ class rtp_load_view {
     throw chunkstar::state_error("rtp_load_view is for loading; save an rtp_gpt with rtp_save_view");
   }
   void write_tensor(chunkstar::param_id p, chunkstar::chunk_kind kind, std::span<const float> in) {
-    rtp_detail::for_each_of(model_, p.value, [&](rtp_part& part, std::size_t i, std::size_t off) {
-      rtp_detail::list_of(part, kind)[off] = in[i];
-    });
+    // Read-modify-write of the parts that hold some of the tensor (a part may hold several).
+    const auto parts = model_.parts();
+    std::vector<float> v;
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const auto& part = parts[k];
+      if (std::none_of(part.segments.begin(), part.segments.end(), [&](const auto& s) { return s.tensor == p.value; })) continue;
+      v.resize(part.elems);
+      model_.read(k, kind, v);
+      part.for_each([&](std::size_t t, std::size_t i, std::size_t off) {
+        if (t == p.value) v[off] = in[i];
+      });
+      model_.write(k, kind, v);
+    }
   }
 
  private:
-  rtp_gpt<Comm>& model_;
+  rtp_gpt<Comm, Store>& model_;
 };
 
 }  // namespace gpt

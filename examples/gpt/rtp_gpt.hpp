@@ -39,6 +39,8 @@
 #include <chunkstar/optim/param_groups.hpp>
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/rotation.hpp>
+#include <chunkstar/rtp/shard_store.hpp>
+#include <chunkstar/rtp/transit_buffers.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -47,8 +49,11 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace gpt {
@@ -60,14 +65,13 @@ constexpr std::size_t rtp_padded_vocab(std::size_t V, int world) noexcept {
   return (V + n - 1) / n * n;
 }
 
-/** @brief One buffer of this rank's model data and where its elements come from: the weights,
- *  their gradient and Adam moments, and for each element the tensor (index into param_specs) and
- *  global index it holds. */
+/** @brief One buffer of this rank's model data: a shard of a rotation (in the shard store) or a
+ *  replica (in host memory, the same on every rank), and where its elements come from. */
 struct rtp_part {
-  std::span<float> w, g;             ///< weights and gradient (a rotation's owned buffers, or a replica)
-  std::vector<float> m, v;           ///< Adam moments, this rank's only
-  bool replicated = false;           ///< every rank holds the same values (all-reduced gradients)
-  /** @brief Calls `f(tensor, global_index, offset)` for every element of the buffer. */
+  std::size_t elems = 0;
+  bool replicated = false;
+  /** @brief Calls `f(tensor, global_index, offset)` for every element of the buffer: element
+   *  `global_index` of tensor `tensor` (an index into param_specs) is at `offset`. */
   std::function<void(const std::function<void(std::size_t, std::size_t, std::size_t)>&)> for_each;
   /** @brief Contiguous runs of one tensor in the buffer: [begin, end) and the tensor. */
   struct segment {
@@ -76,55 +80,52 @@ struct rtp_part {
   std::vector<segment> segments;
 };
 
-/** @brief The whole GPT of config @p c under RTP on the ranks of @p Comm (see the file comment).
+/** @brief The whole GPT of config @p c under RTP on the ranks of @p Comm, its shards in a shard
+ *  store @p Store (rtp/shard_store.hpp: host memory by default, or a chunk runtime with
+ *  `chunkstar::rtp::chunk_shard_store`). See the file comment.
  *
  *  Every rank of the communicator builds one with the same config and micro-batch shape, calls
  *  `init` (or `load`), then the same sequence of `forward`, `backward`, `step`, `loss` and
  *  `next_token_probs` calls (all collectives), each with its own micro-batch.
  *
  *  **Gradients** are of the *sum* of the ranks' losses scaled by `loss_scale` (each rank's loss
- *  being its micro-batch's mean); `step` divides by the number of micro-batches it is told.
- *  `backward` replaces the gradients (no accumulation over micro-batches).
+ *  being its micro-batch's mean). They accumulate over `backward` calls until `step` (or
+ *  `zero_grad`), which divides by the number of micro-batches it is told.
  *
- *  **Exception safety.** If a kernel or the communicator throws in a pass, no weight and no
- *  optimizer state has changed, no shift is in flight, and the peers get `communication_error`
- *  (the rotations' guarantee); gradients and activations are unspecified. `step` communicates
- *  only for the clipping norm, before it writes anything.
+ *  **Stages.** Each pass runs in stages the store sees (a chunk runtime opens a scope per stage):
+ *  "embedding", "h0".."h<L-1>", "head" forward; "head", the blocks in reverse, "embedding"
+ *  backward. The stage holds its shards on the compute tier while their rotations run.
+ *
+ *  **Exception safety.** If a kernel, the store or the communicator throws in a pass, no weight
+ *  and no optimizer state has changed, no shift is in flight, and the peers get
+ *  `communication_error` (the rotations' guarantee); gradients and activations are unspecified
+ *  (zero them before the next step). `step` communicates only for the clipping norm, before it
+ *  writes anything.
  */
-template <chunkstar::Communicator Comm>
+template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store>
 class rtp_gpt {
  public:
   using rotation_type = chunkstar::rtp::rotation<Comm>;
 
   /** @brief Partitions @p c over `comm.size()` ranks for micro-batches of @p B sequences of @p Tn
    *  tokens (`config_error` naming the dimension and the valid world sizes if the ranks do not
-   *  divide the heads) and allocates this rank's shards, optimizer state and activations. */
+   *  divide the heads), registers this rank's shards in its own @p Store (default-constructed),
+   *  and allocates the transit buffers, activations and replicas. */
   rtp_gpt(Comm& comm, const gpt_config& c, std::size_t B, std::size_t Tn)
-      : comm_(comm),
-        c_(c),
-        B_(B),
-        Tn_(Tn),
-        world_(comm.size()),
-        rank_(comm.rank()),
-        vpad_(rtp_padded_vocab(static_cast<std::size_t>(c.vocab), comm.size())),
-        vs_(vpad_ / static_cast<std::size_t>(comm.size())),
-        wte_(comm, vs_ * static_cast<std::size_t>(c.width), transit_),
-        top_(static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width), 0.0f),
-        top_grad_(top_.size(), 0.0f) {
-    const auto sizes = compute_activation_sizes(c, B, Tn);
-    for (int l = 0; l < c.layers; ++l) blocks_.push_back(std::make_unique<rtp_block<Comm>>(comm, c, transit_));
-    specs_ = param_specs(c);
-    const std::size_t N = B * Tn, C = static_cast<std::size_t>(c.width);
-    // Activations: the serial model's, without the [rows, V] logits and probabilities (the head
-    // keeps the final LayerNorm, the log-sum-exp and the losses per token; one [rows, V/N] slice
-    // of logits is the scratch of a step). The workspace likewise ends in a [rows, V/N] slice.
-    acts_.assign(N * C + sizes.layers * sizes.block + (N * C + 2 * N) + 2 * N + N * C + N * vs_, 0.0f);
-    work_.assign(sizes.workspace - N * static_cast<std::size_t>(c.vocab) + N * vs_, 0.0f);
-    build_parts();
-  }
+    requires std::default_initializable<Store>
+      : rtp_gpt(comm, std::make_unique<Store>(), nullptr, c, B, Tn) {}
+
+  /** @brief The same with the shards in @p store (held by reference, not finalized yet: this
+   *  registers the shards and finalizes it; it must outlive the model). */
+  rtp_gpt(Comm& comm, Store& store, const gpt_config& c, std::size_t B, std::size_t Tn)
+      : rtp_gpt(comm, nullptr, &store, c, B, Tn) {}
 
   rtp_gpt(const rtp_gpt&) = delete;
   rtp_gpt& operator=(const rtp_gpt&) = delete;
+  ~rtp_gpt() {
+    if (acts_) store_->deallocate(acts_, act_elems_);
+    if (work_) store_->deallocate(work_, work_elems_);
+  }
 
   [[nodiscard]] const gpt_config& config() const noexcept { return c_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -136,26 +137,46 @@ class rtp_gpt {
   [[nodiscard]] std::size_t padded_vocab() const noexcept { return vpad_; }
   [[nodiscard]] std::span<const chunkstar::tensor_spec> specs() const noexcept { return specs_; }
   [[nodiscard]] rtp_block<Comm>& block(int l) noexcept { return *blocks_[static_cast<std::size_t>(l)]; }
-  [[nodiscard]] rotation_type& embedding() noexcept { return wte_; }
-  /** @brief This rank's buffers of model data (see `rtp_part`). */
-  [[nodiscard]] std::span<rtp_part> parts() noexcept { return parts_; }
+  [[nodiscard]] Store& store() noexcept { return *store_; }
+  /** @brief This rank's buffers of model data (see `rtp_part`): the shards first, in store order,
+   *  then the replicas. */
   [[nodiscard]] std::span<const rtp_part> parts() const noexcept { return parts_; }
 
+  /** @brief List @p kind (param, grad, momentum, variance) of part @p k, whole, into @p out
+   *  (outside a pass). */
+  void read(std::size_t k, chunkstar::chunk_kind kind, std::span<float> out) const {
+    if (!parts_.at(k).replicated) return store_->read(k, kind, out);
+    const auto l = const_cast<rtp_gpt&>(*this).replica_list(k, kind);  // read only
+    std::copy(l.begin(), l.end(), out.begin());
+  }
+  /** @brief Sets list @p kind of part @p k from @p in (outside a pass). Replicas must be written
+   *  alike on every rank. */
+  void write(std::size_t k, chunkstar::chunk_kind kind, std::span<const float> in) {
+    if (!parts_.at(k).replicated) return store_->write(k, kind, in);
+    const auto l = replica_list(k, kind);
+    std::copy(in.begin(), in.end(), l.begin());
+  }
+  /** @brief Clears the accumulated gradients (`step` does it too). */
+  void zero_grad() {
+    store_->zero_grad();
+    for (auto& r : replicas_) std::fill(r.g.begin(), r.g.end(), 0.0f);
+  }
+
   /** @brief Bytes of model data this rank holds: weights, gradients and both Adam moments of its
-   *  shards and of the replicas. */
+   *  shards (in the store: a chunk runtime counts its chunks) and of the replicas. */
   [[nodiscard]] std::size_t model_bytes() const noexcept {
     std::size_t n = 0;
-    for (const auto& p : parts_) n += p.w.size();
-    return 4 * n * sizeof(float);
+    for (const auto& r : replicas_) n += 4 * r.elems;
+    return store_->bytes() + n * sizeof(float);
   }
   /** @brief Bytes of the rotations' transit buffers on this rank: one set, shared by every
    *  rotation (they run one at a time), of five shards of the largest. */
-  [[nodiscard]] std::size_t transient_bytes() const noexcept { return transit_.bytes(); }
+  [[nodiscard]] std::size_t transient_bytes() const noexcept { return transit_->bytes(); }
   /** @brief Bytes of activations and the backward workspace on this rank. */
-  [[nodiscard]] std::size_t activation_bytes() const noexcept { return (acts_.size() + work_.size()) * sizeof(float); }
+  [[nodiscard]] std::size_t activation_bytes() const noexcept { return (act_elems_ + work_elems_) * sizeof(float); }
   /** @brief Bytes of the largest shard of one rotation (what one shift sends). */
   [[nodiscard]] std::size_t largest_shard_bytes() const noexcept {
-    std::size_t n = wte_.shard_bytes();
+    std::size_t n = wte_->shard_bytes();
     for (const auto& b : blocks_) n = std::max({n, b->attention().shard_bytes(), b->mlp().shard_bytes()});
     return n;
   }
@@ -165,7 +186,7 @@ class rtp_gpt {
    *  (the in-process model's (N - 1) x bytes). */
   [[nodiscard]] std::size_t iteration_bytes_theory() const noexcept {
     const std::size_t n1 = static_cast<std::size_t>(world_ - 1);
-    std::size_t b = 6 * n1 * wte_.shard_bytes();
+    std::size_t b = 6 * n1 * wte_->shard_bytes();
     for (const auto& blk : blocks_) b += 3 * n1 * (blk->attention().shard_bytes() + blk->mlp().shard_bytes()) +
                                          n1 * blk->replicated().size() * sizeof(float);
     return b + n1 * top_.size() * sizeof(float);
@@ -173,38 +194,44 @@ class rtp_gpt {
 
   /** @brief Flyweight initialisation: this rank's elements only, `init_value` of each. */
   void init(std::uint64_t seed) {
-    for (auto& p : parts_)
-      p.for_each([&](std::size_t t, std::size_t i, std::size_t off) { p.w[off] = init_value<float>(c_, specs_[t], t, i, seed); });
+    for_each_part_list(chunkstar::chunk_kind::param,
+                       [&](std::size_t t, std::size_t i, float& v) { v = init_value<float>(c_, specs_[t], t, i, seed); });
   }
   /** @brief Takes this rank's elements from the full tensors @p full (e.g. a serial model's). */
   void load(const gpt_params<float>& full) {
     const auto ptrs = param_list(full);
-    for (auto& p : parts_) p.for_each([&](std::size_t t, std::size_t i, std::size_t off) { p.w[off] = ptrs[t][i]; });
+    for_each_part_list(chunkstar::chunk_kind::param, [&](std::size_t t, std::size_t i, float& v) { v = ptrs[t][i]; });
   }
   /** @brief Writes this rank's elements into their places in @p full: every rank storing into one
    *  set of tensors assembles the whole model (replicas are written by every rank, identically). */
-  void store(const gpt_params<float>& full) const { store_list(full, &rtp_part::w); }
-  /** @brief The same for the gradients of the last backward. */
-  void store_grads(const gpt_params<float>& full) const { store_list(full, &rtp_part::g); }
+  void store(const gpt_params<float>& full) const { store_list(full, chunkstar::chunk_kind::param); }
+  /** @brief The same for the accumulated gradients. */
+  void store_grads(const gpt_params<float>& full) const { store_list(full, chunkstar::chunk_kind::grad); }
 
   /** @brief Forward of this rank's micro-batch: returns its mean cross-entropy, keeps the
    *  activations for `backward`. Collective. */
   double forward(const int* tokens, const int* targets) { return run_forward(B_, Tn_, tokens, targets, nullptr); }
 
-  /** @brief Forward only, for evaluation: the mean loss; no shard moves home-wards or away
-   *  (forward passes leave every rank holding its own shards). Collective. */
-  double loss(const int* tokens, const int* targets) { return run_forward(B_, Tn_, tokens, targets, nullptr); }
+  /** @brief Forward only, for evaluation (not part of the training iteration: untraced): the mean
+   *  loss; every rank keeps holding its own shards. Collective. */
+  double loss(const int* tokens, const int* targets) {
+    auto guard = store_->untraced();
+    return run_forward(B_, Tn_, tokens, targets, nullptr);
+  }
 
   /** @brief Next-token probabilities after @p context (the last `seq()` tokens of it are used),
    *  rank 0's on every rank (the ranks add the shards' partial outputs in different orders, so
-   *  their own roundings differ; sampling must pick the same token everywhere). Collective: every
-   *  rank passes the same context. */
+   *  their own roundings differ; sampling must pick the same token everywhere). Untraced.
+   *  Collective: every rank passes the same context. */
   std::vector<float> next_token_probs(std::span<const int> context) {
     const std::size_t n = std::min(context.size(), Tn_);
     if (n == 0) throw chunkstar::config_error("rtp_gpt::next_token_probs: the context is empty; pass at least one token");
     std::vector<int> tokens(context.end() - static_cast<std::ptrdiff_t>(n), context.end()), targets(n, 0);
     std::vector<float> logits(static_cast<std::size_t>(c_.vocab));
-    run_forward(1, n, tokens.data(), targets.data(), logits.data());
+    {
+      auto guard = store_->untraced();
+      run_forward(1, n, tokens.data(), targets.data(), logits.data());
+    }
     const float mx = *std::max_element(logits.begin(), logits.end());
     float sum = 0;
     for (auto& z : logits) sum += (z = std::exp(z - mx));
@@ -213,124 +240,168 @@ class rtp_gpt {
     return logits;
   }
 
-  /** @brief Backward of the last `forward`: replaces every gradient with that of the sum over
-   *  ranks of `loss_scale` x their mean losses, or with @p accumulate adds it to the gradients
-   *  already there (micro-batches of one step; the first time keeps one gradient copy per buffer
-   *  for it). Collective. */
-  void backward(const int* tokens, const int* targets, float loss_scale = 1.0f, bool accumulate = false) {
-    if (accumulate) {
-      acc_.resize(parts_.size());
-      for (std::size_t k = 0; k < parts_.size(); ++k) acc_[k].assign(parts_[k].g.begin(), parts_[k].g.end());
-    }
-    run_backward(tokens, targets, loss_scale);
-    if (accumulate)  // the earlier micro-batches' sum first, then this one's: the serial order
-      for (std::size_t k = 0; k < parts_.size(); ++k)
-        for (std::size_t i = 0; i < acc_[k].size(); ++i) parts_[k].g[i] = acc_[k][i] + parts_[k].g[i];
-  }
-
- private:
-  void run_backward(const int* tokens, const int* targets, float loss_scale) {
+  /** @brief Backward of the last `forward`: adds the gradient of the sum over ranks of
+   *  `loss_scale` x their mean losses to the accumulated gradients. Collective. */
+  void backward(const int* tokens, const int* targets, float loss_scale = 1.0f) {
     const std::size_t B = B_, Tn = Tn_, N = B * Tn, C = static_cast<std::size_t>(c_.width);
     const auto a = bind(B, Tn);
-    const auto w = bind_backward_workspace<float>(c_, B, Tn, work_.data());
-    std::fill(top_grad_.begin(), top_grad_.end(), 0.0f);
-    float* g_lnf_w = top_grad_.data() + lnf_offset();
+    const auto w = bind_backward_workspace<float>(c_, B, Tn, work_);
+    std::fill(top_pass_.begin(), top_pass_.end(), 0.0f);
+    float* g_lnf_w = top_pass_.data() + lnf_offset();
     float* g_lnf_b = g_lnf_w + C;
     // Head: logits per shard recomputed, softmax minus one-hot, into the shard's gradient and dln.
     const float dloss = loss_scale / static_cast<float>(N);
-    cpu::zero(w.dln, N * C);
-    wte_.backward([&](int j, std::span<const float> s, std::span<float> g) {
-      const std::size_t v0 = static_cast<std::size_t>(j) * vs_, valid = valid_rows(j);
-      if (valid == 0) return;
-      float* z = a.logits;  // [N, vs]
-      cpu::matmul_forward(z, a.lnf, s.data(), static_cast<const float*>(nullptr), N, C, vs_);
-      for (std::size_t n = 0; n < N; ++n) {
-        float* row = z + n * vs_;
-        const float lse = a.lse[n];
-        for (std::size_t v = 0; v < vs_; ++v) row[v] = v < valid ? dloss * std::exp(row[v] - lse) : 0.0f;
-        const auto t = static_cast<std::size_t>(targets[n]);
-        if (t >= v0 && t < v0 + valid) row[t - v0] -= dloss;
-      }
-      cpu::matmul_backward(w.dln, g.data(), static_cast<float*>(nullptr), z, a.lnf, s.data(), N, C, vs_);
+    const std::size_t wte_part = 0;
+    stage("head", true, {wte_part}, [&] {
+      cpu::zero(w.dln, N * C);
+      wte_->backward(loader(wte_part), [&](int j, std::span<const float> s, std::span<float> g) {
+        const std::size_t v0 = static_cast<std::size_t>(j) * vs_, valid = valid_rows(j);
+        if (valid == 0) return;
+        float* z = a.logits;  // [N, vs]
+        cpu::matmul_forward(z, a.lnf, s.data(), static_cast<const float*>(nullptr), N, C, vs_);
+        for (std::size_t n = 0; n < N; ++n) {
+          float* row = z + n * vs_;
+          const float lse = a.lse[n];
+          for (std::size_t v = 0; v < vs_; ++v) row[v] = v < valid ? dloss * std::exp(row[v] - lse) : 0.0f;
+          const auto t = static_cast<std::size_t>(targets[n]);
+          if (t >= v0 && t < v0 + valid) row[t - v0] -= dloss;
+        }
+        cpu::matmul_backward(w.dln, g.data(), static_cast<float*>(nullptr), z, a.lnf, s.data(), N, C, vs_);
+      }, storer(wte_part));
+      cpu::zero(w.dres, N * C);
+      cpu::layernorm_backward(w.dres, g_lnf_w, g_lnf_b, w.dln, a.block_out(c_.layers), rep(lnf_offset()), a.lnf_mean, a.lnf_rstd, N, C);
     });
-    cpu::zero(w.dres, N * C);
-    cpu::layernorm_backward(w.dres, g_lnf_w, g_lnf_b, w.dln, a.block_out(c_.layers), rep(lnf_offset()),
-                            a.lnf_mean, a.lnf_rstd, N, C);
-    for (int l = c_.layers - 1; l >= 0; --l) block(l).backward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], w);
-    // Embedding: each token's row gradient goes to the shard holding its id; the owner adds the
-    // head's sum, which owned_grad() holds until this pass ends.
-    float* g_wpe = top_grad_.data();
+    for (int l = c_.layers - 1; l >= 0; --l) {
+      const std::size_t ia = 1 + 2 * static_cast<std::size_t>(l);
+      block_stage(l, ia, true, [&](rtp_block_io& io) {
+        block(l).backward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], w, &io);
+      });
+      add_replica_grads(1 + static_cast<std::size_t>(l), block(l).replicated_grad());
+    }
+    // Embedding: each token's row gradient goes to the shard holding its id (the head's share of
+    // the tied weight was added by the head's stage); the positions' rows are replicas.
+    float* g_wpe = top_pass_.data();
     for (std::size_t n = 0; n < N; ++n) {
       const float* d = w.dres + n * C;
       float* gp = g_wpe + (n % Tn) * C;
       for (std::size_t k = 0; k < C; ++k) gp[k] += d[k];
     }
-    wte_.backward([&](int j, std::span<const float>, std::span<float> g) {
-      const std::size_t v0 = static_cast<std::size_t>(j) * vs_;
-      for (std::size_t n = 0; n < N; ++n) {
-        const auto t = static_cast<std::size_t>(tokens[n]);
-        if (t < v0 || t >= v0 + vs_) continue;
-        const float* d = w.dres + n * C;
-        float* gr = g.data() + (t - v0) * C;
-        for (std::size_t k = 0; k < C; ++k) gr[k] += d[k];
-      }
-      if (j == rank_) {
-        const auto head = wte_.owned_grad();
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] += head[i];
-      }
+    stage("embedding", true, {wte_part}, [&] {
+      wte_->backward(loader(wte_part), [&](int j, std::span<const float>, std::span<float> g) {
+        const std::size_t v0 = static_cast<std::size_t>(j) * vs_;
+        for (std::size_t n = 0; n < N; ++n) {
+          const auto t = static_cast<std::size_t>(tokens[n]);
+          if (t < v0 || t >= v0 + vs_) continue;
+          const float* d = w.dres + n * C;
+          float* gr = g.data() + (t - v0) * C;
+          for (std::size_t k = 0; k < C; ++k) gr[k] += d[k];
+        }
+      }, storer(wte_part));
     });
-    chunkstar::rtp::reduce_replicated_grads(comm_, std::span<float>(top_grad_));
+    chunkstar::rtp::reduce_replicated_grads(comm_, std::span<float>(top_pass_));
+    add_replica_grads(0, top_pass_);
   }
 
- public:
   /** @brief What `step` did. */
   struct step_result {
-    double grad_norm = 0;  ///< global norm of the (unscaled) gradient, over every rank's shards and the replicas once
+    double grad_norm = 0;  ///< global norm of the averaged gradient over every rank's shards and the replicas once (NaN without clipping)
     float clip_scale = 1;  ///< the factor clipping applied
   };
 
-  /** @brief One local AdamW step of every shard and replica: gradients multiplied by
-   *  1/(@p micro_batches x @p loss_scale) and clipped to @p max_norm (0: off; the norm is summed
-   *  over the ranks by one all-reduce, each replica counted once), decay per tensor role by
-   *  @p groups. `optimizer_steps()` counts the steps (the bias correction's t). */
-  step_result step(const chunkstar::adam_hyper& base, const chunkstar::param_groups& groups, int micro_batches,
-                   float max_norm = 0.0f, float loss_scale = 1.0f) {
+  /** @brief One local AdamW step of every shard (by the store, where it placed each) and replica:
+   *  gradients averaged over @p micro_batches and clipped to @p max_norm (0: off; the norm is
+   *  summed over the ranks by one all-reduce, each replica counted once), decay per tensor role
+   *  by @p groups; then the gradients are cleared. `optimizer_steps()` counts the steps. */
+  step_result step(const chunkstar::adam_hyper& base, const chunkstar::param_groups& groups, int micro_batches, float max_norm = 0.0f) {
     if (micro_batches < 1) throw chunkstar::config_error("rtp_gpt::step: micro_batches must be >= 1");
-    const float unscale = 1.0f / (loss_scale * static_cast<float>(micro_batches));  // as chunk_adam
-    step_result r;
-    float scale = unscale;
-    if (max_norm > 0.0f) {
-      double sq = 0;
-      for (const auto& p : parts_) {
-        if (p.replicated && rank_ != 0) continue;  // each replica once
-        for (const float x : p.g) {
-          const double y = static_cast<double>(x * unscale);
-          sq += y * y;
-        }
-      }
+    const float unscale = 1.0f / static_cast<float>(micro_batches);  // as chunk_adam
+    const auto global = [&](double shards) {
+      double sq = shards;
+      if (rank_ == 0)  // each replica once
+        for (const auto& r : replicas_)
+          for (const float x : r.g) {
+            const double y = static_cast<double>(x * unscale);
+            sq += y * y;
+          }
       comm_.allreduce(std::span<double>(&sq, 1), chunkstar::reduce_op::sum);
-      const auto clip = chunkstar::clip_coefficient(sq, max_norm);
-      r.grad_norm = clip.norm;
-      r.clip_scale = clip.coefficient;
-      scale = unscale * clip.coefficient;
-    }
-    ++steps_;
-    const chunkstar::adam_step_args args{.step = steps_, .grad_scale = scale};
-    for (auto& p : parts_)
-      for (const auto& s : p.segments) {
+      return sq;
+    };
+    const auto r = store_->step(base, groups, micro_batches, max_norm, global);
+    const chunkstar::adam_step_args args{.step = store_->step_count(), .grad_scale = r.grad_scale};
+    for (auto& rp : replicas_) {
+      const auto& part = parts_[rp.part];
+      for (const auto& s : part.segments) {
         const auto h = groups.hyper_for(specs_[s.tensor], base);
         const std::size_t n = s.end - s.begin;
-        chunkstar::adam_update(p.w.subspan(s.begin, n), std::span<float>(p.m).subspan(s.begin, n),
-                               std::span<float>(p.v).subspan(s.begin, n), std::span<const float>(p.g.subspan(s.begin, n)),
+        chunkstar::adam_update(rp.w.subspan(s.begin, n), std::span<float>(rp.m).subspan(s.begin, n),
+                               std::span<float>(rp.v).subspan(s.begin, n), std::span<const float>(rp.g).subspan(s.begin, n),
                                std::span<float>(), h, args);
       }
-    return r;
+      std::fill(rp.g.begin(), rp.g.end(), 0.0f);
+    }
+    return {r.grad_norm, r.clip_coefficient};
   }
   /** @brief Adam steps taken (restored from a checkpoint with `restore_step_count`). */
-  [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return steps_; }
-  void restore_step_count(std::int64_t n) noexcept { steps_ = n; }
+  [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return store_->step_count(); }
+  void restore_step_count(std::int64_t n) { store_->restore_step_count(n); }
 
  private:
+  /** A replica in host memory: the weights (the block's or the model's), the gradient
+   *  accumulated over backward passes, the Adam moments. */
+  struct replica {
+    std::size_t part = 0, elems = 0;
+    std::span<float> w;
+    std::vector<float> g, m, v;
+  };
+
+  rtp_gpt(Comm& comm, std::unique_ptr<Store> own, Store* shared, const gpt_config& c, std::size_t B, std::size_t Tn)
+      : comm_(comm),
+        c_(c),
+        B_(B),
+        Tn_(Tn),
+        world_(comm.size()),
+        rank_(comm.rank()),
+        vpad_(rtp_padded_vocab(static_cast<std::size_t>(c.vocab), comm.size())),
+        vs_(vpad_ / static_cast<std::size_t>(comm.size())),
+        own_store_(std::move(own)),
+        store_(shared ? shared : own_store_.get()),
+        specs_(param_specs(c)),
+        top_(static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width), 0.0f),
+        top_pass_(top_.size(), 0.0f) {
+    const auto sizes = compute_activation_sizes(c, B, Tn);
+    const auto bp = partition_block(c, comm.size());  // config_error for a world size the heads do not split over
+    describe_parts(bp);
+    for (std::size_t k = 0; k < parts_.size(); ++k)
+      if (!parts_[k].replicated) {
+        std::vector<chunkstar::rtp::shard_segment> segs;
+        for (const auto& s : parts_[k].segments)
+          segs.push_back({specs_[s.tensor].name + "@" + std::to_string(rank_), s.begin, s.end - s.begin, specs_[s.tensor].role});
+        store_->add_shard(parts_[k].elems, std::move(segs));
+      }
+    store_->finalize();
+    // The rotations (their transit buffers from the store: non-model memory on the compute tier),
+    // after the store is final.
+    transit_.emplace([this](std::size_t n) { return store_->allocate(n); }, [this](float* p, std::size_t n) { store_->deallocate(p, n); });
+    const std::size_t C = static_cast<std::size_t>(c.width);
+    wte_.emplace(comm, vs_ * C, *transit_, chunkstar::rtp::external_shard);
+    for (int l = 0; l < c.layers; ++l)
+      blocks_.push_back(std::make_unique<rtp_block<Comm>>(comm, c, *transit_, chunkstar::rtp::external_shard));
+    bind_replicas();
+    // Activations: the serial model's, without the [rows, V] logits and probabilities (the head
+    // keeps the final LayerNorm, the log-sum-exp and the losses per token; one [rows, V/N] slice
+    // of logits is the scratch of a step). The workspace likewise ends in a [rows, V/N] slice.
+    const std::size_t N = B * Tn;
+    act_elems_ = N * C + sizes.layers * sizes.block + (N * C + 2 * N) + 2 * N + N * C + N * vs_;
+    work_elems_ = sizes.workspace - N * static_cast<std::size_t>(c.vocab) + N * vs_;
+    acts_ = store_->allocate(act_elems_);
+    try {
+      work_ = store_->allocate(work_elems_);
+    } catch (...) {
+      store_->deallocate(std::exchange(acts_, nullptr), act_elems_);
+      throw;
+    }
+  }
+
   /** The activations of one forward, bound for a [B, Tn] batch. */
   struct acts_view {
     float* encoded;
@@ -342,7 +413,7 @@ class rtp_gpt {
   acts_view bind(std::size_t B, std::size_t Tn) {
     const std::size_t N = B * Tn, C = static_cast<std::size_t>(c_.width);
     const std::size_t block = compute_activation_sizes(c_, B, Tn).block;
-    float* p = acts_.data();
+    float* p = acts_;
     acts_view a;
     a.encoded = detail::take(p, N * C);
     for (int l = 0; l < c_.layers; ++l) a.blocks.push_back(bind_block_activations(c_, B, Tn, detail::take(p, block)));
@@ -364,6 +435,32 @@ class rtp_gpt {
     return v0 >= V ? 0 : std::min(vs_, V - v0);
   }
 
+  /** Runs @p f as store stage @p name on the shards @p parts. */
+  template <class F>
+  void stage(std::string_view name, bool backward, std::initializer_list<std::size_t> parts, F&& f) {
+    store_->stage(name, backward, std::span<const std::size_t>(parts.begin(), parts.size()), f);
+  }
+  /** Block @p l's stage (its attention shard is part @p ia, its MLP shard ia + 1): @p f gets the io
+   *  that loads them and takes their gradients. */
+  template <class F>
+  void block_stage(int l, std::size_t ia, bool backward, F&& f) {
+    struct io final : rtp_block_io {
+      Store* s;
+      std::size_t first;
+      io(Store* st, std::size_t k) : s(st), first(k) {}
+      void load(int which, std::span<float> dst) override { s->load(first + static_cast<std::size_t>(which), dst); }
+      void store_grad(int which, std::span<const float> sum) override { s->add_grad(first + static_cast<std::size_t>(which), sum); }
+    } shards(store_, ia);
+    const std::string name = "h" + std::to_string(l);
+    stage(name, backward, {ia, ia + 1}, [&] { f(shards); });
+  }
+  auto loader(std::size_t k) {
+    return [this, k](std::span<float> d) { store_->load(k, d); };
+  }
+  auto storer(std::size_t k) {
+    return [this, k](std::span<const float> g) { store_->add_grad(k, g); };
+  }
+
   /** The forward of a [B, Tn] batch; with @p last_logits, also the full logits of the last token
    *  of sequence 0 (for sampling). Returns the mean loss. */
   double run_forward(std::size_t B, std::size_t Tn, const int* tokens, const int* targets, float* last_logits) {
@@ -374,38 +471,46 @@ class rtp_gpt {
     detail::check_tokens(c_, tokens, N, "tokens");
     detail::check_tokens(c_, targets, N, "targets");
     const auto a = bind(B, Tn);
+    const std::size_t wte_part = 0;
     // Embedding: a token's row from the shard that holds its id, plus its position's row.
     const float* wpe = top_.data();
-    wte_.forward([&](int j, std::span<const float> s) {
-      const std::size_t v0 = static_cast<std::size_t>(j) * vs_;
-      for (std::size_t n = 0; n < N; ++n) {
-        const auto t = static_cast<std::size_t>(tokens[n]);
-        if (t < v0 || t >= v0 + vs_) continue;
-        const float* row = s.data() + (t - v0) * C;
-        const float* pos = wpe + (n % Tn) * C;
-        float* out = a.encoded + n * C;
-        for (std::size_t k = 0; k < C; ++k) out[k] = row[k] + pos[k];
-      }
+    stage("embedding", false, {wte_part}, [&] {
+      wte_->forward(loader(wte_part), [&](int j, std::span<const float> s) {
+        const std::size_t v0 = static_cast<std::size_t>(j) * vs_;
+        for (std::size_t n = 0; n < N; ++n) {
+          const auto t = static_cast<std::size_t>(tokens[n]);
+          if (t < v0 || t >= v0 + vs_) continue;
+          const float* row = s.data() + (t - v0) * C;
+          const float* pos = wpe + (n % Tn) * C;
+          float* out = a.encoded + n * C;
+          for (std::size_t k = 0; k < C; ++k) out[k] = row[k] + pos[k];
+        }
+      });
     });
-    for (int l = 0; l < c_.layers; ++l) block(l).forward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], a.proj);
-    cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.block_out(c_.layers), rep(lnf_offset()), rep(lnf_offset() + C), N, C);
+    for (int l = 0; l < c_.layers; ++l)
+      block_stage(l, 1 + 2 * static_cast<std::size_t>(l), false, [&](rtp_block_io& io) {
+        block(l).forward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], a.proj, &io);
+      });
     // Head: each shard's logits, folded into a running max and sum per token (online softmax).
     std::vector<float> mx(N, -std::numeric_limits<float>::infinity()), sum(N, 0.0f), zt(N, 0.0f);
-    wte_.forward([&](int j, std::span<const float> s) {
-      const std::size_t v0 = static_cast<std::size_t>(j) * vs_, valid = valid_rows(j);
-      if (valid == 0) return;
-      cpu::matmul_forward(a.logits, a.lnf, s.data(), static_cast<const float*>(nullptr), N, C, vs_);
-      for (std::size_t n = 0; n < N; ++n) {
-        const float* z = a.logits + n * vs_;
-        const float m = std::max(mx[n], *std::max_element(z, z + valid));
-        float acc = sum[n] * std::exp(mx[n] - m);  // 0 on the first shard (exp(-inf) = 0)
-        for (std::size_t v = 0; v < valid; ++v) acc += std::exp(z[v] - m);
-        mx[n] = m;
-        sum[n] = acc;
-        const auto t = static_cast<std::size_t>(targets[n]);
-        if (t >= v0 && t < v0 + valid) zt[n] = z[t - v0];
-      }
-      if (last_logits) std::copy(a.logits + (Tn - 1) * vs_, a.logits + (Tn - 1) * vs_ + valid, last_logits + v0);
+    stage("head", false, {wte_part}, [&] {
+      cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.block_out(c_.layers), rep(lnf_offset()), rep(lnf_offset() + C), N, C);
+      wte_->forward(loader(wte_part), [&](int j, std::span<const float> s) {
+        const std::size_t v0 = static_cast<std::size_t>(j) * vs_, valid = valid_rows(j);
+        if (valid == 0) return;
+        cpu::matmul_forward(a.logits, a.lnf, s.data(), static_cast<const float*>(nullptr), N, C, vs_);
+        for (std::size_t n = 0; n < N; ++n) {
+          const float* z = a.logits + n * vs_;
+          const float m = std::max(mx[n], *std::max_element(z, z + valid));
+          float acc = sum[n] * std::exp(mx[n] - m);  // 0 on the first shard (exp(-inf) = 0)
+          for (std::size_t v = 0; v < valid; ++v) acc += std::exp(z[v] - m);
+          mx[n] = m;
+          sum[n] = acc;
+          const auto t = static_cast<std::size_t>(targets[n]);
+          if (t >= v0 && t < v0 + valid) zt[n] = z[t - v0];
+        }
+        if (last_logits) std::copy(a.logits + (Tn - 1) * vs_, a.logits + (Tn - 1) * vs_ + valid, last_logits + v0);
+      });
     });
     double total = 0;
     for (std::size_t n = 0; n < N; ++n) {
@@ -416,16 +521,16 @@ class rtp_gpt {
     return total / static_cast<double>(N);
   }
 
-  void build_parts() {
+  /** The parts, in store order: wte's shard, then per block its attention and MLP shards; then the
+   *  replicas: the model's (wpe | lnf.w | lnf.b), then each block's. */
+  void describe_parts(const rtp_block_partition& bp) {
     const std::size_t C = static_cast<std::size_t>(c_.width), V = static_cast<std::size_t>(c_.vocab);
-    const auto add = [&](std::span<float> w, std::span<float> g, bool replicated, auto each) {
+    using visit = std::function<void(std::size_t, std::size_t, std::size_t)>;
+    const auto add = [&](std::size_t elems, bool replicated, std::function<void(const visit&)> each) {
       rtp_part p;
-      p.w = w;
-      p.g = g;
-      p.m.assign(w.size(), 0.0f);
-      p.v.assign(w.size(), 0.0f);
+      p.elems = elems;
       p.replicated = replicated;
-      p.for_each = each;
+      p.for_each = std::move(each);
       // Every tensor occupies one contiguous run of the buffer (the layouts are built so).
       std::vector<std::size_t> lo(specs_.size(), SIZE_MAX), hi(specs_.size(), 0), count(specs_.size(), 0);
       p.for_each([&](std::size_t t, std::size_t, std::size_t off) {
@@ -439,44 +544,95 @@ class rtp_gpt {
           p.segments.push_back({lo[t], hi[t], t});
         }
       std::sort(p.segments.begin(), p.segments.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
+      // A shard's padding (wte's rows past the vocabulary, zero and never looked up) belongs to
+      // the last segment, so the store's segments tile the shard.
+      if (p.segments.empty()) p.segments.push_back({0, elems, 0});
+      p.segments.back().end = std::max(p.segments.back().end, elems);
       parts_.push_back(std::move(p));
     };
-    using visit = std::function<void(std::size_t, std::size_t, std::size_t)>;
     const int me = rank_;
-    // The tied embedding: vocabulary rows [me vs, (me + 1) vs), the padding rows excluded.
-    add(wte_.owned(), wte_.owned_grad(), false, [this, me, C, V](const visit& f) {
+    // The tied embedding: vocabulary rows [me vs, (me + 1) vs), the padding rows never looked up.
+    add(vs_ * C, false, [this, me, C, V](const visit& f) {
       const std::size_t v0 = static_cast<std::size_t>(me) * vs_;
       for (std::size_t r = 0; r < vs_ && v0 + r < V; ++r)
         for (std::size_t k = 0; k < C; ++k) f(0, (v0 + r) * C + k, r * C + k);
     });
+    block_part_ = bp;
     for (int l = 0; l < c_.layers; ++l) {
-      auto& b = block(l);
       const std::size_t base = 2 + tensors_per_block * static_cast<std::size_t>(l);
-      const auto& part = b.partition();
-      add(b.attention().owned(), b.attention().owned_grad(), false, [&part, base, me](const visit& f) {
-        part.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
+      const rtp_block_partition* part = &block_part_;
+      add(part->attn_elems(), false, [part, base, me](const visit& f) {
+        part->for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
       });
-      add(b.mlp().owned(), b.mlp().owned_grad(), false, [&part, base, me](const visit& f) {
-        part.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
-      });
-      add(b.replicated(), b.replicated_grad(), true, [&part, base](const visit& f) {
-        part.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
+      add(part->mlp_elems(), false, [part, base, me](const visit& f) {
+        part->for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
       });
     }
     // wpe | lnf.w | lnf.b, replicated.
     const std::size_t T = static_cast<std::size_t>(c_.context), last = specs_.size();
-    add(top_, top_grad_, true, [C, T, last](const visit& f) {
+    add(top_.size(), true, [C, T, last](const visit& f) {
       for (std::size_t i = 0; i < T * C; ++i) f(1, i, i);
       for (std::size_t i = 0; i < C; ++i) f(last - 2, i, T * C + i);
       for (std::size_t i = 0; i < C; ++i) f(last - 1, i, T * C + C + i);
     });
+    for (int l = 0; l < c_.layers; ++l) {
+      const std::size_t base = 2 + tensors_per_block * static_cast<std::size_t>(l);
+      const rtp_block_partition* part = &block_part_;
+      add(part->replicated_elems(), true, [part, base](const visit& f) {
+        part->for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
+      });
+    }
   }
 
-  void store_list(const gpt_params<float>& full, std::span<float> rtp_part::*which) const {
+  /** The replicas' weights are the model's top_ and each block's replicated(). */
+  void bind_replicas() {
+    const std::size_t first = 1 + 2 * static_cast<std::size_t>(c_.layers);
+    for (std::size_t k = first; k < parts_.size(); ++k) {
+      replica r;
+      r.part = k;
+      r.elems = parts_[k].elems;
+      r.w = k == first ? std::span<float>(top_) : block(static_cast<int>(k - first - 1)).replicated();
+      r.g.assign(r.elems, 0.0f);
+      r.m.assign(r.elems, 0.0f);
+      r.v.assign(r.elems, 0.0f);
+      replicas_.push_back(std::move(r));
+    }
+  }
+  /** Adds one backward's (all-reduced) replica gradients to replica @p i's accumulated ones. */
+  void add_replica_grads(std::size_t i, std::span<const float> pass) {
+    auto& g = replicas_[i].g;
+    for (std::size_t e = 0; e < g.size(); ++e) g[e] += pass[e];
+  }
+  std::span<float> replica_list(std::size_t k, chunkstar::chunk_kind kind) {
+    auto& r = replicas_[k - (1 + 2 * static_cast<std::size_t>(c_.layers))];
+    switch (kind) {
+      case chunkstar::chunk_kind::param: return r.w;
+      case chunkstar::chunk_kind::grad: return r.g;
+      case chunkstar::chunk_kind::momentum: return r.m;
+      case chunkstar::chunk_kind::variance: return r.v;
+      default: throw chunkstar::config_error("rtp_gpt: no fp32 master list (the weights are fp32)");
+    }
+  }
+
+  /** Calls f(tensor, global, value&) for every element of list @p kind of every part, then writes
+   *  the parts back. */
+  template <class F>
+  void for_each_part_list(chunkstar::chunk_kind kind, F&& f) {
+    std::vector<float> v;
+    for (std::size_t k = 0; k < parts_.size(); ++k) {
+      v.resize(parts_[k].elems);
+      read(k, kind, v);
+      parts_[k].for_each([&](std::size_t t, std::size_t i, std::size_t off) { f(t, i, v[off]); });
+      write(k, kind, v);
+    }
+  }
+  void store_list(const gpt_params<float>& full, chunkstar::chunk_kind kind) const {
     const auto ptrs = param_list(full);
-    for (const auto& p : parts_) {
-      const auto src = p.*which;
-      p.for_each([&](std::size_t t, std::size_t i, std::size_t off) { ptrs[t][i] = src[off]; });
+    std::vector<float> v;
+    for (std::size_t k = 0; k < parts_.size(); ++k) {
+      v.resize(parts_[k].elems);
+      read(k, kind, v);
+      parts_[k].for_each([&](std::size_t t, std::size_t i, std::size_t off) { ptrs[t][i] = v[off]; });
     }
   }
 
@@ -485,15 +641,19 @@ class rtp_gpt {
   std::size_t B_, Tn_;
   int world_, rank_;
   std::size_t vpad_, vs_;
-  chunkstar::rtp::transit_buffers<float> transit_;  // before the rotations that use it
-  rotation_type wte_;
-  std::vector<std::unique_ptr<rtp_block<Comm>>> blocks_;
-  std::vector<float> top_, top_grad_;  // wpe [T_max, C] | lnf.w | lnf.b, and their gradients
+  std::unique_ptr<Store> own_store_;
+  Store* store_;
   std::vector<chunkstar::tensor_spec> specs_;
-  std::vector<float> acts_, work_;
+  rtp_block_partition block_part_{};
   std::vector<rtp_part> parts_;
-  std::vector<std::vector<float>> acc_;  // the gradients of the step's earlier micro-batches (accumulate)
-  std::int64_t steps_ = 0;
+  std::optional<chunkstar::rtp::transit_buffers<float>> transit_;
+  std::optional<rotation_type> wte_;
+  std::vector<std::unique_ptr<rtp_block<Comm>>> blocks_;
+  std::vector<float> top_, top_pass_;  // wpe [T_max, C] | lnf.w | lnf.b, and one backward's gradients of them
+  std::vector<replica> replicas_;
+  std::size_t act_elems_ = 0, work_elems_ = 0;
+  float* acts_ = nullptr;
+  float* work_ = nullptr;
 };
 
 }  // namespace gpt

@@ -476,7 +476,7 @@ int train_rtp(const train_options& o, const run_plan& plan, communicator_ref com
     for (int micro = 0; micro < o.accum; ++micro) {
       gpt::fill_batch(data.train, o.seed, gpt::train_key(step, micro), shape.batch, shape.seq, tokens.data(), targets.data(), first);
       loss += model.forward(tokens.data(), targets.data()) / static_cast<double>(o.accum);
-      model.backward(tokens.data(), targets.data(), 1.0f, micro > 0);
+      model.backward(tokens.data(), targets.data());  // gradients accumulate until the step
     }
     loss = average(loss);
     const float lr = lr_at(step);

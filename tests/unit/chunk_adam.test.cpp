@@ -172,6 +172,21 @@ TEST_CASE("clipping reports the global norm of the averaged, unscaled gradients"
   CHECK_THROWS_AS(chunk_adam<>({.max_grad_norm = -1.0f}), config_error);
 }
 
+TEST_CASE("global_sum_sq: the trainer's global sum replaces the runtime's, for norm and clipping alike") {
+  setup s(dtype::f32, static_placement::all_device());
+  double seen = -1;
+  // As a rank of a model partitioned outside the runtime: three more ranks with the same share.
+  chunk_adam<> opt({.max_grad_norm = 0.01f, .global_sum_sq = [&](double local) { return 4 * (seen = local); }});
+  setup ref(dtype::f32, static_placement::all_device());
+  chunk_adam<> plain({.max_grad_norm = 0.01f});
+  s.backward<float>(0, 0, 1.0f);
+  ref.backward<float>(0, 0, 1.0f);
+  const auto r = opt.step(s.rt, 1e-3f), p = plain.step(ref.rt, 1e-3f);
+  CHECK(seen == doctest::Approx(p.grad_norm * p.grad_norm).epsilon(1e-12));
+  CHECK(r.grad_norm == doctest::Approx(2 * p.grad_norm).epsilon(1e-12));
+  CHECK(r.clip_coefficient == doctest::Approx(0.01 / (2 * p.grad_norm)).epsilon(1e-5));
+}
+
 TEST_CASE("without clipping, a dynamic scaler or report_norm the norm scan is skipped; the step is the same") {
   for (auto placement : {static_placement::all_device(), static_placement::all_host()}) {
     std::vector<std::vector<float>> results;

@@ -92,12 +92,13 @@ state run_rtp(int n, int from, int to, const fs::path& load, const fs::path& sav
       chunkstar::save_checkpoint(view, save, {{"optimizer_steps", std::to_string(m.optimizer_steps())}});
     }
     std::lock_guard lock(mu);
-    for (auto& p : m.parts())
-      p.for_each([&](std::size_t t, std::size_t i, std::size_t off) {
-        out.l[0][base[t] + i] = p.w[off];
-        out.l[1][base[t] + i] = p.m[off];
-        out.l[2][base[t] + i] = p.v[off];
-      });
+    std::vector<float> v;
+    for (std::size_t k = 0; k < m.parts().size(); ++k)
+      for (int l = 0; l < 3; ++l) {
+        v.resize(m.parts()[k].elems);
+        m.read(k, kinds[l], v);
+        m.parts()[k].for_each([&](std::size_t t, std::size_t i, std::size_t off) { out.l[l][base[t] + i] = v[off]; });
+      }
   });
   return out;
 }

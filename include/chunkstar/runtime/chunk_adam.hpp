@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
@@ -45,6 +46,12 @@ struct chunk_adam_options {
    *  overflow flag) always do; without them, false skips that read of every gradient chunk, and
    *  grad_norm is reported as NaN (not computed). */
   bool report_norm = true;
+  /** When set, the global sum of squared (unscaled, averaged) gradients is
+   *  `global_sum_sq(this rank's sum)` instead of the runtime's own rule: for a runtime that holds
+   *  one rank's share of a model partitioned outside it (RTP's shards, with replicas kept
+   *  elsewhere), the trainer adds what the runtime does not see and sums over its ranks. Every
+   *  rank's step must call it alike if it communicates. */
+  std::function<double(double)> global_sum_sq{};
 };
 
 /** @brief What one call to chunk_adam::step did. */
@@ -110,8 +117,10 @@ class chunk_adam {
         rt.for_each_grad_chunk([&](const step_chunk& c) {
           per_chunk[c.index] = scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where).sum_sq;
         });
-        if (rt.gradients() == gradient_mode::sharded) rt.communicator().allreduce(std::span<double>(per_chunk), reduce_op::sum);
+        if (rt.gradients() == gradient_mode::sharded && !options_.global_sum_sq)
+          rt.communicator().allreduce(std::span<double>(per_chunk), reduce_op::sum);
         for (double x : per_chunk) sum_sq += x;
+        if (options_.global_sum_sq) sum_sq = options_.global_sum_sq(sum_sq);
       }
       r.grad_norm = scan ? std::sqrt(sum_sq) : std::numeric_limits<double>::quiet_NaN();
       const bool overflow = scan && !std::isfinite(sum_sq);

@@ -1,0 +1,150 @@
+/** @file
+ *  @brief `rtp::chunk_shard_store`: a rank's RTP shards kept in that rank's chunk runtime — weights,
+ *         gradients and Adam moments in chunks that the placement puts on the device or the host
+ *         under a device budget, the optimizer step local and run where each chunk is placed.
+ *
+ *  The interface is rtp/shard_store.hpp's. Each shard segment is registered as one fp32 tensor of
+ *  the runtime (so weight decay follows its role), a model stage opens one scope on its shards
+ *  (the tracer learns the order and the placement and Belady plan from it, as for any model), the
+ *  transit buffers and activations the model asks for are non-model memory on the compute tier,
+ *  and `step` is `chunk_adam` over the runtime with the global norm summed the model's way
+ *  (`chunk_adam_options::global_sum_sq`). The runtime's own communicator is a one-rank one: RTP
+ *  communicates in the model's rotations, not in the runtime.
+ */
+#pragma once
+
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/core/tensor_spec.hpp>
+#include <chunkstar/rtp/shard_store.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace chunkstar::rtp {
+
+/** @brief The shards of one rank in the chunk runtime @p Runtime (held by reference; register
+ *  nothing else in it). See the file comment. */
+template <class Runtime>
+class chunk_shard_store {
+ public:
+  /** @brief A store over @p rt, which must not be finalized yet and must hold fp32 parameters
+   *  (`config_error` otherwise). @p adam sets betas, eps and threads (lr, weight decay and clipping
+   *  come with each `step`). */
+  explicit chunk_shard_store(Runtime& rt, adam_hyper adam = {}) : rt_(rt), adam_(adam) {
+    if (rt.options().param_type != dtype::f32)
+      throw config_error("rtp::chunk_shard_store: the runtime holds " + std::string(dtype_name(rt.options().param_type)) +
+                         " parameters; RTP's shards are fp32: build the runtime with param_type f32");
+  }
+  chunk_shard_store(const chunk_shard_store&) = delete;
+  chunk_shard_store& operator=(const chunk_shard_store&) = delete;
+
+  std::size_t add_shard(std::size_t elems, std::vector<shard_segment> segments) {
+    check_segments(elems, segments);
+    std::vector<param_id> ids;
+    for (const auto& s : segments) ids.push_back(rt_.register_param({s.name, {static_cast<std::int64_t>(s.elems)}, dtype::f32, s.role}));
+    shards_.push_back({std::move(segments), std::move(ids)});
+    return shards_.size() - 1;
+  }
+  void finalize() { rt_.finalize(); }
+
+  template <class F>
+  void stage(std::string_view name, bool backward, std::span<const std::size_t> shards, F&& f) {
+    std::vector<param_id> ids;
+    for (const std::size_t k : shards) ids.insert(ids.end(), shards_.at(k).ids.begin(), shards_.at(k).ids.end());
+    auto s = backward ? rt_.backward(name, std::move(ids)) : rt_.forward(name, std::move(ids));
+    scope_ = &s;
+    struct reset {
+      typename Runtime::scope*& p;
+      ~reset() { p = nullptr; }
+    } r{scope_};
+    f();
+  }
+  void load(std::size_t k, std::span<float> dst) const {
+    const auto& sh = in_stage(k, "load");
+    for (std::size_t i = 0; i < sh.ids.size(); ++i) {
+      const auto w = scope_->template param<float>(sh.ids[i]);
+      std::copy(w.begin(), w.end(), dst.begin() + static_cast<std::ptrdiff_t>(sh.segments[i].offset));
+    }
+  }
+  void add_grad(std::size_t k, std::span<const float> g) {
+    const auto& sh = in_stage(k, "add_grad");
+    for (std::size_t i = 0; i < sh.ids.size(); ++i) {
+      const auto acc = scope_->template grad<float>(sh.ids[i]);
+      const float* src = g.data() + sh.segments[i].offset;
+      for (std::size_t e = 0; e < acc.size(); ++e) acc[e] += src[e];
+    }
+  }
+
+  void zero_grad() { rt_.zero_grad(); }
+
+  shard_step_result step(const adam_hyper& base, const param_groups& groups, int micro_batches, float max_norm,
+                         const std::function<double(double)>& global_sum_sq) {
+    sum_sq_ = global_sum_sq;  // read by the optimizer's hook during this step only
+    if (!opt_ || max_norm != max_norm_) {
+      const std::int64_t steps = opt_ ? opt_->step_count() : restored_;
+      adam_hyper h = adam_;
+      h.weight_decay = base.weight_decay;
+      opt_.emplace(chunk_adam_options{.hyper = h, .max_grad_norm = max_norm, .report_norm = false,
+                                      .global_sum_sq = [this](double local) { return sum_sq_ ? sum_sq_(local) : local; }},
+                   groups);
+      opt_->restore_step_count(steps);
+      max_norm_ = max_norm;
+    }
+    const auto r = opt_->step(rt_, base.lr, micro_batches);
+    return {.grad_norm = r.grad_norm, .clip_coefficient = r.clip_coefficient,
+            .grad_scale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches)) * r.clip_coefficient};
+  }
+  [[nodiscard]] std::int64_t step_count() const noexcept { return opt_ ? opt_->step_count() : restored_; }
+  void restore_step_count(std::int64_t n) {
+    restored_ = n;
+    if (opt_) opt_->restore_step_count(n);
+  }
+
+  void read(std::size_t k, chunk_kind kind, std::span<float> out) const {
+    const auto& sh = shards_.at(k);
+    for (std::size_t i = 0; i < sh.ids.size(); ++i)
+      rt_.read_tensor(sh.ids[i], kind, out.subspan(sh.segments[i].offset, sh.segments[i].elems));
+  }
+  void write(std::size_t k, chunk_kind kind, std::span<const float> in) {
+    const auto& sh = shards_.at(k);
+    for (std::size_t i = 0; i < sh.ids.size(); ++i)
+      rt_.write_tensor(sh.ids[i], kind, in.subspan(sh.segments[i].offset, sh.segments[i].elems));
+  }
+
+  [[nodiscard]] float* allocate(std::size_t n) { return static_cast<float*>(rt_.allocate_non_model(n * sizeof(float))); }
+  void deallocate(float* p, std::size_t n) noexcept { rt_.deallocate_non_model(p, n * sizeof(float)); }
+  [[nodiscard]] auto untraced() { return rt_.untraced(); }
+
+  /** @brief Bytes of model data in the runtime (its chunks, all lists). */
+  [[nodiscard]] std::size_t bytes() const noexcept { return rt_.model_bytes(); }
+  [[nodiscard]] std::size_t shards() const noexcept { return shards_.size(); }
+  [[nodiscard]] Runtime& runtime() noexcept { return rt_; }
+
+ private:
+  struct shard {
+    std::vector<shard_segment> segments;
+    std::vector<param_id> ids;
+  };
+  const shard& in_stage(std::size_t k, const char* what) const {
+    if (!scope_)
+      throw state_error(std::string("rtp::chunk_shard_store::") + what + " outside a stage: call it from inside stage(...)");
+    return shards_.at(k);
+  }
+
+  Runtime& rt_;
+  adam_hyper adam_;
+  std::vector<shard> shards_;
+  typename Runtime::scope* scope_ = nullptr;
+  std::optional<chunk_adam<>> opt_;
+  std::function<double(double)> sum_sq_;
+  float max_norm_ = 0;
+  std::int64_t restored_ = 0;
+};
+
+}  // namespace chunkstar::rtp
