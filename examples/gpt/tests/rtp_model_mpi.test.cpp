@@ -83,6 +83,7 @@ rank_record unpack(std::span<const std::byte> bytes, const rank_record& shape) {
   rank_record rec = shape;
   std::size_t at = 0;
   fields([&](const char*, std::size_t, auto s) {
+    if (s.empty()) return;  // data() may be null
     std::memcpy(s.data(), bytes.data() + at, s.size_bytes());
     at += s.size_bytes();
   }, rec);
@@ -95,7 +96,7 @@ std::vector<std::string> bit_differences(const rank_record& got, const rank_reco
   std::vector<std::string> out;
   if (pack(got).size() != pack(want).size()) out.push_back("the records have different shapes (steps or sizes)");
   fields([&](const char* name, std::size_t step, auto x, auto y) {
-    if (x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size_bytes()) == 0) return;
+    if (x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size_bytes()) == 0)) return;
     std::ostringstream line;
     line << name << " (step " << step << ")";
     std::size_t i = 0;

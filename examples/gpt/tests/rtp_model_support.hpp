@@ -238,20 +238,22 @@ double max_abs(const std::vector<A>& a) {
 inline constexpr double K = 4;
 inline constexpr double floor_ulps = 8 * 0x1.0p-24;
 
+/** Bit equality (NaNs and signed zeros included); an empty vector's data() may be null, which
+ *  memcmp must not see. */
 template <class T>
-bool same_doubles(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+bool bits_equal(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 inline bool same_bits(const std::vector<rank_record>& a, const std::vector<rank_record>& b) {
   for (std::size_t r = 0; r < a.size(); ++r) {
     if (a[r].params != b[r].params || a[r].grads != b[r].grads || a[r].probs != b[r].probs) return false;
-    if (!same_doubles(a[r].train_loss, b[r].train_loss) || !same_doubles(a[r].eval_loss, b[r].eval_loss)) return false;
+    if (!bits_equal(a[r].train_loss, b[r].train_loss) || !bits_equal(a[r].eval_loss, b[r].eval_loss)) return false;
     if (a[r].adam_params != b[r].adam_params || a[r].adam_grads != b[r].adam_grads || a[r].adam_moments != b[r].adam_moments ||
         a[r].clip_scale != b[r].clip_scale)
       return false;
-    if (!same_doubles(a[r].adam_train_loss, b[r].adam_train_loss) || !same_doubles(a[r].adam_eval_loss, b[r].adam_eval_loss) ||
-        !same_doubles(a[r].grad_norm, b[r].grad_norm))
+    if (!bits_equal(a[r].adam_train_loss, b[r].adam_train_loss) || !bits_equal(a[r].adam_eval_loss, b[r].adam_eval_loss) ||
+        !bits_equal(a[r].grad_norm, b[r].grad_norm))
       return false;
   }
   return true;
