@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -43,21 +44,23 @@ namespace {
 
 constexpr int adam_steps = 3;
 
-/** Calls `f(name, iteration, std::span(field)...)` for every field of the records @p r (one for
- *  packing, two for comparing), in one fixed order. */
+inline constexpr std::size_t whole_run = SIZE_MAX;  // a field of the run, not of one step (losses: element = step)
+
+/** Calls `f(name, step or whole_run, std::span(field)...)` for every field of the records @p r (one
+ *  for packing, two for comparing), in one fixed order. */
 template <class F, class... R>
 void fields(F&& f, R&... r) {
   const auto per_step = [&](const char* name, auto member) {
     const std::size_t steps = std::min({(r.*member).size()...});
     for (std::size_t i = 0; i < steps; ++i) f(name, i, std::span((r.*member)[i])...);
   };
-  const auto once = [&](const char* name, auto member) { f(name, std::size_t{0}, std::span(r.*member)...); };
+  const auto once = [&](const char* name, auto member) { f(name, whole_run, std::span(r.*member)...); };
   once("initial parameters", &rank_record::initial);
   per_step("parameters after the SGD step", &rank_record::params);
   per_step("gradients of the SGD step", &rank_record::grads);
   once("training losses", &rank_record::train_loss);
   once("evaluation losses", &rank_record::eval_loss);
-  f("evaluations that displaced a shard", std::size_t{0}, std::span(&r.eval_displaced, 1)...);
+  f("evaluations that displaced a shard", whole_run, std::span(&r.eval_displaced, 1)...);
   per_step("parameters after the AdamW step", &rank_record::adam_params);
   per_step("gradients of the AdamW step", &rank_record::adam_grads);
   per_step("Adam moments m | v", &rank_record::adam_moments);
@@ -98,7 +101,8 @@ std::vector<std::string> bit_differences(const rank_record& got, const rank_reco
   fields([&](const char* name, std::size_t step, auto x, auto y) {
     if (x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size_bytes()) == 0)) return;
     std::ostringstream line;
-    line << name << " (step " << step << ")";
+    line << name;
+    if (step != whole_run) line << " (step " << step << ")";
     std::size_t i = 0;
     while (i < std::min(x.size(), y.size()) && std::memcmp(&x[i], &y[i], sizeof x[i]) == 0) ++i;
     if (i < std::min(x.size(), y.size()))
