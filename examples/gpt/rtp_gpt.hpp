@@ -142,6 +142,49 @@ class rtp_gpt {
    *  then the replicas. */
   [[nodiscard]] std::span<const rtp_part> parts() const noexcept { return parts_; }
 
+  /** @brief The shard segments rank @p rank registers for part @p p (one tensor of the store
+   *  each: "<tensor>@<rank>", its run of the shard, the tensor's role). */
+  static std::vector<chunkstar::rtp::shard_segment> segments_of(const rtp_part& p, std::span<const chunkstar::tensor_spec> specs,
+                                                                int rank) {
+    std::vector<chunkstar::rtp::shard_segment> segs;
+    for (const auto& s : p.segments)
+      segs.push_back({specs[s.tensor].name + "@" + std::to_string(rank), s.begin, s.end - s.begin, specs[s.tensor].role});
+    return segs;
+  }
+  /** @brief The tensors rank @p rank of @p world registers in its store, in order (what a chunk
+   *  layout plans: a trainer sizes the device from them before it builds anything). */
+  static std::vector<chunkstar::tensor_spec> shard_tensors(const gpt_config& c, int world, int rank) {
+    const auto specs = param_specs(c);
+    std::vector<chunkstar::tensor_spec> out;
+    for (const auto& p : describe(c, world, rank))
+      if (!p.replicated)
+        for (const auto& s : segments_of(p, specs, rank))
+          out.push_back({s.name, {static_cast<std::int64_t>(s.elems)}, chunkstar::dtype::f32, s.role});
+    return out;
+  }
+  /** @brief Elements of activations a model of @p c on @p world ranks keeps for [B, Tn] batches:
+   *  the serial model's, without the [rows, V] logits and probabilities (the head keeps the final
+   *  LayerNorm, the log-sum-exp and the losses per token; one [rows, V/N] slice of logits is the
+   *  scratch of a step). */
+  static std::size_t activation_elems(const gpt_config& c, int world, std::size_t B, std::size_t Tn) {
+    const auto sizes = compute_activation_sizes(c, B, Tn);
+    const std::size_t N = B * Tn, C = static_cast<std::size_t>(c.width);
+    const std::size_t vs = rtp_padded_vocab(static_cast<std::size_t>(c.vocab), world) / static_cast<std::size_t>(world);
+    return N * C + sizes.layers * sizes.block + (N * C + 2 * N) + 2 * N + N * C + N * vs;
+  }
+  /** @brief Elements of the backward workspace: the serial one's, ending in a [rows, V/N] slice. */
+  static std::size_t workspace_elems(const gpt_config& c, int world, std::size_t B, std::size_t Tn) {
+    const std::size_t N = B * Tn;
+    const std::size_t vs = rtp_padded_vocab(static_cast<std::size_t>(c.vocab), world) / static_cast<std::size_t>(world);
+    return compute_activation_sizes(c, B, Tn).workspace - N * static_cast<std::size_t>(c.vocab) + N * vs;
+  }
+  /** @brief Bytes of the transit buffers: five shards of the largest rotation. */
+  static std::size_t transit_bytes(const gpt_config& c, int world) {
+    const auto bp = partition_block(c, world);
+    const std::size_t vs = rtp_padded_vocab(static_cast<std::size_t>(c.vocab), world) / static_cast<std::size_t>(world);
+    return 5 * std::max({vs * static_cast<std::size_t>(c.width), bp.attn_elems(), bp.mlp_elems()}) * sizeof(float);
+  }
+
   /** @brief List @p kind (param, grad, momentum, variance) of part @p k, whole, into @p out
    *  (outside a pass). */
   void read(std::size_t k, chunkstar::chunk_kind kind, std::span<float> out) const {
@@ -368,16 +411,9 @@ class rtp_gpt {
         specs_(param_specs(c)),
         top_(static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width), 0.0f),
         top_pass_(top_.size(), 0.0f) {
-    const auto sizes = compute_activation_sizes(c, B, Tn);
-    const auto bp = partition_block(c, comm.size());  // config_error for a world size the heads do not split over
-    describe_parts(bp);
+    parts_ = describe(c, world_, rank_);
     for (std::size_t k = 0; k < parts_.size(); ++k)
-      if (!parts_[k].replicated) {
-        std::vector<chunkstar::rtp::shard_segment> segs;
-        for (const auto& s : parts_[k].segments)
-          segs.push_back({specs_[s.tensor].name + "@" + std::to_string(rank_), s.begin, s.end - s.begin, specs_[s.tensor].role});
-        store_->add_shard(parts_[k].elems, std::move(segs));
-      }
+      if (!parts_[k].replicated) store_->add_shard(parts_[k].elems, segments_of(parts_[k], specs_, rank_));
     store_->finalize();
     // The rotations (their transit buffers from the store: non-model memory on the compute tier),
     // after the store is final.
@@ -390,9 +426,8 @@ class rtp_gpt {
     // Activations: the serial model's, without the [rows, V] logits and probabilities (the head
     // keeps the final LayerNorm, the log-sum-exp and the losses per token; one [rows, V/N] slice
     // of logits is the scratch of a step). The workspace likewise ends in a [rows, V/N] slice.
-    const std::size_t N = B * Tn;
-    act_elems_ = N * C + sizes.layers * sizes.block + (N * C + 2 * N) + 2 * N + N * C + N * vs_;
-    work_elems_ = sizes.workspace - N * static_cast<std::size_t>(c.vocab) + N * vs_;
+    act_elems_ = activation_elems(c, world_, B, Tn);
+    work_elems_ = workspace_elems(c, world_, B, Tn);
     acts_ = store_->allocate(act_elems_);
     try {
       work_ = store_->allocate(work_elems_);
@@ -521,10 +556,15 @@ class rtp_gpt {
     return total / static_cast<double>(N);
   }
 
-  /** The parts, in store order: wte's shard, then per block its attention and MLP shards; then the
-   *  replicas: the model's (wpe | lnf.w | lnf.b), then each block's. */
-  void describe_parts(const rtp_block_partition& bp) {
-    const std::size_t C = static_cast<std::size_t>(c_.width), V = static_cast<std::size_t>(c_.vocab);
+  /** The parts of rank @p me of @p world, in store order: wte's shard, then per block its
+   *  attention and MLP shards; then the replicas: the model's (wpe | lnf.w | lnf.b), then each
+   *  block's. A pure function of the shapes (the element visitors hold copies of them). */
+  static std::vector<rtp_part> describe(const gpt_config& c, int world, int me) {
+    const auto specs = param_specs(c);
+    const auto bp = partition_block(c, world);  // config_error for a world size the heads do not split over
+    const std::size_t C = static_cast<std::size_t>(c.width), V = static_cast<std::size_t>(c.vocab);
+    const std::size_t vs = rtp_padded_vocab(V, world) / static_cast<std::size_t>(world);
+    std::vector<rtp_part> parts;
     using visit = std::function<void(std::size_t, std::size_t, std::size_t)>;
     const auto add = [&](std::size_t elems, bool replicated, std::function<void(const visit&)> each) {
       rtp_part p;
@@ -532,15 +572,15 @@ class rtp_gpt {
       p.replicated = replicated;
       p.for_each = std::move(each);
       // Every tensor occupies one contiguous run of the buffer (the layouts are built so).
-      std::vector<std::size_t> lo(specs_.size(), SIZE_MAX), hi(specs_.size(), 0), count(specs_.size(), 0);
+      std::vector<std::size_t> lo(specs.size(), SIZE_MAX), hi(specs.size(), 0), count(specs.size(), 0);
       p.for_each([&](std::size_t t, std::size_t, std::size_t off) {
         lo[t] = std::min(lo[t], off);
         hi[t] = std::max(hi[t], off + 1);
         ++count[t];
       });
-      for (std::size_t t = 0; t < specs_.size(); ++t)
+      for (std::size_t t = 0; t < specs.size(); ++t)
         if (count[t] > 0) {
-          if (count[t] != hi[t] - lo[t]) throw chunkstar::state_error("rtp_gpt: tensor " + specs_[t].name + " is not contiguous in its shard");
+          if (count[t] != hi[t] - lo[t]) throw chunkstar::state_error("rtp_gpt: tensor " + specs[t].name + " is not contiguous in its shard");
           p.segments.push_back({lo[t], hi[t], t});
         }
       std::sort(p.segments.begin(), p.segments.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
@@ -548,40 +588,37 @@ class rtp_gpt {
       // the last segment, so the store's segments tile the shard.
       if (p.segments.empty()) p.segments.push_back({0, elems, 0});
       p.segments.back().end = std::max(p.segments.back().end, elems);
-      parts_.push_back(std::move(p));
+      parts.push_back(std::move(p));
     };
-    const int me = rank_;
     // The tied embedding: vocabulary rows [me vs, (me + 1) vs), the padding rows never looked up.
-    add(vs_ * C, false, [this, me, C, V](const visit& f) {
-      const std::size_t v0 = static_cast<std::size_t>(me) * vs_;
-      for (std::size_t r = 0; r < vs_ && v0 + r < V; ++r)
+    add(vs * C, false, [vs, me, C, V](const visit& f) {
+      const std::size_t v0 = static_cast<std::size_t>(me) * vs;
+      for (std::size_t r = 0; r < vs && v0 + r < V; ++r)
         for (std::size_t k = 0; k < C; ++k) f(0, (v0 + r) * C + k, r * C + k);
     });
-    block_part_ = bp;
-    for (int l = 0; l < c_.layers; ++l) {
+    for (int l = 0; l < c.layers; ++l) {
       const std::size_t base = 2 + tensors_per_block * static_cast<std::size_t>(l);
-      const rtp_block_partition* part = &block_part_;
-      add(part->attn_elems(), false, [part, base, me](const visit& f) {
-        part->for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
+      add(bp.attn_elems(), false, [bp, base, me](const visit& f) {
+        bp.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
       });
-      add(part->mlp_elems(), false, [part, base, me](const visit& f) {
-        part->for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
+      add(bp.mlp_elems(), false, [bp, base, me](const visit& f) {
+        bp.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
       });
     }
     // wpe | lnf.w | lnf.b, replicated.
-    const std::size_t T = static_cast<std::size_t>(c_.context), last = specs_.size();
-    add(top_.size(), true, [C, T, last](const visit& f) {
+    const std::size_t T = static_cast<std::size_t>(c.context), last = specs.size();
+    add((T + 2) * C, true, [C, T, last](const visit& f) {
       for (std::size_t i = 0; i < T * C; ++i) f(1, i, i);
       for (std::size_t i = 0; i < C; ++i) f(last - 2, i, T * C + i);
       for (std::size_t i = 0; i < C; ++i) f(last - 1, i, T * C + C + i);
     });
-    for (int l = 0; l < c_.layers; ++l) {
+    for (int l = 0; l < c.layers; ++l) {
       const std::size_t base = 2 + tensors_per_block * static_cast<std::size_t>(l);
-      const rtp_block_partition* part = &block_part_;
-      add(part->replicated_elems(), true, [part, base](const visit& f) {
-        part->for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
+      add(bp.replicated_elems(), true, [bp, base](const visit& f) {
+        bp.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
       });
     }
+    return parts;
   }
 
   /** The replicas' weights are the model's top_ and each block's replicated(). */
@@ -644,7 +681,6 @@ class rtp_gpt {
   std::unique_ptr<Store> own_store_;
   Store* store_;
   std::vector<chunkstar::tensor_spec> specs_;
-  rtp_block_partition block_part_{};
   std::vector<rtp_part> parts_;
   std::optional<chunkstar::rtp::transit_buffers<float>> transit_;
   std::optional<rotation_type> wte_;

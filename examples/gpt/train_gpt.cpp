@@ -26,6 +26,7 @@
 #include <chunkstar/eviction/lru.hpp>
 #include <chunkstar/optim/lr_schedule.hpp>
 #include <chunkstar/placement/static_placement.hpp>
+#include <chunkstar/rtp/chunk_shard_store.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 
 #include <CLI/CLI.hpp>
@@ -405,11 +406,15 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
 
 // ------------------------------------------------------------------------------------------------
 // --parallel rtp: Rotated Tensor Parallelism (rtp_gpt.hpp). Each rank trains on its slice of the
-// global batch and owns 1/N of every sharded layer (weights, gradient, Adam moments) in host memory;
-// the shards rotate round the ring of ranks. The same options, data, schedule and checkpoints as the
-// other modes; losses agree with them within fp32 rounding (the ring adds in its own order).
-int train_rtp(const train_options& o, const run_plan& plan, communicator_ref comm) {
+// global batch and owns 1/N of every sharded layer (weights, gradient, Adam moments) in its own chunk
+// runtime, under its device budget like any chunkstar model; the shards rotate round the ring of
+// ranks. The same options, data, schedule and checkpoints as the other modes; losses agree with
+// them within fp32 rounding (the ring adds in its own order).
+template <class Runtime>
+int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement, communicator_ref comm) {
   using clock = std::chrono::steady_clock;
+  using store_type = rtp::chunk_shard_store<Runtime>;
+  using model_type = gpt::rtp_gpt<communicator_ref, store_type>;
   const gpt::gpt_config& cfg = plan.cfg;
   const gpt::text_data& data = plan.data;
   const int ranks = comm.size();
@@ -422,31 +427,67 @@ int train_rtp(const train_options& o, const run_plan& plan, communicator_ref com
               static_cast<long long>(o.batch / ranks), static_cast<long long>(o.batch));
   const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};
   const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());
-  gpt::rtp_gpt<communicator_ref> model(comm, cfg, shape.batch, shape.seq);
+
+  // Memory: this rank's shards in chunks (all four lists), beside the activations and the rotations'
+  // transit buffers (non-model memory on the device), sized before anything is built.
+  const auto layout = make_layout(o, cfg);
+  std::size_t model_bytes = 0;
+  for (const auto& l : make_chunk_lists(layout.plan(model_type::shard_tensors(cfg, ranks, comm.rank())), {.param_type = dtype::f32}))
+    model_bytes += l.chunk_bytes * l.num_chunks;
+  const std::size_t act = (model_type::activation_elems(cfg, ranks, shape.batch, shape.seq) +
+                           model_type::workspace_elems(cfg, ranks, shape.batch, shape.seq)) * sizeof(float) +
+                          model_type::transit_bytes(cfg, ranks) + activation_slack_bytes;
+  const bool resident = o.policy == "resident";
+  const std::size_t device_capacity =
+      o.device_budget != "auto" ? gpt::bytes_option("--device-budget", o.device_budget)
+      : resident                ? act + model_bytes
+                                : act + static_cast<std::size_t>(o.device_fraction * static_cast<double>(model_bytes));
+  const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
+  if (device_capacity <= act)
+    throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations and the "
+                       "rotations' buffers (" + format_bytes(act) + "): raise it, or lower --batch or --seq");
+  if (resident && device_capacity < act + model_bytes)
+    throw config_error("--policy resident keeps all of this rank's shards on the device, which needs --device-budget of at least " +
+                       format_bytes(act + model_bytes) + ", not " + format_bytes(device_capacity) +
+                       ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
+  gpt::check_memory({.model_data = model_bytes, .activations = act, .device = device_capacity});
+  const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
+  const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
+  simulated_device_space device({.capacity = device_capacity, .link = link, .name = "device"});
+  host_space host({.capacity = host_capacity});
+  host_copy_engine copier(link);
+  single_process_communicator one;  // the runtime's own: RTP talks in the model's rotations
+  communicator_ref one_ref(one);
+  Runtime rt(device, host, copier, one_ref,
+             {.param_type = dtype::f32, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty()}, layout,
+             placement);
+  store_type store(rt, {.beta1 = 0.9f, .beta2 = 0.95f});
+  model_type model(comm, store, cfg, shape.batch, shape.seq);
   model.init(o.seed);
   const std::size_t whole = 16 * gpt::param_count(cfg);  // weights, gradients, two Adam moments, fp32
-  gpt::check_memory({.model_data = model.model_bytes() + model.transient_bytes(), .activations = model.activation_bytes()});
   std::printf("%s\n", cpu_summary().c_str());
   std::printf("model: %d layers, width %d, %d heads, context %d: %zu parameters\n", cfg.layers, cfg.width, cfg.heads,
               cfg.context, gpt::param_count(cfg));
-  std::printf("memory per rank (host): model data %s of the whole %s (its shards and the replicas: weights, gradients, "
-              "Adam moments), rotation buffers %s, activations %s\n",
-              format_bytes(model.model_bytes()).c_str(), format_bytes(whole).c_str(), format_bytes(model.transient_bytes()).c_str(),
-              format_bytes(model.activation_bytes()).c_str());
+  std::printf("memory per rank: model data %s of the whole %s (its shards in %zu chunks of %zu elements, and the replicas); "
+              "device budget %s (activations %s, rotation buffers %s), host budget %s%s\n",
+              format_bytes(model.model_bytes()).c_str(), format_bytes(whole).c_str(), rt.plan().num_chunks, rt.plan().chunk_elems,
+              format_bytes(device_capacity).c_str(), format_bytes(model.activation_bytes()).c_str(),
+              format_bytes(model.transient_bytes()).c_str(), host_capacity == SIZE_MAX ? "unlimited" : format_bytes(host_capacity).c_str(),
+              model_bytes + act > device_capacity ? " -- the shards do not fit on the device: chunks will move" : "");
 
   const auto groups = param_groups::with_default_decay(o.weight_decay);
   const adam_hyper base{.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = o.weight_decay};
   const warmup_cosine cosine = gpt::cosine_schedule(o);
   auto lr_at = [&](std::int64_t step) { return o.schedule == "constant" ? o.lr : cosine(step); };
   if (plan.resume) {
-    gpt::rtp_load_view<communicator_ref> view(model);
+    gpt::rtp_load_view<communicator_ref, store_type> view(model);
     (void)load_checkpoint(view, o.resume);
     model.restore_step_count(plan.resume->optimizer_steps);
     std::printf("resumed from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(plan.resume->step));
   }
   auto save = [&](std::int64_t step) {
     try {
-      gpt::rtp_save_view<communicator_ref> view(model, comm);
+      gpt::rtp_save_view<communicator_ref, store_type> view(model, comm);
       save_checkpoint(view, o.save, gpt::save_record(plan.record, o, step, model.optimizer_steps(), std::nullopt, 0));
     } catch (const chunkstar::error& e) {
       throw output_error(std::string("saving the checkpoint of step ") + std::to_string(step) + " failed (the previous checkpoint in '" +
@@ -461,7 +502,7 @@ int train_rtp(const train_options& o, const run_plan& plan, communicator_ref com
     double sum = 0;
     for (std::int64_t b = 0; b < o.val_batches; ++b) {
       gpt::fill_batch(data.val, o.seed, static_cast<std::uint64_t>(b), shape.batch, shape.seq, tokens.data(), targets.data(), first);
-      sum += model.loss(tokens.data(), targets.data());
+      sum += model.loss(tokens.data(), targets.data());  // untraced: not part of the training iteration
     }
     return average(sum / static_cast<double>(o.val_batches));
   };
@@ -472,6 +513,7 @@ int train_rtp(const train_options& o, const run_plan& plan, communicator_ref com
   for (std::int64_t step = plan.first_step; step <= plan.last_step; ++step) {
     const auto t0 = clock::now();
     const auto sent = comm.stats().bytes_sent;
+    const runtime_stats before = rt.stats();
     double loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
       gpt::fill_batch(data.train, o.seed, gpt::train_key(step, micro), shape.batch, shape.seq, tokens.data(), targets.data(), first);
@@ -488,11 +530,16 @@ int train_rtp(const train_options& o, const run_plan& plan, communicator_ref com
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     if (step == plan.first_step) first_loss = loss;
     last_loss = loss;
+    const runtime_stats& s = rt.stats();
     char norm[16] = "     -";
     if (o.clip > 0) std::snprintf(norm, sizeof norm, "%6.3f", r.grad_norm);
-    std::printf("step %5lld/%lld | loss %.6f | %7.0f tok/s | lr %.2e | norm %s | sent %s\n", static_cast<long long>(step),
-                static_cast<long long>(o.steps), loss, static_cast<double>(N * static_cast<std::size_t>(o.accum * ranks)) / dt,
-                static_cast<double>(lr), norm, format_bytes(step_bytes).c_str());
+    std::printf("step %5lld/%lld | loss %.6f | %7.0f tok/s | lr %.2e | norm %s | sent %s | device %s / %s | moved %s | "
+                "stall %.1f ms\n",
+                static_cast<long long>(step), static_cast<long long>(o.steps), loss,
+                static_cast<double>(N * static_cast<std::size_t>(o.accum * ranks)) / dt, static_cast<double>(lr), norm,
+                format_bytes(step_bytes).c_str(), format_bytes(device.usage().peak).c_str(), format_bytes(device_capacity).c_str(),
+                format_bytes(s.bytes_moved() - before.bytes_moved()).c_str(), 1e3 * (s.stall_s - before.stall_s));
+    device.reset_peak();
     if (o.val_every > 0 && (step % o.val_every == 0 || step == plan.last_step)) {
       last_val = validation_loss();
       std::printf("validation loss %.6f at step %lld\n", *last_val, static_cast<long long>(step));
@@ -501,19 +548,28 @@ int train_rtp(const train_options& o, const run_plan& plan, communicator_ref com
     std::fflush(stdout);
   }
   const double total = std::chrono::duration<double>(clock::now() - run_start).count();
+  const runtime_stats& s = rt.stats();
   char val[32] = "none";
   if (last_val) std::snprintf(val, sizeof val, "%.4f", *last_val);
   std::printf("\nsummary: %lld steps in %.1f s, loss %.4f -> %.4f, validation %s, 0 skipped\n",
               static_cast<long long>(plan.last_step - plan.first_step + 1), total, first_loss, last_loss, val);
-  double peaks[] = {static_cast<double>(model.model_bytes()), static_cast<double>(model.transient_bytes())};
+  std::printf("chunks (rank 0): %s to device, %s to host, %llu loads (%llu ahead of use), %llu evictions, %llu offloads, stall %.2f s; "
+              "optimizer steps on device %llu, on host %llu\n",
+              format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(), static_cast<unsigned long long>(s.loads),
+              static_cast<unsigned long long>(s.prefetches), static_cast<unsigned long long>(s.evictions),
+              static_cast<unsigned long long>(s.offloads), s.stall_s, static_cast<unsigned long long>(s.device_steps),
+              static_cast<unsigned long long>(s.host_steps));
+  double peaks[] = {static_cast<double>(model.model_bytes()), static_cast<double>(model.transient_bytes()),
+                    static_cast<double>(s.peak_device_bytes)};
   comm.allreduce(std::span<double>(peaks), reduce_op::max);
   // The theory counts the ring's shards and the replicas' all-reduces; the step adds the clipping
   // norm's all-reduce (8 bytes) and --accum multiplies the passes.
-  std::printf("per rank (largest): model data %s (1/%d of the whole %s, plus replicas), rotation buffers %s (largest shard %s); "
-              "rank 0 sent %s in the last training iteration (theory for one micro-batch %s)\n",
+  std::printf("per rank (largest): model data %s (1/%d of the whole %s, plus replicas), rotation buffers %s (largest shard %s), "
+              "device %s; rank 0 sent %s in the last training iteration (theory for one micro-batch %s)\n",
               format_bytes(static_cast<std::size_t>(peaks[0])).c_str(), ranks, format_bytes(whole).c_str(),
               format_bytes(static_cast<std::size_t>(peaks[1])).c_str(), format_bytes(model.largest_shard_bytes()).c_str(),
-              format_bytes(step_bytes).c_str(), format_bytes(model.iteration_bytes_theory()).c_str());
+              format_bytes(static_cast<std::size_t>(peaks[2])).c_str(), format_bytes(step_bytes).c_str(),
+              format_bytes(model.iteration_bytes_theory()).c_str());
   if (o.sample > 0) {
     std::mt19937_64 rng(o.seed);
     std::vector<int> text{'T', 'h', 'e', ' '};
@@ -526,6 +582,14 @@ int train_rtp(const train_options& o, const run_plan& plan, communicator_ref com
     for (int t : text) out += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
     std::printf("\nsample:\n%s\n", out.c_str());
   }
+  if (!o.trace.empty() && comm.rank() == 0) {
+    try {
+      rt.timeline_recorder().write_chrome_trace(o.trace);
+    } catch (const chunkstar::error& e) {
+      throw output_error(e.what());
+    }
+    std::printf("timeline written to %s (open it in https://ui.perfetto.dev)\n", o.trace.c_str());
+  }
   return gpt::exit_ok;
 }
 
@@ -535,6 +599,12 @@ int with_policy(const train_options& o, const run_plan& plan, communicator_ref c
   using belady_rt = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, communicator_ref>;
   using lru_rt = chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction, warmup_tracer, communicator_ref>;
   using static_rt = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer, communicator_ref>;
+  if (o.parallel == "rtp") {  // fp32 (validated), so no loss scaler
+    if (o.policy == "patrickstar") return train_rtp<belady_rt>(o, plan, {}, comm);
+    if (o.policy == "lru") return train_rtp<lru_rt>(o, plan, {}, comm);
+    if (o.policy == "resident") return train_rtp<static_rt>(o, plan, static_placement::all_device(), comm);
+    return train_rtp<static_rt>(o, plan, static_placement::all_host(), comm);
+  }
   if (o.policy == "patrickstar") return train<belady_rt, Scaler>(o, plan, {}, comm);
   if (o.policy == "lru") return train<lru_rt, Scaler>(o, plan, {}, comm);
   if (o.policy == "resident") return train<static_rt, Scaler>(o, plan, static_placement::all_device(), comm);
@@ -559,7 +629,6 @@ int run(const train_options& o, communicator_ref comm) {
   try {
     const run_plan plan = prepare(o, comm.size());
     phase = "training";
-    if (o.parallel == "rtp") return train_rtp(o, plan, comm);
     return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler>(o, plan, comm)
                                                           : with_policy<static_loss_scaler>(o, plan, comm);
   } catch (const output_error& e) {

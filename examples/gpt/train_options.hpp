@@ -179,16 +179,13 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
   detail::require_one_of("--parallel", o.parallel, {"none", "zero", "rtp"});
   if (o.parallel == "rtp") {
-    // RTP keeps each rank's shards in host memory, in fp32: the chunk runtime's options do not apply (yet).
+    // RTP's shards are fp32, and it does not gather chunks: ZeRO's and the loss scaler's options do not apply.
     const auto not_with_rtp = [](const char* option, const std::string& why) {
-      detail::bad_option(option, why + " does not apply to --parallel rtp, whose shards live in host memory in fp32 (docs/rtp.md); drop it");
+      detail::bad_option(option, why + " does not apply to --parallel rtp, whose shards are fp32 and rotate instead of being gathered (docs/rtp.md); drop it");
     };
     if (o.precision != "fp32") not_with_rtp("--precision", o.precision);
-    if (o.device_budget != "auto") not_with_rtp("--device-budget", o.device_budget);
-    if (o.policy != "patrickstar") not_with_rtp("--policy", o.policy);
     if (o.keep_gathered) not_with_rtp("--keep-gathered", "it");
     if (o.memory_saving) not_with_rtp("--memory-saving", "it");
-    if (!o.trace.empty()) not_with_rtp("--trace", "the chunk timeline");
   }
   (void)precision_type(o.precision);
   detail::require_finite("--lr", o.lr, 0.0, true);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # train_gpt --parallel rtp on MPI ranks, end to end:
 #  1. 2 and 4 ranks train the same model on the same data as one process: losses within fp32
-#     rounding (the ring adds the shards' partial sums in its own order, so bits may differ);
+#     rounding (the ring adds the shards' partial sums in its own order, so bits may differ); and
+#     each rank's shards in its chunk runtime give the same losses, bit for bit as printed, whether
+#     they stay on the device (--policy resident) or live on the host (--policy offload);
 #  2. checkpoints cross modes: saved under RTP at 4 ranks, resumed under RTP at 2, in one process
 #     and under ZeRO at 2; saved in one process and under ZeRO, resumed under RTP — every resume on
 #     the uninterrupted trajectory;
@@ -36,6 +38,13 @@ for n in 2 4; do
   grep -q "^sample:" rtp$n.txt || fail "no sample from $n ranks"
 done
 grep -q "1/4 of the whole" rtp4.txt || fail "the 4-rank summary does not say each rank holds 1/4"
+grep -q "chunks will move" rtp4.txt || fail "the default device budget does not make the shards move"
+for policy in resident offload; do
+  timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --policy $policy >rtp2_$policy.txt 2>&1 || fail "2 RTP ranks, --policy $policy: rc $?"
+  if diff <(losses rtp2.txt) <(losses rtp2_$policy.txt) >/dev/null; then echo "ok: --policy $policy gives the same losses under RTP"
+  else fail "--policy $policy changed the RTP losses: $(diff <(losses rtp2.txt) <(losses rtp2_$policy.txt) | head -4)"; fi
+done
+grep -q "optimizer steps on device 0, on host" rtp2_offload.txt || fail "--policy offload did not step on the host"
 
 # Checkpoints across modes. An uninterrupted run's steps 5-8 are the reference for every resume.
 cmp_resume() {  # <what> <file>

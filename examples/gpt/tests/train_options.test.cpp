@@ -56,6 +56,7 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
   check([](gpt::train_options& o) { o.steps = 2; });  // the default warm-up shrinks with a short run
   check([](gpt::train_options& o) { o.schedule = "constant"; o.warmup = 500; o.min_lr = 9; });  // unused by constant
   check([](gpt::train_options& o) { o.parallel = "rtp"; });
+  check([](gpt::train_options& o) { o.parallel = "rtp"; o.policy = "offload"; o.device_budget = "64MiB"; });
   struct bad_case {
     const char* option;
     std::function<void(gpt::train_options&)> change;
@@ -98,12 +99,10 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
       {"--context", [](auto& o) { o.context = -7; }},
       {"--trace", [](auto& o) { o.trace = "x"; o.save = "x"; }},
       {"--parallel", [](auto& o) { o.parallel = "tensor"; }},
-      // RTP's shards live in host memory in fp32: the chunk runtime's options are refused, named.
+      // RTP's shards are fp32 and rotate: the loss scaler's and ZeRO's options are refused, named.
       {"--precision", [](auto& o) { o.parallel = "rtp"; o.precision = "bf16"; }},
-      {"--device-budget", [](auto& o) { o.parallel = "rtp"; o.device_budget = "1GiB"; }},
-      {"--policy", [](auto& o) { o.parallel = "rtp"; o.policy = "lru"; }},
       {"--memory-saving", [](auto& o) { o.parallel = "rtp"; o.memory_saving = true; }},
-      {"--trace", [](auto& o) { o.parallel = "rtp"; o.trace = "t.json"; }},
+      {"--keep-gathered", [](auto& o) { o.parallel = "rtp"; o.keep_gathered = true; }},
   };
   for (const auto& c : cases) {
     CAPTURE(c.option);

@@ -151,7 +151,9 @@ class host_shard_store {
   [[nodiscard]] float* allocate(std::size_t n) { return new float[n](); }
   void deallocate(float* p, std::size_t) noexcept { delete[] p; }
 
-  struct no_guard {};
+  struct no_guard {
+    ~no_guard() {}  // user-provided: a guard, even if it guards nothing here
+  };
   [[nodiscard]] no_guard untraced() noexcept { return {}; }
 
   /** @brief Bytes of model data held: four lists of every shard. */
