@@ -26,8 +26,10 @@
 #include <chunkstar/rtp/ring_order.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <span>
@@ -36,6 +38,14 @@
 #include <vector>
 
 namespace chunkstar::rtp {
+
+/** @brief What one rotation's passes communicated and waited for, since construction or the last
+ *  `reset_stats()` (see "Stats" in `rotation`). */
+struct rotation_stats {
+  std::uint64_t shifts = 0;      ///< ring shifts issued (forward N - 1, backward 2(N - 1) per pass)
+  std::uint64_t bytes_sent = 0;  ///< bytes those shifts sent (= received): shifts x shard_bytes()
+  double wait_s = 0;             ///< wall seconds spent in the waits for shifts
+};
 
 /** @brief The RTP schedule of one layer over communicator @p Comm, shards of `T` (float by default).
  *
@@ -71,6 +81,13 @@ namespace chunkstar::rtp {
  *  pass that failed on one rank left the ranks' collective sequences apart, which the in-process
  *  and MPI communicators report to the peers as `communication_error`). The destructor never
  *  throws and has nothing to wait for: no shift outlives the pass that started it.
+ *
+ *  **Stats.** `stats()` counts the shifts this object issued, the bytes they sent, and the wall
+ *  time spent waiting for shifts to complete (steady_clock around each wait: forward's per-step
+ *  waits, backward's exposed first fetch and its per-step waits), i.e. the communication the
+ *  kernels did not hide. Two clock reads per step; with one rank nothing is issued and nothing is
+ *  timed (all zero). After a throw they include what was issued and waited for before it; the
+ *  quiet waits of an unwinding pass are not timed. `reset_stats()` zeroes them.
  *
  *  Not thread-safe; a kernel must not start a pass on the same object (`state_error`). A kernel
  *  may issue collectives of its own if every rank issues the same ones at the same step (they
@@ -118,6 +135,11 @@ class rotation {
     return (w_[0].size() + w_[1].size() + g_[0].size() + g_[1].size() + scratch_.size()) * sizeof(T);
   }
 
+  /** @brief Shifts, bytes and wait time of this object's passes (see the class comment). */
+  [[nodiscard]] rotation_stats stats() const noexcept { return stats_; }
+  /** @brief Zeroes `stats()`. */
+  void reset_stats() noexcept { stats_ = {}; }
+
   /** @brief The owned shard (shard `rank()`): fill it before the first pass, step it after a
    *  backward. Stable address for the object's lifetime. */
   [[nodiscard]] std::span<T> owned() noexcept { return home_w_; }
@@ -134,14 +156,16 @@ class rotation {
     requires std::invocable<F&, int, std::span<const T>>
   void forward(F&& f) {
     const pass_guard guard(busy_, "forward");
-    const std::size_t bytes = shard_bytes();
     const T* resident = home_w_.data();
     for (int s = 0; s < world_; ++s) {
       T* incoming = w_[static_cast<std::size_t>(s % 2)].data();  // never `resident`: home, then alternating
       comm_handle next;  // waited for quietly if the kernel throws
-      if (s + 1 < world_) next = comm_.ring_shift_async(resident, incoming, bytes);
+      if (s + 1 < world_) next = shift(resident, incoming);
       std::invoke(f, forward_shard(rank_, world_, s), std::span<const T>(resident, elems_));
-      next.wait();
+      if (s + 1 < world_) {
+        const wait_timer timer(stats_.wait_s);
+        next.wait();
+      }
       resident = incoming;
     }
   }
@@ -160,10 +184,10 @@ class rotation {
       std::copy(scratch_.begin(), scratch_.end(), home_g_.begin());  // only after the kernel succeeded
       return;
     }
-    const std::size_t bytes = shard_bytes();
     {  // shard rank-1, for step 0: nothing computes yet, so only the zero fill overlaps it
-      comm_handle first = comm_.ring_shift_async(home_w_.data(), w_[0].data(), bytes);
+      comm_handle first = shift(home_w_.data(), w_[0].data());
       std::fill(g_[0].begin(), g_[0].end(), T{});
+      const wait_timer timer(stats_.wait_s);
       first.wait();
     }
     comm_handle partial;  // the partial sum arriving for the current step (started after the previous kernel)
@@ -172,14 +196,17 @@ class rotation {
       const bool last = t == world_ - 1;
       const T* weights = last ? home_w_.data() : w_[cur].data();
       comm_handle next_weights;
-      if (t + 2 < world_) next_weights = comm_.ring_shift_async(w_[cur].data(), w_[other].data(), bytes);
+      if (t + 2 < world_) next_weights = shift(w_[cur].data(), w_[other].data());
       // Step 0's contribution is the sum's first term: the kernel adds straight into the buffer
       // that is sent on. Later steps add into the scratch while the partial sum is still arriving.
       T* acc = t == 0 ? g_[0].data() : scratch_.data();
       if (t > 0) std::fill(scratch_.begin(), scratch_.end(), T{});
       std::invoke(g, backward_shard(rank_, world_, t), std::span<const T>(weights, elems_), std::span<T>(acc, elems_));
-      next_weights.wait();
-      partial.wait();  // g_[cur] now holds the earlier ranks' sum for this shard
+      {
+        const wait_timer timer(stats_.wait_s);
+        next_weights.wait();
+        partial.wait();  // g_[cur] now holds the earlier ranks' sum for this shard
+      }
       if (last) {
         // Written here only, after the last call that can throw: a failed pass leaves it as it was.
         for (std::size_t i = 0; i < elems_; ++i) home_g_[i] = g_[cur][i] + scratch_[i];
@@ -187,11 +214,33 @@ class rotation {
       }
       if (t > 0)
         for (std::size_t i = 0; i < elems_; ++i) g_[cur][i] += scratch_[i];
-      partial = comm_.ring_shift_async(g_[cur].data(), g_[other].data(), bytes);
+      partial = shift(g_[cur].data(), g_[other].data());
     }
   }
 
  private:
+  /** @brief Starts a ring shift of one shard and counts it (only once issued: a call that throws
+   *  sent nothing). */
+  comm_handle shift(const T* send, T* recv) {
+    comm_handle h = comm_.ring_shift_async(send, recv, shard_bytes());
+    ++stats_.shifts;
+    stats_.bytes_sent += shard_bytes();
+    return h;
+  }
+
+  /** @brief Adds the wall time of its scope to a counter, also when a wait in it throws. */
+  class wait_timer {
+   public:
+    explicit wait_timer(double& total) noexcept : total_(total), start_(std::chrono::steady_clock::now()) {}
+    wait_timer(const wait_timer&) = delete;
+    wait_timer& operator=(const wait_timer&) = delete;
+    ~wait_timer() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+   private:
+    double& total_;
+    std::chrono::steady_clock::time_point start_;
+  };
+
   /** @brief Marks a pass in progress; a nested pass (a kernel calling back in) is a state_error. */
   class pass_guard {
    public:
@@ -218,6 +267,7 @@ class rotation {
   std::vector<T> w_[2], g_[2];  // empty with one rank
   std::vector<T> scratch_;
   bool busy_ = false;
+  rotation_stats stats_;
 };
 
 }  // namespace chunkstar::rtp
