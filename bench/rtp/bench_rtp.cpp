@@ -31,7 +31,11 @@
 // Time: every collective runs through modelled_link (latency + bytes / bandwidth per collective,
 // one transfer at a time per rank). iteration_s: forward + backward + step, max over the ranks,
 // median over the measured iterations; compute_s: the same with the link infinitely fast (rtp, dp;
-// the losses must be the same bits); blocking_s: time in synchronous collectives (all-reduces).
+// the losses must be the same bits); blocking_s: time in synchronous collectives (all-reduces);
+// comm_s: the modelled seconds of the iteration's collectives. An in-process collective, a ring
+// shift included, is a rendezvous of the whole group, so with more rank threads than cores the
+// ring wait is mostly waiting for the slowest rank to reach the shift: the run with the link
+// infinitely fast shows that part ("ring wait, link infinite").
 // Losses: rtp and zero against dp at the same N, within --loss-tolerance (fp32, different orders).
 #include "../bench_cli.hpp"
 #include "../e2e/e2e_support.hpp"
@@ -62,8 +66,7 @@ struct options {
   std::vector<int> ranks{1, 2, 3, 4};
   int iterations = 12, warmup = 2;
   double bandwidth = 1e9, latency = 10e-6;
-  double loss_tolerance = 1e-4;
-  bool quick = false;
+  double loss_tolerance = 1e-3;  // nats; measured differences are about 1e-7 to 1e-5 (fp32 orders)
   std::string json, plot;
 };
 
@@ -71,7 +74,7 @@ void usage() {
   std::printf(
       "usage: bench_rtp [--layers 4] [--width 192] [--heads 12] [--vocab 256] [--context 64] [--batch 2] [--seq 64 (per rank)]\n"
       "                 [--ranks 1,2,3,4] [--iterations 12] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)]\n"
-      "                 [--loss-tolerance 1e-4] [--quick] [--json FILE] [--plot FILE.png]\n"
+      "                 [--loss-tolerance 1e-3] [--quick] [--json FILE] [--plot FILE.png]\n"
       "RTP (rtp_gpt), data parallelism and ZeRO on the same GPT at N ranks: per-rank model data, bytes sent per iteration\n"
       "against the theory, iteration time and ring wait on a modelled link. --quick: 2 layers, width 48, context and seq 16,\n"
       "batch 1, 2 + 2 iterations (about a second).\n");
@@ -79,7 +82,14 @@ void usage() {
 
 options parse(int argc, char** argv) {
   options o;
-  bool shape_set = false, its_set = false;
+  // --quick first, so that any option given beside it overrides its smaller defaults.
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--quick") {  // the CTest smoke run: every mode and check, small
+      o.config = {.vocab = 256, .context = 16, .layers = 2, .heads = 12, .width = 48};
+      o.batch = 1;
+      o.seq = 16;
+      o.iterations = 2;
+    }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -96,28 +106,28 @@ options parse(int argc, char** argv) {
       if (x != std::floor(x) || x > 1e9) throw config_error(a + " takes one positive integer, got '" + v + "'");
       return static_cast<int>(x);
     };
-    if (a == "--layers") o.config.layers = count(value()), shape_set = true;
-    else if (a == "--width") o.config.width = count(value()), shape_set = true;
-    else if (a == "--heads") o.config.heads = count(value()), shape_set = true;
-    else if (a == "--vocab") o.config.vocab = count(value()), shape_set = true;
-    else if (a == "--context") o.config.context = count(value()), shape_set = true;
-    else if (a == "--batch") o.batch = static_cast<std::size_t>(count(value())), shape_set = true;
-    else if (a == "--seq") o.seq = static_cast<std::size_t>(count(value())), shape_set = true;
+    if (a == "--layers") o.config.layers = count(value());
+    else if (a == "--width") o.config.width = count(value());
+    else if (a == "--heads") o.config.heads = count(value());
+    else if (a == "--vocab") o.config.vocab = count(value());
+    else if (a == "--context") o.config.context = count(value());
+    else if (a == "--batch") o.batch = static_cast<std::size_t>(count(value()));
+    else if (a == "--seq") o.seq = static_cast<std::size_t>(count(value()));
     else if (a == "--ranks") {
       o.ranks.clear();
       for (double x : bench::parse_number_list(a, value())) {
         if (x < 1 || x > 64 || x != std::floor(x)) throw config_error("--ranks: integers in [1, 64], comma-separated");
         o.ranks.push_back(static_cast<int>(x));
       }
-    } else if (a == "--iterations") o.iterations = count(value()), its_set = true;
-    else if (a == "--warmup") o.warmup = count(value()), its_set = true;
+    } else if (a == "--iterations") o.iterations = count(value());
+    else if (a == "--warmup") o.warmup = count(value());
     else if (a == "--bandwidth") o.bandwidth = number(value());
     else if (a == "--latency") {
       const auto x = bench::parse_number_list(a, value());
       if (x.size() != 1 || x[0] < 0) throw config_error("--latency takes one number >= 0 (seconds)");
       o.latency = x[0];
     } else if (a == "--loss-tolerance") o.loss_tolerance = number(value());
-    else if (a == "--quick") o.quick = true;
+    else if (a == "--quick") continue;  // applied above
     else if (a == "--json") o.json = value();
     else if (a == "--plot") o.plot = value();
     else if (a == "--help" || a == "-h") {
@@ -126,12 +136,6 @@ options parse(int argc, char** argv) {
     } else
       throw config_error("unknown option '" + a + "' (bench_rtp --help)");
   }
-  if (o.quick && !shape_set) {  // the CTest smoke run: every mode and check, small
-    o.config = {.vocab = 256, .context = 16, .layers = 2, .heads = 12, .width = 48};
-    o.batch = 1;
-    o.seq = 16;
-  }
-  if (o.quick && !its_set) o.iterations = 2;
   gpt::validate(o.config);
   // The corpus is bytes: every id 0..255 occurs, so a smaller vocabulary could not embed it.
   if (o.config.vocab < 256) throw config_error("--vocab must be >= 256 (the embedded corpus is byte-level)");
