@@ -388,6 +388,22 @@ class rtp_gpt {
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return store_->step_count(); }
   void restore_step_count(std::int64_t n) { store_->restore_step_count(n); }
 
+  /** @brief Wall seconds this rank waited for ring shifts (`rtp::rotation_stats::wait_s`), summed
+   *  over the embedding's and every block's rotations since construction or `reset_ring_stats()`. */
+  [[nodiscard]] double ring_wait_s() const noexcept {
+    double s = wte_->stats().wait_s;
+    for (const auto& b : blocks_) s += b->attention().stats().wait_s + b->mlp().stats().wait_s;
+    return s;
+  }
+  /** @brief Zeroes every rotation's stats. */
+  void reset_ring_stats() noexcept {
+    wte_->reset_stats();
+    for (auto& b : blocks_) {
+      b->attention().reset_stats();
+      b->mlp().reset_stats();
+    }
+  }
+
  private:
   /** A replica in host memory: the weights (the block's or the model's), the gradient
    *  accumulated over backward passes, the Adam moments. */

@@ -525,6 +525,49 @@ TEST_CASE("rotation: bytes per pass are (N-1) shards forward and (N-1)(shard + g
   }
 }
 
+TEST_CASE("rotation stats: shifts and bytes per pass match comm_stats; wait time is >= 0, and 0 with one rank") {
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    struct seen {
+      rtp::rotation_stats fwd, bwd, reset, again;
+      std::uint64_t comm_sent = 0;
+    };
+    std::vector<seen> got(static_cast<std::size_t>(n));
+    run_ranks(n, [&](in_process_communicator& comm) {
+      seen& me = got[static_cast<std::size_t>(comm.rank())];
+      rotation<in_process_communicator> rot(comm, elems);
+      const comm_stats s0 = comm.stats();
+      rot.forward([](int, std::span<const float>) {});
+      me.fwd = rot.stats();
+      rot.backward([](int, std::span<const float>, std::span<float>) {});
+      me.bwd = rot.stats();  // cumulative: forward + backward
+      me.comm_sent = comm.stats().bytes_sent - s0.bytes_sent;
+      rot.reset_stats();
+      me.reset = rot.stats();
+      rot.forward([](int, std::span<const float>) {});
+      me.again = rot.stats();
+    });
+    const std::uint64_t shard = elems * sizeof(float), hops = static_cast<std::uint64_t>(n - 1);
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const seen& me = got[static_cast<std::size_t>(r)];
+      CHECK(me.fwd.shifts == hops);
+      CHECK(me.fwd.bytes_sent == hops * shard);
+      CHECK(me.bwd.shifts == 3 * hops);  // backward adds 2(N - 1)
+      CHECK(me.bwd.bytes_sent == 3 * hops * shard);
+      CHECK(me.bwd.bytes_sent == me.comm_sent);
+      CHECK(me.fwd.wait_s >= 0.0);
+      CHECK(me.bwd.wait_s >= me.fwd.wait_s);
+      if (n == 1) CHECK(me.bwd.wait_s == 0.0);
+      CHECK(me.reset.shifts == 0);
+      CHECK(me.reset.bytes_sent == 0);
+      CHECK(me.reset.wait_s == 0.0);
+      CHECK(me.again.shifts == hops);
+      CHECK(me.again.bytes_sent == hops * shard);
+    }
+  }
+}
+
 TEST_CASE("reduce_replicated_grads: every rank ends with the rank-order sum, bit for bit") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
@@ -654,6 +697,9 @@ TEST_CASE("rotation faults: a communicator failing at any shift, at the call or 
       ring.fail_in_wait = in_wait;
       CHECK_THROWS_AS(run_passes(rot), communication_error);
       CHECK(ring.outstanding == 0);
+      // The stats count the shifts that were issued: all but a call that threw.
+      CHECK(rot.stats().shifts == static_cast<std::uint64_t>(in_wait ? ring.shifts : ring.shifts - 1));
+      CHECK(rot.stats().bytes_sent == rot.stats().shifts * rot.shard_bytes());
       CHECK(same_bits(rot.owned(), w0));
       CHECK(same_bits(rot.owned_grad(), g0));
       ring.fail_at = -1;

@@ -28,8 +28,10 @@
 #include <chunkstar/rtp/transit_buffers.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -47,6 +49,14 @@ struct external_shard_t {
 };
 /** @copydoc external_shard_t */
 inline constexpr external_shard_t external_shard{};
+
+/** @brief What one rotation's passes communicated and waited for, since construction or the last
+ *  `reset_stats()` (see "Stats" in `rotation`). */
+struct rotation_stats {
+  std::uint64_t shifts = 0;      ///< ring shifts issued (forward N - 1, backward 2(N - 1) per pass)
+  std::uint64_t bytes_sent = 0;  ///< bytes those shifts sent (= received): shifts x shard_bytes()
+  double wait_s = 0;             ///< wall seconds spent in the waits for shifts
+};
 
 /** @brief The RTP schedule of one layer over communicator @p Comm, shards of `T` (float by default).
  *
@@ -82,6 +92,13 @@ inline constexpr external_shard_t external_shard{};
  *  pass that failed on one rank left the ranks' collective sequences apart, which the in-process
  *  and MPI communicators report to the peers as `communication_error`). The destructor never
  *  throws and has nothing to wait for: no shift outlives the pass that started it.
+ *
+ *  **Stats.** `stats()` counts the shifts this object issued, the bytes they sent, and the wall
+ *  time spent waiting for shifts to complete (steady_clock around each wait: forward's per-step
+ *  waits, backward's exposed first fetch and its per-step waits), i.e. the communication the
+ *  kernels did not hide. Two clock reads per step; with one rank nothing is issued and nothing is
+ *  timed (all zero). After a throw they include what was issued and waited for before it; the
+ *  quiet waits of an unwinding pass are not timed. `reset_stats()` zeroes them.
  *
  *  Not thread-safe; a kernel must not start a pass on the same object (`state_error`). A kernel
  *  may issue collectives of its own if every rank issues the same ones at the same step (they
@@ -147,6 +164,11 @@ class rotation {
    *  them (the model that shares them counts them once). */
   [[nodiscard]] std::size_t transient_bytes() const noexcept { return pool_->bytes(); }
 
+  /** @brief Shifts, bytes and wait time of this object's passes (see the class comment). */
+  [[nodiscard]] rotation_stats stats() const noexcept { return stats_; }
+  /** @brief Zeroes `stats()`. */
+  void reset_stats() noexcept { stats_ = {}; }
+
   /** @brief The owned shard (shard `rank()`): fill it before the first pass, step it after a
    *  backward. Stable address for the object's lifetime. */
   [[nodiscard]] std::span<T> owned() noexcept { return home_w_; }
@@ -207,14 +229,16 @@ class rotation {
   template <class Own, class F>
   void forward_impl(Own&& own_shard, F& f) {
     const pass_guard guard(busy_, "forward");
-    const std::size_t bytes = shard_bytes();
     const T* resident = own_shard(world_ > 1 ? pool_->weights(1) : pool_->scratch());
     for (int s = 0; s < world_; ++s) {
       T* incoming = pool_->weights(static_cast<std::size_t>(s % 2));  // never `resident`: home, then alternating
       comm_handle next;  // waited for quietly if the kernel throws
-      if (s + 1 < world_) next = comm_.ring_shift_async(resident, incoming, bytes);
+      if (s + 1 < world_) next = shift(resident, incoming);
       std::invoke(f, forward_shard(rank_, world_, s), std::span<const T>(resident, elems_));
-      next.wait();
+      if (s + 1 < world_) {
+        const wait_timer timer(stats_.wait_s);
+        next.wait();
+      }
       resident = incoming;
     }
   }
@@ -232,13 +256,13 @@ class rotation {
       finish(scratch);  // only after the kernel succeeded
       return;
     }
-    const std::size_t bytes = shard_bytes();
     T* const w[2] = {pool_->weights(0), pool_->weights(1)};
     T* const gb[2] = {pool_->grads(0), pool_->grads(1)};
     T* const scratch = pool_->scratch();
     {  // shard rank-1, for step 0: nothing computes yet, so only the zero fill overlaps it
-      comm_handle first = comm_.ring_shift_async(own_shard(w[1]), w[0], bytes);
+      comm_handle first = shift(own_shard(w[1]), w[0]);
       std::fill(gb[0], gb[0] + elems_, T{});
+      const wait_timer timer(stats_.wait_s);
       first.wait();
     }
     comm_handle partial;  // the partial sum arriving for the current step (started after the previous kernel)
@@ -249,14 +273,17 @@ class rotation {
       // step t - 2, and step t - 1 started no shift).
       const T* weights = last ? own_shard(w[cur]) : w[cur];
       comm_handle next_weights;
-      if (t + 2 < world_) next_weights = comm_.ring_shift_async(w[cur], w[other], bytes);
+      if (t + 2 < world_) next_weights = shift(w[cur], w[other]);
       // Step 0's contribution is the sum's first term: the kernel adds straight into the buffer
       // that is sent on. Later steps add into the scratch while the partial sum is still arriving.
       T* acc = t == 0 ? gb[0] : scratch;
       if (t > 0) std::fill(scratch, scratch + elems_, T{});
       std::invoke(g, backward_shard(rank_, world_, t), std::span<const T>(weights, elems_), std::span<T>(acc, elems_));
-      next_weights.wait();
-      partial.wait();  // gb[cur] now holds the earlier ranks' sum for this shard
+      {
+        const wait_timer timer(stats_.wait_s);
+        next_weights.wait();
+        partial.wait();  // gb[cur] now holds the earlier ranks' sum for this shard
+      }
       if (last) {
         // Handed over here only, after the last call that can throw: a failed pass leaves the
         // owned gradient (or the caller's) as it was.
@@ -266,7 +293,7 @@ class rotation {
       }
       if (t > 0)
         for (std::size_t i = 0; i < elems_; ++i) gb[cur][i] += scratch[i];
-      partial = comm_.ring_shift_async(gb[cur], gb[other], bytes);
+      partial = shift(gb[cur], gb[other]);
     }
   }
 
@@ -287,6 +314,28 @@ class rotation {
 
    private:
     bool& busy_;
+  };
+
+  /** @brief Starts a ring shift of one shard and counts it (only once issued: a call that throws
+   *  sent nothing). */
+  comm_handle shift(const T* send, T* recv) {
+    comm_handle h = comm_.ring_shift_async(send, recv, shard_bytes());
+    ++stats_.shifts;
+    stats_.bytes_sent += shard_bytes();
+    return h;
+  }
+
+  /** @brief Adds the wall time of its scope to a counter, also when a wait in it throws. */
+  class wait_timer {
+   public:
+    explicit wait_timer(double& total) noexcept : total_(total), start_(std::chrono::steady_clock::now()) {}
+    wait_timer(const wait_timer&) = delete;
+    wait_timer& operator=(const wait_timer&) = delete;
+    ~wait_timer() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+   private:
+    double& total_;
+    std::chrono::steady_clock::time_point start_;
   };
 
   template <class L>
@@ -316,6 +365,7 @@ class rotation {
   std::unique_ptr<transit_buffers<T>> own_;  // null when the transit buffers are shared
   transit_buffers<T>* pool_;
   bool busy_ = false;
+  rotation_stats stats_;
 };
 
 }  // namespace chunkstar::rtp
