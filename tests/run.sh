@@ -7,6 +7,8 @@
 #          ctest on every label but `slow` (all labels with --with-slow; only `unit` with --quick).
 #   asan   ASan+UBSan, no CUDA tests, examples or benchmarks; ctest label `unit` (and `slow` with
 #          --with-slow). Skipped by --quick.
+#   asan-gpt  ASan+UBSan on the GPT example's RTP tests (model, chunk offload, checkpoints, MPI at
+#          2 ranks). Skipped by --quick.
 #   tsan   ThreadSanitizer on the threaded suites (copy engines, spaces, rank groups, runtime, ZeRO, RTP).
 #          Skipped by --quick.
 # Every stage runs even when an earlier one failed; the exit code is non-zero if any failed.
@@ -91,6 +93,15 @@ if ((!quick)); then
     "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
     -DCHUNKSTAR_BUILD_CUDA_TESTS=OFF -DCHUNKSTAR_BUILD_BENCHMARKS=OFF -DCHUNKSTAR_BUILD_EXAMPLES=OFF \
     -DCHUNKSTAR_VERIFY_HEADERS=OFF
+  # The GPT example's RTP model under the same sanitizers: the test targets only (a full examples
+  # build under ASan would double the stage).
+  gpt_asan_tests=(gpt_rtp_model gpt_rtp_chunked gpt_rtp_checkpoint)
+  stage_targets="${gpt_asan_tests[*]/#/test_} test_mpi_rtp_gpt"
+  stage asan-gpt "$build_root/tests-asan-gpt" -R "^($(IFS='|'; echo "${gpt_asan_tests[*]}")|mpi_rtp_gpt_np2)\$" -- \
+    -DCMAKE_BUILD_TYPE=Debug \
+    "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+    -DCHUNKSTAR_BUILD_CUDA_TESTS=OFF -DCHUNKSTAR_BUILD_BENCHMARKS=OFF -DCHUNKSTAR_VERIFY_HEADERS=OFF
+  stage_targets=
 fi
 
 if ((!quick)); then

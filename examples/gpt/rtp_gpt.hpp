@@ -252,12 +252,22 @@ class rtp_gpt {
   void store_grads(const gpt_params<float>& full) const { store_list(full, chunkstar::chunk_kind::grad); }
 
   /** @brief Forward of this rank's micro-batch: returns its mean cross-entropy, keeps the
-   *  activations for `backward`. Collective. */
-  double forward(const int* tokens, const int* targets) { return run_forward(B_, Tn_, tokens, targets, nullptr); }
+   *  activations (and a copy of @p tokens and @p targets) for `backward`. Collective. */
+  double forward(const int* tokens, const int* targets) {
+    pending_ = false;
+    const double l = run_forward(B_, Tn_, tokens, targets, nullptr);
+    const std::size_t N = B_ * Tn_;
+    tokens_.assign(tokens, tokens + N);
+    targets_.assign(targets, targets + N);
+    pending_ = true;
+    return l;
+  }
 
   /** @brief Forward only, for evaluation (not part of the training iteration: untraced): the mean
-   *  loss; every rank keeps holding its own shards. Collective. */
+   *  loss; every rank keeps holding its own shards. It reuses the activations, so between a
+   *  `forward` and its `backward` it is a `state_error` (evaluate after the step). Collective. */
   double loss(const int* tokens, const int* targets) {
+    require_no_pending("loss");
     auto guard = store_->untraced();
     return run_forward(B_, Tn_, tokens, targets, nullptr);
   }
@@ -269,6 +279,7 @@ class rtp_gpt {
   std::vector<float> next_token_probs(std::span<const int> context) {
     const std::size_t n = std::min(context.size(), Tn_);
     if (n == 0) throw chunkstar::config_error("rtp_gpt::next_token_probs: the context is empty; pass at least one token");
+    require_no_pending("next_token_probs");
     std::vector<int> tokens(context.end() - static_cast<std::ptrdiff_t>(n), context.end()), targets(n, 0);
     std::vector<float> logits(static_cast<std::size_t>(c_.vocab));
     {
@@ -283,10 +294,17 @@ class rtp_gpt {
     return logits;
   }
 
-  /** @brief Backward of the last `forward`: adds the gradient of the sum over ranks of
-   *  `loss_scale` x their mean losses to the accumulated gradients. Collective. */
+  /** @brief Backward of the last `forward`, which must have been given the same @p tokens and
+   *  @p targets (`state_error` without a forward to go back through, `config_error` for other
+   *  tokens): adds the gradient of the sum over ranks of `loss_scale` x their mean losses to the
+   *  accumulated gradients. Collective. */
   void backward(const int* tokens, const int* targets, float loss_scale = 1.0f) {
     const std::size_t B = B_, Tn = Tn_, N = B * Tn, C = static_cast<std::size_t>(c_.width);
+    if (!std::exchange(pending_, false))
+      throw chunkstar::state_error("rtp_gpt::backward: no forward to go back through (call forward first; an evaluation or a "
+                                   "failed pass in between leaves none)");
+    if (!std::equal(tokens, tokens + N, tokens_.begin()) || !std::equal(targets, targets + N, targets_.begin()))
+      throw chunkstar::config_error("rtp_gpt::backward: the tokens or targets differ from the forward's; pass the same micro-batch");
     const auto a = bind(B, Tn);
     const auto w = bind_backward_workspace<float>(c_, B, Tn, work_);
     std::fill(top_pass_.begin(), top_pass_.end(), 0.0f);
@@ -476,6 +494,13 @@ class rtp_gpt {
     a.proj = detail::take(p, N * C);
     a.logits = detail::take(p, N * vs_);
     return a;
+  }
+
+  void require_no_pending(const char* what) const {
+    if (pending_)
+      throw chunkstar::state_error(std::string("rtp_gpt::") + what +
+                                   ": a forward is waiting for its backward, and this pass would overwrite its activations; "
+                                   "run backward (and the step) first");
   }
 
   [[nodiscard]] std::size_t lnf_offset() const noexcept { return static_cast<std::size_t>(c_.context) * static_cast<std::size_t>(c_.width); }
@@ -706,6 +731,8 @@ class rtp_gpt {
   std::size_t act_elems_ = 0, work_elems_ = 0;
   float* acts_ = nullptr;
   float* work_ = nullptr;
+  bool pending_ = false;                 // a forward's activations wait for its backward
+  std::vector<int> tokens_, targets_;    // that forward's micro-batch
 };
 
 }  // namespace gpt

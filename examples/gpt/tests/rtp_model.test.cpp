@@ -14,6 +14,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <mutex>
 #include <string>
@@ -129,4 +130,21 @@ TEST_CASE("rtp gpt: one rank over the single-process communicator gives the one-
   chunkstar::single_process_communicator comm;
   const rank_record solo = train_rank(comm, 2);
   CHECK(same_bits({solo}, run_rtp(1, 2)));
+}
+
+TEST_CASE("rtp gpt: backward needs its forward and the same micro-batch; an evaluation in between is refused, not silently wrong") {
+  chunkstar::single_process_communicator comm;
+  gpt::rtp_gpt<chunkstar::single_process_communicator> m(comm, config, B, Tn);
+  m.init(seed);
+  const micro_batch mb = make_batch(false, 0, 0), other = make_batch(false, 1, 0);
+  CHECK_THROWS_WITH_AS(m.backward(mb.tokens.data(), mb.targets.data()), doctest::Contains("call forward first"), chunkstar::state_error);
+  m.forward(mb.tokens.data(), mb.targets.data());
+  CHECK_THROWS_WITH_AS(m.loss(mb.tokens.data(), mb.targets.data()), doctest::Contains("run backward"), chunkstar::state_error);
+  CHECK_THROWS_WITH_AS(m.next_token_probs(mb.tokens), doctest::Contains("run backward"), chunkstar::state_error);
+  CHECK_THROWS_WITH_AS(m.backward(other.tokens.data(), mb.targets.data()), doctest::Contains("same micro-batch"), chunkstar::config_error);
+  // The refused backward used up the forward: a new one is needed.
+  CHECK_THROWS_AS(m.backward(mb.tokens.data(), mb.targets.data()), chunkstar::state_error);
+  m.forward(mb.tokens.data(), mb.targets.data());
+  m.backward(mb.tokens.data(), mb.targets.data());
+  CHECK(std::isfinite(m.loss(mb.tokens.data(), mb.targets.data())));
 }
