@@ -33,6 +33,7 @@
 #include "rtp_block.hpp"
 
 #include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/comm/rank_agreement.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/optim/adam.hpp>
 #include <chunkstar/optim/clip.hpp>
@@ -108,8 +109,9 @@ class rtp_gpt {
   using rotation_type = chunkstar::rtp::rotation<Comm>;
 
   /** @brief Partitions @p c over `comm.size()` ranks for micro-batches of @p B sequences of @p Tn
-   *  tokens (`config_error` naming the dimension and the valid world sizes if the ranks do not
-   *  divide the heads), registers this rank's shards in its own @p Store (default-constructed),
+   *  tokens (`config_error` on every rank, naming the field, if the ranks were given different
+   *  shapes; naming the dimension and the valid world sizes if the ranks do not divide the heads),
+   *  registers this rank's shards in its own @p Store (default-constructed),
    *  and allocates the transit buffers, activations and replicas. */
   rtp_gpt(Comm& comm, const gpt_config& c, std::size_t B, std::size_t Tn)
     requires std::default_initializable<Store>
@@ -445,6 +447,12 @@ class rtp_gpt {
         specs_(param_specs(c)),
         top_(static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width), 0.0f),
         top_pass_(top_.size(), 0.0f) {
+    // Before anything that could fail on some ranks only: every rank must build the same model.
+    const std::vector<chunkstar::config_field> shape{
+        {"vocab", std::to_string(c.vocab)}, {"context", std::to_string(c.context)}, {"layers", std::to_string(c.layers)},
+        {"heads", std::to_string(c.heads)}, {"width", std::to_string(c.width)},  {"batch", std::to_string(B)},
+        {"seq", std::to_string(Tn)}};
+    chunkstar::require_agreement(comm, shape, "rtp_gpt");
     parts_ = describe(c, world_, rank_);
     for (std::size_t k = 0; k < parts_.size(); ++k)
       if (!parts_[k].replicated) store_->add_shard(parts_[k].elems, segments_of(parts_[k], specs_, rank_));

@@ -43,6 +43,24 @@ TEST_CASE("rtp gpt: a world size that does not divide the heads is a config_erro
   }
 }
 
+TEST_CASE("rtp gpt: ranks given different shapes all get a config_error naming the field, before any other collective") {
+  chunkstar::in_process_group group(2);
+  std::vector<std::string> errors(2);
+  group.run([&](in_process_communicator& comm) {
+    gpt::gpt_config mine = config;
+    if (comm.rank() == 1) mine.width = 24;  // 12 heads of 2: valid on its own
+    try {
+      gpt::rtp_gpt<in_process_communicator> m(comm, mine, B, Tn);
+    } catch (const chunkstar::config_error& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    CHECK(e.find("width") != std::string::npos);
+    CHECK(e.find("rtp_gpt") != std::string::npos);
+  }
+}
+
 TEST_CASE("rtp gpt: the padded vocabulary, shard sizes and the partition of every tensor") {
   CHECK(gpt::rtp_padded_vocab(50, 1) == 50);
   CHECK(gpt::rtp_padded_vocab(50, 3) == 51);
