@@ -297,7 +297,8 @@ class rtp_block {
    *  its heads' output [rows, Cs] at `a.atty + j rows Cs`, their probabilities [B, H/N, Tn, Tn] at
    *  `a.att + j B (H/N) Tn Tn`, and MLP shard j's fc output and GELU [rows, M] at
    *  `a.fch + j rows M` and `a.fch_gelu + j rows M`. The others (LayerNorms, res2, res3) are the
-   *  serial layout. */
+   *  serial layout. With @p io (a block built with `external_shard`), the shards are loaded
+   *  through it at each pass. */
   void forward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a, float* proj,
                rtp_block_io* io = nullptr) {
     compute_activation_sizes(config_, B, Tn);  // validates the shape
@@ -338,7 +339,9 @@ class rtp_block {
    *  over the shards of their contributions, as the serial block's). Replaces the shards' and the
    *  replicas' gradients with their sums over the ranks. Uses of the workspace: dres, dln, and the
    *  first rows*Cs, rows*3Cs, rows*M, rows*M and B (H/N) Tn elements of datty, dqkv, dfch_gelu,
-   *  dfch and att_scratch. */
+   *  dfch and att_scratch. With @p io (a block built with `external_shard`), the shards are loaded
+   *  through it and their gradient sums handed to it; otherwise they replace the rotations'
+   *  `owned_grad()`. */
   void backward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a,
                 const backward_workspace<float>& w, rtp_block_io* io = nullptr) {
     compute_activation_sizes(config_, B, Tn);

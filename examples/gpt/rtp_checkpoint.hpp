@@ -26,8 +26,10 @@
 #include <chunkstar/runtime/shard_map.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace gpt {

@@ -21,9 +21,11 @@
  *  - head backward: each shard's logits are recomputed from the final LayerNorm's output and the
  *    shard, their gradient (softmax minus one-hot) gives this rank's share of the shard's gradient
  *    and adds into the LayerNorm's input gradient;
- *  - embedding backward: the gradient travels again and the owner adds the head's sum (which
- *    `owned_grad()` holds until the pass ends) to the embedding's.
- *  docs/rtp.md has the memory and bytes per rank and why vocabulary rows.
+ *  - embedding backward: each token's gradient row goes to the shard that holds its id.
+ *  Each backward pass adds its sum over the ranks into the owner's accumulated gradient, so the
+ *  tied weight's gradient is the head's plus the embedding's, as in the serial model.
+ *  docs/rtp.md ("The whole model") has the stages, the memory and bytes per rank and why
+ *  vocabulary rows.
  */
 #pragma once
 
@@ -54,6 +56,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -191,14 +194,14 @@ class rtp_gpt {
    *  (outside a pass). */
   void read(std::size_t k, chunkstar::chunk_kind kind, std::span<float> out) const {
     if (!parts_.at(k).replicated) return store_->read(k, kind, out);
-    const auto l = const_cast<rtp_gpt&>(*this).replica_list(k, kind);  // read only
+    const auto l = list_of(replica_at(k), kind);
     std::copy(l.begin(), l.end(), out.begin());
   }
   /** @brief Sets list @p kind of part @p k from @p in (outside a pass). Replicas must be written
    *  alike on every rank. */
   void write(std::size_t k, chunkstar::chunk_kind kind, std::span<const float> in) {
     if (!parts_.at(k).replicated) return store_->write(k, kind, in);
-    const auto l = replica_list(k, kind);
+    const auto l = list_of(replica_at(k), kind);
     std::copy(in.begin(), in.end(), l.begin());
   }
   /** @brief Clears the accumulated gradients (`step` does it too). */
@@ -689,13 +692,18 @@ class rtp_gpt {
     auto& g = replicas_[i].g;
     for (std::size_t e = 0; e < g.size(); ++e) g[e] += pass[e];
   }
-  std::span<float> replica_list(std::size_t k, chunkstar::chunk_kind kind) {
-    auto& r = replicas_[k - (1 + 2 * static_cast<std::size_t>(c_.layers))];
+  /** The replica that is part @p k (the parts after the shards). */
+  replica& replica_at(std::size_t k) { return replicas_.at(k - (1 + 2 * static_cast<std::size_t>(c_.layers))); }
+  const replica& replica_at(std::size_t k) const { return replicas_.at(k - (1 + 2 * static_cast<std::size_t>(c_.layers))); }
+  /** List @p kind of replica @p r (const or not). */
+  template <class R>
+  static auto list_of(R& r, chunkstar::chunk_kind kind) {
+    using span = std::conditional_t<std::is_const_v<R>, std::span<const float>, std::span<float>>;
     switch (kind) {
-      case chunkstar::chunk_kind::param: return r.w;
-      case chunkstar::chunk_kind::grad: return r.g;
-      case chunkstar::chunk_kind::momentum: return r.m;
-      case chunkstar::chunk_kind::variance: return r.v;
+      case chunkstar::chunk_kind::param: return span(r.w);
+      case chunkstar::chunk_kind::grad: return span(r.g);
+      case chunkstar::chunk_kind::momentum: return span(r.m);
+      case chunkstar::chunk_kind::variance: return span(r.v);
       default: throw chunkstar::config_error("rtp_gpt: no fp32 master list (the weights are fp32)");
     }
   }
