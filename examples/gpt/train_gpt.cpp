@@ -164,6 +164,33 @@ run_plan prepare(const train_options& o, int ranks) {
   return p;
 }
 
+/** Prints --sample bytes drawn from @p next_token_probs (a model's), after "The ". */
+template <class Probs>
+void print_sample(const train_options& o, Probs&& next_token_probs) {
+  std::mt19937_64 rng(o.seed);
+  std::vector<int> text{'T', 'h', 'e', ' '};
+  for (std::int64_t i = 0; i < o.sample; ++i) {
+    const auto probs = next_token_probs(std::span<const int>(text));
+    std::discrete_distribution<int> pick(probs.begin(), probs.end());
+    text.push_back(pick(rng));
+  }
+  std::string out;
+  for (int t : text) out += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
+  std::printf("\nsample:\n%s\n", out.c_str());
+}
+
+/** Writes @p rt's timeline to --trace, if asked (an output_error if it cannot). */
+template <class Runtime>
+void write_trace(const train_options& o, Runtime& rt) {
+  if (o.trace.empty()) return;
+  try {
+    rt.timeline_recorder().write_chrome_trace(o.trace);
+  } catch (const chunkstar::error& e) {
+    throw output_error(e.what());
+  }
+  std::printf("timeline written to %s (open it in https://ui.perfetto.dev)\n", o.trace.c_str());
+}
+
 // ------------------------------------------------------------------------------------------------
 // The training run, for one runtime assembly and one loss scaler.
 template <class Runtime, class Scaler>
@@ -382,25 +409,9 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   }
   if (o.sample > 0) {
     auto gen = rt.untraced();
-    std::mt19937_64 rng(o.seed);
-    std::vector<int> text{'T', 'h', 'e', ' '};
-    for (std::int64_t i = 0; i < o.sample; ++i) {
-      const auto probs = model.next_token_probs(text);
-      std::discrete_distribution<int> pick(probs.begin(), probs.end());
-      text.push_back(pick(rng));
-    }
-    std::string out;
-    for (int t : text) out += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
-    std::printf("\nsample:\n%s\n", out.c_str());
+    print_sample(o, [&](std::span<const int> text) { return model.next_token_probs(text); });
   }
-  if (!o.trace.empty() && comm.rank() == 0) {
-    try {
-      rt.timeline_recorder().write_chrome_trace(o.trace);
-    } catch (const chunkstar::error& e) {
-      throw output_error(e.what());
-    }
-    std::printf("timeline written to %s (open it in https://ui.perfetto.dev)\n", o.trace.c_str());
-  }
+  if (comm.rank() == 0) write_trace(o, rt);
   return gpt::exit_ok;
 }
 
@@ -570,26 +581,9 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
               format_bytes(static_cast<std::size_t>(peaks[1])).c_str(), format_bytes(model.largest_shard_bytes()).c_str(),
               format_bytes(static_cast<std::size_t>(peaks[2])).c_str(), format_bytes(step_bytes).c_str(),
               format_bytes(model.iteration_bytes_theory()).c_str());
-  if (o.sample > 0) {
-    std::mt19937_64 rng(o.seed);
-    std::vector<int> text{'T', 'h', 'e', ' '};
-    for (std::int64_t i = 0; i < o.sample; ++i) {
-      const auto probs = model.next_token_probs(text);  // rank 0's on every rank: every rank picks the same
-      std::discrete_distribution<int> pick(probs.begin(), probs.end());
-      text.push_back(pick(rng));
-    }
-    std::string out;
-    for (int t : text) out += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
-    std::printf("\nsample:\n%s\n", out.c_str());
-  }
-  if (!o.trace.empty() && comm.rank() == 0) {
-    try {
-      rt.timeline_recorder().write_chrome_trace(o.trace);
-    } catch (const chunkstar::error& e) {
-      throw output_error(e.what());
-    }
-    std::printf("timeline written to %s (open it in https://ui.perfetto.dev)\n", o.trace.c_str());
-  }
+  // rank 0's probabilities on every rank: every rank picks the same
+  if (o.sample > 0) print_sample(o, [&](std::span<const int> text) { return model.next_token_probs(text); });
+  if (comm.rank() == 0) write_trace(o, rt);
   return gpt::exit_ok;
 }
 
