@@ -7,10 +7,15 @@
  *  parameters into fp32 staging buffers on the compute tier and, in backward, adds the fp32
  *  gradients into the 16-bit gradient chunks; the fp32 master copy lives in the runtime's master
  *  chunks and is what the optimizer updates.
+ *
+ *  The layers run on a kernel backend (gpt_backend.hpp): the CPU kernels by default, the CUDA
+ *  kernels on a CUDA runtime. Every scope is closed with the backend's stream, so the runtime
+ *  orders later moves of its chunks after the kernels that used them, and compute-tier buffers are
+ *  freed only once the kernels are done with them (`quiesce`).
  */
 #pragma once
 
-#include "gpt_model.hpp"
+#include "gpt_backend.hpp"
 
 #include <chunkstar/runtime/chunk_runtime.hpp>
 #include <chunkstar/runtime/gather_plan.hpp>
@@ -20,6 +25,8 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace gpt {
@@ -64,13 +71,35 @@ inline chunkstar::sharding_trace scope_trace(const gpt_config& c, const chunksta
   return t;
 }
 
-template <class Runtime>
+/** @brief Compute-tier bytes one micro-batch needs beside the model data, at most: activations,
+ *  the backward's workspace, the backend's scratch, tokens and targets, and for 16-bit models the
+ *  fp32 staging of the largest scope (parameters and gradients). */
+template <GptBackend Backend = cpu_backend>
+inline std::size_t non_model_bytes(const gpt_config& c, batch_shape shape, chunkstar::dtype param_type) {
+  const auto s = compute_activation_sizes(c, shape.batch, shape.seq);
+  std::size_t largest_stage = 0;
+  for (const auto& l : param_layers(c)) {
+    std::size_t n = 0;
+    for (const auto& t : l.tensors) n += t.numel();
+    largest_stage = std::max(largest_stage, n);
+  }
+  const std::size_t staging =
+      param_type == chunkstar::dtype::f32 ? 0 : 2 * (largest_stage + static_cast<std::size_t>(c.vocab) * c.width);
+  return (s.forward_total() + s.workspace + staging + Backend::scratch_elems(c, shape.batch, shape.seq)) * sizeof(float) +
+         (Backend::host_memory ? 0 : 2 * shape.batch * shape.seq * sizeof(int));
+}
+
+template <class Runtime, GptBackend Backend = cpu_backend>
 class chunked_gpt {
+  static_assert(std::is_same_v<typename Backend::stream_type, typename Runtime::stream_type>,
+                "the backend's kernels run on a stream of the runtime's platform (cpu_backend on host platforms, "
+                "cuda_backend on cuda_platform)");
+
  public:
   /** @brief Registers every parameter of @p c (in execution order) with @p rt, initialised from
    *  @p seed; call `rt.finalize()` afterwards (or use finalize()). */
-  chunked_gpt(Runtime& rt, const gpt_config& c, batch_shape shape, std::uint64_t seed)
-      : rt_(rt), c_(c), shape_(shape), sizes_(compute_activation_sizes(c, shape.batch, shape.seq)) {
+  chunked_gpt(Runtime& rt, const gpt_config& c, batch_shape shape, std::uint64_t seed, Backend backend = {})
+      : rt_(rt), be_(std::move(backend)), c_(c), shape_(shape), sizes_(compute_activation_sizes(c, shape.batch, shape.seq)) {
     const auto type = rt.options().param_type;
     std::size_t index = 0;
     for (auto& layer : param_layers(c, type)) {
@@ -90,6 +119,8 @@ class chunked_gpt {
   [[nodiscard]] const gpt_config& config() const noexcept { return c_; }
   [[nodiscard]] batch_shape shape() const noexcept { return shape_; }
   [[nodiscard]] std::size_t tokens_per_batch() const noexcept { return shape_.batch * shape_.seq; }
+  [[nodiscard]] Backend& backend() noexcept { return be_; }
+
 
   /** @brief Forward and backward of one micro-batch; gradients (of loss × @p loss_scale) are added
    *  into the runtime's gradient chunks. Returns the mean loss. */
@@ -99,32 +130,39 @@ class chunked_gpt {
     detail::check_tokens(c_, targets, B * T, "targets");
     forward_pass fp(*this);
     const double loss = fp.run(tokens, targets);
+    tokens = fp.tokens;  // from here on the compute tier's copies
+    targets = fp.targets;
 
-    buffer<float> ws_mem(rt_, sizes_.workspace);
+    buffer<float> ws_mem(*this, sizes_.workspace);
     const auto w = bind_backward_workspace<float>(c_, B, T, ws_mem.data());
     {
       auto s = rt_.backward("final", final_ids());
       layer_views v(*this, s, final_ids(), true);
-      head_backward<float>(c_, B, T, v.p[2], v.p[0], fp.block_output(c_.layers), fp.head, targets, v.g[2], v.g[0],
-                           v.g[1], w, loss_scale);
+      be_.head_backward(c_, B, T, v.p[2], v.p[0], fp.block_output(c_.layers), fp.head, targets, v.g[2], v.g[0], v.g[1],
+                        w, loss_scale);
       v.flush_grads(s, final_ids());
+      s.close(be_.stream());
     }
     fp.head_mem.reset();
     for (int l = c_.layers - 1; l >= 0; --l) {
       const auto& ids = stages_[static_cast<std::size_t>(l) + 1].ids;
       auto s = rt_.backward(stages_[static_cast<std::size_t>(l) + 1].name, ids);
       layer_views v(*this, s, ids, true);
-      block_backward<float>(c_, B, T, block_of(v.p), block_of(v.g), fp.block_output(l), fp.blocks[static_cast<std::size_t>(l)], w);
+      be_.block_backward(c_, B, T, block_of(v.p), block_of(v.g), fp.block_output(l), fp.blocks[static_cast<std::size_t>(l)], w,
+                         fp.scratch());
       v.flush_grads(s, ids);
+      s.close(be_.stream());
       fp.block_mem[static_cast<std::size_t>(l)].reset();
     }
     {
       const auto& ids = stages_[0].ids;
       auto s = rt_.backward("embedding", ids);
       layer_views v(*this, s, ids, true);
-      embedding_backward<float>(c_, B, T, tokens, v.g[0], v.g[1], w);
+      be_.embedding_backward(c_, B, T, tokens, v.g[0], v.g[1], w);
       v.flush_grads(s, ids);
+      s.close(be_.stream());
     }
+    be_.quiesce();  // the gradients are complete when this returns (the optimizer reads them next)
     return loss;
   }
 
@@ -144,8 +182,9 @@ class chunked_gpt {
     std::copy(context.end() - static_cast<std::ptrdiff_t>(n), context.end(), tokens.begin());
     forward_pass fp(*this);
     fp.run(tokens.data(), targets.data());
-    const float* row = fp.head.probs + (n - 1) * static_cast<std::size_t>(c_.vocab);
-    return {row, row + c_.vocab};
+    std::vector<float> row(static_cast<std::size_t>(c_.vocab));
+    be_.from_compute(row.data(), fp.head.probs + (n - 1) * row.size(), row.size() * sizeof(float));
+    return row;
   }
 
  private:
@@ -154,29 +193,33 @@ class chunked_gpt {
     std::vector<chunkstar::param_id> ids;
   };
 
-  /** A float buffer on the compute tier, freed on destruction or reset(). */
+  /** A buffer on the compute tier, freed on destruction or reset() once the backend's kernels are
+   *  done with it. */
   template <class T>
   class buffer {
    public:
     buffer() = default;
-    buffer(Runtime& rt, std::size_t n) : rt_(&rt), bytes_(n * sizeof(T)), p_(static_cast<T*>(rt.allocate_non_model(bytes_))) {}
-    buffer(buffer&& o) noexcept : rt_(o.rt_), bytes_(o.bytes_), p_(std::exchange(o.p_, nullptr)) {}
+    buffer(chunked_gpt& m, std::size_t n)
+        : m_(&m), bytes_(n * sizeof(T)), p_(static_cast<T*>(m.rt_.allocate_non_model(bytes_))) {}
+    buffer(buffer&& o) noexcept : m_(o.m_), bytes_(o.bytes_), p_(std::exchange(o.p_, nullptr)) {}
     buffer& operator=(buffer&& o) noexcept {
       reset();
-      rt_ = o.rt_;
+      m_ = o.m_;
       bytes_ = o.bytes_;
       p_ = std::exchange(o.p_, nullptr);
       return *this;
     }
     ~buffer() { reset(); }
     void reset() noexcept {
-      if (p_) rt_->deallocate_non_model(p_, bytes_);
+      if (!p_) return;
+      m_->be_.quiesce();
+      m_->rt_.deallocate_non_model(p_, bytes_);
       p_ = nullptr;
     }
     [[nodiscard]] T* data() const noexcept { return p_; }
 
    private:
-    Runtime* rt_ = nullptr;
+    chunked_gpt* m_ = nullptr;
     std::size_t bytes_ = 0;
     T* p_ = nullptr;
   };
@@ -194,20 +237,12 @@ class chunked_gpt {
       }
     }
     /** Adds staged fp32 gradients into the 16-bit gradient chunks (no-op for fp32 models):
-     *  g16 = round(float(g16) + g32), in blocks through the library's vectorised conversions. */
+     *  g16 = round(float(g16) + g32). */
     void flush_grads(typename Runtime::scope& s, const std::vector<chunkstar::param_id>& ids) {
       const chunkstar::dtype type = m_.rt_.options().param_type;
       if (type == chunkstar::dtype::f32) return;
-      constexpr std::size_t block = 2048;
-      float sum[block];
       for (std::size_t i = 0; i < ids.size(); ++i) with_16bit(s, ids[i], true, [&](auto span) {
-          auto* bytes = reinterpret_cast<std::byte*>(span.data());
-          for (std::size_t off = 0; off < span.size(); off += block) {
-            const std::size_t len = std::min(block, span.size() - off);
-            chunkstar::widen_to_float(bytes + off * 2, type, {sum, len});
-            for (std::size_t k = 0; k < len; ++k) sum[k] += g[i][off + k];
-            chunkstar::narrow_from_float({sum, len}, type, bytes + off * 2);
-          }
+          m_.be_.add_into(reinterpret_cast<std::byte*>(span.data()), type, g[i], span.size());
         });
     }
 
@@ -223,11 +258,11 @@ class chunked_gpt {
       if (m_.rt_.options().param_type == chunkstar::dtype::f32)
         return (grad ? s.template grad<float>(id) : s.template param<float>(id)).data();
       const std::size_t n = m_.rt_.spec(id).numel();
-      staging_.emplace_back(m_.rt_, n);
+      staging_.emplace_back(m_, n);
       float* out = staging_.back().data();
-      if (grad) std::memset(out, 0, n * sizeof(float));
+      if (grad) m_.be_.zero(out, n);
       else with_16bit(s, id, false, [&](auto span) {
-          chunkstar::widen_to_float(reinterpret_cast<const std::byte*>(span.data()), m_.rt_.options().param_type, {out, n});
+          m_.be_.widen(reinterpret_cast<const std::byte*>(span.data()), m_.rt_.options().param_type, out, n);
         });
       return out;
     }
@@ -238,8 +273,12 @@ class chunked_gpt {
   /** The forward of one batch, keeping what backward needs. */
   struct forward_pass {
     chunked_gpt& m;
+    buffer<int> token_mem;  // tokens and targets on the compute tier, when it is not host memory
+    buffer<float> backend_mem;  // the backend's scratch, through the backward
     buffer<float> emb_mem, scratch_mem, head_mem;
     std::vector<buffer<float>> block_mem;
+    const int* tokens = nullptr;
+    const int* targets = nullptr;
     float* encoded = nullptr;
     std::vector<block_activations<float>> blocks;
     head_activations<float> head{};
@@ -247,34 +286,49 @@ class chunked_gpt {
     explicit forward_pass(chunked_gpt& model) : m(model) {}
 
     const float* block_output(int l) const { return l == 0 ? encoded : blocks[static_cast<std::size_t>(l) - 1].res3; }
+    float* scratch() const noexcept { return backend_mem.data(); }
 
-    double run(const int* tokens, const int* targets) {
+    double run(const int* host_tokens, const int* host_targets) {
       const gpt_config& c = m.c_;
-      const std::size_t B = m.shape_.batch, T = m.shape_.seq;
-      emb_mem = buffer<float>(m.rt_, m.sizes_.embedding);
-      scratch_mem = buffer<float>(m.rt_, m.sizes_.scratch);
+      const std::size_t B = m.shape_.batch, T = m.shape_.seq, N = B * T;
+      tokens = host_tokens;
+      targets = host_targets;
+      if constexpr (!Backend::host_memory) {
+        token_mem = buffer<int>(m, 2 * N);
+        m.be_.to_compute(token_mem.data(), host_tokens, N * sizeof(int));
+        m.be_.to_compute(token_mem.data() + N, host_targets, N * sizeof(int));
+        tokens = token_mem.data();
+        targets = token_mem.data() + N;
+      }
+      if (const std::size_t n = Backend::scratch_elems(c, B, T)) backend_mem = buffer<float>(m, n);
+      emb_mem = buffer<float>(m, m.sizes_.embedding);
+      scratch_mem = buffer<float>(m, m.sizes_.scratch);
       encoded = emb_mem.data();
       {
         auto s = m.rt_.forward("embedding", m.stages_[0].ids);
         layer_views v(m, s, m.stages_[0].ids, false);
-        embedding_forward<float>(c, B, T, tokens, v.p[0], v.p[1], encoded);
+        m.be_.embedding_forward(c, B, T, tokens, v.p[0], v.p[1], encoded);
+        s.close(m.be_.stream());
       }
       for (int l = 0; l < c.layers; ++l) {
         const auto& st = m.stages_[static_cast<std::size_t>(l) + 1];
-        block_mem.emplace_back(m.rt_, m.sizes_.block);
+        block_mem.emplace_back(m, m.sizes_.block);
         blocks.push_back(bind_block_activations<float>(c, B, T, block_mem.back().data()));
         auto s = m.rt_.forward(st.name, st.ids);
         layer_views v(m, s, st.ids, false);
-        block_forward<float>(c, B, T, block_of(v.p), block_output(l), blocks.back(), scratch_mem.data());
+        m.be_.block_forward(c, B, T, block_of(v.p), block_output(l), blocks.back(), scratch_mem.data(), scratch());
+        s.close(m.be_.stream());
       }
       scratch_mem.reset();
-      head_mem = buffer<float>(m.rt_, m.sizes_.head);
+      head_mem = buffer<float>(m, m.sizes_.head);
       float* h = head_mem.data();
-      const std::size_t N = B * T, C = c.width, V = c.vocab;
+      const std::size_t C = c.width, V = c.vocab;
       head = {h, h + N * C, h + N * C + N, h + N * C + 2 * N, h + N * C + 2 * N + N * V, h + N * C + 2 * N + 2 * N * V};
       auto s = m.rt_.forward("final", m.final_ids());
       layer_views v(m, s, m.final_ids(), false);
-      return head_forward<float>(c, B, T, v.p[2], v.p[0], v.p[1], block_output(c.layers), head, targets);
+      const double loss = m.be_.head_forward(c, B, T, v.p[2], v.p[0], v.p[1], block_output(c.layers), head, targets);
+      s.close(m.be_.stream());
+      return loss;
     }
   };
 
@@ -287,6 +341,7 @@ class chunked_gpt {
   }
 
   Runtime& rt_;
+  Backend be_;
   gpt_config c_;
   batch_shape shape_;
   activation_sizes sizes_;

@@ -24,6 +24,30 @@
 
 namespace gpt::cuda {
 
+/** @brief The cuBLAS entry points the GPT's CUDA code uses. By default the linked library's; a
+ *  translation unit that defines GPT_CUBLAS_LAZY before including this header defines `blas()`
+ *  itself (gpt_backend_cuda.cu loads libcublas with dlopen when a GPU run starts, so a CPU run of
+ *  the trainer does not map cuBLAS's 600 MB: under `ulimit -v` that decides whether it starts). */
+struct cublas_api {
+  decltype(&cublasCreate) create;
+  decltype(&cublasDestroy) destroy;
+  decltype(&cublasSetStream) set_stream;
+  decltype(&cublasSetMathMode) set_math_mode;
+  decltype(&cublasSetAtomicsMode) set_atomics_mode;
+  decltype(&cublasSetWorkspace) set_workspace;
+  decltype(&cublasSgemm) sgemm;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
+};
+#if defined(GPT_CUBLAS_LAZY)
+const cublas_api& blas();
+#else
+inline const cublas_api& blas() {
+  static const cublas_api api{&cublasCreate,       &cublasDestroy,      &cublasSetStream, &cublasSetMathMode,
+                              &cublasSetAtomicsMode, &cublasSetWorkspace, &cublasSgemm,     &cublasSgemmStridedBatched};
+  return api;
+}
+#endif
+
 namespace detail {
 
 inline void check(cublasStatus_t s, const char* what) {
@@ -52,7 +76,7 @@ __device__ inline float warp_max(float v) {
  *  column-major, and a row-major buffer read column-major is its transpose, so swap the operands. */
 inline void gemm(cublasHandle_t h, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc) {
-  check(cublasSgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
+  check(blas().sgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
                     &beta, c, ldc),
         "sgemm");
 }
@@ -60,7 +84,7 @@ inline void gemm(cublasHandle_t h, bool ta, bool tb, int m, int n, int k, float 
 inline void gemm_batched(cublasHandle_t h, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                          long long sa, const float* b, int ldb, long long sb, float beta, float* c, int ldc,
                          long long sc, int batch) {
-  check(cublasSgemmStridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
+  check(blas().sgemm_strided_batched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
                                   b, ldb, sb, a, lda, sa, &beta, c, ldc, sc, batch),
         "sgemm strided batched");
 }
@@ -305,7 +329,7 @@ inline void layernorm_backward(float* dinp, float* dw, float* db, const float* d
 /** @brief out[N, OC] = inp[N, C] W[OC, C]^T + bias (bias may be null). */
 inline void matmul_forward(cublasHandle_t h, float* out, const float* inp, const float* weight, const float* bias,
                            std::size_t N, std::size_t C, std::size_t OC, cudaStream_t s = nullptr) {
-  detail::check(cublasSetStream(h, s), "set stream");
+  detail::check(blas().set_stream(h, s), "set stream");
   if (bias) detail::broadcast_rows_kernel<<<detail::grid_for(N * OC), detail::block_size, 0, s>>>(out, bias, N, static_cast<int>(OC));
   detail::gemm(h, false, true, static_cast<int>(N), static_cast<int>(OC), static_cast<int>(C), 1.0f, inp,
                static_cast<int>(C), weight, static_cast<int>(C), bias ? 1.0f : 0.0f, out, static_cast<int>(OC));
@@ -315,7 +339,7 @@ inline void matmul_forward(cublasHandle_t h, float* out, const float* inp, const
 inline void matmul_backward(cublasHandle_t h, float* dinp, float* dweight, float* dbias, const float* dout,
                             const float* inp, const float* weight, std::size_t N, std::size_t C, std::size_t OC,
                             cudaStream_t s = nullptr) {
-  detail::check(cublasSetStream(h, s), "set stream");
+  detail::check(blas().set_stream(h, s), "set stream");
   const int n = static_cast<int>(N), c = static_cast<int>(C), oc = static_cast<int>(OC);
   if (dinp) detail::gemm(h, false, false, n, c, oc, 1.0f, dout, oc, weight, c, 1.0f, dinp, c);
   detail::gemm(h, true, false, oc, c, n, 1.0f, dout, oc, inp, c, 1.0f, dweight, c);
@@ -350,7 +374,7 @@ inline attention_scratch bind_attention_scratch(float* base, std::size_t B, std:
  *         the probabilities for the backward. */
 inline void attention_forward(cublasHandle_t h, float* out, float* att, const float* qkv, const attention_scratch& w,
                               std::size_t B, std::size_t T, std::size_t C, std::size_t NH, cudaStream_t s = nullptr) {
-  detail::check(cublasSetStream(h, s), "set stream");
+  detail::check(blas().set_stream(h, s), "set stream");
   const int b = static_cast<int>(B), t = static_cast<int>(T), nh = static_cast<int>(NH), hs = static_cast<int>(C / NH);
   const std::size_t n = B * T * C;
   const unsigned g = detail::grid_for(n);
@@ -370,7 +394,7 @@ inline void attention_forward(cublasHandle_t h, float* out, float* att, const fl
 inline void attention_backward(cublasHandle_t h, float* dqkv, const float* dout, const float* qkv, const float* att,
                                const attention_scratch& w, std::size_t B, std::size_t T, std::size_t C, std::size_t NH,
                                cudaStream_t s = nullptr) {
-  detail::check(cublasSetStream(h, s), "set stream");
+  detail::check(blas().set_stream(h, s), "set stream");
   const int b = static_cast<int>(B), t = static_cast<int>(T), nh = static_cast<int>(NH), hs = static_cast<int>(C / NH);
   const int c3 = 3 * static_cast<int>(C);
   const std::size_t n = B * T * C;

@@ -1,9 +1,11 @@
 // train_gpt: a byte-level GPT trained with all of its model data in chunkstar.
 //
-// Read it top to bottom: options, data, memory, model, optimizer, then the training loop. The
-// device is simulated on the CPU (host memory with a hard capacity), so the run shows what chunkstar
-// does on a GPU whose memory is smaller than the model's data: chunks move, evictions happen, and
-// the loss falls exactly as it would with everything resident (same bits).
+// Read it top to bottom: options, data, memory, model, optimizer, then the training loop. With
+// --device cuda (or auto on a machine with a GPU) the chunks live on a CUDA device and in pinned
+// host memory, the layers run as CUDA kernels and cuBLAS GEMMs, and chunks placed on the device are
+// stepped there. Otherwise the device is simulated on the CPU (host memory with a hard capacity), so
+// the run shows what chunkstar does on a GPU whose memory is smaller than the model's data: chunks
+// move, evictions happen, and the loss falls exactly as it would with everything resident (same bits).
 //
 // Everything that can be checked is checked before any work starts (`prepare`): options, the data
 // file, the checkpoint to resume and its configuration, the output paths, and the memory the run
@@ -11,6 +13,11 @@
 // that says what kind of failure it was (train_options.hpp, `--help`).
 #include "chunked_gpt.hpp"
 #include "data.hpp"
+#if GPT_HAS_CUDA_BACKEND
+#include "gpt_backend_cuda.hpp"
+
+#include <chunkstar/cuda/cuda_platform.hpp>
+#endif
 #include "preflight.hpp"
 #include "rtp_checkpoint.hpp"
 #include "rtp_gpt.hpp"
@@ -111,22 +118,53 @@ searched_chunk_layout make_layout(const train_options& o, const gpt::gpt_config&
 }
 
 /** Peak non-model bytes on the compute tier for one micro-batch (activations, workspace, staging). */
+template <class Backend>
 std::size_t activation_bytes(const gpt::gpt_config& cfg, const train_options& o) {
-  const auto s = gpt::compute_activation_sizes(cfg, static_cast<std::size_t>(o.batch), static_cast<std::size_t>(o.seq));
-  std::size_t largest_stage = 0;
-  for (const auto& l : gpt::param_layers(cfg)) {
-    std::size_t n = 0;
-    for (const auto& t : l.tensors) n += t.numel();
-    largest_stage = std::max(largest_stage, n);
-  }
-  const std::size_t staging =
-      gpt::precision_type(o.precision) == dtype::f32 ? 0 : 2 * (largest_stage + static_cast<std::size_t>(cfg.vocab) * cfg.width);
-  return (s.forward_total() + s.workspace + staging) * sizeof(float) + activation_slack_bytes;
+  const gpt::batch_shape shape{static_cast<std::size_t>(o.batch), static_cast<std::size_t>(o.seq)};
+  return gpt::non_model_bytes<Backend>(cfg, shape, gpt::precision_type(o.precision)) + activation_slack_bytes;
 }
+
+// ------------------------------------------------------------------------------------------------
+// The platforms a run can take: its memory spaces, copy engine, kernels and device Adam.
+template <class Platform>
+struct platform_parts;
+
+/** The simulated device: host memory with a hard capacity and an optional modelled link. */
+template <>
+struct platform_parts<simulated_platform> {
+  using backend = gpt::cpu_backend;
+  using adam_kernels = host_adam_kernels;
+  simulated_device_space device;
+  host_space host;
+  host_copy_engine copier;
+  platform_parts(std::size_t device_capacity, std::size_t host_capacity, copy_model link)
+      : device({.capacity = device_capacity, .link = link, .name = "device"}), host({.capacity = host_capacity}), copier(link) {}
+  backend make_backend() { return {}; }
+  static std::size_t device_free_bytes() { return 0; }
+  static std::string describe() { return "simulated (host memory with a hard capacity)"; }
+};
+
+#if GPT_HAS_CUDA_BACKEND
+/** CUDA device 0 and pinned host memory; copies on the engine's streams, kernels on the backend's. */
+template <>
+struct platform_parts<cuda::cuda_platform> {
+  using backend = gpt::cuda_backend;
+  using adam_kernels = gpt::cuda_adam_kernels;
+  cuda::device_space device;
+  cuda::pinned_host_space host;
+  cuda::cuda_copy_engine copier;
+  platform_parts(std::size_t device_capacity, std::size_t host_capacity, copy_model)
+      : device({.device = 0, .capacity = device_capacity}), host({.capacity = host_capacity}), copier(0) {}
+  backend make_backend() { return gpt::cuda_backend(0); }
+  static std::size_t device_free_bytes() { return gpt::cuda_memory(0).free; }
+  static std::string describe() { return gpt::cuda_device_summary(0); }
+};
+#endif
 
 // ------------------------------------------------------------------------------------------------
 // Before any work: what this run is, every input checked.
 struct run_plan {
+  gpt::device_choice device;  // where the layers run
   gpt::gpt_config cfg;
   gpt::text_data data;
   std::vector<gpt::record_field> record;  // the configuration a checkpoint stores
@@ -134,11 +172,27 @@ struct run_plan {
   std::int64_t first_step = 1, last_step = 0;
 };
 
+#if GPT_HAS_CUDA_BACKEND
+constexpr bool cuda_built = true;
+#else
+constexpr bool cuda_built = false;
+#endif
+
+/** GPUs visible to this process; not asked when --device sim says none are wanted. */
+int visible_gpus(const train_options& o) {
+#if GPT_HAS_CUDA_BACKEND
+  if (o.device != "sim") return gpt::cuda_device_count();
+#endif
+  (void)o;
+  return 0;
+}
+
 run_plan prepare(const train_options& o, int ranks) {
   run_plan p;
   p.cfg = gpt::model_config(o);
   gpt::validate_options(o, p.cfg);
   gpt::validate_ranks(o, ranks);
+  p.device = gpt::resolve_device(o, cuda_built, visible_gpus(o));
   gpt::validate_allow_change(o.allow_change);
   if (!o.allow_change.empty() && o.resume.empty()) throw config_error("--allow-change applies only with --resume DIR");
   // Bytes per parameter (16 in every precision) before any layout is planned for an absurd shape.
@@ -195,6 +249,7 @@ void write_trace(const train_options& o, Runtime& rt) {
 // The training run, for one runtime assembly and one loss scaler.
 template <class Runtime, class Scaler>
 int train(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement, communicator_ref comm) {
+  using parts = platform_parts<typename Runtime::platform_type>;
   const gpt::gpt_config& cfg = plan.cfg;
   const gpt::text_data& data = plan.data;  // bytes are tokens
   const int ranks = comm.size();  // --parallel zero: each rank its own slice of the global batch, 1/N of the model data
@@ -202,6 +257,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     comm.allreduce(std::span<double>(&x, 1), reduce_op::sum);
     return x / ranks;
   };
+  std::printf("device: %s (%s)\n", parts::describe().c_str(), plan.device.why.c_str());
   std::printf("data: %s, %zu train / %zu validation bytes\n", data.source.c_str(), data.train.size(), data.val.size());
   if (ranks > 1)
     std::printf("parallel: ZeRO over %d MPI ranks, %lld sequences each of the global batch of %lld\n", ranks,
@@ -241,14 +297,17 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
       }
     }
   }
-  const std::size_t act = activation_bytes(cfg, o);
-  // --policy resident keeps every chunk on the device, so its automatic budget holds all of the
-  // model data (this rank's share of it under ZeRO); the others hold a share of it, so that chunks move.
+  const std::size_t act = activation_bytes<typename parts::backend>(cfg, o);
+  // A real device's automatic budget is its free memory; the simulated device's holds all of the
+  // model data (this rank's share of it under ZeRO) with --policy resident, and a share of it
+  // otherwise, so that chunks move.
   const bool resident = o.policy == "resident";
+  const std::size_t device_free = parts::device_free_bytes();
   const std::size_t device_capacity =
-      o.device_budget != "auto" ? gpt::bytes_option("--device-budget", o.device_budget)
-      : resident                ? act + collective + model_bytes
-                                : act + collective + static_cast<std::size_t>(o.device_fraction * static_cast<double>(model_bytes));
+      gpt::device_budget_bytes(o, {.non_model = act, .collective = collective, .model = model_bytes, .device_free = device_free});
+  if (device_free > 0 && device_capacity > device_free)
+    throw config_error("--device-budget " + format_bytes(device_capacity) + " is more than the GPU's free memory (" +
+                       format_bytes(device_free) + "): lower it, or leave it 'auto'");
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
   if (device_capacity <= act)
     throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations (" +
@@ -266,18 +325,17 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   gpt::check_memory({.model_data = model_bytes + collective, .activations = act, .device = device_capacity});
   const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
   const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
-  simulated_device_space device({.capacity = device_capacity, .link = link, .name = "device"});
-  host_space host({.capacity = host_capacity});
-  host_copy_engine copier(link);
+  parts memory(device_capacity, host_capacity, link);
+  auto& device = memory.device;
 
   // The runtime and the model: every parameter registered in execution order.
-  Runtime rt(device, host, copier, comm,
+  Runtime rt(device, memory.host, memory.copier, comm,
              {.param_type = type, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty(),
               .sharding = {.enabled = o.parallel == "zero", .keep_gathered = o.keep_gathered, .memory_saving = o.memory_saving}},
              layout, placement);
   const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};
   const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());  // this rank's slice of the global batch
-  gpt::chunked_gpt<Runtime> model(rt, cfg, shape, o.seed);
+  gpt::chunked_gpt<Runtime, typename parts::backend> model(rt, cfg, shape, o.seed, memory.make_backend());
   model.finalize();
   std::printf("%s\n", cpu_summary().c_str());
   std::printf("model: %d layers, width %d, %d heads, context %d: %zu parameters\n", cfg.layers, cfg.width, cfg.heads,
@@ -294,7 +352,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   // Optimizer: AdamW, no decay on biases and norms, warm-up then cosine, global-norm clipping.
   // Without clipping (--clip 0) in fp32 or bf16 nothing needs the gradient norm: its scan, a read
   // of every gradient chunk, is skipped (report_norm) and the log shows "norm -".
-  chunk_adam<Scaler> opt({.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = o.weight_decay},
+  chunk_adam<Scaler, typename parts::adam_kernels> opt({.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = o.weight_decay},
                           .max_grad_norm = o.clip, .report_norm = false},
                          param_groups::with_default_decay(o.weight_decay));
   const warmup_cosine cosine = gpt::cosine_schedule(o);
@@ -433,6 +491,7 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
     comm.allreduce(std::span<double>(&x, 1), reduce_op::sum);
     return x / ranks;
   };
+  std::printf("device: simulated, one per rank (%s)\n", plan.device.why.c_str());
   std::printf("data: %s, %zu train / %zu validation bytes\n", data.source.c_str(), data.train.size(), data.val.size());
   std::printf("parallel: RTP over %d rank%s, %lld sequences each of the global batch of %lld\n", ranks, ranks > 1 ? "s" : "",
               static_cast<long long>(o.batch / ranks), static_cast<long long>(o.batch));
@@ -449,10 +508,7 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
                            model_type::workspace_elems(cfg, ranks, shape.batch, shape.seq)) * sizeof(float) +
                           model_type::transit_bytes(cfg, ranks) + activation_slack_bytes;
   const bool resident = o.policy == "resident";
-  const std::size_t device_capacity =
-      o.device_budget != "auto" ? gpt::bytes_option("--device-budget", o.device_budget)
-      : resident                ? act + model_bytes
-                                : act + static_cast<std::size_t>(o.device_fraction * static_cast<double>(model_bytes));
+  const std::size_t device_capacity = gpt::device_budget_bytes(o, {.non_model = act, .model = model_bytes});
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
   if (device_capacity <= act)
     throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations and the "
@@ -587,17 +643,19 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
   return gpt::exit_ok;
 }
 
-template <class Scaler>
+template <class Scaler, class Platform>
 int with_policy(const train_options& o, const run_plan& plan, communicator_ref comm) {
   // One communicator type for one process and MPI ranks alike: the transport is a run-time choice.
-  using belady_rt = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, communicator_ref>;
-  using lru_rt = chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction, warmup_tracer, communicator_ref>;
-  using static_rt = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer, communicator_ref>;
-  if (o.parallel == "rtp") {  // fp32 (validated), so no loss scaler
-    if (o.policy == "patrickstar") return train_rtp<belady_rt>(o, plan, {}, comm);
-    if (o.policy == "lru") return train_rtp<lru_rt>(o, plan, {}, comm);
-    if (o.policy == "resident") return train_rtp<static_rt>(o, plan, static_placement::all_device(), comm);
-    return train_rtp<static_rt>(o, plan, static_placement::all_host(), comm);
+  using belady_rt = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, communicator_ref, Platform>;
+  using lru_rt = chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction, warmup_tracer, communicator_ref, Platform>;
+  using static_rt = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer, communicator_ref, Platform>;
+  if constexpr (std::is_same_v<Platform, simulated_platform>) {
+    if (o.parallel == "rtp") {  // fp32 (validated), so no loss scaler
+      if (o.policy == "patrickstar") return train_rtp<belady_rt>(o, plan, {}, comm);
+      if (o.policy == "lru") return train_rtp<lru_rt>(o, plan, {}, comm);
+      if (o.policy == "resident") return train_rtp<static_rt>(o, plan, static_placement::all_device(), comm);
+      return train_rtp<static_rt>(o, plan, static_placement::all_host(), comm);
+    }
   }
   if (o.policy == "patrickstar") return train<belady_rt, Scaler>(o, plan, {}, comm);
   if (o.policy == "lru") return train<lru_rt, Scaler>(o, plan, {}, comm);
@@ -623,8 +681,13 @@ int run(const train_options& o, communicator_ref comm) {
   try {
     const run_plan plan = prepare(o, comm.size());
     phase = "training";
-    return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler>(o, plan, comm)
-                                                          : with_policy<static_loss_scaler>(o, plan, comm);
+#if GPT_HAS_CUDA_BACKEND
+    if (plan.device.cuda)  // resolve_device: one process, no --parallel
+      return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, cuda::cuda_platform>(o, plan, comm)
+                                                            : with_policy<static_loss_scaler, cuda::cuda_platform>(o, plan, comm);
+#endif
+    return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, simulated_platform>(o, plan, comm)
+                                                          : with_policy<static_loss_scaler, simulated_platform>(o, plan, comm);
   } catch (const output_error& e) {
     fatal(gpt::exit_io, e.what());
   } catch (const out_of_memory_error& e) {
@@ -681,7 +744,11 @@ int main(int argc, char** argv) {
   app.add_option("--stop-after", o.stop_after, "Stop after this step (to be resumed later); 0: run all --steps");
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16 (dynamic loss scaling)");
   app.add_option("--policy", o.policy, "patrickstar, lru, resident or offload");
-  app.add_option("--device-budget", o.device_budget, "Device memory, e.g. 256MiB; 'auto' = activations + 40% of the model data (all of it with --policy resident)");
+  app.add_option("--device", o.device, "cuda (a GPU), sim (the simulated device) or auto: CUDA when a GPU is visible, else simulated");
+  app.add_option("--device-budget", o.device_budget,
+                 "Device memory for chunks and activations: a size (256MiB), a share of the model data (50%: activations + half the "
+                 "model data), or 'auto' = a GPU's free memory; on the simulated device activations + 40% of the model data (all of "
+                 "it with --policy resident)");
   app.add_option("--host-budget", o.host_budget, "Host memory for chunks, e.g. 4GiB, or 'unlimited'");
   app.add_option("--link-bandwidth", o.link_bandwidth, "Modelled host<->device bandwidth per second, e.g. 8GiB (0: memcpy speed)");
   app.add_option("--chunk-elems", o.chunk_elems, "Chunk size in elements (0: searched)");

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ struct train_options {
   std::int64_t stop_after = 0;  // stop early at this step (the schedule still spans --steps)
   std::string precision = "fp32";
   std::string policy = "patrickstar";
+  std::string device = "auto";  // cuda, sim (the simulated device), or auto: CUDA when there is a GPU
   std::string device_budget = "auto", host_budget = "unlimited", link_bandwidth = "0";
   double device_fraction = 0.4;  // --device-budget auto: activations + this share of the model data
   std::int64_t chunk_elems = 0;  // 0: searched between the largest tensor and 4x it
@@ -110,6 +112,80 @@ inline std::size_t bytes_option(const std::string& option, const std::string& va
   const auto b = chunkstar::parse_bytes(value);
   if (!b) detail::bad_option(option, "'" + value + "' is not a size: write e.g. 64MiB, 1.5GiB or 1000000");
   return *b;
+}
+
+/** @brief --device-budget: "auto", a share of the model data ("50%": the compute tier's non-model
+ *  memory plus half of the model data), or a size. */
+struct budget_value {
+  enum kind_t { automatic, share, bytes } kind = automatic;
+  double fraction = 0;    ///< share: of the model data, in (0, 1]
+  std::size_t size = 0;   ///< bytes
+};
+inline budget_value budget_option(const std::string& value) {
+  if (value == "auto") return {};
+  if (!value.empty() && value.back() == '%') {
+    const std::string number = value.substr(0, value.size() - 1);
+    char* end = nullptr;
+    const double pct = std::strtod(number.c_str(), &end);
+    if (number.empty() || end != number.c_str() + number.size() || !std::isfinite(pct) || pct <= 0 || pct > 100)
+      detail::bad_option("--device-budget", "'" + value + "' is not a share of the model data: write a percentage above 0 and at most 100, e.g. 50%");
+    return {.kind = budget_value::share, .fraction = pct / 100};
+  }
+  const std::size_t b = bytes_option("--device-budget", value);
+  if (b == SIZE_MAX) detail::bad_option("--device-budget", "cannot be unlimited: a device has a size; write e.g. 4GiB, 50% or auto");
+  return {.kind = budget_value::bytes, .size = b};
+}
+
+/** @brief What the device budget is made of, for device_budget_bytes(). */
+struct budget_inputs {
+  std::size_t non_model = 0;   ///< activations, workspace, staging of one micro-batch
+  std::size_t collective = 0;  ///< ZeRO's gather and reduce buffers at their peak
+  std::size_t model = 0;       ///< this rank's model data
+  std::size_t device_free = 0; ///< a real device's free memory now; 0 on the simulated device
+};
+
+/** @brief Memory a real device keeps beside the budget (CUDA context growth, cuBLAS, allocation
+ *  granularity): 1/16 of the free memory plus 256 MiB. */
+inline std::size_t device_reserve(std::size_t device_free) noexcept { return device_free / 16 + (std::size_t{256} << 20); }
+
+/** @brief The device budget in bytes. `auto`: on a real device its free memory less the reserve;
+ *  on the simulated device the non-model memory + collective buffers + all of the model data with
+ *  --policy resident, else + --device-fraction of it, so that chunks move. A share: non-model +
+ *  collective + that share of the model data. Pure. */
+inline std::size_t device_budget_bytes(const train_options& o, const budget_inputs& in) {
+  const budget_value v = budget_option(o.device_budget);
+  const std::size_t base = in.non_model + in.collective;
+  const auto share = [&](double f) { return base + static_cast<std::size_t>(f * static_cast<double>(in.model)); };
+  switch (v.kind) {
+    case budget_value::bytes: return v.size;
+    case budget_value::share: return share(v.fraction);
+    case budget_value::automatic: break;
+  }
+  if (in.device_free > 0) return in.device_free > device_reserve(in.device_free) ? in.device_free - device_reserve(in.device_free) : 0;
+  return o.policy == "resident" ? base + in.model : share(o.device_fraction);
+}
+
+/** @brief Which device a run trains on, and why (the trainer's first line says it). */
+struct device_choice {
+  bool cuda = false;
+  std::string why;
+};
+
+/** @brief --device resolved against this build (@p cuda_built: train_gpt has the CUDA backend) and
+ *  this machine (@p cuda_devices GPUs visible). `auto` takes the GPU when there is one and the mode
+ *  runs there; `cuda` that cannot run is a config_error saying what is missing. Pure. */
+inline device_choice resolve_device(const train_options& o, bool cuda_built, int cuda_devices) {
+  const char* missing = !cuda_built          ? "this train_gpt was built without the CUDA backend (configure with the CUDA toolkit installed)"
+                        : cuda_devices <= 0  ? "no CUDA device is visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)"
+                        : o.parallel != "none" ? "--parallel zero and rtp run on the simulated device in this version (one process per GPU over NCCL is not built yet)"
+                                             : nullptr;
+  if (o.device == "sim") return {false, "--device sim"};
+  if (o.device == "cuda") {
+    if (missing) detail::bad_option("--device", std::string("cuda: ") + missing + "; use --device sim or auto");
+    return {true, "--device cuda: GPU 0"};
+  }
+  if (missing) return {false, std::string("--device auto: ") + missing};
+  return {true, "--device auto: GPU 0 of " + std::to_string(cuda_devices)};
 }
 
 /** @brief The parameter dtype of --precision. */
@@ -199,7 +275,10 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   }
   (void)bytes_option("--host-budget", o.host_budget);
   (void)bytes_option("--link-bandwidth", o.link_bandwidth);
-  if (o.device_budget != "auto") (void)bytes_option("--device-budget", o.device_budget);
+  detail::require_one_of("--device", o.device, {"auto", "cuda", "sim"});
+  if (o.device_budget != "auto") (void)budget_option(o.device_budget);
+  if (o.device == "cuda" && bytes_option("--link-bandwidth", o.link_bandwidth) != 0)
+    detail::bad_option("--link-bandwidth", o.link_bandwidth + " models the simulated device's link; with --device cuda the real link moves the chunks: drop it");
   if (!o.trace.empty() && o.trace == o.save) detail::bad_option("--trace", "and --save name the same path");
 }
 

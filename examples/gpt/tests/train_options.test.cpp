@@ -99,6 +99,13 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
       {"--context", [](auto& o) { o.context = -7; }},
       {"--trace", [](auto& o) { o.trace = "x"; o.save = "x"; }},
       {"--parallel", [](auto& o) { o.parallel = "tensor"; }},
+      {"--device", [](auto& o) { o.device = "tpu"; }},
+      {"--device-budget", [](auto& o) { o.device_budget = "0%"; }},
+      {"--device-budget", [](auto& o) { o.device_budget = "101%"; }},
+      {"--device-budget", [](auto& o) { o.device_budget = "half%"; }},
+      {"--device-budget", [](auto& o) { o.device_budget = "%"; }},
+      {"--device-budget", [](auto& o) { o.device_budget = "unlimited"; }},
+      {"--link-bandwidth", [](auto& o) { o.device = "cuda"; o.link_bandwidth = "8GiB"; }},  // models the simulated link only
       // RTP's shards are fp32 and rotate: the loss scaler's and ZeRO's options are refused, named.
       {"--precision", [](auto& o) { o.parallel = "rtp"; o.precision = "bf16"; }},
       {"--memory-saving", [](auto& o) { o.parallel = "rtp"; o.memory_saving = true; }},
@@ -244,4 +251,72 @@ TEST_CASE("memory: more than the machine has, or more address space than ulimit 
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("--device: auto takes a GPU when one is visible and the mode runs there; cuda that cannot run says what is missing") {
+  gpt::train_options o;
+  struct expect {
+    std::string device, parallel;
+    bool built;
+    int gpus;
+    bool cuda;
+    const char* says;
+  };
+  const std::vector<expect> cases = {
+      {"auto", "none", true, 1, true, "GPU 0 of 1"},
+      {"auto", "none", true, 2, true, "GPU 0 of 2"},
+      {"auto", "none", true, 0, false, "no CUDA device is visible"},
+      {"auto", "none", false, 1, false, "built without the CUDA backend"},
+      {"auto", "zero", true, 1, false, "--parallel zero and rtp run on the simulated device"},
+      {"auto", "rtp", true, 4, false, "--parallel zero and rtp run on the simulated device"},
+      {"sim", "none", true, 1, false, "--device sim"},
+      {"sim", "zero", false, 0, false, "--device sim"},
+      {"cuda", "none", true, 1, true, "--device cuda"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.device);
+    CAPTURE(c.parallel);
+    CAPTURE(c.gpus);
+    o.device = c.device;
+    o.parallel = c.parallel;
+    const auto d = gpt::resolve_device(o, c.built, c.gpus);
+    CHECK(d.cuda == c.cuda);
+    CHECK(d.why.find(c.says) != std::string::npos);
+  }
+  o.parallel = "none";
+  o.device = "cuda";
+  CHECK_THROWS_WITH_AS(gpt::resolve_device(o, true, 0), doctest::Contains("no CUDA device is visible"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::resolve_device(o, false, 1), doctest::Contains("without the CUDA backend"), config_error);
+  o.parallel = "zero";
+  CHECK_THROWS_WITH_AS(gpt::resolve_device(o, true, 1), doctest::Contains("--device cuda"), config_error);
+}
+
+TEST_CASE("--device-budget: a size, a share of the model data, or auto (a GPU's free memory less a reserve)") {
+  gpt::train_options o;
+  const gpt::budget_inputs sim{.non_model = 1000, .collective = 200, .model = 10000};
+  o.device_budget = "4096";
+  CHECK(gpt::device_budget_bytes(o, sim) == 4096);
+  o.device_budget = "1KiB";
+  CHECK(gpt::device_budget_bytes(o, sim) == 1024);
+  o.device_budget = "50%";  // non-model + collective + half the model data
+  CHECK(gpt::device_budget_bytes(o, sim) == 1200 + 5000);
+  o.device_budget = "100%";
+  CHECK(gpt::device_budget_bytes(o, sim) == 1200 + 10000);
+  o.device_budget = "12.5%";
+  CHECK(gpt::device_budget_bytes(o, sim) == 1200 + 1250);
+  o.device_budget = "auto";  // the simulated device: --device-fraction (0.4) of the model data, all of it when resident
+  CHECK(gpt::device_budget_bytes(o, sim) == 1200 + 4000);
+  o.policy = "resident";
+  CHECK(gpt::device_budget_bytes(o, sim) == 1200 + 10000);
+  // A real device: its free memory less 1/16 of it and 256 MiB, whatever the policy.
+  const std::size_t free = std::size_t{64} << 30;
+  auto gpu = sim;
+  gpu.device_free = free;
+  CHECK(gpt::device_budget_bytes(o, gpu) == free - free / 16 - (std::size_t{256} << 20));
+  o.policy = "patrickstar";
+  CHECK(gpt::device_budget_bytes(o, gpu) == free - gpt::device_reserve(free));
+  gpu.device_free = 100 << 20;  // less free than the reserve: 0, which the trainer refuses as too small
+  CHECK(gpt::device_budget_bytes(o, gpu) == 0);
+  o.device_budget = "25%";  // a share ignores the device's size (the trainer checks it fits)
+  CHECK(gpt::device_budget_bytes(o, gpu) == 1200 + 2500);
 }
