@@ -2,9 +2,13 @@
 # GPU check: bash tests/gpu/run.sh OUT_DIR
 #
 # Builds chunkstar (Release, CUDA tests on; CUDA architecture of the local GPU from nvidia-smi,
-# else 90) in OUT_DIR/build, runs every CTest test labelled `cuda` and then any GPU benchmark
-# binaries named bench_*_cuda, and writes into OUT_DIR:
-#   nvidia-smi.txt, configure.log, build.log, ctest.log, bench_<name>.log, summary.txt
+# else 90) in OUT_DIR/build, runs every CTest test labelled `cuda`, then any GPU benchmark
+# binaries named bench_*_cuda (each with --json OUT_DIR/<binary>.json), then, where python3 has a
+# CUDA-enabled torch, the PyTorch baseline bench/gpu/torch_gpt.py (mini preset, fp32 and bf16),
+# and writes into OUT_DIR:
+#   nvidia-smi.txt, configure.log, build.log, ctest.log, bench_<name>.log, bench_<name>.json,
+#   torch_gpt_<precision>.log, torch_gpt_<precision>.json, summary.txt
+# A missing torch is noted in summary.txt ("torch: unavailable"), not a failure.
 # The GPU machine may lack Debian's doctest-dev and has no network: copy /usr/include/doctest/doctest.h
 # to build/deps/doctest/doctest.h here and carry `build/deps` along (tests/CMakeLists.txt looks there).
 # Self-contained (no package installation, no network); the exit code is non-zero when the build,
@@ -79,13 +83,31 @@ fi
 for exe in $(find "$build/bench" -type f -name 'bench_*_cuda' -perm -u+x 2>/dev/null | sort); do
   name=$(basename "$exe")
   start=$SECONDS
-  if timeout 120 "$exe" >"$out/$name.log" 2>&1; then
+  if timeout 120 "$exe" --json "$out/$name.json" >"$out/$name.log" 2>&1; then
     note "$name: passed in $((SECONDS - start)) s"
   else
     note "$name: FAILED (rc=$?) in $((SECONDS - start)) s (see $name.log)"
     failed=1
   fi
 done
+
+# The PyTorch baseline: the same GPT shapes, all on the GPU and with the optimizer on the CPU.
+if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+  for precision in fp32 bf16; do
+    name=torch_gpt_$precision
+    start=$SECONDS
+    if timeout 300 python3 "$repo/bench/gpu/torch_gpt.py" --preset mini --steps 20 --precision "$precision" \
+          --json "$out/$name.json" >"$out/$name.log" 2>&1; then
+      note "$name: passed in $((SECONDS - start)) s"
+      grep -E '^  (device|cpu_optimizer) ' "$out/$name.log" >>"$summary"
+    else
+      note "$name: FAILED (rc=$?) in $((SECONDS - start)) s (see $name.log)"
+      failed=1
+    fi
+  done
+else
+  note "torch: unavailable (python3 cannot import torch with CUDA); torch_gpt not run"
+fi
 
 note "gpu check: $([[ $failed == 0 ]] && echo PASSED || echo FAILED)"
 exit $failed
