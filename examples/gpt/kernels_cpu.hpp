@@ -24,7 +24,9 @@
 #include <chunkstar/core/cpu_isa.hpp>
 #include <chunkstar/core/simd_target.hpp>
 
+#if !defined(GPT_BUILTIN_GEMM)
 #include <cblas.h>
+#endif
 
 #include <algorithm>
 #include <cassert>
@@ -103,6 +105,22 @@ inline void blas_single_threaded() noexcept {
 #endif
 }
 
+#if defined(GPT_BUILTIN_GEMM)
+/** @brief Without a CBLAS (GPT_BUILTIN_GEMM: a machine with no BLAS package, such as a GPU image
+ *  that carries none): the plain triple loop, each C element summed over k in order in T. Slow,
+ *  correct, the same bits on every machine; enough for the small models of the GPU check's CPU
+ *  reference. */
+template <scalar T>
+void blas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a, std::size_t lda,
+               const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      T sum = 0;
+      for (std::size_t p = 0; p < k; ++p) sum += (ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+      c[i * ldc + j] = alpha * sum + (beta == T(0) ? T(0) : beta * c[i * ldc + j]);
+    }
+}
+#else
 inline void blas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
                       std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m),
@@ -113,6 +131,7 @@ inline void blas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m),
               blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
 }
+#endif
 
 /** @brief C = alpha op(A) op(B) + beta C (row-major), rows of C split across the OpenMP threads. */
 template <scalar T>

@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# GPU check: bash tests/gpu/run.sh OUT_DIR
+# GPU check: bash tests/gpu/run.sh OUT_DIR    (about 8 minutes on one H200)
 #
-# Builds chunkstar (Release, CUDA tests on; CUDA architecture of the local GPU from nvidia-smi,
-# else 90) in OUT_DIR/build, runs every CTest test labelled `cuda`, then any GPU benchmark
-# binaries named bench_*_cuda (each with --json OUT_DIR/<binary>.json), then, where python3 has a
-# CUDA-enabled torch, the PyTorch baseline bench/gpu/torch_gpt.py (mini preset, fp32 and bf16),
-# and writes into OUT_DIR:
-#   nvidia-smi.txt, configure.log, build.log, ctest.log, bench_<name>.log, bench_<name>.json,
-#   torch_gpt_<precision>.log, torch_gpt_<precision>.json, summary.txt
-# A missing torch is noted in summary.txt ("torch: unavailable"), not a failure.
-# The GPU machine may lack Debian's doctest-dev and has no network: copy /usr/include/doctest/doctest.h
-# to build/deps/doctest/doctest.h here and carry `build/deps` along (tests/CMakeLists.txt looks there).
-# Self-contained (no package installation, no network); the exit code is non-zero when the build,
-# a test or a benchmark failed, or when no GPU was visible (every cuda test would only skip).
+# Builds chunkstar (Release, CUDA tests and the GPT example on; CUDA architecture of the local GPU
+# from nvidia-smi, else 90) in OUT_DIR/build, then, in one go:
+#   1. every CTest test labelled `cuda` (the library's CUDA tests, the GPT's CUDA kernels, the
+#      chunked GPT's same bits and numerics on the device, train_gpt --device cuda vs --device sim);
+#   2. every GPU benchmark binary bench_*_cuda, with --json OUT_DIR/<binary>.json (HBM copy limit,
+#      CUDA Adam, pinned memcpy peak, chunk moves through the copy engine);
+#   3. the trainer on CUDA (preset $GPU_TRAIN_PRESET, default gpt2 at batch 8 x seq 256) at 100%, 50%
+#      and 10% device budgets in fp32, bf16 and fp16: train_<precision>_<budget>.log;
+#   4. where python3 has a CUDA-enabled torch, the PyTorch baseline bench/gpu/torch_gpt.py on the same
+#      shape (all on the GPU, and with the optimizer on the CPU where DeepSpeed or FSDP is there);
+# and writes summary.txt (a table), results.json (every figure: tests/gpu/summarize.py) and the logs
+# into OUT_DIR. A missing torch is noted ("torch: unavailable"), not a failure.
+# The GPU machine has no network and may lack Debian packages: run `bash tests/gpu/prepare.sh` on the
+# development machine first and carry `build/deps` along (doctest and CLI11 headers; without a BLAS
+# the GPT's CPU kernels use their built-in GEMM); GPU_CMAKE_ARGS adds configure options (to rehearse
+# on a machine with the packages: -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON and so on). The exit code is non-zero when the build, a test,
+# a run or a benchmark failed, or when no GPU was visible (every cuda test would only skip).
 set -uo pipefail
 
 if (($# != 1)); then
@@ -42,14 +47,18 @@ else
 fi
 
 start=$SECONDS
+# shellcheck disable=SC2086  # GPU_CMAKE_ARGS: several options, split on purpose
 if ! cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCHUNKSTAR_BUILD_CUDA_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-      -DCHUNKSTAR_BUILD_EXAMPLES=OFF -DCHUNKSTAR_VERIFY_HEADERS=OFF >"$out/configure.log" 2>&1; then
+      -DCHUNKSTAR_BUILD_EXAMPLES=ON -DCHUNKSTAR_BUILD_BENCHMARKS=ON -DCHUNKSTAR_VERIFY_HEADERS=OFF ${GPU_CMAKE_ARGS:-} \
+      >"$out/configure.log" 2>&1; then
   note "configure: FAILED (see configure.log)"
   exit 1
 fi
-# Only what the cuda tests and GPU benchmarks need: test_cuda_* and bench_*_cuda targets.
-targets=$(cmake --build "$build" --target help 2>/dev/null | sed -n 's/^\(test_cuda_[A-Za-z0-9_]*\|bench_[A-Za-z0-9_]*_cuda\):.*/\1/p' | sort -u)
+# Only what the cuda tests, the GPU benchmarks and the trainer need: test_cuda_*, test_*_cuda,
+# bench_*_cuda and train_gpt.
+targets=$(cmake --build "$build" --target help 2>/dev/null |
+  sed -n 's/^\(test_cuda_[A-Za-z0-9_]*\|test_[A-Za-z0-9_]*_cuda\|bench_[A-Za-z0-9_]*_cuda\|train_gpt\):.*/\1/p' | sort -u)
 if ! grep -q 'CUDA=1' "$out/configure.log"; then
   note "configure: the CUDA toolkit was not found (see configure.log); put nvcc on PATH"
   exit 1
@@ -67,7 +76,7 @@ fi
 note "build: $(echo $targets | wc -w) targets in $((SECONDS - start)) s"
 
 start=$SECONDS
-(cd "$build" && ctest -L cuda --output-on-failure --timeout 120 -j1) >"$out/ctest.log" 2>&1
+(cd "$build" && ctest -L cuda --output-on-failure --timeout 300 -j1) >"$out/ctest.log" 2>&1
 rc=$?
 grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed' "$out/ctest.log" >>"$summary"
 if ((rc != 0)); then failed=1; fi
@@ -91,12 +100,36 @@ for exe in $(find "$build/bench" -type f -name 'bench_*_cuda' -perm -u+x 2>/dev/
   fi
 done
 
-# The PyTorch baseline: the same GPT shapes, all on the GPU and with the optimizer on the CPU.
+# The trainer on the GPU: three budgets (a share of the model data beside the activations) in
+# three precisions, the same shape and steps each, so the table compares them side by side.
+train_args=(--preset "${GPU_TRAIN_PRESET:-gpt2}" --batch "${GPU_TRAIN_BATCH:-8}" --seq "${GPU_TRAIN_SEQ:-256}"
+            --steps "${GPU_TRAIN_STEPS:-12}" --warmup 2 --val-every 0 --sample 0 --device cuda)
+train_exe=$build/examples/gpt/train_gpt
+if [[ -x $train_exe ]]; then
+  for precision in fp32 bf16 fp16; do
+    for budget in 100 50 10; do
+      name=train_${precision}_$budget
+      start=$SECONDS
+      if timeout 180 "$train_exe" "${train_args[@]}" --precision "$precision" --device-budget "$budget%" >"$out/$name.log" 2>&1; then
+        note "$name: passed in $((SECONDS - start)) s: $(grep -m1 '^summary:' "$out/$name.log")"
+      else
+        note "$name: FAILED (rc=$?) in $((SECONDS - start)) s (see $name.log)"
+        failed=1
+      fi
+    done
+  done
+else
+  note "train_gpt: not built (see configure.log: BLAS or CLI11 missing?)"
+  failed=1
+fi
+
+# The PyTorch baseline: the same GPT shape, all on the GPU and with the optimizer on the CPU.
 if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
   for precision in fp32 bf16; do
     name=torch_gpt_$precision
     start=$SECONDS
-    if timeout 300 python3 "$repo/bench/gpu/torch_gpt.py" --preset mini --steps 20 --precision "$precision" \
+    if timeout 300 python3 "$repo/bench/gpu/torch_gpt.py" --preset "${GPU_TRAIN_PRESET:-gpt2}" --batch "${GPU_TRAIN_BATCH:-8}" \
+          --seq "${GPU_TRAIN_SEQ:-256}" --steps "${GPU_TRAIN_STEPS:-12}" --precision "$precision" \
           --json "$out/$name.json" >"$out/$name.log" 2>&1; then
       note "$name: passed in $((SECONDS - start)) s"
       grep -E '^  (device|cpu_optimizer) ' "$out/$name.log" >>"$summary"
@@ -109,5 +142,7 @@ else
   note "torch: unavailable (python3 cannot import torch with CUDA); torch_gpt not run"
 fi
 
+if python3 "$repo/tests/gpu/summarize.py" "$out" >"$out/table.txt" 2>"$out/summarize.log"; then cat "$out/table.txt" >>"$summary"
+else note "summarize: FAILED (see summarize.log)"; failed=1; fi
 note "gpu check: $([[ $failed == 0 ]] && echo PASSED || echo FAILED)"
 exit $failed
