@@ -56,6 +56,15 @@ struct memory_need {
   std::size_t device = 0;       ///< the (simulated) device's capacity, host memory on this backend
 };
 
+/** @brief The host memory a run needs: on the simulated device its capacity is host memory too
+ *  (activations and part of the model data); on a real device (@p device_is_host_memory false) the
+ *  activations live there and only the model data can come to the host (all of it at worst). */
+inline memory_need host_memory_need(std::size_t model_data, std::size_t activations, std::size_t device_capacity,
+                                    bool device_is_host_memory) {
+  if (device_is_host_memory) return {.model_data = model_data, .activations = activations, .device = device_capacity};
+  return {.model_data = model_data};
+}
+
 /** @brief Address space the run grows by beyond its data once it computes: per core a BLAS buffer
  *  (OpenBLAS: 128 MiB), a malloc arena (64 MiB) and a thread stack (8 MiB); the copy engine's
  *  threads' stacks; and a margin. Measured on the trainer: 370 MiB of growth for `tiny` on 2 cores,

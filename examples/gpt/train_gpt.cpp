@@ -322,7 +322,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     throw config_error("the model data (" + format_bytes(model_bytes) + ") does not fit in --host-budget " + format_bytes(host_capacity) +
                        " plus the device's room beside the activations (" + format_bytes(device_capacity - act) +
                        "): raise --host-budget or --device-budget, or train a smaller model");
-  gpt::check_memory({.model_data = model_bytes + collective, .activations = act, .device = device_capacity});
+  gpt::check_memory(gpt::host_memory_need(model_bytes + collective, act, device_capacity, device_free == 0));
   const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
   const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
   parts memory(device_capacity, host_capacity, link);

@@ -320,3 +320,15 @@ TEST_CASE("--device-budget: a size, a share of the model data, or auto (a GPU's 
   o.device_budget = "25%";  // a share ignores the device's size (the trainer checks it fits)
   CHECK(gpt::device_budget_bytes(o, gpu) == 1200 + 2500);
 }
+
+TEST_CASE("the memory check counts a real device's budget on the device, the simulated device's in host memory") {
+  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const auto physical = static_cast<std::size_t>(static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * page);
+  const std::size_t model = 64 << 20, act = 16 << 20, device = 2 * physical;  // a GPU larger than this host's memory
+  CHECK_NOTHROW(gpt::check_memory(gpt::host_memory_need(model, act, device, false)));
+  CHECK_THROWS_AS(gpt::check_memory(gpt::host_memory_need(model, act, device, true)), out_of_memory_error);
+  const auto gpu = gpt::host_memory_need(model, act, device, false);
+  CHECK(gpu.model_data == model);  // every chunk may come to the host
+  CHECK(gpu.activations == 0);
+  CHECK(gpu.device == 0);
+}
