@@ -151,20 +151,32 @@ enum class disk_job_kind : unsigned char { read, write, zero_disk, zero_host, wa
          " of '" + path + "' failed: " + std::strerror(err);
 }
 
-}  // namespace detail
+/** @brief The I/O back-end of `disk_copy_engine`: one pread or pwrite. Returns the bytes moved
+ *  or -errno; the engine retries EINTR and continues short transfers. */
+struct posix_io {
+  static constexpr const char* engine_name = "disk_copy_engine";
+  static constexpr const char* read_name = "pread";
+  static constexpr const char* write_name = "pwrite";
+  [[nodiscard]] long long rw(bool write, int fd, void* buf, std::size_t n, std::uint64_t off) noexcept {
+    const ssize_t r = write ? ::pwrite(fd, buf, n, static_cast<off_t>(off)) : ::pread(fd, buf, n, static_cast<off_t>(off));
+    return r < 0 ? -static_cast<long long>(errno) : static_cast<long long>(r);
+  }
+};
 
-/** @brief Copies between host memory and one `disk_space` with pread/pwrite. Thread-safe. Models
- *  `CopyEngine`. The destructor waits for every queued job and never throws. */
-class disk_copy_engine {
+/** @brief The engine over an I/O back-end `Io` (posix_io, uring_io): lanes, pieces, bounce
+ *  buffers, checksums and error mapping are the same for every back-end. Use the aliases
+ *  `disk_copy_engine` and `uring_copy_engine`. */
+template <class Io>
+class basic_disk_copy_engine {
  public:
-  explicit disk_copy_engine(disk_space& space, disk_copy_engine_options options = {})
+  explicit basic_disk_copy_engine(disk_space& space, disk_copy_engine_options options = {})
       : space_(space), options_(options) {
     const std::size_t b = space_.block_alignment();
     if (options_.threads_per_direction == 0) {
-      throw config_error("disk_copy_engine: threads_per_direction must be >= 1 (default 2)");
+      throw config_error(std::string(Io::engine_name) + ": threads_per_direction must be >= 1 (default 2)");
     }
     if (options_.piece_bytes < b || (options_.piece_bytes & (options_.piece_bytes - 1)) != 0) {
-      throw config_error("disk_copy_engine: piece_bytes " + std::to_string(options_.piece_bytes) +
+      throw config_error(std::string(Io::engine_name) + ": piece_bytes " + std::to_string(options_.piece_bytes) +
                          " must be a power of two >= the space's block (" + std::to_string(b) + ")");
     }
     max_io_ = options_.max_io_bytes;
@@ -180,10 +192,10 @@ class disk_copy_engine {
       throw;
     }
   }
-  disk_copy_engine(const disk_copy_engine&) = delete;
-  disk_copy_engine& operator=(const disk_copy_engine&) = delete;
+  basic_disk_copy_engine(const basic_disk_copy_engine&) = delete;
+  basic_disk_copy_engine& operator=(const basic_disk_copy_engine&) = delete;
   /** @brief Finishes every queued job, then joins the workers. */
-  ~disk_copy_engine() { stop(); }
+  ~basic_disk_copy_engine() { stop(); }
 
   /** @brief Copies and returns once done (rethrows the copy's error); ordered like copy_async in `d`. */
   void copy(void* dst, const void* src, std::size_t bytes, copy_direction d) { copy_async(dst, src, bytes, d).wait(); }
@@ -193,7 +205,7 @@ class disk_copy_engine {
   disk_copy_handle copy_async(void* dst, const void* src, std::size_t bytes, copy_direction d) {
     const bool src_disk = space_.contains(src), dst_disk = space_.contains(dst);
     if (src_disk == dst_disk) {
-      return failed(config_error(std::string("disk_copy_engine: a copy of ") + std::to_string(bytes) + " bytes with " +
+      return failed(config_error(std::string(std::string(Io::engine_name) + ": a copy of ") + std::to_string(bytes) + " bytes with " +
                                  (src_disk ? "both pointers" : "neither pointer") + " in disk space '" + space_.name() +
                                  "'; exactly one side must be a block of the engine's disk_space"));
     }
@@ -219,7 +231,7 @@ class disk_copy_engine {
       j->offset = space_.offset_of(dst);
     } else {
       if (dst == nullptr && bytes > 0) {
-        return failed(config_error("disk_copy_engine: zero_async of " + std::to_string(bytes) + " bytes at a null address"));
+        return failed(config_error(std::string(Io::engine_name) + ": zero_async of " + std::to_string(bytes) + " bytes at a null address"));
       }
       j->kind = detail::disk_job_kind::zero_host;
       j->host = static_cast<unsigned char*>(dst);
@@ -294,12 +306,12 @@ class disk_copy_engine {
   std::unique_ptr<std::string> check_range(const void* p, std::size_t n, const void* host) const {
     const std::uint64_t off = space_.offset_of(p);
     if (n > space_.capacity() - off) {
-      return std::make_unique<std::string>("disk_copy_engine: " + std::to_string(n) + " bytes at offset " +
+      return std::make_unique<std::string>(std::string(Io::engine_name) + ": " + std::to_string(n) + " bytes at offset " +
                                            std::to_string(off) + " run past the end of disk space '" + space_.name() +
                                            "' (" + std::to_string(space_.capacity()) + " bytes)");
     }
     if (host == nullptr && n > 0) {
-      return std::make_unique<std::string>("disk_copy_engine: a copy of " + std::to_string(n) +
+      return std::make_unique<std::string>(std::string(Io::engine_name) + ": a copy of " + std::to_string(n) +
                                            " bytes with a null host pointer");
     }
     return nullptr;
@@ -314,7 +326,7 @@ class disk_copy_engine {
 
   disk_copy_handle enqueue(copy_direction d, std::shared_ptr<job> j) {
     const auto i = static_cast<std::size_t>(d);
-    if (i >= copy_direction_count) return failed(config_error("disk_copy_engine: unknown copy_direction"));
+    if (i >= copy_direction_count) return failed(config_error(std::string(Io::engine_name) + ": unknown copy_direction"));
     if (j->kind != detail::disk_job_kind::wait && j->kind != detail::disk_job_kind::zero_host && j->bytes > 0) {
       const std::uint64_t p = options_.piece_bytes;
       j->pieces = static_cast<std::size_t>((j->offset + j->bytes - 1) / p - j->offset / p + 1);
@@ -389,7 +401,7 @@ class disk_copy_engine {
       }
       if (got != expect) {
         j.failure = std::make_exception_ptr(corruption_error(
-            "disk_copy_engine: checksum mismatch reading " + std::to_string(j.bytes) + " bytes at offset " +
+            std::string(Io::engine_name) + ": checksum mismatch reading " + std::to_string(j.bytes) + " bytes at offset " +
             std::to_string(j.offset) + " of '" + space_.path() + "' (written crc32c " + std::to_string(expect) +
             ", read " + std::to_string(got) + "): the file was changed outside the engine or the disk corrupted it"));
       }
@@ -464,16 +476,14 @@ class disk_copy_engine {
     while (done < n) {
       std::size_t want = n - done;
       if (max_io_ != 0) want = std::min(want, max_io_);
-      const int fd = space_.fd();
-      const ssize_t r = write ? ::pwrite(fd, buf + done, want, static_cast<off_t>(off + done))
-                              : ::pread(fd, buf + done, want, static_cast<off_t>(off + done));
+      const long long r = io_.rw(write, space_.fd(), buf + done, want, off + done);
+      const char* op = write ? Io::write_name : Io::read_name;
       if (r < 0) {
-        if (errno == EINTR) continue;
-        throw io_error(detail::disk_io_what(write ? "pwrite" : "pread", want, off + done, space_.path(), errno));
+        if (r == -EINTR || r == -EAGAIN) continue;
+        throw io_error(detail::disk_io_what(op, want, off + done, space_.path(), static_cast<int>(-r)));
       }
       if (r == 0) {
-        throw io_error(detail::disk_io_what(write ? "pwrite" : "pread", want, off + done, space_.path(), EIO) +
-                       " (no progress: end of file)");
+        throw io_error(detail::disk_io_what(op, want, off + done, space_.path(), EIO) + " (no progress: end of file)");
       }
       {
         const std::lock_guard lock(io_mutex_);
@@ -506,12 +516,20 @@ class disk_copy_engine {
 
   disk_space& space_;
   disk_copy_engine_options options_;
+  Io io_;  // before the lanes: workers use it until stop() joins them
   std::size_t max_io_ = 0;
   detail::range_checksums checksums_;
   mutable std::mutex io_mutex_;
   disk_io_stats io_stats_;
   std::array<lane, copy_direction_count> lanes_;
 };
+
+}  // namespace detail
+
+/** @brief Copies between host memory and one `disk_space` with pread/pwrite on
+ *  `threads_per_direction` workers per lane. Thread-safe. Models `CopyEngine`. The destructor
+ *  waits for every queued job and never throws. */
+using disk_copy_engine = detail::basic_disk_copy_engine<detail::posix_io>;
 
 static_assert(CopyEngine<disk_copy_engine>);
 
