@@ -45,6 +45,19 @@ if(CHUNKSTAR_HAS_MPI)
   list(APPEND _chunkstar_export_targets chunkstar_mpi)
 endif()
 
+# The io_uring disk engine (chunkstar/disk/uring_copy_engine.hpp). The thread-pool disk engine
+# needs nothing beyond POSIX and is in chunkstar::core.
+if(CHUNKSTAR_HAS_URING)
+  add_library(chunkstar_uring INTERFACE)
+  add_library(chunkstar::uring ALIAS chunkstar_uring)
+  set_target_properties(chunkstar_uring PROPERTIES EXPORT_NAME uring)
+  target_include_directories(chunkstar_uring INTERFACE $<BUILD_INTERFACE:${CHUNKSTAR_URING_INCLUDE_DIR}>)
+  target_link_libraries(chunkstar_uring INTERFACE chunkstar_core
+    $<BUILD_INTERFACE:${CHUNKSTAR_URING_LIBRARY}> $<INSTALL_INTERFACE:uring>)
+  target_link_libraries(chunkstar_chunkstar INTERFACE chunkstar_uring)
+  list(APPEND _chunkstar_export_targets chunkstar_uring)
+endif()
+
 # ISA helpers: compiler flags for the includer's own code. chunkstar's SIMD kernels (Adam, gradient
 # scans, dtype conversions) no longer need them: every build compiles their portable, AVX2 and
 # AVX-512 paths and chooses one at run time from the CPU (core/cpu_isa.hpp), so a default -O3

@@ -6,7 +6,7 @@
 CHUNKSTAR_DEBIAN_PACKAGES=(
   cmake ninja-build g++ clang git pkg-config
   doctest-dev nlohmann-json3-dev libcli11-dev
-  libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox
+  libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox liburing-dev
 )
 
 # chunkstar_install_deps [package...]: defaults to CHUNKSTAR_DEBIAN_PACKAGES.

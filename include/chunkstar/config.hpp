@@ -17,6 +17,9 @@
 #define CHUNKSTAR_CONFIG_HAS_NCCL 0
 #define CHUNKSTAR_CONFIG_HAS_MPI 0
 #endif
+#ifndef CHUNKSTAR_CONFIG_HAS_URING  // also absent from headers generated before the disk tier
+#define CHUNKSTAR_CONFIG_HAS_URING 0
+#endif
 
 /// 1 when this build found the CUDA toolkit (Tier 1 headers under chunkstar/cuda/ are usable).
 #define CHUNKSTAR_HAS_CUDA() (CHUNKSTAR_CONFIG_HAS_CUDA)
@@ -24,6 +27,8 @@
 #define CHUNKSTAR_HAS_NCCL() (CHUNKSTAR_CONFIG_HAS_NCCL)
 /// 1 when this build found MPI.
 #define CHUNKSTAR_HAS_MPI() (CHUNKSTAR_CONFIG_HAS_MPI)
+/// 1 when this build found liburing (chunkstar/disk/uring_copy_engine.hpp is usable; link chunkstar::uring).
+#define CHUNKSTAR_HAS_URING() (CHUNKSTAR_CONFIG_HAS_URING)
 
 // Small pure functions that kernels also need: host+device under nvcc, plain inline elsewhere.
 // Only the annotation changes, never the declaration's existence.

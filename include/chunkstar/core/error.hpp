@@ -59,6 +59,13 @@ class io_error : public error {
   using error::error;
 };
 
+/** @brief Bytes read back differ from the bytes written (a checksum mismatch): the storage or
+ *         something outside chunkstar changed them. The message names the offset. */
+class corruption_error : public io_error {
+ public:
+  using io_error::io_error;
+};
+
 /** @brief A checkpoint could not be written, or one being read is corrupt, truncated or foreign. */
 class checkpoint_error : public io_error {
  public:
