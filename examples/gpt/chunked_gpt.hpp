@@ -121,7 +121,6 @@ class chunked_gpt {
   [[nodiscard]] std::size_t tokens_per_batch() const noexcept { return shape_.batch * shape_.seq; }
   [[nodiscard]] Backend& backend() noexcept { return be_; }
 
-
   /** @brief Forward and backward of one micro-batch; gradients (of loss × @p loss_scale) are added
    *  into the runtime's gradient chunks. Returns the mean loss. */
   double forward_backward(const int* tokens, const int* targets, float loss_scale = 1.0f) {
