@@ -208,12 +208,8 @@ def adamw_impl(torch, dev):
     return {"foreach": True}, "torch.optim.AdamW(foreach)"
 
 
-def mode_device(torch, a, dev, cfg, runner, batches):
-    torch.manual_seed(a.seed)
-    model = build_model(torch, cfg).to(dev)
-    kw, name = adamw_impl(torch, dev)
-    opt = torch.optim.AdamW(param_groups(model, a.weight_decay), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, **kw)
-    scaler = torch.amp.GradScaler(dev.type) if a.precision == "fp16" else None
+def make_step(model, opt, scaler, runner):
+    """One training step of `model` with `opt` (and a loss scaler for fp16): returns the loss."""
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
@@ -228,7 +224,16 @@ def mode_device(torch, a, dev, cfg, runner, batches):
             opt.step()
         return loss.item()
 
-    return name, runner.run(batches, step)
+    return step
+
+
+def mode_device(torch, a, dev, cfg, runner, batches):
+    torch.manual_seed(a.seed)
+    model = build_model(torch, cfg).to(dev)
+    kw, name = adamw_impl(torch, dev)
+    opt = torch.optim.AdamW(param_groups(model, a.weight_decay), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, **kw)
+    scaler = torch.amp.GradScaler(dev.type) if a.precision == "fp16" else None
+    return name, runner.run(batches, make_step(model, opt, scaler, runner))
 
 
 def mode_deepspeed(torch, a, dev, cfg, runner, batches):
@@ -319,21 +324,8 @@ def mode_fsdp(torch, a, dev, cfg, runner, batches):
 
                 scaler = ShardedGradScaler()
 
-            def step(x, y):
-                opt.zero_grad(set_to_none=True)
-                with runner.autocast():
-                    loss = fsdp(x, y)
-                if scaler:
-                    scaler.scale(loss).backward()
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    loss.backward()
-                    opt.step()
-                return loss.item()
-
             return f"FSDP(CPUOffload(offload_params=True), {backend}, 1 rank) + torch.optim.AdamW(foreach) on the CPU", runner.run(
-                batches, step
+                batches, make_step(fsdp, opt, scaler, runner)
             )
         finally:
             dist.destroy_process_group()

@@ -11,6 +11,7 @@
 // from the forward through the backward; and the losses and weights are the CPU backend's bit for
 // bit, at any budget and policy.
 #include "chunked_gpt.hpp"
+#include "chunked_setup.hpp"
 #include "data.hpp"
 #include "support/scripted_copy_engine.hpp"
 
@@ -157,25 +158,10 @@ run_result train(Runtime& rt, Backend backend, Memory& dev, const gpt::gpt_confi
   return r;
 }
 
-struct setup {
-  gpt::gpt_config c = gpt::parse_preset("tiny");
-  gpt::batch_shape shape{2, 32};
-  fixed_chunk_layout layout;
-  std::size_t model_bytes = 0, non_model = 0;
-  /** Chunks of the largest tensor's size. */
-  static fixed_chunk_layout layout_for(const gpt::gpt_config& c, dtype type) {
-    std::size_t largest = 0;
-    for (const auto& s : gpt::param_specs(c, type)) largest = std::max(largest, s.numel());
-    return fixed_chunk_layout({.chunk_elems = (largest + 31) / 32 * 32});
-  }
-  explicit setup(dtype type) : layout(layout_for(c, type)) {
-    const auto specs = gpt::param_specs(c, type);
-    for (const auto& l : make_chunk_lists(layout.plan(specs), {.param_type = type})) model_bytes += l.chunk_bytes * l.num_chunks;
-    non_model = gpt::non_model_bytes<scripted_backend>(c, shape, type) + (64u << 10);
-  }
-  std::size_t capacity(double fraction) const {
-    return non_model + static_cast<std::size_t>(fraction * static_cast<double>(model_bytes));
-  }
+/** The shape these tests train, and a device capacity for a share of its model data. */
+struct setup : gpt::testing::chunked_setup {
+  explicit setup(dtype type) : chunked_setup(type, {2, 32}) {}
+  std::size_t capacity(double fraction) const { return chunked_setup::capacity<scripted_backend>(fraction, 64u << 10); }
 };
 
 /** The reference: the CPU backend on the simulated platform, everything resident. */
@@ -198,7 +184,7 @@ run_result scripted(dtype type, double fraction, Placement placement, backend_lo
   log.engine = &engine;
   checked_runtime<Placement, Eviction> rt(dev, host, engine, {.param_type = type, .prefetch_depth = 2}, s.layout, placement);
   rt.log = &log;
-  auto r = train(rt, scripted_backend{.log = &log}, dev, s.c, s.shape);
+  auto r = train(rt, scripted_backend{.log = &log, .cpu = {}}, dev, s.c, s.shape);
   // Every scope closed with the backend's stream: per training step 2 L + 4 scopes (embedding,
   // blocks, head, then back), for the evaluation L + 2 and for sampling L + 2 more.
   const auto records = engine.ops_of(scripted_op_kind::record);

@@ -7,6 +7,7 @@
 // The decisions these runs rely on (streams, waits, buffers) are checked on the CPU by
 // backend_contract.test.cpp.
 #include "chunked_gpt.hpp"
+#include "chunked_setup.hpp"
 #include "data.hpp"
 #include "gpt_backend_cuda.hpp"
 
@@ -32,24 +33,12 @@ struct run_result {
   runtime_stats stats;
 };
 
-struct shape_info {
-  gpt::gpt_config c = gpt::parse_preset("tiny");
-  gpt::batch_shape shape{4, 64};
-  fixed_chunk_layout layout;
-  std::size_t model_bytes = 0;
-  /** Chunks of the largest tensor's size. */
-  static fixed_chunk_layout layout_for(const gpt::gpt_config& c, dtype type) {
-    std::size_t largest = 0;
-    for (const auto& s : gpt::param_specs(c, type)) largest = std::max(largest, s.numel());
-    return fixed_chunk_layout({.chunk_elems = (largest + 31) / 32 * 32});
-  }
-  explicit shape_info(dtype type) : layout(layout_for(c, type)) {
-    const auto specs = gpt::param_specs(c, type);
-    for (const auto& l : make_chunk_lists(layout.plan(specs), {.param_type = type})) model_bytes += l.chunk_bytes * l.num_chunks;
-  }
+/** The shape these tests train; capacities leave 1 MiB beside the non-model memory. */
+struct shape_info : gpt::testing::chunked_setup {
+  explicit shape_info(dtype type) : chunked_setup(type, {4, 64}) {}
   template <class Backend>
-  std::size_t capacity(dtype type, double fraction) const {
-    return gpt::non_model_bytes<Backend>(c, shape, type) + (1u << 20) + static_cast<std::size_t>(fraction * static_cast<double>(model_bytes));
+  std::size_t capacity(double fraction) const {
+    return chunked_setup::capacity<Backend>(fraction, 1u << 20);
   }
 };
 
@@ -86,7 +75,7 @@ template <class Placement, class Eviction, class Scaler = static_loss_scaler>
 run_result on_gpu(dtype type, double fraction, Placement placement, std::size_t prefetch, int steps) {
   using rt_t = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, single_process_communicator, cuda::cuda_platform>;
   const shape_info s(type);
-  cuda::device_space dev({.capacity = s.capacity<gpt::cuda_backend>(type, fraction)});
+  cuda::device_space dev({.capacity = s.capacity<gpt::cuda_backend>(fraction)});
   cuda::pinned_host_space host;
   cuda::cuda_copy_engine copier;
   rt_t rt(dev, host, copier, {.param_type = type, .prefetch_depth = prefetch}, s.layout, placement);
@@ -96,7 +85,7 @@ run_result on_gpu(dtype type, double fraction, Placement placement, std::size_t 
 run_result on_cpu(dtype type, int steps) {
   using rt_t = chunk_runtime<fixed_chunk_layout, static_placement>;
   const shape_info s(type);
-  simulated_device_space dev({.capacity = s.capacity<gpt::cpu_backend>(type, 1.0)});
+  simulated_device_space dev({.capacity = s.capacity<gpt::cpu_backend>(1.0)});
   host_space host;
   host_copy_engine copier;
   rt_t rt(dev, host, copier, {.param_type = type}, s.layout, static_placement::all_device());

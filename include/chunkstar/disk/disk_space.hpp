@@ -83,22 +83,10 @@ class disk_space {
    *  its file offset's. Larger alignments are honoured in the address only. */
   static constexpr std::size_t base_alignment = std::size_t{2} << 20;
 
-  explicit disk_space(disk_space_options options) : options_(std::move(options)) {
+  explicit disk_space(disk_space_options options)
+      : options_(std::move(options)), capacity_(validated_capacity(options_)), accounting_(capacity_) {
     const std::string& dir = options_.directory;
-    if (dir.empty()) {
-      throw config_error(options_.name + ": disk_space_options::directory is empty; name an existing, writable "
-                                         "directory on the disk that should hold the swap file");
-    }
-    if (options_.capacity == 0) {
-      throw config_error(options_.name + ": disk_space_options::capacity is 0; set the bytes of disk to use (for "
-                                         "example 64 GiB)");
-    }
     const std::size_t b = options_.block_alignment;
-    if (b < 512 || (b & (b - 1)) != 0) {
-      throw config_error(options_.name + ": block_alignment " + std::to_string(b) +
-                         " must be a power of two >= 512 (default 4096)");
-    }
-    capacity_ = detail::round_up_pow2(options_.capacity, b);
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0) {
       const int e = errno;
@@ -202,8 +190,7 @@ class disk_space {
       if (start > off) it->second = start - off;  // the head stays free
       else free_.erase(it);
       if (tail_len > 0) free_.emplace(tail_off, tail_len);
-      used_ += size;
-      peak_ = std::max(peak_, used_);
+      (void)accounting_.try_reserve(size);  // cannot fail: the free extents never exceed the capacity
       return base_ + start;
     }
     return nullptr;
@@ -214,7 +201,7 @@ class disk_space {
     if (p == nullptr || !contains(p)) return;
     std::size_t off = offset_of(p), size = rounded(n);
     const std::lock_guard lock(mutex_);
-    used_ -= std::min(size, used_);
+    accounting_.release(size);
     auto next = free_.lower_bound(off);
     if (next != free_.begin()) {
       auto prev = std::prev(next);
@@ -259,25 +246,17 @@ class disk_space {
 
   /** @brief The capacity in bytes (the option rounded up to the block). */
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
-  [[nodiscard]] std::size_t used() const noexcept {
-    const std::lock_guard lock(mutex_);
-    return used_;
-  }
+  [[nodiscard]] std::size_t used() const noexcept { return accounting_.used(); }
   /** @brief Highest `used()` since construction or reset_peak(). */
-  [[nodiscard]] std::size_t peak() const noexcept {
-    const std::lock_guard lock(mutex_);
-    return peak_;
-  }
-  void reset_peak() noexcept {
-    const std::lock_guard lock(mutex_);
-    peak_ = used_;
-  }
+  [[nodiscard]] std::size_t peak() const noexcept { return accounting_.peak(); }
+  void reset_peak() noexcept { accounting_.reset_peak(); }
   /** @brief Usage; `largest_free_block` is the largest free extent (the file can fragment). */
   [[nodiscard]] space_usage usage() const {
     const std::lock_guard lock(mutex_);
-    std::size_t largest = 0;
-    for (const auto& [off, len] : free_) largest = std::max(largest, len);
-    return space_usage{options_.name, capacity_, used_, peak_, largest};
+    space_usage u = accounting_.snapshot(options_.name);
+    u.largest_free_block = 0;
+    for (const auto& [off, len] : free_) u.largest_free_block = std::max(u.largest_free_block, len);
+    return u;
   }
   [[nodiscard]] const std::string& name() const noexcept { return options_.name; }
   [[nodiscard]] const disk_space_options& options() const noexcept { return options_; }
@@ -289,6 +268,24 @@ class disk_space {
       if (self) self->release();
     }
   };
+
+  /** The options checked (directory named, capacity > 0, block a power of two >= 512) and the
+   *  capacity rounded up to the block. */
+  static std::size_t validated_capacity(const disk_space_options& o) {
+    if (o.directory.empty()) {
+      throw config_error(o.name + ": disk_space_options::directory is empty; name an existing, writable "
+                                  "directory on the disk that should hold the swap file");
+    }
+    if (o.capacity == 0) {
+      throw config_error(o.name + ": disk_space_options::capacity is 0; set the bytes of disk to use (for "
+                                  "example 64 GiB)");
+    }
+    const std::size_t b = o.block_alignment;
+    if (b < 512 || (b & (b - 1)) != 0) {
+      throw config_error(o.name + ": block_alignment " + std::to_string(b) + " must be a power of two >= 512 (default 4096)");
+    }
+    return detail::round_up_pow2(o.capacity, b);
+  }
 
   [[nodiscard]] std::size_t rounded(std::size_t n) const noexcept {
     return detail::round_up_pow2(n == 0 ? 1 : n, options_.block_alignment);
@@ -314,10 +311,9 @@ class disk_space {
   unsigned char* map_ = nullptr;   // the whole reservation
   std::size_t map_bytes_ = 0;
   unsigned char* base_ = nullptr;  // block-aligned start inside it: file offset 0
-  mutable std::mutex mutex_;
+  detail::space_accounting accounting_;  // used and peak bytes
+  mutable std::mutex mutex_;             // the free list (taken before accounting_'s own lock)
   std::map<std::size_t, std::size_t> free_;  // offset -> length, disjoint, coalesced
-  std::size_t used_ = 0;
-  std::size_t peak_ = 0;
 };
 
 // can_access_v<host_exec, disk_space> stays false (the primary template): the range is PROT_NONE.
