@@ -80,12 +80,15 @@ void zero(T* p, std::size_t n) {
 // calling a single-threaded BLAS on its own block of rows of C. OpenBLAS's own thread pool
 // (pthreads) is told to stay at one thread: two pools on the same cores wait and spin against
 // each other (a third of the time on two cores, and 0.7x the speed without OMP_WAIT_POLICY=PASSIVE).
-// Each element of C is computed by the same BLAS kernel over the same k order whichever rows a
-// thread gets, so the split changes no result (the thread-count test proves it).
+// The rows are split into blocks of a fixed height, whatever the number of threads, and each block
+// is one BLAS call: a BLAS may pick its kernel (and so its rounding) by the shape of the call
+// (OpenBLAS does on AMD Zen), so a split that followed the thread count changed the bits. With the
+// split a function of the shape alone, every thread count gives the same bits (the thread-count
+// test proves it).
 namespace detail {
 
-/** @brief Rows of C per task are a multiple of this (the BLAS micro-kernels' tile height). */
-inline constexpr std::size_t gemm_row_align = 32;
+/** @brief Rows of C per BLAS call when a GEMM is split (a multiple of the micro-kernels' tile height). */
+inline constexpr std::size_t gemm_rows_per_call = 128;
 /** @brief GEMMs below this many multiply-adds run on the calling thread. */
 inline constexpr std::size_t gemm_parallel_min = std::size_t{1} << 18;
 
@@ -138,20 +141,14 @@ template <scalar T>
 void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a, std::size_t lda,
           const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
   blas_single_threaded();
-  const std::size_t tiles = (m + gemm_row_align - 1) / gemm_row_align;
-#if defined(_OPENMP)
-  const std::size_t threads = omp_in_parallel() ? 1 : static_cast<std::size_t>(omp_get_max_threads());
-#else
-  const std::size_t threads = 1;
-#endif
-  const std::size_t tasks = std::min(threads, tiles);
-  if (tasks <= 1 || m * n * k < gemm_parallel_min) {
+  const std::size_t calls = (m + gemm_rows_per_call - 1) / gemm_rows_per_call;
+  if (calls <= 1 || m * n * k < gemm_parallel_min) {
     blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(tasks))
-  for (std::size_t t = 0; t < tasks; ++t) {
-    const std::size_t r0 = tiles * t / tasks * gemm_row_align, r1 = std::min(m, tiles * (t + 1) / tasks * gemm_row_align);
+#pragma omp parallel for schedule(static) if (!omp_in_parallel())
+  for (std::size_t t = 0; t < calls; ++t) {
+    const std::size_t r0 = t * gemm_rows_per_call, r1 = std::min(m, r0 + gemm_rows_per_call);
     // Row r of op(A) is row r of A (lda apart), or column r of A when A is transposed.
     const T* a_rows = ta ? a + r0 : a + r0 * lda;
     blas_gemm(ta, tb, r1 - r0, n, k, alpha, a_rows, lda, b, ldb, beta, c + r0 * ldc, ldc);

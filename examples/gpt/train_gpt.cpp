@@ -27,6 +27,11 @@
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/comm/communicator_ref.hpp>
 #include <chunkstar/config.hpp>
+#include <chunkstar/disk/disk_copy_engine.hpp>
+#include <chunkstar/disk/disk_tier.hpp>
+#if CHUNKSTAR_HAS_URING()
+#include <chunkstar/disk/uring_copy_engine.hpp>
+#endif
 #if CHUNKSTAR_HAS_MPI()
 #include <chunkstar/mpi/mpi_communicator.hpp>
 #endif
@@ -137,8 +142,12 @@ struct platform_parts<simulated_platform> {
   simulated_device_space device;
   host_space host;
   host_copy_engine copier;
-  platform_parts(std::size_t device_capacity, std::size_t host_capacity, copy_model link)
-      : device({.capacity = device_capacity, .link = link, .name = "device"}), host({.capacity = host_capacity}), copier(link) {}
+  // Large blocks are charged in 2 MiB pages; with a disk tier, whose host budget counts chunk bytes,
+  // every block is charged what it asks for instead.
+  platform_parts(std::size_t device_capacity, std::size_t host_capacity, copy_model link, bool exact_host = false)
+      : device({.capacity = device_capacity, .link = link, .name = "device"}),
+        host({.capacity = host_capacity, .large_block_threshold = exact_host ? SIZE_MAX : host_space_options{}.large_block_threshold}),
+        copier(link) {}
   backend make_backend() { return {}; }
   static std::size_t device_free_bytes() { return 0; }
   static std::string describe() { return "simulated (host memory with a hard capacity)"; }
@@ -153,13 +162,50 @@ struct platform_parts<cuda::cuda_platform> {
   cuda::device_space device;
   cuda::pinned_host_space host;
   cuda::cuda_copy_engine copier;
-  platform_parts(std::size_t device_capacity, std::size_t host_capacity, copy_model)
+  platform_parts(std::size_t device_capacity, std::size_t host_capacity, copy_model, bool = false)
       : device({.device = 0, .capacity = device_capacity}), host({.capacity = host_capacity}), copier(0) {}
   backend make_backend() { return gpt::cuda_backend(0); }
   static std::size_t device_free_bytes() { return gpt::cuda_memory(0).free; }
   static std::string describe() { return gpt::cuda_device_summary(0); }
 };
 #endif
+
+/** The third tier (--disk-dir): a preallocated file and the engine that moves chunks between it and
+ *  host memory, io_uring where the kernel allows it (--disk-engine auto), else pread/pwrite threads. */
+struct disk_parts {
+  disk_space space;
+  std::optional<disk_copy_engine> pool;
+#if CHUNKSTAR_HAS_URING()
+  std::optional<uring_copy_engine> uring;
+#endif
+  disk_parts(const train_options& o, std::size_t capacity) : space({.directory = o.disk_dir, .capacity = capacity}) {
+    disk_copy_engine_options eo;
+    eo.verify_checksums = o.disk_verify;
+#if CHUNKSTAR_HAS_URING()
+    if (o.disk_engine == "uring" || (o.disk_engine == "auto" && io_uring_available())) {
+      try {
+        uring.emplace(space, eo);
+        return;
+      } catch (const io_uring_unavailable& e) {
+        if (o.disk_engine == "uring") throw config_error(std::string("--disk-engine uring: ") + e.what() + "; use --disk-engine pool");
+      }
+    }
+#else
+    if (o.disk_engine == "uring") throw config_error("--disk-engine uring: this build has no io_uring (install liburing-dev and rebuild); use --disk-engine pool");
+#endif
+    pool.emplace(space, eo);
+  }
+  [[nodiscard]] disk_tier tier() {
+#if CHUNKSTAR_HAS_URING()
+    if (uring) return {space, *uring};
+#endif
+    return {space, *pool};
+  }
+  [[nodiscard]] std::string describe() const {
+    return format_bytes(space.capacity()) + " in " + space.path() + ", " + (pool ? "pread/pwrite threads" : "io_uring") +
+           (space.direct() ? ", O_DIRECT" : ", buffered (" + space.note() + ")");
+  }
+};
 
 // ------------------------------------------------------------------------------------------------
 // Before any work: what this run is, every input checked.
@@ -318,21 +364,35 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
                        format_bytes(model_bytes) + (collective ? " + ZeRO buffers " + format_bytes(collective) : std::string()) +
                        "), not " + format_bytes(device_capacity) +
                        ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
-  if (host_capacity != SIZE_MAX && model_bytes > host_capacity + (device_capacity - act))
+  const bool with_disk = !o.disk_dir.empty();
+  const std::size_t largest_chunk = layout.plan(gpt::param_specs(cfg, type)).chunk_elems * sizeof(float);
+  const std::size_t disk_capacity = with_disk ? gpt::disk_budget_bytes(o, model_bytes, 2 * (8 + 4) * largest_chunk) : 0;
+  if (with_disk && host_capacity != SIZE_MAX && host_capacity < 8 * largest_chunk)
+    throw config_error("--host-budget " + format_bytes(host_capacity) + " is too small for a disk tier: a host-side step holds up to five chunks (" +
+                       format_bytes(largest_chunk) + " each) and chunks pass through the host on their way to and from the disk; give it at least " +
+                       format_bytes(8 * largest_chunk));
+  if (host_capacity != SIZE_MAX && model_bytes > host_capacity + (device_capacity - act) + disk_capacity)
     throw config_error("the model data (" + format_bytes(model_bytes) + ") does not fit in --host-budget " + format_bytes(host_capacity) +
-                       " plus the device's room beside the activations (" + format_bytes(device_capacity - act) +
-                       "): raise --host-budget or --device-budget, or train a smaller model");
-  gpt::check_memory(gpt::host_memory_need(model_bytes + collective, act, device_capacity, device_free == 0));
+                       " plus the device's room beside the activations (" + format_bytes(device_capacity - act) + ")" +
+                       (with_disk ? " plus --disk-budget " + format_bytes(disk_capacity) : std::string()) +
+                       ": raise --host-budget or --device-budget" + (with_disk ? " or --disk-budget" : ", add a disk tier (--disk-dir)") +
+                       ", or train a smaller model");
+  // With a disk tier only what the device and the host budgets hold is in memory.
+  const std::size_t in_memory = with_disk ? std::min(model_bytes, host_capacity == SIZE_MAX ? model_bytes : host_capacity + device_capacity) : model_bytes;
+  gpt::check_memory(gpt::host_memory_need(in_memory + collective, act, device_capacity, device_free == 0));
   const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
   const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
-  parts memory(device_capacity, host_capacity, link);
+  parts memory(device_capacity, host_capacity, link, with_disk);
   auto& device = memory.device;
+  std::optional<disk_parts> disk;
+  if (with_disk) disk.emplace(o, disk_capacity);
 
   // The runtime and the model: every parameter registered in execution order.
   Runtime rt(device, memory.host, memory.copier, comm,
              {.param_type = type, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty(),
               .sharding = {.enabled = o.parallel == "zero", .keep_gathered = o.keep_gathered, .memory_saving = o.memory_saving}},
              layout, placement);
+  if (disk) rt.attach_disk(disk->tier());
   const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};
   const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());  // this rank's slice of the global batch
   gpt::chunked_gpt<Runtime, typename parts::backend> model(rt, cfg, shape, o.seed, memory.make_backend());
@@ -348,6 +408,11 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
               format_bytes(device_capacity).c_str(), format_bytes(act).c_str(),
               host_capacity == SIZE_MAX ? "unlimited" : format_bytes(host_capacity).c_str(),
               model_bytes > device_capacity ? " -- the model data does not fit on the device: chunks will move" : "");
+  if (disk)
+    std::printf("disk tier: %s%s\n", disk->describe().c_str(),
+                host_capacity != SIZE_MAX && model_bytes > host_capacity + (device_capacity - act)
+                    ? " -- the model data exceeds device and host together: the disk holds the rest"
+                    : "");
 
   // Optimizer: AdamW, no decay on biases and norms, warm-up then cosine, global-norm clipping.
   // Without clipping (--clip 0) in fp32 or bf16 nothing needs the gradient norm: its scan, a read
@@ -419,13 +484,17 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     last_loss = loss;
     char norm[16] = "     -";  // not computed (see above)
     if (!std::isnan(r.grad_norm)) std::snprintf(norm, sizeof norm, "%6.3f", r.grad_norm);
+    std::string disk_moved;
+    if (disk)
+      disk_moved = " | disk " + format_bytes(rt.disk_chunk_bytes()) + ", moved " + format_bytes(s.disk_bytes_moved() - before.disk_bytes_moved()) +
+                   ", stall " + std::to_string(static_cast<long long>(1e3 * (s.disk_stall_s - before.disk_stall_s))) + " ms";
     std::printf("step %5lld/%lld | loss %.6f | %7.0f tok/s | lr %.2e | norm %s%s | device %s / %s | host %s | "
-                "moved %s | stall %.1f ms\n",
+                "moved %s | stall %.1f ms%s\n",
                 static_cast<long long>(step), static_cast<long long>(o.steps), loss,
                 static_cast<double>(N * static_cast<std::size_t>(o.accum * ranks)) / dt, static_cast<double>(lr), norm,
                 r.stepped ? "" : " (skipped: overflow)", format_bytes(device.usage().peak).c_str(),
                 format_bytes(device_capacity).c_str(), format_bytes(rt.host_chunk_bytes()).c_str(),
-                format_bytes(s.bytes_moved() - before.bytes_moved()).c_str(), 1e3 * (s.stall_s - before.stall_s));
+                format_bytes(s.bytes_moved() - before.bytes_moved()).c_str(), 1e3 * (s.stall_s - before.stall_s), disk_moved.c_str());
     device.reset_peak();
     if (o.val_every > 0 && (step % o.val_every == 0 || step == plan.last_step)) {
       last_val = validation_loss();
@@ -450,6 +519,12 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
               static_cast<unsigned long long>(s.prefetch_hits), static_cast<unsigned long long>(s.evictions),
               static_cast<unsigned long long>(s.offloads), s.stall_s, static_cast<unsigned long long>(s.device_steps),
               static_cast<unsigned long long>(s.host_steps));
+  if (disk)
+    std::printf("disk: %s written, %s read (%llu reads, %llu ahead of use), stall %.2f s; peaks: host chunks %s of %s, disk chunks %s of %s\n",
+                format_bytes(s.bytes_to_disk).c_str(), format_bytes(s.bytes_from_disk).c_str(),
+                static_cast<unsigned long long>(s.disk_reads), static_cast<unsigned long long>(s.disk_prefetches), s.disk_stall_s,
+                format_bytes(s.peak_host_chunk_bytes).c_str(), host_capacity == SIZE_MAX ? "unlimited" : format_bytes(host_capacity).c_str(),
+                format_bytes(s.peak_disk_chunk_bytes).c_str(), format_bytes(disk_capacity).c_str());
   std::printf("peaks over the run: device %s of %s (chunks %s, non-model %s); trace divergences %zu\n",
               format_bytes(s.peak_device_bytes).c_str(), format_bytes(device_capacity).c_str(),
               format_bytes(s.peak_device_chunk_bytes).c_str(), format_bytes(s.peak_non_model_bytes).c_str(),
@@ -694,7 +769,11 @@ int run(const train_options& o, communicator_ref comm) {
     fatal(gpt::exit_out_of_memory, std::string("out of memory while ") + phase + ": " + e.what());
   } catch (const config_error& e) {
     fatal(gpt::exit_bad_input, e.what());
-  } catch (const io_error& e) {  // reading --data or the checkpoint to resume
+  } catch (const checkpoint_error& e) {  // the checkpoint to resume
+    fatal(gpt::exit_bad_input, e.what());
+  } catch (const io_error& e) {  // reading --data or a bad --disk-dir before training; the disk tier failing during it
+    if (std::string_view(phase) == "training" && !o.disk_dir.empty())
+      fatal(gpt::exit_io, std::string("the disk tier failed while training (chunks in memory are intact; the last checkpoint is too): ") + e.what());
     fatal(gpt::exit_bad_input, e.what());
   } catch (const chunkstar::error& e) {
     fatal(gpt::exit_internal, std::string("internal error while ") + phase + " (please report it): " + e.what());
@@ -779,6 +858,12 @@ int main(int argc, char** argv) {
   app.add_flag("--memory-saving", o.memory_saving,
                "--parallel zero: gather and reduce chunk by chunk (broadcast from and reduce to the owner) instead of in groups of N: "
                "less device memory, more collectives (PatrickStar's MSC)");
+  app.add_option("--disk-dir", o.disk_dir,
+                 "A third tier on local disk: a preallocated file in this directory holds the chunks the device and host budgets "
+                 "cannot (model data beyond device + host memory); the host budget (--host-budget) then bounds host memory");
+  app.add_option("--disk-budget", o.disk_budget, "Size of the disk tier's file, e.g. 64GiB (auto: the whole model data and a margin)");
+  app.add_option("--disk-engine", o.disk_engine, "uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it");
+  app.add_flag("--disk-verify", o.disk_verify, "Checksum (CRC32C) every chunk written to disk and verify it when read back");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -63,6 +63,10 @@ struct train_options {
   std::string parallel = "none";          // none; zero: shard the model data over MPI ranks; rtp: rotated tensor parallelism
   bool keep_gathered = false;             // --parallel zero: keep gathered parameters from forward to backward
   bool memory_saving = false;             // --parallel zero: chunk by chunk (PatrickStar's MSC), no group buffers
+  std::string disk_dir;                   // a third tier on disk in this directory (empty: none)
+  std::string disk_budget = "auto";       // its size; auto: all of the model data and room for the reads in flight
+  std::string disk_engine = "auto";       // uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it
+  bool disk_verify = false;               // checksum every chunk written to disk and verify it when read back
 };
 
 /** @brief Largest values the numeric options accept (far beyond any useful run, well inside every
@@ -280,6 +284,26 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   if (o.device == "cuda" && bytes_option("--link-bandwidth", o.link_bandwidth) != 0)
     detail::bad_option("--link-bandwidth", o.link_bandwidth + " models the simulated device's link; with --device cuda the real link moves the chunks: drop it");
   if (!o.trace.empty() && o.trace == o.save) detail::bad_option("--trace", "and --save name the same path");
+  detail::require_one_of("--disk-engine", o.disk_engine, {"auto", "uring", "pool"});
+  if (o.disk_dir.empty()) {
+    const auto needs_dir = [](const char* option, const std::string& v) {
+      detail::bad_option(option, v + " configures the disk tier, which needs --disk-dir DIR (a directory for its file)");
+    };
+    if (o.disk_budget != "auto") needs_dir("--disk-budget", o.disk_budget);
+    if (o.disk_engine != "auto") needs_dir("--disk-engine", o.disk_engine);
+    if (o.disk_verify) needs_dir("--disk-verify", "it");
+  } else {
+    if (o.parallel != "none")
+      detail::bad_option("--disk-dir", "with --parallel " + o.parallel + ": the disk tier runs in one process for now (docs/disk.md); drop one of them");
+    if (o.disk_budget != "auto" && bytes_option("--disk-budget", o.disk_budget) == SIZE_MAX)
+      detail::bad_option("--disk-budget", "cannot be unlimited: the tier's file is preallocated; write e.g. 4GiB, or auto");
+  }
+}
+
+/** @brief --disk-budget in bytes: a size, or auto = all of @p model_bytes plus @p reserve (the
+ *  chunks a read or write in flight holds twice). */
+inline std::size_t disk_budget_bytes(const train_options& o, std::size_t model_bytes, std::size_t reserve) {
+  return o.disk_budget == "auto" ? model_bytes + reserve : bytes_option("--disk-budget", o.disk_budget);
 }
 
 }  // namespace gpt

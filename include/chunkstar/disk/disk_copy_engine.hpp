@@ -53,6 +53,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <map>
@@ -240,12 +241,14 @@ class basic_disk_copy_engine {
   }
 
   /** @brief Jobs submitted to `d` from now on start only after `h` is ready; the caller does not
-   *  wait. A failure of `h` is reported by `h` alone. */
-  void order_after(const disk_copy_handle& h, copy_direction d) {
+   *  wait. A failure of `h` is reported by `h` alone. `h` may come from another engine (a device
+   *  copy still filling the host buffer a disk write reads): the lane's worker waits for it. */
+  template <CopyHandle H>
+  void order_after(const H& h, copy_direction d) {
     if (h.ready()) return;
     auto j = std::make_shared<job>();
     j->kind = detail::disk_job_kind::wait;
-    j->after = h;
+    j->after = [h] { h.wait(); };
     (void)enqueue(d, std::move(j));
   }
 
@@ -285,7 +288,7 @@ class basic_disk_copy_engine {
     unsigned char* host = nullptr;
     std::size_t bytes = 0;
     bool is_copy = false;
-    disk_copy_handle after;
+    std::function<void()> after;  // a wait job's: blocks until what the lane is ordered after is done
     std::promise<void> done;
     // Guarded by the lane's mutex:
     std::size_t pieces = 1, claimed = 0, finished = 0;
@@ -412,7 +415,7 @@ class basic_disk_copy_engine {
     using k = detail::disk_job_kind;
     if (j.kind == k::wait) {
       try {
-        j.after.wait();
+        if (j.after) j.after();
       } catch (...) {  // the job that failed reports it through its own handle
       }
       return;

@@ -74,6 +74,20 @@ class chunk_runtime {
   chunk_runtime& operator=(const chunk_runtime&) = delete;
   ~chunk_runtime() { observer_ = {}; }  // the store's last copies retire after a user's observer may be gone
 
+  /** @brief Adds a third tier on local disk (before finalize): chunks the device and the host
+   *  budgets cannot hold live in @p disk's space, moved to and from the host by its engine, the
+   *  host's room made by sending down what is needed latest (docs/disk.md). The host budget is
+   *  the host space's capacity. Not with ZeRO sharding yet.
+   *  @throws state_error after finalize() or a second time; config_error with sharding enabled. */
+  void attach_disk(disk_tier disk) {
+    if (finalized_) throw state_error("attach_disk() after finalize(): attach the disk tier before finalize()");
+    if (store_.has_disk()) throw state_error("attach_disk() called twice: a runtime has one disk tier");
+    if (options_.sharding.enabled && comm_.size() > 1)
+      throw config_error("a disk tier with ZeRO sharding (runtime_options::sharding) is not supported yet: use one or the other");
+    store_.attach_disk(disk);
+  }
+  [[nodiscard]] bool has_disk() const noexcept { return store_.has_disk(); }
+
   // --- registration ------------------------------------------------------------------------------
   /** @brief Registers a parameter; @p init fills its fp32 initial values (zeros when empty).
    *  @throws state_error after finalize(); config_error for a duplicate name or another dtype. */
@@ -237,6 +251,7 @@ class chunk_runtime {
   [[nodiscard]] std::size_t chunk_budget() const { return residency_.budget_now(); }
   [[nodiscard]] std::size_t device_chunk_bytes() const noexcept { return store_.resident(tier::device); }
   [[nodiscard]] std::size_t host_chunk_bytes() const noexcept { return store_.resident(tier::host); }
+  [[nodiscard]] std::size_t disk_chunk_bytes() const noexcept { return store_.resident(tier::disk); }
   [[nodiscard]] std::size_t non_model_bytes() const noexcept { return level_.non_model; }
   /** @brief Bytes of model data over all lists (what must fit in device + host). */
   [[nodiscard]] std::size_t model_bytes() const noexcept { return store_.model_bytes(); }
@@ -251,7 +266,8 @@ class chunk_runtime {
   [[nodiscard]] gradient_mode gradients() const noexcept { return shard_.active() ? gradient_mode::sharded : options_.gradients; }
   /** @brief Which chunks this rank owns (ZeRO; one rank owns all without sharding). */
   [[nodiscard]] shard_map shards() const noexcept { return shard_.map(); }
-  /** @brief Moves chunk @p id to the host now (a test and tooling hook). @throws state_error if it is in use. */
+  /** @brief Moves chunk @p id to the host now (a test and tooling hook; from the device or the
+   *  disk). @throws state_error if it is in use. */
   void offload(chunk_id id) {
     if (store_.at(id).pinned || chunk_state(id) == tensor_state::compute)
       throw state_error("cannot move chunk " + to_string(id) + ": a tensor in it is in COMPUTE; close its scope first");
@@ -277,12 +293,13 @@ class chunk_runtime {
       : options_(options), layout_(std::move(layout)), placement_(std::move(placement)), eviction_(std::move(eviction)),
         tracer_(std::move(tracer)), own_comm_(own_if(comm)), comm_(comm ? *comm : *own_comm_),
         store_(device, host, copier, options.payload_alignment, stats_),
-        residency_(store_, placement_, eviction_, tracer_, level_, options.prefetch_depth, stats_),
+        residency_(store_, placement_, eviction_, tracer_, level_, options.prefetch_depth, stats_, options.disk_prefetch_depth,
+                   options.disk_prefetch_horizon),
         non_model_(device, level_), pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth),
         shard_(store_, residency_, tracer_, comm_, options.sharding, stats_, level_) {
     if (options_.timeline) observer_ = own_timeline_;
     store_.clock = [this] { return observer_.now_us(); };
-    store_.on_copy_retired = [this](double submitted, tier from) { observer_.copy(from, submitted, observer_.now_us()); };
+    store_.on_copy_retired = [this](double submitted, tier from, tier to) { observer_.copy(from, to, submitted, observer_.now_us()); };
   }
   static std::optional<Comm> own_if(Comm* c) {
     if constexpr (std::default_initializable<Comm>)
@@ -298,7 +315,7 @@ class chunk_runtime {
     if (!level_.untraced) tracer_.record_access(id);
   }
   void sample() const {
-    if (observer_) observer_.memory({store_.resident(tier::device), store_.resident(tier::host), level_.non_model});
+    if (observer_) observer_.memory({store_.resident(tier::device), store_.resident(tier::host), level_.non_model, store_.resident(tier::disk)});
   }
 
   scope open_scope(moment_kind kind, std::string_view name, std::vector<param_id> params) {

@@ -8,6 +8,11 @@
  *  counters): it changes it after its last call that can throw, so after a throw the chunk is where
  *  it was. Decisions read only that logical state, never whether a copy happens to have finished,
  *  so they are deterministic. The destructor waits for every copy and never throws.
+ *
+ *  A third tier on disk (attach_disk) moves chunks between the host and a file-backed space on its
+ *  own engine. A disk copy keeps the payload it copies from until the copy is known to have
+ *  succeeded (resolve_disk), so a failed or corrupted read or write leaves the chunk where it was,
+ *  bytes intact, and says so in a typed error.
  */
 #pragma once
 
@@ -16,6 +21,7 @@
 #include <chunkstar/core/memory_report.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/core/units.hpp>
+#include <chunkstar/disk/disk_tier.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/memory/copy_engine.hpp>
 #include <chunkstar/memory/memory_space.hpp>
@@ -28,6 +34,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <span>
@@ -64,6 +71,15 @@ class chunk_store {
     bool prefetched = false;              ///< loaded ahead of its use and not used since
     int owner = 0;                        ///< the rank that owns it (ZeRO)
     void* group = nullptr;                ///< the group buffer its payload lives in (ZeRO), or null: its own
+    /// A copy between host and disk into `data`, with the payload it reads (`source` on `from`),
+    /// held until the copy succeeded; a failed one puts the chunk back on `from`.
+    struct disk_move {
+      disk_copy_handle done;
+      void* source = nullptr;
+      tier from = tier::free;
+      double submitted_us = 0;
+    };
+    std::optional<disk_move> disk_pending;
   };
 
   chunk_store(device_space_type& device, host_space_type& host, copy_engine_type& copier, std::size_t alignment,
@@ -76,9 +92,14 @@ class chunk_store {
   ~chunk_store() {
     try {
       copier_.synchronize();
+      if (disk_) disk_->synchronize();
     } catch (...) {  // a failed copy was (or will never be) reported by its handle; free anyway
     }
     for (auto& r : retiring_) release(r);
+    for_each([&](chunk_id id, slot& s) {
+      if (s.disk_pending) free_on(s.disk_pending->from, s.disk_pending->source, bytes_of(id.kind));
+      s.disk_pending.reset();
+    });
     while (!groups_.empty()) detach_group(groups_.back().base, tier::free);
     for (std::size_t k = 0; k < num_chunk_kinds; ++k)
       for (auto& s : lists_[k].chunks) free_payload(s, lists_[k].desc.chunk_bytes);
@@ -96,6 +117,18 @@ class chunk_store {
       num_chunks_ = d.num_chunks;
     }
   }
+  /** @brief Adds the third tier (before any chunk has a payload): chunks may then live on disk,
+   *  moved between it and the host by the tier's engine. */
+  void attach_disk(disk_tier d) { disk_.emplace(d); }
+  /** @brief Bytes a payload of @p bytes occupies on tier @p t: with a disk tier, host and disk
+   *  payloads are whole 4 KiB blocks (O_DIRECT moves whole blocks, so a chunk's last block needs no
+   *  read-modify-write); what resident() counts. */
+  [[nodiscard]] std::size_t footprint(tier t, std::size_t bytes) const noexcept {
+    if (!disk_ || t == tier::device) return bytes;
+    const std::size_t b = std::max<std::size_t>(alignment_, 4096);
+    return (bytes + b - 1) / b * b;
+  }
+  [[nodiscard]] bool has_disk() const noexcept { return disk_.has_value(); }
   [[nodiscard]] bool has(chunk_kind k) const noexcept { return lists_[static_cast<std::size_t>(k)].present; }
   [[nodiscard]] const chunk_list_desc& desc(chunk_kind k) const { return lists_[static_cast<std::size_t>(k)].desc; }
   [[nodiscard]] std::size_t bytes_of(chunk_kind k) const { return desc(k).chunk_bytes; }
@@ -132,7 +165,10 @@ class chunk_store {
   [[nodiscard]] std::size_t retiring(tier t) const noexcept {
     std::size_t b = 0;
     for (const auto& r : retiring_)
-      if (r.buffer != nullptr && r.where == t) b += r.bytes;
+      if (r.buffer != nullptr && r.where == t) b += footprint(t, r.bytes);
+    for_each([&](chunk_id id, const slot& s) {
+      if (s.disk_pending && s.disk_pending->from == t) b += footprint(t, bytes_of(id.kind));
+    });
     return b;
   }
   /** @brief A new tick (accesses and arrivals share it, so ticks order events). */
@@ -186,6 +222,10 @@ class chunk_store {
    *  landed and the user's work on it finished. */
   [[nodiscard]] held_payload hold(chunk_id id) {
     if (at(id).where == tier::free) materialise(id, tier::host);
+    if (at(id).where == tier::disk) {  // a collective works on memory
+      move(id, tier::host, move_reason::load);
+      ++stats_.disk_demand_reads;
+    }
     wait(id);
     wait_user(at(id));
     const auto& d = desc(id.kind);
@@ -208,17 +248,29 @@ class chunk_store {
     auto& s = at(id);
     const std::size_t bytes = bytes_of(id.kind);
     tier got = tier::host;
-    void* p = host_.try_allocate(bytes, alignment_);
+    void* p = allocate_on(tier::host, bytes);
     if (p == nullptr) {
-      p = device_.try_allocate(bytes, alignment_);
+      p = allocate_on(tier::device, bytes);
       got = tier::device;
     }
+    if (p == nullptr && disk_) {
+      p = allocate_on(tier::disk, bytes);
+      got = tier::disk;
+    }
     if (p == nullptr)
-      throw out_of_memory_error("model data does not fit: a chunk of " + format_bytes(bytes) + " found no room on the host or the device (model data " +
-                                    format_bytes(model_bytes()) + "). Raise the host space's capacity or the device space's, use a smaller model, "
-                                    "or fewer optimizer-state lists (runtime_options::optimizer_state)",
+      throw out_of_memory_error("model data does not fit: a chunk of " + format_bytes(bytes) + " found no room on the host, the device" +
+                                    (disk_ ? " or the disk" : " (and there is no disk tier)") + " (model data " + format_bytes(model_bytes()) +
+                                    "). Raise the host space's capacity or the device space's" + (disk_ ? " or the disk's" : ", attach a disk tier") +
+                                    ", use a smaller model, or fewer optimizer-state lists (runtime_options::optimizer_state)",
                                 bytes, report());
-    if (got == tier::host || device_is_host_accessible) {
+    if (got == tier::disk) {
+      try {
+        disk_->zero_async(p, footprint(tier::disk, bytes)).wait();
+      } catch (...) {
+        free_on(tier::disk, p, bytes);
+        throw;
+      }
+    } else if (got == tier::host || device_is_host_accessible) {
       std::memset(p, 0, bytes);
     } else {
       try {
@@ -245,6 +297,8 @@ class chunk_store {
       throw state_error("internal: chunk " + to_string(id) + " is in use and cannot move to the " + std::string(tier_name(to)) +
                         "; please report this as a chunkstar bug");
     if (!holds_payload(s.where)) throw state_error("internal: chunk " + to_string(id) + " has no payload to move");
+    resolve_disk(s, id);  // a chunk moves on only from bytes known to be good
+    if (to == tier::disk || s.where == tier::disk) return move_disk(id, s, to);
     const std::size_t bytes = bytes_of(id.kind);
     const auto dir = to == tier::device ? copy_direction::to_device : copy_direction::to_host;
     retiring_.reserve(retiring_.size() + 2);  // recording the copy (or giving back a buffer) cannot throw
@@ -322,6 +376,14 @@ class chunk_store {
   void release(chunk_id id) noexcept {
     auto& s = at(id);
     if (!holds_payload(s.where) || s.group != nullptr) return;  // a group member goes with its group
+    if (s.disk_pending) {
+      try {
+        s.disk_pending->done.wait();
+      } catch (...) {  // the payload is discarded: its copy's failure no longer matters
+      }
+      free_on(s.disk_pending->from, s.disk_pending->source, bytes_of(id.kind));
+      s.disk_pending.reset();
+    }
     if (s.pending) {
       try {
         s.pending->wait();
@@ -449,9 +511,11 @@ class chunk_store {
   [[nodiscard]] std::size_t device_in_use() const noexcept { return resident(tier::device) + unslotted_; }
 
   /** @brief Waits until chunk @p id's payload has arrived (stall time counted); rethrows a failed
-   *  copy (the payload is then not valid; the chunk keeps its tier). */
+   *  copy. A failed disk copy puts the chunk back where it was (resolve_disk); after a failed
+   *  device copy the payload is not valid and the chunk keeps its tier. */
   void wait(chunk_id id) { wait(at(id)); }
   void wait(slot& s) {
+    resolve_disk(s, id_of(s));
     if (!s.pending) return;
     if (!s.pending->ready()) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -479,24 +543,79 @@ class chunk_store {
     s.user_done.reset();
   }
 
-  /** @brief Frees the buffers of finished copies and forgets finished slot copies; never waits. */
+  /** @brief Frees the buffers of finished copies and forgets finished slot copies; never waits.
+   *  @throws io_error (or corruption_error) for a finished disk copy that failed: that chunk is
+   *  back where it was (resolve_disk), the others are retired. */
   void retire_completed() {
     std::erase_if(retiring_, [&](retiring_buffer& r) {
       if (!r.done.ready()) return false;
       release(r);
       return true;
     });
-    for (auto& l : lists_)
-      for (auto& s : l.chunks)
-        if (s.pending && s.pending->ready()) wait(s);
+    std::exception_ptr failure;
+    for_each([&](chunk_id id, slot& s) {
+      if (s.disk_pending && s.disk_pending->done.ready()) {
+        try {
+          resolve_disk(s, id);
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
+      }
+      if (s.pending && s.pending->ready()) wait(s);
+    });
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  /** @brief Ends chunk @p id's disk copy, waiting for it (stall time counted in disk_stall_s): on
+   *  success the payload it read is freed; on failure the chunk goes back to that payload (its
+   *  tier, its bytes) and the copy's error is rethrown naming the chunk, with the memory report. */
+  void resolve_disk(chunk_id id) { resolve_disk(at(id), id); }
+  void resolve_disk(slot& s, chunk_id id) {
+    if (!s.disk_pending) return;
+    auto& dm = *s.disk_pending;
+    if (!dm.done.ready()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        dm.done.wait();
+      } catch (...) {  // handled below
+      }
+      stats_.disk_stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const std::size_t bytes = bytes_of(id.kind);
+    const tier from = dm.from, to = s.where;
+    try {
+      dm.done.wait();
+    } catch (const std::exception& e) {
+      count(to, bytes, -1);
+      free_on(to, s.data, bytes);
+      s.data = dm.source;
+      s.where = from;
+      s.disk_pending.reset();
+      count(from, bytes, +1);
+      ++stats_.disk_failures;
+      const std::string what = std::string(e.what()) + " [chunk " + to_string(id) + " stays on the " + std::string(tier_name(from)) +
+                               " with its bytes as before the copy; memory now:\n" + report().to_string() + "]";
+      if (dynamic_cast<const corruption_error*>(&e)) throw corruption_error(what);
+      if (dynamic_cast<const io_error*>(&e)) throw io_error(what);
+      throw;
+    }
+    const double submitted = dm.submitted_us;
+    free_on(from, dm.source, bytes);
+    s.disk_pending.reset();
+    if (on_copy_retired) {
+      try {
+        on_copy_retired(submitted, from, to);
+      } catch (...) {  // an observer must not break memory management
+      }
+    }
   }
 
   /** @brief Frees the buffers on tier @p t whose copies are done, or else waits for the oldest copy
    *  still reading one; false if no copy reads a buffer on @p t. */
   bool retire_one(tier t) {
-    const auto before = retiring_.size();
+    const auto before = retiring_.size(), held = retiring(t);
     retire_completed();
-    if (retiring_.size() != before) return true;
+    if (retiring_.size() != before || retiring(t) != held) return true;
     for (auto& r : retiring_) {
       if (r.buffer == nullptr || r.where != t) continue;
       const auto t0 = std::chrono::steady_clock::now();
@@ -505,6 +624,12 @@ class chunk_store {
       retire_completed();
       return true;
     }
+    for (std::size_t k = 0; k < num_chunk_kinds; ++k)  // a disk copy still reading a payload on t
+      for (std::uint32_t c = 0; c < lists_[k].chunks.size(); ++c)
+        if (auto& s = lists_[k].chunks[c]; s.disk_pending && s.disk_pending->from == t) {
+          resolve_disk(s, {static_cast<chunk_kind>(k), c});
+          return true;
+        }
     return false;
   }
 
@@ -523,6 +648,7 @@ class chunk_store {
     stats_.peak_device_bytes = device_.used();
     stats_.peak_device_chunk_bytes = resident(tier::device);
     stats_.peak_host_chunk_bytes = resident(tier::host);
+    stats_.peak_disk_chunk_bytes = resident(tier::disk);
     stats_.peak_model_bytes = resident(tier::device) + resident(tier::host) + unslotted_;
     stats_.peak_collective_bytes = 0;
     note_model_peak();
@@ -539,7 +665,8 @@ class chunk_store {
     wait(s);
     wait_user(s);
     const std::byte* src = static_cast<const std::byte*>(s.data) + offset;
-    if (s.where == tier::device && !device_is_host_accessible) copier_.copy(out.data(), src, out.size(), copy_direction::to_host);
+    if (s.where == tier::disk) disk_->copy(out.data(), src, out.size(), copy_direction::to_device);
+    else if (s.where == tier::device && !device_is_host_accessible) copier_.copy(out.data(), src, out.size(), copy_direction::to_host);
     else std::memcpy(out.data(), src, out.size());
   }
   /** @brief Writes @p in at byte @p offset of chunk @p id's payload (wherever it lives). */
@@ -549,7 +676,8 @@ class chunk_store {
     wait(s);
     wait_user(s);
     std::byte* dst = static_cast<std::byte*>(s.data) + offset;
-    if (s.where == tier::device && !device_is_host_accessible) copier_.copy(dst, in.data(), in.size(), copy_direction::to_device);
+    if (s.where == tier::disk) disk_->copy(dst, in.data(), in.size(), copy_direction::to_host);
+    else if (s.where == tier::device && !device_is_host_accessible) copier_.copy(dst, in.data(), in.size(), copy_direction::to_device);
     else std::memcpy(dst, in.data(), in.size());
   }
 
@@ -598,7 +726,7 @@ class chunk_store {
     std::array<std::size_t, num_tiers> sum{};
     for_each([&](chunk_id id, const slot& s) {
       if (holds_payload(s.where) != (s.data != nullptr)) v.push_back(to_string(id) + ": payload and tier disagree");
-      if (holds_payload(s.where)) sum[static_cast<std::size_t>(s.where)] += bytes_of(id.kind);
+      if (holds_payload(s.where)) sum[static_cast<std::size_t>(s.where)] += footprint(s.where, bytes_of(id.kind));
       if (s.pinned > (s.group ? 1u : 0u) && !pins_allowed) v.push_back(to_string(id) + " is pinned with no scope or step open");
     });
     for (auto t : {tier::device, tier::host, tier::disk})
@@ -614,7 +742,11 @@ class chunk_store {
     memory_report r;
     r.spaces.push_back(device_.usage());
     r.spaces.push_back(host_.usage());
+    if (disk_) r.spaces.push_back(disk_->space().usage());
     r.spaces.push_back({"chunk payloads on device", device_.capacity(), resident(tier::device), stats_.peak_device_chunk_bytes, 0});
+    r.spaces.push_back({"chunk payloads on host", host_.capacity(), resident(tier::host), stats_.peak_host_chunk_bytes, 0});
+    if (disk_)
+      r.spaces.push_back({"chunk payloads on disk", disk_->space().capacity(), resident(tier::disk), stats_.peak_disk_chunk_bytes, 0});
     if (const auto b = retiring(tier::device)) r.spaces.push_back({"buffers in-flight copies read", device_.capacity(), b, b, 0});
     if (unslotted_) r.spaces.push_back({"collective buffers on device (ZeRO)", device_.capacity(), unslotted_, unslotted_, 0});
     return r;
@@ -623,8 +755,9 @@ class chunk_store {
   host_space_type& host() noexcept { return host_; }
   copy_engine_type& copier() noexcept { return copier_; }
 
-  /** @brief Called with (submitted µs, now µs, source tier) for every copy whose buffer retires. */
-  std::function<void(double, tier)> on_copy_retired;
+  /** @brief Called with (submitted µs, source tier, destination tier) for every copy whose source
+   *  buffer retires. */
+  std::function<void(double, tier, tier)> on_copy_retired;
   /** @brief Clock of the observer (µs), for copy spans; none: 0. */
   std::function<double()> clock;
 
@@ -652,12 +785,70 @@ class chunk_store {
   }
 
   void* allocate_on(tier t, std::size_t bytes) {
+    bytes = footprint(t, bytes);
+    if (t == tier::disk) return disk_ ? disk_->space().try_allocate(bytes, alignment_) : nullptr;
     return t == tier::device ? device_.try_allocate(bytes, alignment_) : host_.try_allocate(bytes, alignment_);
   }
   void free_on(tier t, void* p, std::size_t bytes) noexcept {
     if (p == nullptr) return;
+    bytes = footprint(t, bytes);
     if (t == tier::device) device_.deallocate(p, bytes, alignment_);
+    else if (t == tier::disk) disk_->space().deallocate(p, bytes, alignment_);
     else host_.deallocate(p, bytes, alignment_);
+  }
+
+  /** The slot's id (slots live in the lists' vectors). */
+  [[nodiscard]] chunk_id id_of(const slot& s) const noexcept {
+    for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
+      const auto& v = lists_[k].chunks;
+      if (!v.empty() && &s >= v.data() && &s < v.data() + v.size())
+        return {static_cast<chunk_kind>(k), static_cast<std::uint32_t>(&s - v.data())};
+    }
+    return {};
+  }
+
+  /** move() between the host and the disk, on the disk tier's engine: the source stays allocated
+   *  until the copy is resolved (resolve_disk). A write waits on its lane, not here, for the
+   *  device copy still filling its host buffer. */
+  void move_disk(chunk_id id, slot& s, tier to) {
+    const bool write = to == tier::disk;
+    if (!disk_) throw state_error("internal: chunk " + to_string(id) + " cannot move to or from the disk: no disk tier is attached");
+    if (write ? s.where != tier::host : to != tier::host)
+      throw state_error("internal: chunk " + to_string(id) + " cannot move from the " + std::string(tier_name(s.where)) + " to the " +
+                        std::string(tier_name(to)) + " directly: the disk tier exchanges chunks with the host only");
+    const std::size_t bytes = bytes_of(id.kind);
+    void* dst = nullptr;
+    for (;;) {
+      dst = allocate_on(to, bytes);
+      if (dst != nullptr || !retire_one(to)) break;
+    }
+    if (dst == nullptr)
+      throw out_of_memory_error(write ? "no room on the disk tier for chunk " + to_string(id) + " (" + format_bytes(bytes) +
+                                            "): device, host and disk are full; raise the disk space's capacity (train_gpt: --disk-budget)"
+                                      : "no room on the host for chunk " + to_string(id) + " (" + format_bytes(bytes) +
+                                            ") coming from the disk: raise the host space's capacity (train_gpt: --host-budget)",
+                                bytes, report());
+    const auto lane = write ? copy_direction::to_host : copy_direction::to_device;
+    const double submitted_us = now_us();
+    disk_copy_handle h;
+    try {
+      if (s.user_done) disk_->order_after(*s.user_done, lane);
+      if (s.pending) disk_->order_after(*s.pending, lane);
+      h = disk_->copy_async(dst, s.data, footprint(tier::disk, bytes), lane);  // whole blocks: no read-modify-write
+    } catch (...) {
+      free_on(to, dst, bytes);
+      throw;
+    }
+    count(s.where, bytes, -1);
+    s.disk_pending = typename slot::disk_move{h, s.data, s.where, submitted_us};
+    s.pending.reset();
+    s.user_done.reset();
+    s.data = dst;
+    s.where = to;
+    s.loaded_at = tick();
+    count(to, bytes, +1);
+    (write ? stats_.bytes_to_disk : stats_.bytes_from_disk) += bytes;
+    ++(write ? stats_.disk_writes : stats_.disk_reads);
   }
   void free_payload(slot& s, std::size_t bytes) noexcept {
     if (s.data == nullptr) return;
@@ -672,7 +863,7 @@ class chunk_store {
     }
     if (on_copy_retired) {
       try {
-        on_copy_retired(r.submitted_us, r.where);
+        on_copy_retired(r.submitted_us, r.where, r.where == tier::device ? tier::host : tier::device);
       } catch (...) {  // an observer must not break memory management
       }
     }
@@ -711,10 +902,12 @@ class chunk_store {
   }
 
   void count(tier t, std::size_t bytes, int sign) noexcept {
+    bytes = footprint(t, bytes);
     auto& r = resident_[static_cast<std::size_t>(t)];
     r = sign > 0 ? r + bytes : r - bytes;
     stats_.peak_device_chunk_bytes = std::max(stats_.peak_device_chunk_bytes, resident(tier::device));
     stats_.peak_host_chunk_bytes = std::max(stats_.peak_host_chunk_bytes, resident(tier::host));
+    stats_.peak_disk_chunk_bytes = std::max(stats_.peak_disk_chunk_bytes, resident(tier::disk));
     note_device_peak();
     note_model_peak();
   }
@@ -743,6 +936,7 @@ class chunk_store {
   std::array<std::size_t, num_tiers> resident_{};
   std::size_t num_chunks_ = 0;
   std::size_t tick_ = 0;
+  std::optional<disk_tier> disk_;  // the third tier, when attached
 };
 
 }  // namespace chunkstar

@@ -20,7 +20,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <span>
+#include <unordered_set>
 #include <vector>
 
 namespace chunkstar {
@@ -45,16 +48,30 @@ struct step_chunk {
 
 /** @brief Calls `f(const step_chunk&)` for every gradient chunk of @p store that has a payload, in
  *  order, after its copy landed, without moving it (`grad`, `where`, `param_type`, `elems`,
- *  `tensors`, `slots` and `specs` set). */
+ *  `tensors`, `slots` and `specs` set). A chunk on the disk is read into a host buffer for the
+ *  call (`where` is then `host`): `f` only reads. */
 template <class Store, class F>
 void for_each_gradient(Store& store, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type, F&& f) {
+  struct aligned_free {
+    void operator()(std::byte* p) const noexcept { ::operator delete(p, std::align_val_t{4096}); }
+  };
+  std::unique_ptr<std::byte, aligned_free> staging;
   for (std::uint32_t c = 0; c < plan.num_chunks; ++c) {
     const chunk_id id{chunk_kind::grad, c};
     if (!holds_payload(store.at(id).where)) continue;
     store.wait(id);
     store.wait_user(store.at(id));  // the user's backward work on it (a scope closed on a stream)
-    f(step_chunk{.index = c, .where = store.at(id).where, .param_type = param_type, .elems = plan.chunk_elems,
-                 .grad = store.at(id).data, .tensors = plan.chunk_tensors[c], .slots = plan.slots, .specs = specs});
+    void* grad = store.at(id).data;
+    tier where = store.at(id).where;
+    if (where == tier::disk) {
+      const std::size_t bytes = store.bytes_of(chunk_kind::grad);
+      if (!staging) staging.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096})));
+      store.read(id, 0, std::span<std::byte>(staging.get(), bytes));
+      grad = staging.get();
+      where = tier::host;
+    }
+    f(step_chunk{.index = c, .where = where, .param_type = param_type, .elems = plan.chunk_elems,
+                 .grad = grad, .tensors = plan.chunk_tensors[c], .slots = plan.slots, .specs = specs});
   }
 }
 
@@ -92,6 +109,7 @@ class optimizer_pass {
       std::vector<chunk_id> ids;
       for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
         if (store_.has(k)) ids.push_back({k, c});
+      residency_.note_step(c, m, where);
       if (where == tier::device) {
         for (auto id : ids) {
           store_.touch(id);
@@ -99,7 +117,12 @@ class optimizer_pass {
         }
         residency_.make_resident_on_device(ids, "optimizer", m);
       } else {
-        for (auto id : ids) residency_.make_resident_on_host(id);
+        // Streamed from the disk where they live there: reads for all of this chunk's lists start
+        // before the first wait, and the host room they need never takes one of them.
+        const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
+        for (auto id : ids)
+          if (store_.at(id).where == tier::disk) residency_.read_from_disk(id, keep, m, false);
+        for (auto id : ids) residency_.make_resident_on_host(id, keep);
       }
       typename Store::pin_set pins(store_, ids);
       for (auto id : ids) store_.wait_user(store_.at(id));  // the update must see the user's last writes
@@ -151,10 +174,8 @@ class optimizer_pass {
         const chunk_id id{k, next};
         auto& s = store_.at(id);
         if (s.where != tier::device || s.pinned) continue;
-        optional([&] {
-          s.prefetched = false;
-          store_.move(id, tier::host, move_reason::offload);
-        });
+        optional([&] { residency_.offload(id, {{chunk_kind::param, next}, {chunk_kind::grad, next}, {chunk_kind::master, next},
+                                                {chunk_kind::momentum, next}, {chunk_kind::variance, next}}); });
       }
     }
   }

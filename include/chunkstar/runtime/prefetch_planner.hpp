@@ -83,6 +83,7 @@ struct prefetch_snapshot {
   std::size_t fits = 0;             ///< the current moment's budget
   std::size_t depth = 0;            ///< most loads in flight beyond the next moment
   bool zero_free = true;            ///< a FREE chunk may be given a zeroed payload ahead (not under ZeRO: its group does)
+  std::vector<char> arriving;       ///< per chunk (dense), or empty: on the host but its read from the disk is unresolved
 
   [[nodiscard]] std::size_t dense(chunk_id id) const noexcept { return static_cast<std::size_t>(id.kind) * per_kind + id.index; }
 };
@@ -179,6 +180,7 @@ template <Tracer T, EvictionStrategy E, class Skip>
         // On the device for real, absent only in the simulation: a gradient whose step (and
         // release) is still to come. Loading it is for after that release, not now.
         if (real[x] == tier::device || s.chunks[x].pinned || skip(id) || real_resident + bytes > fits) return false;
+        if (x < s.arriving.size() && s.arriving[x]) return false;  // still coming from the disk: load it once it is here
         const bool transfer = real[x] == tier::host;
         if (transfer && d > 1 && in_flight >= s.depth) return false;
         if (!transfer && (real[x] != tier::free || !s.zero_free)) return false;  // remote, disk, or a ZeRO gradient: not this planner's move

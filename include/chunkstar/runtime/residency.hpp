@@ -16,6 +16,7 @@
 #include <chunkstar/eviction/eviction_strategy.hpp>
 #include <chunkstar/placement/placement_policy.hpp>
 #include <chunkstar/runtime/chunk_store.hpp>
+#include <chunkstar/runtime/disk_planner.hpp>
 #include <chunkstar/runtime/non_model.hpp>
 #include <chunkstar/runtime/prefetch_planner.hpp>
 #include <chunkstar/tracer/tracer.hpp>
@@ -31,16 +32,21 @@
 
 namespace chunkstar {
 
-/** @brief Budgets, victims and residency on the compute tier. */
+/** @brief Budgets, victims and residency on the compute tier, and on the host when a disk tier
+ *  is attached: a chunk that must come to the host (an eviction from the compute tier, a read from
+ *  the disk, a host-side step) first makes room there by sending host chunks down to the disk,
+ *  the victims the same strategy picks with next uses "above the disk" (host_next_use): what is
+ *  needed latest goes furthest down. */
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
 class residency_manager {
  public:
   using store_type = chunk_store<P>;
 
   residency_manager(store_type& store, const Placement& placement, const Eviction& eviction, const TracerT& tracer,
-                    const compute_level& level, std::size_t prefetch_depth, runtime_stats& stats)
+                    const compute_level& level, std::size_t prefetch_depth, runtime_stats& stats, std::size_t disk_prefetch_depth = 0,
+                    std::size_t disk_prefetch_horizon = 0)
       : store_(store), placement_(placement), eviction_(eviction), tracer_(tracer), level_(level), depth_(prefetch_depth),
-        stats_(stats) {}
+        stats_(stats), disk_depth_(disk_prefetch_depth), disk_horizon_(disk_prefetch_horizon) {}
 
   // --- budgets -------------------------------------------------------------------------------------
   /** @brief The placement's view at moment @p m (the current non-model use is today's). */
@@ -113,6 +119,8 @@ class residency_manager {
                                     "searched_layout_options::max_chunk_elems)",
                                 working, report());
     const std::size_t budget = std::max(budget_now(), working);
+    for (auto id : ids)  // first, so the disk reads run while the compute tier makes room
+      if (store_.at(id).where == tier::disk) read_from_disk(id, keep, m, false);
     for (auto id : ids) {
       auto& s = store_.at(id);
       if (s.where == tier::device) continue;
@@ -146,16 +154,90 @@ class residency_manager {
     }
   }
 
-  /** @brief Makes chunk @p id resident on the host (a host-side optimizer step) and waits for it. */
-  void make_resident_on_host(chunk_id id) {
+  /** @brief Makes chunk @p id resident on the host (a host-side optimizer step) and waits for it;
+   *  host room is made without touching @p keep (the step's other lists). */
+  void make_resident_on_host(chunk_id id, const std::unordered_set<chunk_id>& keep = {}) {
     auto& s = store_.at(id);
     if (s.where == tier::free) {
+      make_host_room(store_.bytes_of(id.kind), keep, tracer_.current_moment());
       store_.materialise(id, tier::host);
     } else if (s.where == tier::device) {
-      s.prefetched = false;
-      store_.move(id, tier::host, move_reason::offload);
+      offload(id, keep);
+    } else if (s.where == tier::disk) {
+      read_from_disk(id, keep, tracer_.current_moment(), false);
     }
     store_.wait(s);
+  }
+
+  /** @brief Starts moving chunk @p id from the compute tier to the host for a host-side step,
+   *  making host room first (not from @p keep). */
+  void offload(chunk_id id, const std::unordered_set<chunk_id>& keep = {}) {
+    make_host_room(store_.bytes_of(id.kind), keep, tracer_.current_moment());
+    store_.at(id).prefetched = false;
+    store_.move(id, tier::host, move_reason::offload);
+  }
+
+  // --- the host tier (with a disk) -----------------------------------------------------------------
+  /** @brief Chunk bytes the host may hold: its space's capacity. */
+  [[nodiscard]] std::size_t host_budget() const { return store_.host().capacity(); }
+
+  /** @brief With a disk tier, sends host chunks (not pinned, not in @p keep) to the disk until
+   *  @p bytes more fit the host budget; victims picked by the strategy with next uses above the
+   *  disk from moment @p reference. Soft like the compute tier's budget: when nothing can go, the
+   *  caller's allocation decides (a typed error if the host is physically full). */
+  void make_host_room(std::size_t bytes, const std::unordered_set<chunk_id>& keep, std::size_t reference) {
+    if (!store_.has_disk()) return;
+    bytes = store_.footprint(tier::host, bytes);
+    while (store_.resident(tier::host) + bytes > host_budget() && evict_one_to_disk(keep, reference)) {
+    }
+  }
+
+  /** @brief Sends one host chunk to the disk (see make_host_room). False when none can go. */
+  bool evict_one_to_disk(const std::unordered_set<chunk_id>& keep, std::size_t reference) {
+    candidates_.clear();
+    store_.for_each([&](chunk_id id, const typename store_type::slot& s) {
+      if (s.where != tier::host || s.pinned || keep.contains(id)) return;
+      candidates_.push_back({id, store_.bytes_of(id.kind), s.last_use, reference == never ? never : host_next_use(id, reference), s.loaded_at});
+    });
+    if (candidates_.empty()) return false;
+    store_.move(candidates_[eviction_.pick(candidates_)].id, tier::disk, move_reason::evict);
+    return true;
+  }
+
+  /** @brief Moments from @p m to chunk @p id's next use above the disk: on the compute tier (the
+   *  trace's accesses) or on the host by a host-side step of its chunk index (the step's moment,
+   *  recorded by note_step); `never` without a trace. */
+  [[nodiscard]] std::size_t host_next_use(chunk_id id, std::size_t m) const {
+    if (!trace_ready() || m == never) return never;
+    std::size_t next = tracer_.next_use(id, m);
+    const std::size_t n = tracer_.num_moments();
+    if (id.index < step_moment_.size() && step_moment_[id.index] < n) {
+      const std::size_t sm = step_moment_[id.index], mm = m % n;
+      next = std::min(next, sm > mm ? sm - mm : n - mm + sm);
+    }
+    return next;
+  }
+
+  /** @brief Chunk index @p c steps at moment @p m of the iteration on tier @p where (the optimizer
+   *  pass says so as it runs; the next iteration's trace holds the same moments and the placement
+   *  makes the same choice). Only host-side steps are kept: the trace has the device ones. */
+  void note_step(std::size_t c, std::size_t m, tier where) {
+    if (step_moment_.size() < store_.num_chunks()) step_moment_.resize(store_.num_chunks(), never);
+    if (c >= step_moment_.size()) return;
+    if (step_moment_[c] != never && step_moment_[c] < moment_step_.size()) moment_step_[step_moment_[c]] = never;
+    step_moment_[c] = where == tier::host ? m : never;
+    if (where != tier::host || m == never) return;
+    if (moment_step_.size() <= m) moment_step_.resize(m + 1, never);
+    moment_step_[m] = c;
+  }
+
+  /** @brief Starts reading chunk @p id from the disk to the host, host room made first (not from
+   *  @p keep; victims by next use from @p reference); @p ahead: a prefetch, not a demand. */
+  void read_from_disk(chunk_id id, const std::unordered_set<chunk_id>& keep, std::size_t reference, bool ahead) {
+    make_host_room(store_.bytes_of(id.kind), keep, reference);
+    store_.move(id, tier::host, move_reason::load);
+    ++(ahead ? stats_.disk_prefetches : stats_.disk_demand_reads);
+    if (ahead) store_.at(id).last_use = store_.tick();  // for LRU, a chunk just fetched is not the stalest
   }
 
   /** @brief Evicts one chunk from the compute tier (not pinned, not in @p keep), the victim the
@@ -168,6 +250,7 @@ class residency_manager {
     if (candidates_.empty()) return false;
     const auto victim = candidates_[eviction_.pick(candidates_)].id;
     store_.at(victim).prefetched = false;
+    make_host_room(store_.bytes_of(victim.kind), keep, reference);  // the cascade: the host makes room first
     store_.move(victim, tier::host, move_reason::evict);
     return true;
   }
@@ -199,7 +282,9 @@ class residency_manager {
    *  demand path, which reports it; internal errors propagate. */
   template <class Skip>
   void prefetch(std::size_t m, Skip&& skip) {
-    if (depth_ == 0 || !trace_ready() || m == never) return;
+    if (!trace_ready() || m == never) return;
+    prefetch_from_disk(m);
+    if (depth_ == 0) return;
     std::vector<transfer_op> ops;
     try {
       needs_.refresh(tracer_);
@@ -221,6 +306,42 @@ class residency_manager {
   }
   void prefetch(std::size_t m) {
     prefetch(m, [](chunk_id) { return false; });
+  }
+
+  /** @brief Starts now the disk reads (and the writes that make host room for them) that
+   *  plan_disk_prefetch chooses at moment @p m. An optimisation, like prefetch. */
+  void prefetch_from_disk(std::size_t m) {
+    if (!store_.has_disk() || disk_depth_ == 0 || !trace_ready() || m == never) return;
+    std::vector<disk_op> ops;
+    try {
+      needs_.refresh(tracer_);
+      const auto snap = disk_snapshot_at(m);
+      std::vector<chunk_id> at_k;
+      ops = plan_disk_prefetch(
+          snap,
+          [&](std::size_t k) -> std::span<const chunk_id> {
+            at_k.assign(needs_.at(k).begin(), needs_.at(k).end());
+            if (const auto c = k < moment_step_.size() ? moment_step_[k] : never; c != never)
+              for (auto kind : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+                if (store_.has(kind)) at_k.push_back({kind, static_cast<std::uint32_t>(c)});
+            return at_k;
+          },
+          [&](chunk_id id) { return host_next_use(id, m); }, eviction_);
+    } catch (const state_error&) {
+      throw;
+    } catch (const std::exception&) {
+      return;
+    }
+    for (const auto& op : ops) {
+      try {
+        if (op.what == disk_op::kind::write) store_.move(op.id, tier::disk, move_reason::evict);
+        else read_from_disk(op.id, {}, m, true);
+      } catch (const state_error&) {
+        throw;
+      } catch (const std::exception&) {
+        return;
+      }
+    }
   }
 
   /** @brief Loads chunk @p id ahead of its use (counted as a prefetch; a scope finding it counts a
@@ -279,6 +400,10 @@ class residency_manager {
       s.bytes[static_cast<std::size_t>(id.kind)] = store_.bytes_of(id.kind);
       s.chunks[s.dense(id)] = {sl.where, sl.pinned > 0, sl.last_use, sl.loaded_at};
       if (sl.where == tier::device && sl.prefetched && sl.pending && !sl.pending->ready()) ++s.in_flight;
+      if (sl.disk_pending && sl.where == tier::host) {
+        s.arriving.resize(s.chunks.size(), 0);
+        s.arriving[s.dense(id)] = 1;
+      }
     });
     s.device_resident = store_.device_in_use();
     s.tick = store_.current_tick();
@@ -289,6 +414,27 @@ class residency_manager {
     return s;
   }
 
+  [[nodiscard]] disk_snapshot disk_snapshot_at(std::size_t m) const {
+    disk_snapshot s;
+    s.moment = m;
+    s.moments = tracer_.num_moments();
+    s.per_kind = store_.num_chunks();
+    s.chunks.resize(num_chunk_kinds * s.per_kind);
+    s.arriving.assign(s.chunks.size(), 0);
+    store_.for_each([&](chunk_id id, const typename store_type::slot& sl) {
+      s.bytes[static_cast<std::size_t>(id.kind)] = store_.footprint(tier::host, store_.bytes_of(id.kind));
+      s.chunks[s.dense(id)] = {sl.where, sl.pinned > 0, sl.last_use, sl.loaded_at};
+      if (sl.disk_pending && sl.where == tier::host) {
+        s.arriving[s.dense(id)] = 1;
+        ++s.in_flight;
+      }
+    });
+    s.host_resident = store_.resident(tier::host);
+    s.host_budget = host_budget();
+    s.depth = disk_depth_;
+    s.horizon = disk_horizon_;
+    return s;
+  }
   [[nodiscard]] prefetch_budgets budgets() const {
     return {[this](std::size_t k) {
               auto at_k = inputs(k);
@@ -321,6 +467,10 @@ class residency_manager {
   runtime_stats& stats_;
   std::vector<eviction_candidate> candidates_;
   trace_needs needs_;
+  std::size_t disk_depth_ = 0;
+  std::size_t disk_horizon_ = 0;
+  std::vector<std::size_t> step_moment_;  // per chunk index: the moment of its host-side step (note_step), or never
+  std::vector<std::size_t> moment_step_;  // per moment: the chunk index stepped on the host then, or never
   mutable std::size_t peak_max_ = 0;
   mutable std::pair<std::size_t, std::size_t> peak_max_key_{never, never};
 };

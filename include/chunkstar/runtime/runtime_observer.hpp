@@ -24,6 +24,7 @@ struct memory_levels {
   std::size_t device_chunks = 0;  ///< chunk payloads on the compute tier (logical)
   std::size_t host_chunks = 0;    ///< chunk payloads on the host
   std::size_t non_model = 0;      ///< non-model memory on the compute tier
+  std::size_t disk_chunks = 0;    ///< chunk payloads on the disk tier
 };
 
 /** @brief The `RuntimeObserver` concept.
@@ -33,7 +34,10 @@ struct memory_levels {
  *  1. `o.now_us()` → `double`: the observer's clock, microseconds.
  *  2. `o.on_scope_open(k, n, b, e)`: a scope (or a step's chunk) spent [b, e) making its chunks resident.
  *  3. `o.on_scope_close(k, n, b, e)`: a scope was open (user compute) during [b, e).
- *  4. `o.on_copy(t, b, e)`: a chunk copy out of tier `t` ran during [b, e) (seen when its buffer retired).
+ *  4. `o.on_copy(t, b, e)`: a chunk copy out of tier `t` ran during [b, e) (seen when its buffer
+ *     retired). Optional: `o.on_copy(from, to, b, e)`, called instead when the observer has it, for
+ *     every copy including those between the host and a disk tier (which the three-argument form
+ *     does not see: a copy out of the host could go either way).
  *  5. `o.on_step(b, e)`: an optimizer step ran during [b, e).
  *  6. `o.on_memory(l)`: the memory levels changed.
  *  Calls come from the thread driving the runtime; an observer that throws is ignored for that event.
@@ -66,7 +70,7 @@ class observer_ref {
   }
   void scope_open(moment_kind k, std::string_view n, double b, double e) const noexcept { call([&] { vt_->open(obj_, k, n, b, e); }); }
   void scope_close(moment_kind k, std::string_view n, double b, double e) const noexcept { call([&] { vt_->close(obj_, k, n, b, e); }); }
-  void copy(tier t, double b, double e) const noexcept { call([&] { vt_->copy(obj_, t, b, e); }); }
+  void copy(tier from, tier to, double b, double e) const noexcept { call([&] { vt_->copy(obj_, from, to, b, e); }); }
   void step(double b, double e) const noexcept { call([&] { vt_->step(obj_, b, e); }); }
   void memory(const memory_levels& l) const noexcept { call([&] { vt_->memory(obj_, l); }); }
 
@@ -83,7 +87,7 @@ class observer_ref {
     double (*now)(void*);
     void (*open)(void*, moment_kind, std::string_view, double, double);
     void (*close)(void*, moment_kind, std::string_view, double, double);
-    void (*copy)(void*, tier, double, double);
+    void (*copy)(void*, tier, tier, double, double);
     void (*step)(void*, double, double);
     void (*memory)(void*, const memory_levels&);
   };
@@ -92,7 +96,10 @@ class observer_ref {
       [](void* o) { return static_cast<double>(static_cast<O*>(o)->now_us()); },
       [](void* o, moment_kind k, std::string_view n, double b, double e) { static_cast<O*>(o)->on_scope_open(k, n, b, e); },
       [](void* o, moment_kind k, std::string_view n, double b, double e) { static_cast<O*>(o)->on_scope_close(k, n, b, e); },
-      [](void* o, tier t, double b, double e) { static_cast<O*>(o)->on_copy(t, b, e); },
+      [](void* o, tier from, tier to, double b, double e) {
+        if constexpr (requires(O& x) { x.on_copy(from, to, b, e); }) static_cast<O*>(o)->on_copy(from, to, b, e);
+        else if (from != tier::disk && to != tier::disk) static_cast<O*>(o)->on_copy(from, b, e);
+      },
       [](void* o, double b, double e) { static_cast<O*>(o)->on_step(b, e); },
       [](void* o, const memory_levels& l) { static_cast<O*>(o)->on_memory(l); },
   };
@@ -113,13 +120,19 @@ class timeline_observer {
   void on_scope_close(moment_kind k, std::string_view, double b, double e) {
     timeline_.span(timeline::track::compute, moment_kind_name(k), b, e);
   }
-  void on_copy(tier from, double b, double e) {
-    timeline_.span(from == tier::device ? timeline::track::to_host : timeline::track::to_device, "chunk", b, e);
+  void on_copy(tier from, double b, double e) { on_copy(from, from == tier::device ? tier::host : tier::device, b, e); }
+  void on_copy(tier from, tier to, double b, double e) {
+    const auto t = to == tier::disk     ? timeline::track::to_disk
+                   : from == tier::disk ? timeline::track::from_disk
+                   : from == tier::device ? timeline::track::to_host
+                                          : timeline::track::to_device;
+    timeline_.span(t, "chunk", b, e);
   }
   void on_step(double b, double e) { timeline_.span(timeline::track::optimizer, "optimizer step", b, e); }
   void on_memory(const memory_levels& l) {
     timeline_.counter("device", {{"chunks", static_cast<double>(l.device_chunks)}, {"non_model", static_cast<double>(l.non_model)}});
     timeline_.counter("host", {{"chunks", static_cast<double>(l.host_chunks)}});
+    if (l.disk_chunks) timeline_.counter("disk", {{"chunks", static_cast<double>(l.disk_chunks)}});
   }
   [[nodiscard]] timeline& recorded() noexcept { return timeline_; }
   [[nodiscard]] const timeline& recorded() const noexcept { return timeline_; }

@@ -40,6 +40,13 @@ struct runtime_options {
   dtype param_type = dtype::f32;                ///< compute precision of params and grads
   optimizer_state_lists optimizer_state{};      ///< which optimizer-state lists exist (default Adam's; false: none)
   std::size_t prefetch_depth = 2;               ///< most loads in flight ahead of the next moment; 0 turns prefetch off
+  /// With a disk tier (attach_disk): most disk reads in flight ahead of use (runtime/disk_planner.hpp);
+  /// 0 turns disk prefetch off (chunks come from the disk when a moment needs them).
+  std::size_t disk_prefetch_depth = 8;
+  /// With a disk tier: how many moments ahead the disk prefetcher looks. Far enough to hide a read,
+  /// near enough that what lands on the host in between (evictions from the compute tier, a step's
+  /// offloads) rarely makes its choices worse than the demand path's (measured in docs/disk.md).
+  std::size_t disk_prefetch_horizon = 4;
   std::size_t payload_alignment = 4096;         ///< alignment of chunk payloads (copies and SIMD like it)
   bool timeline = false;                        ///< record a Chrome-trace timeline (see `timeline_recorder()`)
   gradient_mode gradients = gradient_mode::local;  ///< how the gradients of ranks relate (the norm); sharding implies `sharded`

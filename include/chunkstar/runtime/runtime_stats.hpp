@@ -15,9 +15,12 @@ namespace chunkstar {
  *  (`prefetches`, `prefetch_hits`, `demand_loads`) can vary with timing, because the prefetch depth
  *  counts the loads still in flight; the times and `buffer_reuses` depend on timing too.
  *
- *  Moves: every copy of a chunk payload between tiers is exactly one of `loads` (to the compute
- *  tier), `evictions` (to the host, to make room there) or `offloads` (to the host, for a host-side
- *  optimizer step); `loads = demand_loads + prefetches`.
+ *  Moves: every copy of a chunk payload between the compute tier and the host is exactly one of
+ *  `loads` (to the compute tier), `evictions` (to the host, to make room there) or `offloads` (to
+ *  the host, for a host-side optimizer step); `loads = demand_loads + prefetches`. Copies between
+ *  the host and a disk tier are `disk_reads` and `disk_writes`. With a disk tier, which chunks
+ *  the disk prefetcher moves depends on what the compute tier's prefetcher has done by then, so
+ *  the disk counters (unlike the compute tier's) can vary with timing.
  *
  *  Peaks: `peak_device_bytes` is the most the runtime held in the device space at once — chunk
  *  payloads, buffers in-flight copies still read, and non-model memory — so with nothing else
@@ -60,9 +63,23 @@ struct runtime_stats {
   std::size_t peak_host_chunk_bytes = 0;    ///< most chunk payload bytes on the host at once
   std::size_t peak_model_bytes = 0;         ///< most model data this rank held at once: payloads on every tier plus collective buffers
   std::size_t peak_collective_bytes = 0;    ///< ZeRO: most bytes in group buffers and collective scratch at once
+  // The disk tier (attach_disk): moves between the host and the disk, counted apart from the
+  // compute tier's loads and evictions above (a chunk coming from the disk to the compute tier is
+  // one disk read, then one load).
+  std::uint64_t bytes_to_disk = 0;    ///< chunk payload bytes written host -> disk
+  std::uint64_t bytes_from_disk = 0;  ///< chunk payload bytes read disk -> host
+  std::uint64_t disk_writes = 0;      ///< chunk copies to the disk (to make room on the host)
+  std::uint64_t disk_reads = 0;       ///< chunk copies from the disk (= disk_demand_reads + disk_prefetches)
+  std::uint64_t disk_demand_reads = 0;  ///< disk reads started by the moment (or step) that needs the chunk
+  std::uint64_t disk_prefetches = 0;  ///< disk reads started ahead of use (runtime_options::disk_prefetch_depth)
+  std::uint64_t disk_failures = 0;    ///< disk copies that failed (the chunk stayed where it was)
+  double disk_stall_s = 0;            ///< time the calling thread waited for disk copies
+  std::size_t peak_disk_chunk_bytes = 0;  ///< most chunk payload bytes on the disk at once
 
   /** @brief Bytes moved both ways. */
   [[nodiscard]] std::uint64_t bytes_moved() const noexcept { return bytes_to_device + bytes_to_host; }
+  /** @brief Bytes moved between host and disk, both ways. */
+  [[nodiscard]] std::uint64_t disk_bytes_moved() const noexcept { return bytes_to_disk + bytes_from_disk; }
 };
 
 }  // namespace chunkstar

@@ -25,7 +25,7 @@ namespace chunkstar {
 class timeline {
  public:
   /** @brief Tracks ("threads" in the viewer) spans are drawn on. */
-  enum class track : std::uint8_t { compute = 1, to_device = 2, to_host = 3, optimizer = 4 };
+  enum class track : std::uint8_t { compute = 1, to_device = 2, to_host = 3, optimizer = 4, to_disk = 5, from_disk = 6 };
 
   using clock = std::chrono::steady_clock;
 
@@ -82,8 +82,8 @@ class timeline {
   [[nodiscard]] std::string to_chrome_trace() const {
     std::lock_guard lock(mutex_);
     std::string s = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-    static constexpr const char* track_names[] = {"", "compute", "copy to device", "copy to host", "optimizer"};
-    for (int t = 1; t <= 4; ++t) {
+    static constexpr const char* track_names[] = {"", "compute", "copy to device", "copy to host", "optimizer", "copy to disk", "copy from disk"};
+    for (int t = 1; t <= 6; ++t) {
       s += "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":" + std::to_string(t) +
            ",\"args\":{\"name\":\"" + track_names[t] + "\"}},\n";
     }
