@@ -1,17 +1,21 @@
 // bench_disk: the disk tier against the disk's own limits, side by side in one run.
 //
 //  1. The limit: the disk's sequential O_DIRECT write and read bandwidth for chunk-sized blocks
-//     (pwrite/pread from --queue threads, each its own aligned buffer), and the disk engine moving
-//     the same blocks (its own overhead, beside the limit).
+//     (pwrite/pread, the best of 1 to --queue requests in flight, each its own aligned buffer),
+//     and the disk engine moving the same blocks (its own overhead, beside the limit).
 //  2. The runtime: the GPT trainer (train_gpt's model, AdamW) with a small device, a host budget
 //     that holds a fraction of the model data, and the rest on the disk. Per iteration: the time,
 //     the bytes read and written, the disk transfer time those bytes need at the limits
 //     (read / read limit + written / write limit: one disk, reads and writes serialised), and the
-//     compute time (the same model with everything resident, measured in the same run).
+//     compute time: the same run without the disk (the same device budget, the host unlimited),
+//     measured in the same run (and everything resident, for reference).
 //     achieved_gbs = disk bytes / iteration time; its ratio to the limit is disk_transfer_s /
 //     iteration_s (target >= 0.8 where the run is disk-bound); iteration_s / max(compute_s,
-//     disk_transfer_s) shows the overlap (target <= 1.15). Every run must give the resident run's
-//     losses bit for bit (checked: exit 1 otherwise).
+//     disk_transfer_s) shows the overlap (target <= 1.15). The step needs forward+backward's
+//     gradients and the next forward the step's parameters, so the two phases cannot overlap:
+//     phase_bound_s = max(fb compute, fb disk) + max(step compute, step disk) is the bound the
+//     runtime can reach, reported beside it. Each run is repeated with disk prefetch off
+//     (demand_*). Every run must give the resident run's losses bit for bit (exit 1 otherwise).
 //  3. Scale: the deepest model of the preset's width that trains two steps within device, host and
 //     disk budgets, against (device + host + disk) / 16 bytes per parameter (target >= 0.9).
 // Table, JSON (--json) and a PNG (--plot, gnuplot). See docs/disk.md.
@@ -52,7 +56,7 @@ struct options {
   std::vector<double> host_fractions{0.5, 0.25};
   std::size_t limit_bytes = std::size_t{512} << 20;  // file the limit is measured over
   unsigned queue = 4;                                // requests in flight for the limit
-  std::size_t scale_device = std::size_t{16} << 20, scale_host = std::size_t{64} << 20, scale_disk = std::size_t{256} << 20;
+  std::size_t scale_device = std::size_t{64} << 20, scale_host = std::size_t{64} << 20, scale_disk = std::size_t{512} << 20;
   std::size_t scale_batch = 1, scale_seq = 16;  // short sequences: activations are not model data
   std::size_t prefetch_depth = runtime_options{}.disk_prefetch_depth, horizon = runtime_options{}.disk_prefetch_horizon;
   std::string json, plot;
@@ -86,6 +90,12 @@ struct disk_parts {
     return {space, *pool};
   }
   [[nodiscard]] std::string name() const { return pool ? "pool" : "uring"; }
+  [[nodiscard]] copy_stats stats() const {
+#if CHUNKSTAR_HAS_URING()
+    if (uring) return uring->stats();
+#endif
+    return pool->stats();
+  }
 };
 
 /** The GPT trainer of e2e::chunk_trainer with a disk tier attached (none when disk capacity is 0). */
@@ -107,12 +117,17 @@ class disk_trainer {
     model_.finalize();
   }
   double step(const int* tokens, const int* targets) {
-    const double loss = model_.forward_backward(tokens, targets);
-    if (!opt_.step(rt_, e2e::learning_rate).stepped) throw state_error("an fp32 step was skipped (overflow)");
+    const double loss = forward_backward(tokens, targets);
+    optimizer_step();
     return loss;
+  }
+  double forward_backward(const int* tokens, const int* targets) { return model_.forward_backward(tokens, targets); }
+  void optimizer_step() {
+    if (!opt_.step(rt_, e2e::learning_rate).stepped) throw state_error("an fp32 step was skipped (overflow)");
   }
   Runtime& runtime() { return rt_; }
   [[nodiscard]] std::string engine() const { return disk_ ? disk_->name() : "-"; }
+  [[nodiscard]] copy_stats disk_stats() const { return disk_ ? disk_->stats() : copy_stats{}; }
 
  private:
   simulated_device_space device_;
@@ -181,10 +196,13 @@ limits measure_limits(const options& o, std::size_t block) {
   l.direct = d.space.direct();
   l.engine = d.name();
   const double gb = static_cast<double>(total) / 1e9;
-  for (int rep = 0; rep < 2; ++rep) {  // the best of two: the first pass also allocates the file's extents
-    l.write_gbs = std::max(l.write_gbs, gb / raw_pass(d.space.fd(), block, total, o.queue, true));
-    l.read_gbs = std::max(l.read_gbs, gb / raw_pass(d.space.fd(), block, total, o.queue, false));
-  }
+  // The best over 1 .. --queue requests in flight, twice each (the first pass also allocates the
+  // file's extents): the disk at its fastest for these blocks.
+  for (int rep = 0; rep < 2; ++rep)
+    for (unsigned q = 1; q <= o.queue; q *= 2) {
+      l.write_gbs = std::max(l.write_gbs, gb / raw_pass(d.space.fd(), block, total, q, true));
+      l.read_gbs = std::max(l.read_gbs, gb / raw_pass(d.space.fd(), block, total, q, false));
+    }
   // The engine moving the same blocks: every block submitted at once, then waited for.
   const disk_tier tier = d.tier();
   aligned_block host(total > (std::size_t{256} << 20) ? std::size_t{256} << 20 : total);
@@ -220,28 +238,48 @@ struct run_result {
   std::vector<double> losses;
   std::string engine;
   double demand_iteration_s = 0, demand_bytes = 0, demand_disk_stall_s = 0;  // disk prefetch off
+  double read_busy_s = 0, write_busy_s = 0;  // the engine's lanes busy per iteration
+  double resident_s = 0;  // everything on the device
+  double fb_s = 0, step_s = 0, fb_disk_s = 0;  // forward+backward and the step: time; disk time forward+backward needs at the limits
+  double phase_bound_s = 0;  // max(fb compute, fb disk) + max(step compute, step disk)
 };
 
 template <class Trainer>
-run_result time_run(const options& o, Trainer& tr) {
+run_result time_run(const options& o, Trainer& tr, const limits& lim) {
   run_result r;
   e2e::batches data(o.batch, o.seq);
-  std::vector<double> times, reads, writes, disk_stalls, stalls;
+  std::vector<double> times, reads, writes, disk_stalls, stalls, read_busy, write_busy, fb_times, fb_bytes;
+  const double lim_read = lim.read_gbs * 1e9, lim_write = lim.write_gbs * 1e9;
   for (int it = 1; it <= o.warmup + o.iters; ++it) {
     data.load(it);
     const runtime_stats before = tr.runtime().stats();
+    const copy_stats busy_before = tr.disk_stats();
     const auto t0 = e2e::clock::now();
-    r.losses.push_back(tr.step(data.tokens(), data.targets()));
+    r.losses.push_back(tr.forward_backward(data.tokens(), data.targets()));
+    const double fb = e2e::seconds_since(t0);
+    const runtime_stats mid = tr.runtime().stats();
+    tr.optimizer_step();
     const double dt = e2e::seconds_since(t0);
+    const copy_stats busy = tr.disk_stats();
     const runtime_stats& s = tr.runtime().stats();
     if (it <= o.warmup) continue;  // the first iteration traces; the next adopts the plan
     times.push_back(dt);
+    fb_times.push_back(fb);
+    fb_bytes.push_back(static_cast<double>(mid.bytes_from_disk - before.bytes_from_disk) / lim_read +
+                       static_cast<double>(mid.bytes_to_disk - before.bytes_to_disk) / lim_write);
     reads.push_back(static_cast<double>(s.bytes_from_disk - before.bytes_from_disk));
     writes.push_back(static_cast<double>(s.bytes_to_disk - before.bytes_to_disk));
     disk_stalls.push_back(s.disk_stall_s - before.disk_stall_s);
     stalls.push_back(s.stall_s - before.stall_s);
+    read_busy.push_back(busy[copy_direction::to_device].busy_s - busy_before[copy_direction::to_device].busy_s);
+    write_busy.push_back(busy[copy_direction::to_host].busy_s - busy_before[copy_direction::to_host].busy_s);
   }
+  r.read_busy_s = e2e::median(read_busy);
+  r.write_busy_s = e2e::median(write_busy);
   r.iteration_s = e2e::median(times);
+  r.fb_s = e2e::median(fb_times);
+  r.step_s = r.iteration_s - r.fb_s;
+  r.fb_disk_s = e2e::median(fb_bytes);
   r.read_bytes = e2e::median(reads);
   r.write_bytes = e2e::median(writes);
   r.disk_stall_s = e2e::median(disk_stalls);
@@ -338,7 +376,7 @@ int write_plot(const options& o, const limits& l, const std::vector<run_result>&
     bw += std::to_string(4 + 2 * i) + " \"" + r.name + " limit\" " + std::to_string(r.limit_gbs) + "\n";
     bw += std::to_string(5 + 2 * i) + " \"" + r.name + " achieved\" " + std::to_string(r.achieved_gbs) + "\n";
     it += std::to_string(i) + " \"" + r.name + "\" " + std::to_string(r.iteration_s) + " " + std::to_string(r.compute_s) + " " +
-          std::to_string(r.disk_transfer_s) + "\n";
+          std::to_string(r.disk_transfer_s) + " " + std::to_string(r.phase_bound_s) + "\n";
   }
   const std::string scale = "0 \"limit\" " + std::to_string(sc.limit_params / 1e6) + "\n1 \"largest that trains\" " +
                             std::to_string(static_cast<double>(sc.max_params) / 1e6) + "\n";
@@ -347,9 +385,9 @@ int write_plot(const options& o, const limits& l, const std::vector<run_result>&
       ", engine " + l.engine + (l.direct ? ", O\\_DIRECT" : ", buffered") + "'\n"
       "set grid\nset style fill solid 0.5\nset boxwidth 0.7\nset yrange [0:*]\nset xtics rotate by -35\n"
       "set title 'disk bandwidth (GB/s)'\nplot '@DIR@/bw.dat' using 1:3:xtic(2) with boxes notitle\n"
-      "set title 'iteration (s)'\nset boxwidth 0.25\n"
-      "plot '@DIR@/it.dat' using ($1-0.27):3:xtic(2) with boxes title 'iteration', '@DIR@/it.dat' using 1:4 with boxes title 'compute', "
-      "'@DIR@/it.dat' using ($1+0.27):5 with boxes title 'disk transfer'\n"
+      "set title 'iteration (s)'\nset boxwidth 0.2\nset key top left\n"
+      "plot '@DIR@/it.dat' using ($1-0.3):3:xtic(2) with boxes title 'iteration', '@DIR@/it.dat' using ($1-0.1):4 with boxes title 'compute (no disk)', "
+      "'@DIR@/it.dat' using ($1+0.1):5 with boxes title 'disk transfer', '@DIR@/it.dat' using ($1+0.3):6 with boxes title 'phase bound'\n"
       "set title 'scale (M parameters)'\nset boxwidth 0.6\nplot '@DIR@/scale.dat' using 1:3:xtic(2) with boxes notitle\n"
       "unset multiplot\n";
   return e2e::run_gnuplot("bench_disk", o.plot, script, {{"bw.dat", bw}, {"it.dat", it}, {"scale.dat", scale}}, "1500,520");
@@ -359,8 +397,8 @@ void usage() {
   std::printf(
       "usage: bench_disk [--dir DIR (/var/tmp)] [--engine auto|uring|pool] [--preset NAME (mini)] [--batch B (4)] [--seq T (64)]\n"
       "                  [--iters N (4)] [--device-fraction F (0.2)] [--host-fractions F,F (0.5,0.25)]\n"
-      "                  [--limit-mib N (512)] [--queue N (4)] [--scale-device SIZE (16MiB)] [--scale-host SIZE (64MiB)]\n"
-      "                  [--scale-disk SIZE (256MiB)] [--disk-prefetch N (8)] [--horizon N (4)] [--json FILE] [--plot FILE.png] [--quick]\n");
+      "                  [--limit-mib N (512)] [--queue N (4)] [--scale-device SIZE (64MiB)] [--scale-host SIZE (64MiB)]\n"
+      "                  [--scale-disk SIZE (512MiB)] [--disk-prefetch N (8)] [--horizon N (2)] [--json FILE] [--plot FILE.png] [--quick]\n");
 }
 
 std::size_t size_arg(const std::string& flag, const std::string& v) {
@@ -431,7 +469,7 @@ int main(int argc, char** argv) try {
 
   // 1. The limit, for this model's chunks.
   const limits lim = measure_limits(o, chunk);
-  std::printf("== the disk in %s (%s, %s), blocks of %s (one chunk), %u in flight ==\n", o.dir.c_str(), lim.engine.c_str(),
+  std::printf("== the disk in %s (%s, %s), blocks of %s (one chunk), the best of 1 to %u in flight ==\n", o.dir.c_str(), lim.engine.c_str(),
               lim.direct ? "O_DIRECT" : "buffered", format_bytes(chunk).c_str(), o.queue);
   std::printf("pwrite %.3f GB/s, pread %.3f GB/s (the limit); the disk engine: write %.3f GB/s (%.2f of it), read %.3f GB/s (%.2f of it)\n",
               lim.write_gbs, lim.read_gbs, lim.engine_write_gbs, lim.engine_write_gbs / lim.write_gbs, lim.engine_read_gbs,
@@ -443,20 +481,30 @@ int main(int argc, char** argv) try {
   run_result resident;
   {
     disk_trainer<resident_runtime> tr(o, cfg, {o.batch, o.seq}, act + model + model / 8, SIZE_MAX, 0, layout, static_placement::all_device());
-    resident = time_run(o, tr);
+    resident = time_run(o, tr, lim);
   }
-  bool same_bits = true;
+  // What the iteration costs without the disk: the same device budget, the host unlimited (chunks
+  // still move between device and host, steps still run on the host): the disk tier's "compute".
+  const std::size_t run_device = act + static_cast<std::size_t>(o.device_fraction * static_cast<double>(model));
+  run_result no_disk;
+  {
+    disk_trainer<disk_runtime> tr(o, cfg, {o.batch, o.seq}, run_device, SIZE_MAX, 0, layout, {});
+    no_disk = time_run(o, tr, lim);
+  }
+  std::printf("resident (everything on the device): %.3f s per iteration; device %s and the host unlimited (no disk): %.3f s\n",
+              resident.iteration_s, format_bytes(run_device).c_str(), no_disk.iteration_s);
+  bool same_bits = no_disk.losses == resident.losses;
   std::vector<run_result> runs;
   for (double h : o.host_fractions) {
-    const std::size_t device = act + static_cast<std::size_t>(o.device_fraction * static_cast<double>(model));
+    const std::size_t device = run_device;
     const std::size_t host = std::max(static_cast<std::size_t>(h * static_cast<double>(model)), 8 * chunk);
     const std::size_t disk = model + 24 * chunk;
     disk_trainer<disk_runtime> tr(o, cfg, {o.batch, o.seq}, device, host, disk, layout, {},
                                   {.disk_prefetch_depth = o.prefetch_depth, .disk_prefetch_horizon = o.horizon});
-    run_result r = time_run(o, tr);
+    run_result r = time_run(o, tr, lim);
     {  // the same run with disk reads on demand only: what prefetch saves, and the bytes it adds
       disk_trainer<disk_runtime> demand_tr(o, cfg, {o.batch, o.seq}, device, host, disk, layout, {}, {.disk_prefetch_depth = 0});
-      const run_result d = time_run(o, demand_tr);
+      const run_result d = time_run(o, demand_tr, lim);
       r.demand_iteration_s = d.iteration_s;
       r.demand_bytes = d.read_bytes + d.write_bytes;
       r.demand_disk_stall_s = d.disk_stall_s;
@@ -469,8 +517,12 @@ int main(int argc, char** argv) try {
     r.host = host;
     r.disk = disk;
     r.model = model;
-    r.compute_s = resident.iteration_s;
+    r.compute_s = no_disk.iteration_s;
+    r.resident_s = resident.iteration_s;
     r.disk_transfer_s = r.read_bytes / (lim.read_gbs * 1e9) + r.write_bytes / (lim.write_gbs * 1e9);
+    // The step needs forward+backward's gradients and the next forward needs the step's
+    // parameters: the two phases cannot overlap each other, only what runs within each.
+    r.phase_bound_s = std::max(no_disk.fb_s, r.fb_disk_s) + std::max(no_disk.step_s, r.disk_transfer_s - r.fb_disk_s);
     r.achieved_gbs = (r.read_bytes + r.write_bytes) / r.iteration_s / 1e9;
     r.limit_gbs = r.disk_transfer_s > 0 ? (r.read_bytes + r.write_bytes) / r.disk_transfer_s / 1e9 : 0;
     if (r.losses != resident.losses) {
@@ -488,9 +540,15 @@ int main(int argc, char** argv) try {
                 r.iteration_s, r.compute_s, r.disk_transfer_s, r.achieved_gbs, r.limit_gbs, r.limit_gbs > 0 ? r.achieved_gbs / r.limit_gbs : 0.0,
                 r.iteration_s / std::max(r.compute_s, r.disk_transfer_s), r.demand_iteration_s,
                 r.demand_bytes > 0 ? (r.read_bytes + r.write_bytes) / r.demand_bytes : 0.0, r.disk_stall_s);
+    std::printf("%-9s   disk lanes busy per iteration: reads %.3f s, writes %.3f s (%.0f%% and %.0f%% of it); forward+backward %.3f s "
+                "(without the disk %.3f, its disk %.3f), step %.3f s (without %.3f, its disk %.3f: %.2f of the limit while it runs): "
+                "iteration / phase bound %.2f\n",
+                "", r.read_busy_s, r.write_busy_s, 100 * r.read_busy_s / r.iteration_s, 100 * r.write_busy_s / r.iteration_s, r.fb_s,
+                no_disk.fb_s, r.fb_disk_s, r.step_s, no_disk.step_s, r.disk_transfer_s - r.fb_disk_s,
+                (r.disk_transfer_s - r.fb_disk_s) / r.step_s, r.iteration_s / r.phase_bound_s);
   }
   std::printf("(MiB columns: per iteration; disk s = read / read limit + written / write limit; ach/lim = achieved / limit, "
-              "meaningful where disk s > compute s; it/bound = iteration / max(compute, disk); demand s, B/dem: the iteration and "
+              "meaningful where disk s > compute s; compute s: the same run without a disk (host unlimited); it/bound = iteration / max(compute, disk); demand s, B/dem: the iteration and "
               "the disk bytes against the same run with disk prefetch off; stall s: waits for the disk per iteration)\n");
   std::printf("same bits as the resident run: %s\n", same_bits ? "yes" : "NO");
 
@@ -510,6 +568,9 @@ int main(int argc, char** argv) try {
       j.num("read_bytes", r.read_bytes).num("write_bytes", r.write_bytes).num("disk_stall_s", r.disk_stall_s).num("stall_s", r.stall_s);
       j.num("peak_disk_chunk_bytes", static_cast<double>(r.peak_disk)).num("peak_host_chunk_bytes", static_cast<double>(r.peak_host));
       j.boolean("same_bits", r.losses == resident.losses);
+      j.num("step_achieved_over_limit", (r.disk_transfer_s - r.fb_disk_s) / r.step_s);
+      j.num("phase_bound_s", r.phase_bound_s).num("forward_backward_s", r.fb_s).num("step_s", r.step_s);
+      j.num("resident_s", r.resident_s).num("read_busy_s", r.read_busy_s).num("write_busy_s", r.write_busy_s);
       j.num("demand_iteration_s", r.demand_iteration_s).num("demand_bytes", r.demand_bytes).num("demand_disk_stall_s", r.demand_disk_stall_s);
       j.num("disk_prefetch_depth", static_cast<double>(o.prefetch_depth)).num("disk_prefetch_horizon", static_cast<double>(o.horizon));
       recs.push_back(j);

@@ -132,7 +132,7 @@ TEST_CASE("disk prefetch: reads start ahead of use and replace demand reads") {
   CHECK(ahead.params == demand.params);
 }
 
-TEST_CASE("disk planner: reads in order of need, exchanges only for chunks used later, depth") {
+TEST_CASE("disk planner: reads in order of need, exchanges only for chunks used later, in-use victims, horizon, depth") {
   // Four param chunks and no other list; moment k needs param k. Chunks 2 and 3 on disk.
   disk_snapshot s;
   s.moment = 0;
@@ -180,6 +180,21 @@ TEST_CASE("disk planner: reads in order of need, exchanges only for chunks used 
   s.host_budget = 200;
   s.arriving.assign(s.chunks.size(), 0);
   s.arriving[s.dense({chunk_kind::param, 0})] = 1;
+  CHECK(plan_disk_prefetch(s, needs, next_use, belady).empty());
+  s.arriving.clear();
+  // A chunk in use now that the demand path would send down first (used latest): the plan waits
+  // for it instead of sending down the next best; when it is not the best, the best goes.
+  const auto later = [](chunk_id id) { return id.index == 1 ? std::size_t{6} : id.index == 0 ? std::size_t{4} : std::size_t{id.index}; };
+  s.chunks[s.dense({chunk_kind::param, 1})].pinned = true;
+  CHECK(plan_disk_prefetch(s, needs, later, belady).empty());
+  const auto sooner = [](chunk_id id) { return id.index == 1 ? std::size_t{3} : id.index == 0 ? std::size_t{4} : std::size_t{id.index}; };
+  CHECK(plan_disk_prefetch(s, needs, sooner, belady) == std::vector<op>{{op::kind::write, {chunk_kind::param, 0}}, {op::kind::read, {chunk_kind::param, 2}}});
+  // The horizon: nothing needed beyond it is read.
+  s.chunks[s.dense({chunk_kind::param, 1})].pinned = false;
+  s.host_budget = 400;
+  s.horizon = 2;
+  CHECK(plan_disk_prefetch(s, needs, next_use, belady) == std::vector<op>{{op::kind::read, {chunk_kind::param, 2}}});
+  s.horizon = 1;
   CHECK(plan_disk_prefetch(s, needs, next_use, belady).empty());
 }
 

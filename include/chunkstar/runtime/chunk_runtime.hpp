@@ -294,7 +294,7 @@ class chunk_runtime {
         tracer_(std::move(tracer)), own_comm_(own_if(comm)), comm_(comm ? *comm : *own_comm_),
         store_(device, host, copier, options.payload_alignment, stats_),
         residency_(store_, placement_, eviction_, tracer_, level_, options.prefetch_depth, stats_, options.disk_prefetch_depth,
-                   options.disk_prefetch_horizon),
+                   options.disk_prefetch_horizon, options.disk_staging_chunks),
         non_model_(device, level_), pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth),
         shard_(store_, residency_, tracer_, comm_, options.sharding, stats_, level_) {
     if (options_.timeline) observer_ = own_timeline_;

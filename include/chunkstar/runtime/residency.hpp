@@ -44,9 +44,9 @@ class residency_manager {
 
   residency_manager(store_type& store, const Placement& placement, const Eviction& eviction, const TracerT& tracer,
                     const compute_level& level, std::size_t prefetch_depth, runtime_stats& stats, std::size_t disk_prefetch_depth = 0,
-                    std::size_t disk_prefetch_horizon = 0)
+                    std::size_t disk_prefetch_horizon = 0, std::size_t disk_staging_chunks = 0)
       : store_(store), placement_(placement), eviction_(eviction), tracer_(tracer), level_(level), depth_(prefetch_depth),
-        stats_(stats), disk_depth_(disk_prefetch_depth), disk_horizon_(disk_prefetch_horizon) {}
+        stats_(stats), disk_depth_(disk_prefetch_depth), disk_horizon_(disk_prefetch_horizon), staging_(disk_staging_chunks) {}
 
   // --- budgets -------------------------------------------------------------------------------------
   /** @brief The placement's view at moment @p m (the current non-model use is today's). */
@@ -178,8 +178,16 @@ class residency_manager {
   }
 
   // --- the host tier (with a disk) -----------------------------------------------------------------
-  /** @brief Chunk bytes the host may hold: its space's capacity. */
-  [[nodiscard]] std::size_t host_budget() const { return store_.host().capacity(); }
+  /** @brief Chunk bytes the host may hold: its space's capacity, less (with a disk tier) room for
+   *  `disk_staging_chunks` payloads that disk writes in flight still read, so the next read from
+   *  the disk finds a buffer instead of waiting for a write to land. */
+  [[nodiscard]] std::size_t host_budget() const {
+    if (!store_.has_disk()) return store_.host().capacity();
+    std::size_t largest = 0;
+    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+      if (store_.has(k)) largest = std::max(largest, store_.footprint(tier::host, store_.bytes_of(k)));
+    return room_after(store_.host().capacity(), staging_ * largest);
+  }
 
   /** @brief With a disk tier, sends host chunks (not pinned, not in @p keep) to the disk until
    *  @p bytes more fit the host budget; victims picked by the strategy with next uses above the
@@ -469,6 +477,7 @@ class residency_manager {
   trace_needs needs_;
   std::size_t disk_depth_ = 0;
   std::size_t disk_horizon_ = 0;
+  std::size_t staging_ = 0;
   std::vector<std::size_t> step_moment_;  // per chunk index: the moment of its host-side step (note_step), or never
   std::vector<std::size_t> moment_step_;  // per moment: the chunk index stepped on the host then, or never
   mutable std::size_t peak_max_ = 0;

@@ -46,7 +46,10 @@ struct runtime_options {
   /// With a disk tier: how many moments ahead the disk prefetcher looks. Far enough to hide a read,
   /// near enough that what lands on the host in between (evictions from the compute tier, a step's
   /// offloads) rarely makes its choices worse than the demand path's (measured in docs/disk.md).
-  std::size_t disk_prefetch_horizon = 4;
+  std::size_t disk_prefetch_horizon = 2;
+  /// With a disk tier: host room (in chunks) kept free of resident chunks for the buffers disk writes
+  /// in flight still read; the host space's capacity bounds both together.
+  std::size_t disk_staging_chunks = 2;
   std::size_t payload_alignment = 4096;         ///< alignment of chunk payloads (copies and SIMD like it)
   bool timeline = false;                        ///< record a Chrome-trace timeline (see `timeline_recorder()`)
   gradient_mode gradients = gradient_mode::local;  ///< how the gradients of ranks relate (the norm); sharding implies `sharded`
