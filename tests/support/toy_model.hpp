@@ -7,6 +7,7 @@
 
 #include "faulty_disk_engine.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -34,6 +35,7 @@ struct toy_config {
   test::faulty_disk_engine::faults disk_faults{};  // copies that fail or get corrupted
   int retries = 0;  // a runtime call that throws io_error is made again, up to this many times
   std::function<void(disk_space&)> on_disk;  // called once the disk space exists
+  bool timeline = false;                      // record a timeline (toy_result::trace)
 };
 
 struct toy_result {
@@ -50,6 +52,7 @@ struct toy_result {
   int retried = 0;            // calls made again after an io_error
   std::string error;          // what ended the run early (then params is empty)
   std::vector<std::string> violations;  // the runtime's bookkeeping after every retried failure
+  std::string trace;                    // the Chrome trace, with toy_config::timeline
 };
 
 /** Trains the toy model with the runtime type RT on a simulated device whose capacity is the peak
@@ -101,7 +104,8 @@ toy_result train_toy(const toy_config& cfg, double budget_fraction, Placement pl
     disk_io.emplace(*disk, cfg.disk_engine, cfg.disk_faults);
     if (cfg.on_disk) cfg.on_disk(*disk);
   }
-  RT rt(dev, host, copier, {.prefetch_depth = cfg.prefetch, .disk_prefetch_depth = cfg.disk_prefetch}, layout, placement);
+  RT rt(dev, host, copier, {.prefetch_depth = cfg.prefetch, .disk_prefetch_depth = cfg.disk_prefetch, .timeline = cfg.timeline}, layout,
+        placement);
   if (with_disk) rt.attach_disk(disk_tier(*disk, *disk_io));
   std::vector<param_id> w, b;
   register_all(rt, w, b);
@@ -129,8 +133,25 @@ toy_result train_toy(const toy_config& cfg, double budget_fraction, Placement pl
   try {
   for (int step = 1; step <= cfg.steps; ++step) {
     // Forward: h[l+1] = tanh(W_l h[l] + b_l), activations from the runtime's compute tier.
+    // Activations, given back in this order before the step, or by the guard when a call throws.
+    struct activations {
+      RT& rt;
+      std::size_t bytes;
+      std::vector<void*> live;
+      float* take(void* p) {
+        live.push_back(p);
+        return static_cast<float*>(p);
+      }
+      void release(void* p) {
+        rt.deallocate_non_model(p, bytes);
+        live.erase(std::find(live.begin(), live.end(), p));
+      }
+      ~activations() {
+        for (void* p : live) rt.deallocate_non_model(p, bytes);
+      }
+    } acts{rt, act_bytes, {}};
     std::vector<float*> h(static_cast<std::size_t>(L + 1));
-    for (auto& p : h) p = static_cast<float*>(again([&] { return rt.allocate_non_model(act_bytes); }));
+    for (auto& p : h) p = acts.take(again([&] { return rt.allocate_non_model(act_bytes); }));
     std::memcpy(h[0], x.data(), act_bytes);
     for (int l = 0; l < L; ++l) {
       auto s = again([&] { return rt.forward("layer" + std::to_string(l), {w[static_cast<std::size_t>(l)], b[static_cast<std::size_t>(l)]}); });
@@ -144,14 +165,14 @@ toy_result train_toy(const toy_config& cfg, double budget_fraction, Placement pl
         }
     }
     float loss = 0;
-    auto* dh = static_cast<float*>(again([&] { return rt.allocate_non_model(act_bytes); }));
+    auto* dh = acts.take(again([&] { return rt.allocate_non_model(act_bytes); }));
     for (int i = 0; i < B * D; ++i) {
       const float d = h[static_cast<std::size_t>(L)][i] - y[static_cast<std::size_t>(i)];
       loss += 0.5f * d * d / static_cast<float>(B);
       dh[i] = d / static_cast<float>(B);
     }
     result.losses.push_back(loss);
-    auto* dprev = static_cast<float*>(again([&] { return rt.allocate_non_model(act_bytes); }));
+    auto* dprev = acts.take(again([&] { return rt.allocate_non_model(act_bytes); }));
     for (int l = L - 1; l >= 0; --l) {
       auto s = again([&] { return rt.backward("layer" + std::to_string(l), {w[static_cast<std::size_t>(l)], b[static_cast<std::size_t>(l)]}); });
       const auto W = s.template param<float>(w[static_cast<std::size_t>(l)]);
@@ -173,9 +194,9 @@ toy_result train_toy(const toy_config& cfg, double budget_fraction, Placement pl
         }
       std::swap(dh, dprev);
     }
-    rt.deallocate_non_model(dprev, act_bytes);
-    rt.deallocate_non_model(dh, act_bytes);
-    for (auto* p : h) rt.deallocate_non_model(p, act_bytes);
+    acts.release(dprev);
+    acts.release(dh);
+    for (auto* p : h) acts.release(p);
 
     // Scalar Adam over each chunk, wherever the placement put it.
     again([&] { rt.step([&](const step_chunk& c) {
@@ -206,6 +227,7 @@ toy_result train_toy(const toy_config& cfg, double budget_fraction, Placement pl
   result.stats = rt.stats();
   result.peak_device = dev.usage().peak;
   result.peak_host = host.usage().peak;
+  if (cfg.timeline) result.trace = rt.timeline_recorder().to_chrome_trace();
   for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
     if (rt.has_list(k))
       for (std::uint32_t c = 0; c < rt.plan().num_chunks; ++c) result.tiers.push_back({{k, c}, rt.where({k, c})});

@@ -97,6 +97,23 @@ TEST_CASE("disk tier: host-side steps stream their state from the disk; pieces a
   CHECK(s.params == reference.params);
 }
 
+TEST_CASE("disk tier: the timeline has a track each way and a disk counter") {
+  chunkstar::test::scratch_dir dir;
+  toy_config c;
+  c.disk_dir = dir.path();
+  c.host_fraction = 0.25;
+  c.timeline = true;
+  const auto r = train_toy<belady_rt>(c, 0.2);
+  REQUIRE(r.error.empty());
+  for (const char* needle : {"\"copy to disk\"", "\"copy from disk\"", "\"name\":\"disk\""}) {
+    CAPTURE(needle);
+    CHECK(r.trace.find(needle) != std::string::npos);
+  }
+  // Spans on both disk tracks (tid 5: to disk, 6: from disk).
+  CHECK(r.trace.find("\"tid\":5,\"ts\"") != std::string::npos);
+  CHECK(r.trace.find("\"tid\":6,\"ts\"") != std::string::npos);
+}
+
 TEST_CASE("disk tier: what is needed latest goes furthest down") {
   // After a step the next use of every parameter is the coming forward pass and of the Adam
   // moments the next step: with room on the host for the parameters but not the moments, Belady
