@@ -253,7 +253,7 @@ class chunk_runtime {
   [[nodiscard]] std::size_t host_chunk_bytes() const noexcept { return store_.resident(tier::host); }
   [[nodiscard]] std::size_t disk_chunk_bytes() const noexcept { return store_.resident(tier::disk); }
   [[nodiscard]] std::size_t non_model_bytes() const noexcept { return level_.non_model; }
-  /** @brief Bytes of model data over all lists (what must fit in device + host). */
+  /** @brief Bytes of model data over all lists (what must fit in device + host, + disk with a disk tier). */
   [[nodiscard]] std::size_t model_bytes() const noexcept { return store_.model_bytes(); }
   [[nodiscard]] tier where(chunk_id id) const { return store_.at(id).where; }
   /** @brief The derived state of a chunk (PatrickStar): COMPUTE if any tensor is, else HOLD..., FREE. */
