@@ -79,8 +79,11 @@ elif ((with_slow)); then
 else
   main_labels=(-LE slow)
 fi
+# -g1 (line tables: enough for stack traces) instead of -g everywhere: full debug info of the
+# runtime's many template instantiations took a third of the build, and the build is most of CI.
 stage main "$build_root/tests-main" "${main_labels[@]}" -- \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHUNKSTAR_BUILD_CUDA_TESTS=$cuda_tests
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHUNKSTAR_BUILD_CUDA_TESTS=$cuda_tests \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG -Xcompiler=-g1"
 
 if ((!quick)); then
   # Halt on the first UBSan report too (by default it prints and carries on, and the test passes).
@@ -89,7 +92,7 @@ if ((!quick)); then
   asan_labels=(-L unit)
   ((with_slow)) && asan_labels=(-L 'unit|slow')
   stage asan "$build_root/tests-asan" "${asan_labels[@]}" -- \
-    -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
     "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
     -DCHUNKSTAR_BUILD_CUDA_TESTS=OFF -DCHUNKSTAR_BUILD_BENCHMARKS=OFF -DCHUNKSTAR_BUILD_EXAMPLES=OFF \
     -DCHUNKSTAR_VERIFY_HEADERS=OFF
@@ -98,7 +101,7 @@ if ((!quick)); then
   gpt_asan_tests=(gpt_rtp_model gpt_rtp_chunked gpt_rtp_checkpoint)
   stage_targets="${gpt_asan_tests[*]/#/test_} test_mpi_rtp_gpt"
   stage asan-gpt "$build_root/tests-asan-gpt" -R "^($(IFS='|'; echo "${gpt_asan_tests[*]}")|mpi_rtp_gpt_np2)\$" -- \
-    -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
     "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
     -DCHUNKSTAR_BUILD_CUDA_TESTS=OFF -DCHUNKSTAR_BUILD_BENCHMARKS=OFF -DCHUNKSTAR_VERIFY_HEADERS=OFF
   stage_targets=
@@ -113,7 +116,7 @@ if ((!quick)); then
               disk_copy_engine uring_copy_engine disk_runtime)
   stage_targets="${tsan_tests[*]/#/test_}"
   stage tsan "$build_root/tests-tsan" -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$" -- \
-    -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS=-O1 -g -fsanitize=thread" \
+    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=thread" \
     -DCHUNKSTAR_BUILD_CUDA_TESTS=OFF -DCHUNKSTAR_BUILD_BENCHMARKS=OFF -DCHUNKSTAR_BUILD_EXAMPLES=OFF \
     -DCHUNKSTAR_VERIFY_HEADERS=OFF -DCHUNKSTAR_ENABLE_MPI=OFF
   stage_targets=
