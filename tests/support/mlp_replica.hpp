@@ -15,15 +15,15 @@ namespace chunkstar::testing {
 
 inline constexpr int mlp_layers = 4, mlp_width = 12, mlp_batch = 3;
 
-template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction>
-using mlp_runtime = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, Comm>;
+template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction, class P = simulated_platform>
+using mlp_runtime = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, Comm, P>;
 
 /** One rank's (or the reference's) model: spaces, runtime, parameters, with the placement and
- *  eviction policies given (default-constructed). */
-template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction>
+ *  eviction policies given (default-constructed), on platform P. */
+template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction, class P = simulated_platform>
 struct mlp_replica {
-  using runtime_type = mlp_runtime<Comm, Placement, Eviction>;
-  simulated_device_space dev;
+  using runtime_type = mlp_runtime<Comm, Placement, Eviction, P>;
+  typename P::device_space dev;
   host_space host;
   host_copy_engine copier;
   runtime_type rt;

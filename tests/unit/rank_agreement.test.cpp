@@ -15,14 +15,13 @@
 
 using namespace chunkstar;
 
-TEST_CASE("first_disagreement: the first field, then the first rank, that differs from rank 0") {
-  const std::vector<std::uint64_t> same = {1, 2, 3, 1, 2, 3, 1, 2, 3};
-  CHECK_FALSE(first_disagreement(same, 3, 3).has_value());
-  const std::vector<std::uint64_t> late = {1, 2, 3, 1, 2, 3, 1, 2, 4};
-  CHECK(first_disagreement(late, 3, 3) == disagreement{2, 2});
-  const std::vector<std::uint64_t> both = {1, 2, 3, 1, 9, 3, 1, 2, 0};  // rank 2 lacks field 2
-  CHECK(first_disagreement(both, 3, 3) == disagreement{1, 1});
-  CHECK_FALSE(first_disagreement({}, 3, 0).has_value());
+TEST_CASE("first_differing_field: the first field whose hash differs from rank 0's, or the length when none does") {
+  const std::vector<std::uint64_t> reference = {1, 2, 3};
+  CHECK(first_differing_field(std::vector<std::uint64_t>{1, 2, 3}, reference) == 3);
+  CHECK(first_differing_field(std::vector<std::uint64_t>{1, 2, 4}, reference) == 2);
+  CHECK(first_differing_field(std::vector<std::uint64_t>{1, 9, 0}, reference) == 1);  // also lacks field 2: the first counts
+  CHECK(first_differing_field(std::vector<std::uint64_t>{1, 2, 0}, reference) == 2);  // a field rank 0 has and this rank lacks
+  CHECK(first_differing_field({}, {}) == 0);
 }
 
 namespace {
@@ -88,4 +87,32 @@ TEST_CASE("Ranks configured alike finalize; one that differs is a config_error o
       for (const auto& s : c.says) CHECK(m.find(s) != std::string::npos);
     }
   }
+}
+
+TEST_CASE("require_agreement: the first field that differs on any rank, then the first rank that differs there") {
+  // fields[rank]: rank 1 differs at field 2, rank 2 at field 1 and 2, rank 3 has one field more.
+  const std::vector<std::vector<config_field>> fields = {
+      {{"a", "1"}, {"b", "2"}, {"c", "3"}},
+      {{"a", "1"}, {"b", "2"}, {"c", "x"}},
+      {{"a", "1"}, {"b", "y"}, {"c", "z"}},
+      {{"a", "1"}, {"b", "2"}, {"c", "3"}, {"d", "4"}},
+  };
+  const auto messages_for = [&](int ranks) {
+    std::vector<std::string> messages(static_cast<std::size_t>(ranks));
+    run_ranks(ranks, [&](in_process_communicator& comm) {
+      try {
+        require_agreement(comm, fields[static_cast<std::size_t>(comm.rank())], "setup");
+      } catch (const config_error& e) {
+        messages[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    return messages;
+  };
+  for (const auto& m : messages_for(3)) CHECK(m.find("rank 0 has b = 2 but rank 2 has b = y") != std::string::npos);
+  for (const auto& m : messages_for(2)) CHECK(m.find("rank 0 has c = 3 but rank 1 has c = x") != std::string::npos);
+  run_ranks(2, [&](in_process_communicator& comm) {  // rank 3's list on rank 1: rank 0 lacks field 3
+    const auto& mine = fields[comm.rank() == 0 ? 0 : 3];
+    CHECK_THROWS_WITH_AS(require_agreement(comm, mine, "setup"),
+                         doctest::Contains("rank 0 has (nothing: fewer fields) but rank 1 has d = 4"), config_error);
+  });
 }

@@ -16,6 +16,7 @@
 
 #include <chunkstar/checkpoint/detail/checkpoint_dir.hpp>
 #include <chunkstar/checkpoint/safetensors.hpp>
+#include <chunkstar/comm/host_scalars.hpp>
 #include <chunkstar/core/dtype.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
@@ -268,12 +269,7 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
       }
     }
     agree("preparing the directory");
-    std::uint64_t length = tmp.string().size();
-    comm.broadcast(&length, sizeof length, 0);
-    std::string path(length, '\0');
-    if (shards.rank == 0) path = tmp.string();
-    comm.broadcast(path.data(), length, 0);
-    tmp = path;
+    tmp = broadcast_string(comm, tmp.string(), 0);  // host scalars only: a device communicator may not read host memory
     try {
       cd::write_files(rt, tmp / cd::shard_file_name(cd::checkpoint_model_stem, shards.rank, shards.world),
                       tmp / cd::shard_file_name(cd::checkpoint_optimizer_stem, shards.rank, shards.world), extra);

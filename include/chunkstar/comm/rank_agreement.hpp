@@ -9,13 +9,13 @@
 #pragma once
 
 #include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/comm/host_scalars.hpp>
 #include <chunkstar/core/error.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <optional>
+#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
@@ -45,58 +45,66 @@ inline std::uint64_t field_hash(const config_field& f) noexcept {
 
 }  // namespace detail
 
-/** @brief Where the ranks' fields first differ: field @p field, between rank 0 and rank @p rank. */
-struct disagreement {
-  std::size_t field = 0;
-  int rank = 0;
-  friend bool operator==(const disagreement&, const disagreement&) = default;
-};
-
-/** @brief Pure: the first field (then the first rank) whose hash differs from rank 0's, given
- *  @p ranks rows of @p fields hashes each (row r = rank r; 0 = the rank has no such field). */
-[[nodiscard]] inline std::optional<disagreement> first_disagreement(std::span<const std::uint64_t> hashes, int ranks,
-                                                                    std::size_t fields) {
-  for (std::size_t f = 0; f < fields; ++f)
-    for (int r = 1; r < ranks; ++r)
-      if (hashes[static_cast<std::size_t>(r) * fields + f] != hashes[f]) return disagreement{f, r};
-  return std::nullopt;
+/** @brief Pure: the first field whose hash in @p own differs from @p reference (rank 0's), or
+ *  `own.size()` when none does; both lists padded with 0 (no such field) to the same length. */
+[[nodiscard]] inline std::size_t first_differing_field(std::span<const std::uint64_t> own,
+                                                       std::span<const std::uint64_t> reference) noexcept {
+  const auto d = std::mismatch(own.begin(), own.end(), reference.begin(), reference.end());
+  return static_cast<std::size_t>(d.first - own.begin());
 }
 
 /** @brief Collective: every rank passes its own description of @p what; returns when all ranks'
  *  fields are equal, else throws the same `config_error` on every rank, naming the first field
- *  that differs and both ranks' values. Costs two allgathers of 8 bytes per field (three when
- *  they differ); with one rank, nothing. Fields should be listed in the same order on every rank
- *  (the same code builds them), the cheap fields (world size, counts) first. */
+ *  that differs (then the first rank that differs there) and both ranks' values. Fields should be
+ *  listed in the same order on every rank (the same code builds them), the cheap fields (world
+ *  size, counts) first. With one rank, nothing; else four allreduces of host doubles (one more
+ *  when they differ), the largest 2 x fields, whatever the number of ranks: only
+ *  `allreduce(span<double>)`, which every communicator runs on host memory (comm/host_scalars.hpp). */
 template <Communicator C>
 void require_agreement(C& comm, std::span<const config_field> fields, std::string_view what) {
   const int n = comm.size();
   if (n <= 1) return;
-  const auto ranks = static_cast<std::size_t>(n);
-  // 1. How many fields each rank has (they differ when, e.g., the parameter counts do).
-  std::uint64_t mine = fields.size();
-  std::vector<std::uint64_t> counts(ranks);
-  comm.allgather(&mine, counts.data(), sizeof mine);
-  const std::size_t width = *std::max_element(counts.begin(), counts.end());
-  // 2. Their hashes, padded with 0 (no such field) to the longest list.
-  std::vector<std::uint64_t> row(width, 0), all(width * ranks);
-  for (std::size_t f = 0; f < fields.size(); ++f) row[f] = detail::field_hash(fields[f]);
-  if (width > 0) comm.allgather(row.data(), all.data(), width * sizeof(std::uint64_t));
-  const auto diff = first_disagreement(all, n, width);
-  if (!diff) return;
-  // 3. Every rank knows the same difference; exchange its text (fixed size, so the call matches).
+  // 1. The longest list: a rank with fewer fields has hash 0 (no such field) for the rest.
+  double longest = static_cast<double>(fields.size());
+  comm.allreduce(std::span<double>(&longest, 1), reduce_op::max);
+  const auto width = static_cast<std::size_t>(longest);
+  std::vector<std::uint64_t> own(width, 0), reference(width);
+  for (std::size_t f = 0; f < fields.size(); ++f) own[f] = detail::field_hash(fields[f]);
+  // 2. Rank 0's hashes on every rank, as 32-bit halves (exact in a double).
+  std::vector<double> halves(2 * width);
+  for (std::size_t f = 0; f < width; ++f) {
+    halves[2 * f] = static_cast<double>(own[f] >> 32);
+    halves[2 * f + 1] = static_cast<double>(own[f] & 0xffffffffu);
+  }
+  broadcast_scalars(comm, std::span<double>(halves), 0);
+  for (std::size_t f = 0; f < width; ++f)
+    reference[f] = (static_cast<std::uint64_t>(halves[2 * f]) << 32) | static_cast<std::uint64_t>(halves[2 * f + 1]);
+  // 3. The first field that differs on any rank, then the first rank that differs there.
+  double first = static_cast<double>(first_differing_field(own, reference));
+  comm.allreduce(std::span<double>(&first, 1), reduce_op::min);
+  const auto field = static_cast<std::size_t>(first);
+  if (field >= width) return;
+  double odd = own[field] != reference[field] ? comm.rank() : n;
+  comm.allreduce(std::span<double>(&odd, 1), reduce_op::min);
+  const int rank = static_cast<int>(odd);
+  // 4. Both ranks' text of that field (fixed size, so every rank's call matches).
   constexpr std::size_t text_bytes = 240;
-  auto text_of = [&](std::size_t f) {
-    std::string s = f < fields.size() ? fields[f].name + " = " + fields[f].value : "(nothing: fewer fields)";
-    if (s.size() > text_bytes - 1) s = s.substr(0, text_bytes - 4) + "...";
+  std::string mine = field < fields.size() ? fields[field].name + " = " + fields[field].value : "(nothing: fewer fields)";
+  if (mine.size() > text_bytes - 1) mine = mine.substr(0, text_bytes - 4) + "...";
+  std::vector<double> texts(2 * text_bytes, 0.0);
+  for (const std::size_t slot : {0u, 1u})
+    if (comm.rank() == (slot == 0 ? 0 : rank))
+      std::transform(mine.begin(), mine.end(), std::next(texts.begin(), static_cast<std::ptrdiff_t>(slot * text_bytes)),
+                     [](char c) { return static_cast<double>(static_cast<unsigned char>(c)); });
+  comm.allreduce(std::span<double>(texts), reduce_op::sum);
+  auto text = [&](std::size_t slot) {
+    std::string s;
+    for (std::size_t i = 0; i < text_bytes && texts[slot * text_bytes + i] != 0.0; ++i)
+      s += static_cast<char>(static_cast<unsigned char>(texts[slot * text_bytes + i]));
     return s;
   };
-  std::vector<char> text(text_bytes, '\0'), texts(text_bytes * ranks);
-  const std::string own = text_of(diff->field);
-  std::memcpy(text.data(), own.data(), own.size());
-  comm.allgather(text.data(), texts.data(), text_bytes);
-  auto at = [&](int r) { return std::string(texts.data() + static_cast<std::size_t>(r) * text_bytes); };
-  throw config_error(std::string(what) + ": the ranks are not configured alike: rank 0 has " + at(0) + " but rank " +
-                     std::to_string(diff->rank) + " has " + at(diff->rank) +
+  throw config_error(std::string(what) + ": the ranks are not configured alike: rank 0 has " + text(0) + " but rank " +
+                     std::to_string(rank) + " has " + text(1) +
                      "; every rank must build the same model with the same layout and options (the same binary, "
                      "command line and data)");
 }

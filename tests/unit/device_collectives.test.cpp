@@ -1,0 +1,181 @@
+// What the runtime gives a device communicator (NCCL): model data in device memory for every void*
+// collective, and everything about the run (rank agreement, gradient norms, a checkpoint's
+// directory) as host doubles through allreduce(span<double>). Checked on the CPU with a test double
+// that faults, as NCCL would, on any void* buffer outside a (simulated) device's live blocks; the
+// results must be those of the same ranks over the plain in-process communicator, bit for bit.
+#include <chunkstar/checkpoint/runtime_checkpoint.hpp>
+#include <chunkstar/comm/host_scalars.hpp>
+#include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support/device_memory_communicator.hpp"
+#include "support/mlp_replica.hpp"
+
+using namespace chunkstar;
+using chunkstar::testing::device_memory_communicator;
+using chunkstar::testing::host_buffer_error;
+using chunkstar::testing::mlp_replica;
+using chunkstar::testing::tracked_device_space;
+using chunkstar::testing::tracked_platform;
+namespace fs = std::filesystem;
+
+TEST_CASE("broadcast_scalars and broadcast_string: the root's values on every rank, exactly") {
+  run_ranks(3, [](in_process_communicator& comm) {
+    std::vector<double> v = {9007199254740991.0, -1.5, 0.1, std::numeric_limits<double>::denorm_min(), 4294967295.0};
+    if (comm.rank() != 1) v.assign(v.size(), static_cast<double>(comm.rank() + 7));
+    broadcast_scalars(comm, std::span<double>(v), 1);
+    CHECK(v == std::vector<double>{9007199254740991.0, -1.5, 0.1, std::numeric_limits<double>::denorm_min(), 4294967295.0});
+    std::string bytes;
+    for (int c = 0; c < 256; ++c) bytes += static_cast<char>(c);  // every byte, NUL and 0xff included
+    const std::string got = broadcast_string(comm, comm.rank() == 2 ? bytes : std::string("not the root's"), 2);
+    CHECK(got == bytes);
+    CHECK(broadcast_string(comm, comm.rank() == 0 ? std::string() : std::string("x"), 0).empty());
+  });
+  single_process_communicator one;
+  CHECK(broadcast_string(one, "alone", 0) == "alone");
+}
+
+TEST_CASE("device_memory_communicator: device buffers pass, a host buffer is the error NCCL's illegal address would be") {
+  run_ranks(2, [](in_process_communicator& inner) {
+    device_memory_communicator comm(inner);
+    tracked_device_space dev({.capacity = 1 << 20});
+    auto* send = static_cast<float*>(dev.allocate(4 * sizeof(float), 64));
+    auto* recv = static_cast<float*>(dev.allocate(8 * sizeof(float), 64));
+    for (int i = 0; i < 4; ++i) send[i] = static_cast<float>(comm.rank() * 10 + i);
+    comm.allgather(send, recv, 4 * sizeof(float));
+    CHECK(recv[5] == 11.0f);
+    CHECK(comm.checked() == 2);
+    std::vector<float> host(8);
+    CHECK_THROWS_AS(comm.allgather(host.data(), recv, 4 * sizeof(float)), host_buffer_error);
+    CHECK_THROWS_AS(comm.allgather(send, recv + 4, 4 * sizeof(float)), host_buffer_error);  // runs past the block
+    double d = 1;
+    comm.allreduce(std::span<double>(&d, 1), reduce_op::sum);  // host scalars: always fine
+    CHECK(d == 2);
+    dev.deallocate(send, 4 * sizeof(float), 64);
+    CHECK_THROWS_AS(comm.broadcast(send, 4, 0), host_buffer_error);  // freed: no longer device memory
+    dev.deallocate(recv, 8 * sizeof(float), 64);
+  });
+}
+
+namespace {
+
+constexpr int steps = 6;
+
+chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
+
+struct rank_run {
+  std::vector<float> losses;
+  std::vector<float> params;  // the rank's own parameter tensors after the last step
+  std::size_t checked = 0;    // void* collectives the device communicator checked
+};
+
+/** ZeRO on 3 ranks: @p steps steps, a sharded checkpoint, then every rank loads it into a fresh
+ *  runtime and trains one more step; over the device-only communicator when @p device_only. */
+std::vector<rank_run> train(bool device_only, runtime_options options, std::size_t capacity, const fs::path& dir) {
+  std::vector<rank_run> out(3);
+  run_ranks(3, [&](in_process_communicator& inner) {
+    auto& me = out[static_cast<std::size_t>(inner.rank())];
+    const auto body = [&](auto& comm, auto platform_tag) {
+      using Comm = std::remove_reference_t<decltype(comm)>;
+      using P = decltype(platform_tag);
+      {
+        mlp_replica<Comm, auto_placement, belady_eviction, P> r(options, capacity, comm);
+        auto opt = make_adam();
+        for (int step = 1; step <= steps; ++step) {
+          me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
+          REQUIRE(opt.step(r.rt, 2e-2f, comm.size()).stepped);
+        }
+        save_checkpoint(r.rt, dir, {{"optimizer_steps", std::to_string(opt.step_count())}});
+      }
+      mlp_replica<Comm, auto_placement, belady_eviction, P> r(options, capacity, comm);
+      auto opt = make_adam();
+      opt.restore_step_count(std::stoll(load_checkpoint(r.rt, dir).at("optimizer_steps")));
+      me.losses.push_back(r.forward_backward(steps + 1, comm.rank(), [] {}));
+      REQUIRE(opt.step(r.rt, 2e-2f, comm.size()).stepped);
+      for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
+        if (r.rt.where({chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)}) == tier::remote) continue;
+        std::vector<float> v(r.rt.params()[t].numel());
+        r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
+        me.params.insert(me.params.end(), v.begin(), v.end());
+      }
+      if constexpr (requires { comm.checked(); }) me.checked = comm.checked();
+    };
+    if (device_only) {
+      device_memory_communicator comm(inner);
+      body(comm, tracked_platform{});
+    } else {
+      body(inner, simulated_platform{});
+    }
+  });
+  return out;
+}
+
+struct temp_dir {
+  fs::path path = fs::temp_directory_path() / ("chunkstar_device_collectives_" + std::to_string(::getpid()));
+  temp_dir() { fs::remove_all(path); }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("ZeRO through a device-only communicator: agreement, gathers, reductions, clipping and checkpoints use device memory or host doubles; same bits") {
+  constexpr std::size_t act_bytes = 12 * chunkstar::testing::mlp_batch * chunkstar::testing::mlp_width * sizeof(float);
+  constexpr std::size_t chunk_bytes = 256 * sizeof(float);
+  temp_dir tmp;
+  for (bool memory_saving : {false, true}) {
+    for (std::size_t capacity : {std::size_t{1} << 20, act_bytes + 6 * chunk_bytes}) {
+      for (bool keep : {false, true}) {
+        CAPTURE(memory_saving);
+        CAPTURE(capacity);
+        CAPTURE(keep);
+        if (!memory_saving && capacity < (std::size_t{1} << 20)) continue;  // group buffers need more at 3 ranks
+        const runtime_options options{.sharding = {.enabled = true, .keep_gathered = keep, .memory_saving = memory_saving}};
+        const auto expected = train(false, options, capacity, tmp.path / "plain");
+        const auto got = train(true, options, capacity, tmp.path / "device");
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          CAPTURE(k);
+          CHECK(got[k].checked > 0);
+          CHECK(got[k].losses == expected[k].losses);
+          CHECK(!got[k].params.empty());
+          CHECK(got[k].params == expected[k].params);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Ranks configured differently: the same config_error through a device-only communicator (host doubles only)") {
+  std::vector<std::string> messages(3);
+  run_ranks(3, [&](in_process_communicator& inner) {
+    device_memory_communicator comm(inner);
+    using runtime_t = chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, device_memory_communicator, tracked_platform>;
+    tracked_device_space dev({.capacity = 1 << 20});
+    host_space host;
+    host_copy_engine copier;
+    runtime_t rt(dev, host, copier, comm, {.sharding = {.enabled = true}}, fixed_chunk_layout({.chunk_elems = 256, .align_elems = 32}));
+    rt.register_param({"w0", {12, 12}, dtype::f32, tensor_role::weight});
+    rt.register_param({"w1", {12, comm.rank() == 2 ? std::int64_t{13} : std::int64_t{12}}, dtype::f32, tensor_role::weight});
+    try {
+      rt.finalize();
+    } catch (const config_error& e) {
+      messages[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const auto& m : messages) {
+    CHECK(m.find("rank 0 has parameter 1 = 'w1' [12, 12] f32 weight") != std::string::npos);
+    CHECK(m.find("rank 2 has parameter 1 = 'w1' [12, 13] f32 weight") != std::string::npos);
+  }
+}
