@@ -73,7 +73,7 @@ if ! cmake --build "$build" --parallel "$(nproc)" --target $targets >"$out/build
   note "build: FAILED in $((SECONDS - start)) s (see build.log)"
   exit 1
 fi
-note "build: $(echo $targets | wc -w) targets in $((SECONDS - start)) s"
+note "build: $(echo "$targets" | wc -w) targets in $((SECONDS - start)) s"
 
 start=$SECONDS
 (cd "$build" && ctest -L cuda --output-on-failure --timeout 300 -j1) >"$out/ctest.log" 2>&1
