@@ -99,6 +99,8 @@ struct host_buffer_error : std::logic_error {
 /** One in-process rank whose void* collectives must name device memory (see the file comment). */
 class device_memory_communicator {
  public:
+  static constexpr bool takes_device_memory = true;
+
   explicit device_memory_communicator(in_process_communicator& inner) : inner_(inner) {}
   device_memory_communicator(const device_memory_communicator&) = delete;
   device_memory_communicator& operator=(const device_memory_communicator&) = delete;
@@ -156,7 +158,8 @@ class device_memory_communicator {
   std::size_t checked_ = 0;
 };
 
-static_assert(Communicator<device_memory_communicator>);
+static_assert(Communicator<device_memory_communicator> && takes_device_memory_v<device_memory_communicator>);
+static_assert(!takes_device_memory_v<in_process_communicator>);
 
 }  // namespace chunkstar::testing
 

@@ -9,6 +9,7 @@
 #include <chunkstar/runtime/chunk_runtime.hpp>
 #include <chunkstar/runtime/data_parallel.hpp>
 
+#include "support/device_memory_communicator.hpp"
 #include "support/mlp_replica.hpp"
 
 #include <doctest/doctest.h>
@@ -121,4 +122,38 @@ TEST_CASE("the gradient norm follows the gradient mode: sharded sums over ranks,
   host_copy_engine copier;
   runtime_t<single_process_communicator> rt(dev, host, copier);
   CHECK_THROWS_AS((replicated_gradients<runtime_t<single_process_communicator>>{rt}), config_error);
+}
+
+TEST_CASE("replicated data parallelism over a communicator that takes device memory: gradients loaded to the device first, the same bits") {
+  using chunkstar::testing::device_memory_communicator;
+  using chunkstar::testing::tracked_platform;
+  constexpr int ranks = 3;
+  std::vector<double> clip_ref;
+  const auto expected = reference(ranks, clip_ref);
+  std::vector<std::vector<float>> params(ranks);
+  std::vector<std::size_t> checked(ranks);
+  std::vector<runtime_stats> stats(ranks);
+  run_ranks(ranks, [&](in_process_communicator& inner) {
+    const auto me = static_cast<std::size_t>(inner.rank());
+    device_memory_communicator comm(inner);
+    mlp_replica<device_memory_communicator, auto_placement, belady_eviction, tracked_platform> r({.gradients = gradient_mode::replicated},
+                                                                                                capacity, comm);
+    replicated_gradients dp(r.rt, {.max_in_flight = 2});
+    auto opt = make_adam();
+    for (int step = 1; step <= steps; ++step) {
+      r.forward_backward(step, comm.rank(), [&] { dp.after_backward(); });
+      dp.synchronize();
+      REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+      CHECK(r.rt.invariant_violations().empty());
+    }
+    params[me] = r.all(chunk_kind::param);
+    checked[me] = comm.checked();
+    stats[me] = r.rt.stats();
+  });
+  for (std::size_t k = 0; k < ranks; ++k) {
+    CAPTURE(k);
+    CHECK(params[k] == expected);
+    CHECK(checked[k] > 0);                  // every all-reduce was checked ...
+    CHECK(stats[k].bytes_to_host > 0);      // ... while gradients were being evicted to the host
+  }
 }

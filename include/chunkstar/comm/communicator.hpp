@@ -249,6 +249,16 @@ concept Communicator = requires(C& c, const C& cc, void* p, const void* cp, std:
   { c.ring_shift_async(cp, p, n) } -> std::same_as<comm_handle>;
 };
 
+/** @brief True for a communicator whose `void*` collectives take device memory (NCCL), which it
+ *  declares with `static constexpr bool takes_device_memory = true;`; false (host memory)
+ *  otherwise. The runtime then hands such a communicator chunks on the compute tier only, and its
+ *  own control-plane data through `allreduce(span<double>)` (comm/host_scalars.hpp). */
+template <class C>
+inline constexpr bool takes_device_memory_v = [] {
+  if constexpr (requires { C::takes_device_memory; }) return static_cast<bool>(C::takes_device_memory);
+  else return false;
+}();
+
 namespace detail {
 
 /** @brief One step of the normative reduction: `acc` (earlier ranks) combined with `x`. */

@@ -122,6 +122,8 @@ struct event_state {
  */
 class nccl_communicator {
  public:
+  static constexpr bool takes_device_memory = true;  ///< its void* collectives take device memory
+
   /** @brief Joins the NCCL clique `id` as `rank` of `size` on CUDA device `device` (-1: the
    *  current device). */
   nccl_communicator(ncclUniqueId id, int rank, int size, int device = -1) : rank_(rank), size_(size) {

@@ -189,6 +189,13 @@ class chunk_runtime {
   }
   /** @brief Pins gradient chunk @p c where it is (zeros if it was FREE), for a collective on its payload. */
   [[nodiscard]] auto hold_gradient(std::uint32_t c) { return store_.hold({chunk_kind::grad, c}); }
+  /** @brief As hold_gradient(), with the chunk loaded to the compute tier first (evicting as a
+   *  scope would): for a communicator that takes device memory (takes_device_memory_v). */
+  [[nodiscard]] auto hold_gradient_on_device(std::uint32_t c) {
+    const chunk_id ids[] = {{chunk_kind::grad, c}};
+    residency_.make_resident_on_device(ids, "gradient all-reduce", tracer_.current_moment());
+    return store_.hold(ids[0]);
+  }
   /** @brief Drops every gradient (FREE): the next backward starts from zero (a skipped step, a new accumulation). */
   void zero_grad() {
     states_.require_none_in_compute("zero_grad");

@@ -9,8 +9,8 @@
  *  With the runtime built with `runtime_options::gradients = gradient_mode::replicated`,
  *  `chunk_adam` then takes the local norm as the global one (every rank holds the summed
  *  gradients), and N ranks step exactly as one process that sums the N micro-batches' gradients in
- *  rank order. The communicator must reach the gradient payloads (host memory, or device memory
- *  with NCCL).
+ *  rank order. Each gradient chunk is all-reduced where it is, or, for a communicator that takes
+ *  device memory (NCCL: `takes_device_memory_v`), loaded to the compute tier first.
  */
 #pragma once
 
@@ -90,7 +90,7 @@ class replicated_gradients {
 
   void start(std::uint32_t c) {
     while (in_flight_.size() >= options_.max_in_flight) retire_oldest();
-    auto hold = rt_.hold_gradient(c);
+    auto hold = takes_device_memory_v<typename Runtime::communicator_type> ? rt_.hold_gradient_on_device(c) : rt_.hold_gradient(c);
     comm_handle h = rt_.communicator().allreduce_async(hold.data, hold.elems, hold.type, reduce_op::sum);
     in_flight_.push_back({std::move(hold), std::move(h)});
     started_[c] = true;
