@@ -7,6 +7,7 @@
 #include <chunkstar/runtime/chunk_runtime.hpp>
 
 #include <cmath>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,13 +32,22 @@ struct mlp_replica {
 
   template <class... CommArg>
   mlp_replica(runtime_options options, std::size_t capacity, CommArg&... comm)
-      : dev({.capacity = capacity}), rt(dev, host, copier, comm..., options, fixed_chunk_layout({.chunk_elems = 256, .align_elems = 32})) {
+      : mlp_replica(options, capacity, host_space_options{}, {}, comm...) {}
+
+  /** With a host space of @p host_options, and @p before_finalize called on the runtime just
+   *  before finalize() (to attach a disk tier, say). */
+  template <class... CommArg>
+  mlp_replica(runtime_options options, std::size_t capacity, host_space_options host_options,
+              const std::function<void(runtime_type&)>& before_finalize, CommArg&... comm)
+      : dev({.capacity = capacity}), host(host_options),
+        rt(dev, host, copier, comm..., options, fixed_chunk_layout({.chunk_elems = 256, .align_elems = 32})) {
     for (int l = 0; l < mlp_layers; ++l) {
       w.push_back(rt.register_param({"w" + std::to_string(l), {mlp_width, mlp_width}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
         for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.4f * std::sin(0.9f * static_cast<float>(i) + static_cast<float>(l));
       }));
       b.push_back(rt.register_param({"b" + std::to_string(l), {mlp_width}, dtype::f32, tensor_role::bias}));
     }
+    if (before_finalize) before_finalize(rt);
     rt.finalize();
   }
 

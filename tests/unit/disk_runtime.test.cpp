@@ -288,7 +288,7 @@ TEST_CASE("disk faults: a full disk is a typed error with the memory report; a r
   CHECK(dir.entries() == 0);
 }
 
-TEST_CASE("disk tier: attach before finalize, once, and not with ZeRO") {
+TEST_CASE("disk tier: attach before finalize, once") {
   chunkstar::test::scratch_dir dir;
   simulated_device_space dev({.capacity = 1 << 20});
   host_space host;

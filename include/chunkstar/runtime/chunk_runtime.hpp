@@ -77,13 +77,11 @@ class chunk_runtime {
   /** @brief Adds a third tier on local disk (before finalize): chunks the device and the host
    *  budgets cannot hold live in @p disk's space, moved to and from the host by its engine, the
    *  host's room made by sending down what is needed latest (docs/disk.md). The host budget is
-   *  the host space's capacity. Not with ZeRO sharding yet.
-   *  @throws state_error after finalize() or a second time; config_error with sharding enabled. */
+   *  the host space's capacity. With ZeRO sharding each rank's own share spills to its own disk.
+   *  @throws state_error after finalize() or a second time. */
   void attach_disk(disk_tier disk) {
     if (finalized_) throw state_error("attach_disk() after finalize(): attach the disk tier before finalize()");
     if (store_.has_disk()) throw state_error("attach_disk() called twice: a runtime has one disk tier");
-    if (options_.sharding.enabled && comm_.size() > 1)
-      throw config_error("a disk tier with ZeRO sharding (runtime_options::sharding) is not supported yet: use one or the other");
     store_.attach_disk(disk);
   }
   [[nodiscard]] bool has_disk() const noexcept { return store_.has_disk(); }

@@ -522,7 +522,10 @@ class shard_manager {
     const bool widen = Store::device_is_host_accessible && t != dtype::f32 && options_.reduce_in_fp32;
     reduction_in_flight r;
     r.group = c;
-    if (groups_[c].grads == nullptr) r.own = typename Store::pin_set(store_, {id});  // its own payload: keep it in place
+    if (groups_[c].grads == nullptr) {  // its own payload: in memory (a disk tier may have sent it down), kept in place
+      if (store_.at(id).where == tier::disk) residency_.make_resident_on_host(id);
+      r.own = typename Store::pin_set(store_, {id});
+    }
     void* data = store_.at(id).data;
     const int root = map().owner(c);
     if (widen) {
