@@ -861,7 +861,7 @@ int main(int argc, char** argv) {
   app.add_option("--disk-dir", o.disk_dir,
                  "A third tier on local disk: a preallocated file in this directory holds the chunks the device and host budgets "
                  "cannot (model data beyond device + host memory); the host budget (--host-budget) then bounds host memory");
-  app.add_option("--disk-budget", o.disk_budget, "Size of the disk tier's file, e.g. 64GiB (auto: the whole model data and a margin)");
+  app.add_option("--disk-budget", o.disk_budget, "Size of the disk tier's file, e.g. 64GiB (auto: the whole model data, this rank's share with --parallel zero, and a margin)");
   app.add_option("--disk-engine", o.disk_engine, "uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it");
   app.add_flag("--disk-verify", o.disk_verify, "Checksum (CRC32C) every chunk written to disk and verify it when read back");
   try {

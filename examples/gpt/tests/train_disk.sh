@@ -69,7 +69,7 @@ run "does not exist" "${base[@]}" --disk-dir "$work/nowhere"
 run "--disk-engine" "${base[@]}" "${disk[@]}" --disk-engine floppy
 run "--disk-budget" "${base[@]}" "${disk[@]}" --disk-budget 64KiB
 run "--host-budget" "${base[@]}" --host-budget 64KiB --disk-dir "$work/disk"
-run "--parallel" "${base[@]}" "${disk[@]}" --parallel zero
+run "--parallel rtp" "${base[@]}" "${disk[@]}" --parallel rtp
 
 if ((failures)); then
   echo "$failures failure(s)"

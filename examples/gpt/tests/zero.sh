@@ -2,6 +2,7 @@
 # train_gpt --parallel zero on MPI ranks, end to end:
 #  1. 3 ranks train the same model on the same data as one process (losses equal as printed);
 #  2. a checkpoint saved at 3 ranks resumes at 2 ranks and in one process, continuing the trajectory;
+#     3 ranks with a disk tier each (hosts too small for a rank's share) train as one process too;
 #  3. a rank killed (SIGKILL) mid-run ends the whole job, non-zero, within 30 s — never a hang.
 #   bash zero.sh <train_gpt> <mpiexec> <work dir>
 set -uo pipefail
@@ -21,6 +22,14 @@ timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero >three.txt 2>&1 
 if diff <(losses one.txt) <(losses three.txt) >/dev/null; then echo "ok: 3 ZeRO ranks train as one process: $(losses three.txt | tr '\n' ' ')"
 else fail "3 ranks differ from one process:"; diff <(losses one.txt) <(losses three.txt) | head; fi
 grep -q "per rank (largest): model data" three.txt || fail "no per-rank memory in the summary"
+
+mkdir -p disk
+timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero --device-budget 20% --host-budget 540KiB --disk-dir "$work/disk" >disk.txt 2>&1 ||
+  fail "3 ranks with a disk tier: rc $? $(grep -m1 error disk.txt)"
+if diff <(losses one.txt) <(losses disk.txt) >/dev/null; then echo "ok: 3 ZeRO ranks, each with a disk tier, train as one process"
+else fail "3 ranks with a disk tier differ from one process:"; diff <(losses one.txt) <(losses disk.txt) | head; fi
+grep -qE '^disk: [0-9.]+ [KMG]?i?B written' disk.txt || fail "no disk traffic with a host of 540 KiB per rank"
+[[ -z $(ls disk) ]] || fail "a disk tier's file was left in $work/disk: $(ls disk)"
 
 timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero --stop-after 4 --save ck >save.txt 2>&1 || fail "3-rank save: rc $?"
 [[ -f ck/model.safetensors.index.json && -f ck/optimizer-00003-of-00003.safetensors ]] || fail "no sharded checkpoint: $(ls ck)"
