@@ -13,7 +13,6 @@
 #pragma once
 
 #include <chunkstar/comm/communicator.hpp>
-#include <chunkstar/core/error.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -57,7 +57,7 @@ inline std::uint64_t field_hash(const config_field& f) noexcept {
  *  fields are equal, else throws the same `config_error` on every rank, naming the first field
  *  that differs (then the first rank that differs there) and both ranks' values. Fields should be
  *  listed in the same order on every rank (the same code builds them), the cheap fields (world
- *  size, counts) first. With one rank, nothing; else four allreduces of host doubles (one more
+ *  size, counts) first. With one rank, nothing; else three allreduces of host doubles (two more
  *  when they differ), the largest 2 x fields, whatever the number of ranks: only
  *  `allreduce(span<double>)`, which every communicator runs on host memory (comm/host_scalars.hpp). */
 template <Communicator C>
