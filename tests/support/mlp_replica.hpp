@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
 
 #include <cmath>
@@ -15,6 +16,13 @@
 namespace chunkstar::testing {
 
 inline constexpr int mlp_layers = 4, mlp_width = 12, mlp_batch = 3;
+inline constexpr std::size_t mlp_chunk_elems = 256;
+/** Bytes of one chunk, and of the activations forward_backward keeps at its peak (for budgets). */
+inline constexpr std::size_t mlp_chunk_bytes = mlp_chunk_elems * sizeof(float),
+                             mlp_act_bytes = 12 * mlp_batch * mlp_width * sizeof(float);
+
+/** The optimizer the multi-rank tests step with: AdamW, clipping that is active, one thread. */
+inline chunk_adam<> mlp_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
 
 template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction, class P = simulated_platform>
 using mlp_runtime = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, Comm, P>;
@@ -40,7 +48,7 @@ struct mlp_replica {
   mlp_replica(runtime_options options, std::size_t capacity, host_space_options host_options,
               const std::function<void(runtime_type&)>& before_finalize, CommArg&... comm)
       : dev({.capacity = capacity}), host(host_options),
-        rt(dev, host, copier, comm..., options, fixed_chunk_layout({.chunk_elems = 256, .align_elems = 32})) {
+        rt(dev, host, copier, comm..., options, fixed_chunk_layout({.chunk_elems = mlp_chunk_elems, .align_elems = 32})) {
     for (int l = 0; l < mlp_layers; ++l) {
       w.push_back(rt.register_param({"w" + std::to_string(l), {mlp_width, mlp_width}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
         for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.4f * std::sin(0.9f * static_cast<float>(i) + static_cast<float>(l));
@@ -116,6 +124,18 @@ struct mlp_replica {
     return out;
   }
 
+  /** This rank's own tensors of list @p k (under ZeRO, those whose chunk is not remote), in
+   *  registration order. */
+  std::vector<float> owned(chunk_kind k) const {
+    std::vector<float> out;
+    for (std::size_t t = 0; t < rt.params().size(); ++t) {
+      if (rt.where({k, static_cast<std::uint32_t>(rt.plan().slots[t].chunk)}) == tier::remote) continue;
+      std::vector<float> v(rt.params()[t].numel());
+      rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  }
   /** The inverse of all(): writes every tensor of list @p k from @p values, in registration order. */
   void write_all(chunk_kind k, std::span<const float> values) {
     std::size_t at = 0;

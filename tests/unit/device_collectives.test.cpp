@@ -24,6 +24,7 @@
 using namespace chunkstar;
 using chunkstar::testing::device_memory_communicator;
 using chunkstar::testing::host_buffer_error;
+using chunkstar::testing::mlp_adam;
 using chunkstar::testing::mlp_replica;
 using chunkstar::testing::tracked_device_space;
 using chunkstar::testing::tracked_platform;
@@ -71,8 +72,6 @@ namespace {
 
 constexpr int steps = 6;
 
-chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
-
 struct rank_run {
   std::vector<float> losses;
   std::vector<float> params;  // the rank's own parameter tensors after the last step
@@ -90,7 +89,7 @@ std::vector<rank_run> train(bool device_only, runtime_options options, std::size
       using P = decltype(platform_tag);
       {
         mlp_replica<Comm, auto_placement, belady_eviction, P> r(options, capacity, comm);
-        auto opt = make_adam();
+        auto opt = mlp_adam();
         for (int step = 1; step <= steps; ++step) {
           me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
           REQUIRE(opt.step(r.rt, 2e-2f, comm.size()).stepped);
@@ -98,16 +97,11 @@ std::vector<rank_run> train(bool device_only, runtime_options options, std::size
         save_checkpoint(r.rt, dir, {{"optimizer_steps", std::to_string(opt.step_count())}});
       }
       mlp_replica<Comm, auto_placement, belady_eviction, P> r(options, capacity, comm);
-      auto opt = make_adam();
+      auto opt = mlp_adam();
       opt.restore_step_count(std::stoll(load_checkpoint(r.rt, dir).at("optimizer_steps")));
       me.losses.push_back(r.forward_backward(steps + 1, comm.rank(), [] {}));
       REQUIRE(opt.step(r.rt, 2e-2f, comm.size()).stepped);
-      for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
-        if (r.rt.where({chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)}) == tier::remote) continue;
-        std::vector<float> v(r.rt.params()[t].numel());
-        r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
-        me.params.insert(me.params.end(), v.begin(), v.end());
-      }
+      me.params = r.owned(chunk_kind::param);
       if constexpr (requires { comm.checked(); }) me.checked = comm.checked();
     };
     if (device_only) {
@@ -132,11 +126,9 @@ struct temp_dir {
 }  // namespace
 
 TEST_CASE("ZeRO through a device-only communicator: agreement, gathers, reductions, clipping and checkpoints use device memory or host doubles; same bits") {
-  constexpr std::size_t act_bytes = 12 * chunkstar::testing::mlp_batch * chunkstar::testing::mlp_width * sizeof(float);
-  constexpr std::size_t chunk_bytes = 256 * sizeof(float);
   temp_dir tmp;
   for (bool memory_saving : {false, true}) {
-    for (std::size_t capacity : {std::size_t{1} << 20, act_bytes + 6 * chunk_bytes}) {
+    for (std::size_t capacity : {std::size_t{1} << 20, chunkstar::testing::mlp_act_bytes + 6 * chunkstar::testing::mlp_chunk_bytes}) {
       for (bool keep : {false, true}) {
         CAPTURE(memory_saving);
         CAPTURE(capacity);

@@ -18,15 +18,13 @@
 #include "support/mlp_replica.hpp"
 
 using namespace chunkstar;
+using chunkstar::testing::mlp_adam;
 using chunkstar::testing::mlp_replica;
 
 namespace {
 
 constexpr int steps = 10;
-constexpr std::size_t act_bytes = 12 * chunkstar::testing::mlp_batch * chunkstar::testing::mlp_width * sizeof(float);
-constexpr std::size_t chunk_bytes = 256 * sizeof(float);
-
-chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
+constexpr std::size_t act_bytes = chunkstar::testing::mlp_act_bytes, chunk_bytes = chunkstar::testing::mlp_chunk_bytes;
 
 using params_by_name = std::map<std::string, std::vector<float>>;
 using losses_by_step = std::vector<std::vector<float>>;  // [step][micro-batch = rank]
@@ -52,7 +50,7 @@ params_by_name owned_params(const Replica& r) {
 /** One process: each micro-batch's gradient on its own, summed in rank order, then one step. */
 trained reference(int ranks) {
   mlp_replica<single_process_communicator> r({}, 1 << 20);
-  auto opt = make_adam();
+  auto opt = mlp_adam();
   losses_by_step losses(steps);
   for (int step = 1; step <= steps; ++step) {
     std::vector<float> sum;
@@ -75,7 +73,7 @@ trained reference(int ranks) {
  *  chunks as backward runs (a different summation order from the rank-order reference). */
 params_by_name accumulated(int ranks) {
   mlp_replica<single_process_communicator> r({}, 1 << 20);
-  auto opt = make_adam();
+  auto opt = mlp_adam();
   for (int step = 1; step <= steps; ++step) {
     for (int mb = 0; mb < ranks; ++mb) r.forward_backward(step, mb, [] {});
     REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
@@ -101,7 +99,7 @@ std::vector<rank_result> train_zero(int ranks, std::size_t capacity, bool keep_g
         {.prefetch_depth = prefetch_depth,
          .sharding = {.enabled = true, .keep_gathered = keep_gathered, .gather_ahead = gather_ahead, .memory_saving = memory_saving}},
         capacity, comm);
-    auto opt = make_adam();
+    auto opt = mlp_adam();
     for (int step = 1; step <= steps; ++step) {
       me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
       REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
@@ -221,7 +219,7 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
       std::vector<std::uint64_t> moments(static_cast<std::size_t>(ranks));
       run_ranks(ranks, [&](in_process_communicator& comm) {
         mlp_replica<in_process_communicator> r({.sharding = {.enabled = true, .keep_gathered = keep}}, 1 << 20, comm);
-        auto opt = make_adam();
+        auto opt = mlp_adam();
         for (int step = 1; step <= steps; ++step) {
           const comm_stats before = comm.stats();
           const runtime_stats rs = r.rt.stats();
@@ -359,7 +357,7 @@ std::vector<recorded_rank> train_recorded(int ranks, sharding_options sharding, 
     auto& me = out[static_cast<std::size_t>(inner.rank())];
     recording_communicator comm(inner, me.log);
     mlp_replica<recording_communicator> r({.sharding = sharding}, 1 << 20, comm);
-    auto opt = make_adam();
+    auto opt = mlp_adam();
     const auto computed = [&] { me.log.push_back("computed"); };
     for (int step = 1; step <= steps; ++step) {
       me.log.push_back("iteration");

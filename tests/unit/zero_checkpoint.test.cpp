@@ -17,14 +17,13 @@
 #include "support/mlp_replica.hpp"
 
 using namespace chunkstar;
+using chunkstar::testing::mlp_adam;
 using chunkstar::testing::mlp_replica;
 namespace fs = std::filesystem;
 
 namespace {
 
 using state = std::map<std::string, std::vector<float>>;  // "<tensor>/<list>" -> values
-
-chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
 
 template <class Comm>
 void collect(const mlp_replica<Comm>& r, state& out, std::mutex& m) {
@@ -47,7 +46,7 @@ state run(int ranks, int from, int to, const fs::path& load, const fs::path& sav
   const auto body = [&](auto& comm, runtime_options options) {
     using Comm = std::remove_reference_t<decltype(comm)>;
     mlp_replica<Comm> r(options, 1 << 20, comm);
-    auto opt = make_adam();
+    auto opt = mlp_adam();
     if (!load.empty()) {
       const auto extra = load_checkpoint(r.rt, load);
       opt.restore_step_count(std::stoll(extra.at("optimizer_steps")));

@@ -18,16 +18,14 @@
 #include "support/mlp_replica.hpp"
 
 using namespace chunkstar;
+using chunkstar::testing::mlp_adam;
 using chunkstar::testing::mlp_replica;
 
 namespace {
 
 constexpr int steps = 6;
-constexpr std::size_t act_bytes = 12 * chunkstar::testing::mlp_batch * chunkstar::testing::mlp_width * sizeof(float);
-constexpr std::size_t chunk_bytes = 256 * sizeof(float);
+constexpr std::size_t act_bytes = chunkstar::testing::mlp_act_bytes, chunk_bytes = chunkstar::testing::mlp_chunk_bytes;
 constexpr std::size_t block = 4096;  // a chunk's footprint on the host and the disk with a disk tier
-
-chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
 
 struct rank_result {
   std::vector<float> losses;
@@ -57,19 +55,14 @@ std::vector<rank_result> train(int ranks, bool memory_saving, std::size_t host_b
                 if (disk) rt.attach_disk(disk_tier(*disk, *disk_io));
               },
               comm);
-    auto opt = make_adam();
+    auto opt = mlp_adam();
     for (int step = 1; step <= steps; ++step) {
       me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
       REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
       const auto v = r.rt.invariant_violations(true);
       me.violations.insert(me.violations.end(), v.begin(), v.end());
     }
-    for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
-      if (r.rt.where({chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)}) == tier::remote) continue;
-      std::vector<float> v(r.rt.params()[t].numel());
-      r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
-      me.params.insert(me.params.end(), v.begin(), v.end());
-    }
+    me.params = r.owned(chunk_kind::param);
     me.stats = r.rt.stats();
   });
   return out;
