@@ -34,9 +34,12 @@ struct mlp_replica {
   using runtime_type = mlp_runtime<Comm, Placement, Eviction, P>;
   typename P::device_space dev;
   host_space host;
-  host_copy_engine copier;
+  typename P::copy_engine copier;
   runtime_type rt;
   std::vector<param_id> w, b;
+  /** When set, each backward scope is handed to it with the gradients it wrote, to close (on a
+   *  stream, say: the stream contract); otherwise it closes as the host work is done. */
+  std::function<void(typename runtime_type::scope&, std::span<float> gW, std::span<float> gb)> close_backward;
 
   template <class... CommArg>
   mlp_replica(runtime_options options, std::size_t capacity, CommArg&... comm)
@@ -107,6 +110,7 @@ struct mlp_replica {
             dprev.data()[n * mlp_width + i] = acc;
           }
         std::swap(dh, dprev);
+        if (close_backward) close_backward(s, gW, gb);
       }
       after_backward();
     }

@@ -20,6 +20,7 @@
 
 #include "support/device_memory_communicator.hpp"
 #include "support/mlp_replica.hpp"
+#include "support/scripted_copy_engine.hpp"
 
 using namespace chunkstar;
 using chunkstar::testing::device_memory_communicator;
@@ -169,5 +170,130 @@ TEST_CASE("Ranks configured differently: the same config_error through a device-
   for (const auto& m : messages) {
     CHECK(m.find("rank 0 has parameter 1 = 'w1' [12, 12] f32 weight") != std::string::npos);
     CHECK(m.find("rank 2 has parameter 1 = 'w1' [12, 13] f32 weight") != std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stream contract under ZeRO: a backward scope closed on a stream hands back kernels that may
+// still be writing its gradients, and a device communicator reads them on its own stream (NCCL) or
+// from the host (staging), ordered after nothing of the user's. So the runtime must wait for that
+// work before a reduction reads the buffer. The scripted engine leaves every user handle unfinished
+// until something waits for it; the communicator below faults when a collective's buffer overlaps
+// gradients whose user work has not finished.
+namespace {
+
+using chunkstar::testing::scripted_copy_handle;
+using chunkstar::testing::scripted_platform;
+using chunkstar::testing::scripted_stream;
+
+/** In-process rank that checks every void* buffer against the user work still pending on it. */
+class stream_checked_communicator {
+ public:
+  explicit stream_checked_communicator(in_process_communicator& inner) : inner_(inner) {}
+  /** The user's work up to @p done writes @p bytes at @p p. */
+  void note(const void* p, std::size_t bytes, scripted_copy_handle done) { pending_.push_back({p, bytes, std::move(done)}); }
+  [[nodiscard]] std::size_t checked() const noexcept { return checked_; }
+
+  [[nodiscard]] int rank() const { return inner_.rank(); }
+  [[nodiscard]] int size() const { return inner_.size(); }
+  void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { allreduce_async(p, n, t, op).wait(); }
+  void allreduce(std::span<double> d, reduce_op op) { inner_.allreduce(d, op); }
+  void allgather(const void* s, void* r, std::size_t n) { allgather_async(s, r, n).wait(); }
+  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { reduce_scatter_async(s, r, n, t, op).wait(); }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { reduce_async(s, r, n, t, op, root).wait(); }
+  void broadcast(void* p, std::size_t n, int root) { broadcast_async(p, n, root).wait(); }
+  void ring_shift(const void* s, void* r, std::size_t n) { ring_shift_async(s, r, n).wait(); }
+  void barrier() { inner_.barrier(); }
+  comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) {
+    check("allreduce", p, n * dtype_size(t));
+    return inner_.allreduce_async(p, n, t, op);
+  }
+  comm_handle allreduce_async(std::span<double> d, reduce_op op) { return inner_.allreduce_async(d, op); }
+  comm_handle allgather_async(const void* s, void* r, std::size_t n) {
+    check("allgather", s, n);
+    check("allgather", r, n * static_cast<std::size_t>(size()));
+    return inner_.allgather_async(s, r, n);
+  }
+  comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    check("reduce_scatter", s, n * dtype_size(t) * static_cast<std::size_t>(size()));
+    return inner_.reduce_scatter_async(s, r, n, t, op);
+  }
+  comm_handle reduce_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    check("reduce", s, n * dtype_size(t));
+    return inner_.reduce_async(s, r, n, t, op, root);
+  }
+  comm_handle broadcast_async(void* p, std::size_t n, int root) {
+    check("broadcast", p, n);
+    return inner_.broadcast_async(p, n, root);
+  }
+  comm_handle ring_shift_async(const void* s, void* r, std::size_t n) {
+    check("ring_shift", s, n);
+    return inner_.ring_shift_async(s, r, n);
+  }
+
+ private:
+  struct write {
+    const void* p;
+    std::size_t bytes;
+    scripted_copy_handle done;
+  };
+  void check(const char* call, const void* p, std::size_t n) {
+    std::erase_if(pending_, [](const write& w) { return w.done.ready(); });
+    for (const auto& w : pending_)
+      if (chunkstar::detail::overlaps(p, n, w.p, w.bytes))
+        throw std::logic_error(std::string(call) + " read a buffer that the user's stream may still be writing (a backward scope closed on it)");
+    ++checked_;
+  }
+  in_process_communicator& inner_;
+  std::vector<write> pending_;
+  std::size_t checked_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("ZeRO with backward scopes closed on a stream: a reduction waits for the user's work on its gradients; same bits") {
+  for (bool memory_saving : {false, true}) {
+    CAPTURE(memory_saving);
+    const runtime_options options{.sharding = {.enabled = true, .memory_saving = memory_saving}};
+    std::vector<rank_run> expected(3), got(3);
+    std::vector<std::size_t> stalls(3);
+    run_ranks(3, [&](in_process_communicator& inner) {
+      auto& me = expected[static_cast<std::size_t>(inner.rank())];
+      mlp_replica<in_process_communicator> r(options, std::size_t{1} << 20, inner);
+      auto opt = mlp_adam();
+      for (int step = 1; step <= 3; ++step) {
+        me.losses.push_back(r.forward_backward(step, inner.rank(), [] {}));
+        REQUIRE(opt.step(r.rt, 2e-2f, inner.size()).stepped);
+      }
+      me.params = r.owned(chunk_kind::param);
+    });
+    run_ranks(3, [&](in_process_communicator& inner) {
+      auto& me = got[static_cast<std::size_t>(inner.rank())];
+      stream_checked_communicator comm(inner);
+      mlp_replica<stream_checked_communicator, auto_placement, belady_eviction, scripted_platform> r(options, std::size_t{1} << 20, comm);
+      const scripted_stream stream{7};
+      r.close_backward = [&](auto& scope, std::span<float> gW, std::span<float> gb) {
+        scope.close(stream);  // the "kernels" stay unfinished until the runtime waits for them
+        const auto done = r.copier.user_handles(stream).back();
+        comm.note(gW.data(), gW.size_bytes(), done);
+        comm.note(gb.data(), gb.size_bytes(), done);
+      };
+      auto opt = mlp_adam();
+      for (int step = 1; step <= 3; ++step) {
+        me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
+        REQUIRE(opt.step(r.rt, 2e-2f, comm.size()).stepped);
+      }
+      me.params = r.owned(chunk_kind::param);
+      me.checked = comm.checked();
+      stalls[static_cast<std::size_t>(comm.rank())] = r.copier.stalls().size();
+    });
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      CAPTURE(k);
+      CHECK(got[k].checked > 0);
+      CHECK(stalls[k] > 0);  // the runtime waited for the user's work: nothing else finishes it
+      CHECK(got[k].losses == expected[k].losses);
+      CHECK(!got[k].params.empty());
+      CHECK(got[k].params == expected[k].params);
+    }
   }
 }

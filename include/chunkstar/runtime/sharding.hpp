@@ -394,6 +394,7 @@ class shard_manager {
     // fp32 staging on the host: for host-accessible devices (the simulated one). A CUDA device
     // reduces in the gradient dtype through its communicator (NCCL accumulates in it).
     const bool widen = Store::device_is_host_accessible && t != dtype::f32 && options_.reduce_in_fp32;
+    wait_for_user(g);
     room(b, "gradient reduction");
     reduction_in_flight r;
     r.group = g;
@@ -512,6 +513,13 @@ class shard_manager {
     unit.grads = store_.attach_group(ids, at, 1, /*zero=*/true);
   }
 
+  /** Waits (on the host) for the user's work still writing unit @p u's gradients: a scope closed
+   *  on a stream hands back kernels that may still run, and the communicator reads the buffer on
+   *  its own stream (NCCL) or from the host (staging), ordered after nothing of the user's. */
+  void wait_for_user(std::size_t u) {
+    for (auto id : members(chunk_kind::grad, u)) store_.wait_user(store_.at(id));
+  }
+
   /** Starts the reduction of gradient chunk @p c to its owner, in place on the owner (every
    *  communicator sums in rank order, so the owner's sum has the bits of the group mode's
    *  reduce-scatter, and N such reductions move what one reduce-scatter of N chunks does). */
@@ -520,6 +528,7 @@ class shard_manager {
     const dtype t = store_.desc(chunk_kind::grad).type;
     const std::size_t b = store_.bytes_of(chunk_kind::grad), elems = b / dtype_size(t);
     const bool widen = Store::device_is_host_accessible && t != dtype::f32 && options_.reduce_in_fp32;
+    wait_for_user(c);
     reduction_in_flight r;
     r.group = c;
     if (groups_[c].grads == nullptr) {  // its own payload: in memory (a disk tier may have sent it down), kept in place
