@@ -7,6 +7,8 @@
 // share one address space), and throws `host_buffer_error`
 // naming the call and the buffer otherwise (on NCCL that call would be an illegal address). The
 // span<double> collectives, which every communicator runs on host memory, pass unchecked.
+// `host_memory_communicator` is the reverse, an MPI without CUDA support: any void* buffer that
+// touches a tracked device is a `device_buffer_error` (staged_communicator's inner side).
 #pragma once
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/memory/host_copy_engine.hpp>
@@ -36,6 +38,13 @@ class tracked_device_space {
     std::lock_guard lock(registry_mutex());
     registry().erase(this);
   }
+  /** True when [p, p + n) touches a live block of any tracked device. */
+  [[nodiscard]] static bool any_overlaps(const void* p, std::size_t n) {
+    std::lock_guard lock(registry_mutex());
+    for (const auto* d : registry())
+      if (d->overlaps(p, n)) return true;
+    return false;
+  }
   /** True when [p, p + n) lies inside a live block of any tracked device. */
   [[nodiscard]] static bool any_holds(const void* p, std::size_t n) {
     std::lock_guard lock(registry_mutex());
@@ -57,6 +66,14 @@ class tracked_device_space {
   [[nodiscard]] std::size_t used() const { return inner_.used(); }
   [[nodiscard]] space_usage usage() const { return inner_.usage(); }
   [[nodiscard]] const std::string& name() const { return inner_.name(); }
+  /** True when [p, p + n) touches a live block. */
+  [[nodiscard]] bool overlaps(const void* p, std::size_t n) const {
+    std::lock_guard lock(mutex_);
+    auto it = blocks_.lower_bound(address(p) + n);  // the first block starting at or after the end
+    if (it == blocks_.begin()) return false;
+    --it;
+    return it->first + it->second > address(p);
+  }
   /** True when [p, p + n) lies inside one live block (n = 0: always). */
   [[nodiscard]] bool holds(const void* p, std::size_t n) const {
     if (n == 0) return true;
@@ -95,15 +112,21 @@ using tracked_platform = platform<tracked_device_space, host_space, host_copy_en
 struct host_buffer_error : std::logic_error {
   using std::logic_error::logic_error;
 };
+/** What a host-only communicator (MPI without CUDA support) would fault on: a device buffer. */
+struct device_buffer_error : std::logic_error {
+  using std::logic_error::logic_error;
+};
 
-/** One in-process rank whose void* collectives must name device memory (see the file comment). */
-class device_memory_communicator {
+/** One in-process rank whose void* collectives must name device memory (@p Device, see the file
+ *  comment), or must not (host memory only, like an MPI without CUDA support). */
+template <bool Device>
+class memory_checked_communicator {
  public:
-  static constexpr bool takes_device_memory = true;
+  static constexpr bool takes_device_memory = Device;
 
-  explicit device_memory_communicator(in_process_communicator& inner) : inner_(inner) {}
-  device_memory_communicator(const device_memory_communicator&) = delete;
-  device_memory_communicator& operator=(const device_memory_communicator&) = delete;
+  explicit memory_checked_communicator(in_process_communicator& inner) : inner_(inner) {}
+  memory_checked_communicator(const memory_checked_communicator&) = delete;
+  memory_checked_communicator& operator=(const memory_checked_communicator&) = delete;
 
   [[nodiscard]] int rank() const { return inner_.rank(); }
   [[nodiscard]] int size() const { return inner_.size(); }
@@ -149,17 +172,26 @@ class device_memory_communicator {
 
  private:
   void check(const char* call, const char* which, const void* p, std::size_t n) {
-    if (!tracked_device_space::any_holds(p, n))
-      throw host_buffer_error(std::string(call) + ": the " + which + " buffer (" + std::to_string(n) +
-                              " bytes) is not device memory; a device communicator (NCCL) would fault on it");
+    if constexpr (Device) {
+      if (!tracked_device_space::any_holds(p, n))
+        throw host_buffer_error(std::string(call) + ": the " + which + " buffer (" + std::to_string(n) +
+                                " bytes) is not device memory; a device communicator (NCCL) would fault on it");
+    } else {
+      if (n != 0 && tracked_device_space::any_overlaps(p, n))
+        throw device_buffer_error(std::string(call) + ": the " + which + " buffer (" + std::to_string(n) +
+                                  " bytes) is device memory; a host-only communicator (MPI without CUDA) would fault on it");
+    }
     ++checked_;
   }
   in_process_communicator& inner_;
   std::size_t checked_ = 0;
 };
 
+using device_memory_communicator = memory_checked_communicator<true>;
+using host_memory_communicator = memory_checked_communicator<false>;
+
 static_assert(Communicator<device_memory_communicator> && takes_device_memory_v<device_memory_communicator>);
-static_assert(!takes_device_memory_v<in_process_communicator>);
+static_assert(!takes_device_memory_v<in_process_communicator> && !takes_device_memory_v<host_memory_communicator>);
 
 }  // namespace chunkstar::testing
 

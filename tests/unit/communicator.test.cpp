@@ -1,10 +1,12 @@
-// The Communicator concept (both ways), the installed conformance checks for single_process and
-// in_process_group (1..4 ranks; as doctest cases and framework-free, rank reports combined), a
-// broken model they must reject, and in_process_group's failure handling.
+// The Communicator concept (both ways), the installed conformance checks for single_process,
+// in_process_group (1..4 ranks) and staged_communicator (1 and 3 ranks) as doctest cases, and
+// framework-free (rank reports combined), a broken model they must reject, and in_process_group's
+// failure handling.
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/comm/communicator_ref.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/comm/single_process.hpp>
+#include <chunkstar/comm/staged_communicator.hpp>
 
 #include "support/comm_conformance.hpp"
 
@@ -119,6 +121,21 @@ struct in_process_fixture {
   }
 };
 
+// staged_communicator over in-process ranks (memcpy staging): the concept's semantics, argument
+// errors and bits survive the staging.
+template <int N>
+struct staged_fixture {
+  using buffer = comm_test::host_buffer;
+  static constexpr bool exact = true;
+  template <class Body>
+  static void run(Body&& body) {
+    run_ranks(N, [&](in_process_communicator& inner) {
+      staged_communicator<in_process_communicator> comm(inner);
+      body(comm);
+    });
+  }
+};
+
 // Fails the test run (instead of hanging CI) when `fn` does not finish: the point of these tests
 // is that failures never hang, so a hang is the failure being tested for.
 template <class Fn>
@@ -137,7 +154,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 }  // namespace
 
 CHUNKSTAR_COMM_CONFORMANCE(single_process_fixture, in_process_fixture<1>, in_process_fixture<2>, in_process_fixture<3>,
-                           in_process_fixture<4>);
+                           in_process_fixture<4>, staged_fixture<1>, staged_fixture<3>);
 
 TEST_CASE("communicator conformance without a test framework: every rank reports, the caller combines") {
   bounded([] {

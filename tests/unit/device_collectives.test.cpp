@@ -3,9 +3,12 @@
 // directory) as host doubles through allreduce(span<double>). Checked on the CPU with a test double
 // that faults, as NCCL would, on any void* buffer outside a (simulated) device's live blocks; the
 // results must be those of the same ranks over the plain in-process communicator, bit for bit.
+// The same through staged_communicator over a host-only double (an MPI without CUDA support), and
+// the stream contract: a reduction never reads gradients the user's stream may still be writing.
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/comm/host_scalars.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/comm/staged_communicator.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 
 #include <doctest/doctest.h>
@@ -24,7 +27,9 @@
 
 using namespace chunkstar;
 using chunkstar::testing::device_memory_communicator;
+using chunkstar::testing::device_buffer_error;
 using chunkstar::testing::host_buffer_error;
+using chunkstar::testing::host_memory_communicator;
 using chunkstar::testing::mlp_adam;
 using chunkstar::testing::mlp_replica;
 using chunkstar::testing::tracked_device_space;
@@ -69,6 +74,33 @@ TEST_CASE("device_memory_communicator: device buffers pass, a host buffer is the
   });
 }
 
+TEST_CASE("staged_communicator: device buffers reach a host-only communicator as host copies, results come back to the device") {
+  run_ranks(2, [](in_process_communicator& inner) {
+    host_memory_communicator host_only(inner);
+    tracked_device_space dev({.capacity = 1 << 20});
+    auto* send = static_cast<float*>(dev.allocate(4 * sizeof(float), 64));
+    auto* recv = static_cast<float*>(dev.allocate(8 * sizeof(float), 64));
+    for (int i = 0; i < 4; ++i) send[i] = static_cast<float>(host_only.rank() * 10 + i);
+    CHECK_THROWS_AS(host_only.allgather(send, recv, 4 * sizeof(float)), device_buffer_error);  // what staging avoids
+    staged_communicator<host_memory_communicator> comm(host_only);
+    static_assert(takes_device_memory_v<decltype(comm)>);
+    auto h = comm.allgather_async(send, recv, 4 * sizeof(float));
+    h.wait();
+    CHECK(recv[1] == 1.0f);
+    CHECK(recv[5] == 11.0f);
+    comm.reduce_scatter(recv, send, 4, dtype::f32, reduce_op::sum);  // block r of both ranks' recv, summed
+    CHECK(send[0] == 2.0f * recv[4 * comm.rank()]);
+    comm.broadcast(recv, 8 * sizeof(float), 1);
+    comm.ring_shift(send, recv, 4 * sizeof(float));
+    comm.reduce(send, send, 4, dtype::f32, reduce_op::max, 0);
+    CHECK(host_only.checked() > 0);
+    CHECK(comm.staged_bytes().first > 0);
+    CHECK(comm.staged_bytes().second > 0);
+    dev.deallocate(send, 4 * sizeof(float), 64);
+    dev.deallocate(recv, 8 * sizeof(float), 64);
+  });
+}
+
 namespace {
 
 constexpr int steps = 6;
@@ -79,9 +111,13 @@ struct rank_run {
   std::size_t checked = 0;    // void* collectives the device communicator checked
 };
 
+/** Over which communicator: the plain in-process one; the device-only double; or host memory only
+ *  (an MPI without CUDA support) behind a staged_communicator, which hands it host copies. */
+enum class transport { plain, device_only, staged };
+
 /** ZeRO on 3 ranks: @p steps steps, a sharded checkpoint, then every rank loads it into a fresh
- *  runtime and trains one more step; over the device-only communicator when @p device_only. */
-std::vector<rank_run> train(bool device_only, runtime_options options, std::size_t capacity, const fs::path& dir) {
+ *  runtime and trains one more step, over @p how. */
+std::vector<rank_run> train(transport how, runtime_options options, std::size_t capacity, const fs::path& dir) {
   std::vector<rank_run> out(3);
   run_ranks(3, [&](in_process_communicator& inner) {
     auto& me = out[static_cast<std::size_t>(inner.rank())];
@@ -105,9 +141,14 @@ std::vector<rank_run> train(bool device_only, runtime_options options, std::size
       me.params = r.owned(chunk_kind::param);
       if constexpr (requires { comm.checked(); }) me.checked = comm.checked();
     };
-    if (device_only) {
+    if (how == transport::device_only) {
       device_memory_communicator comm(inner);
       body(comm, tracked_platform{});
+    } else if (how == transport::staged) {
+      host_memory_communicator host_only(inner);
+      staged_communicator<host_memory_communicator> comm(host_only);
+      body(comm, tracked_platform{});
+      me.checked = host_only.checked();
     } else {
       body(inner, simulated_platform{});
     }
@@ -126,7 +167,7 @@ struct temp_dir {
 
 }  // namespace
 
-TEST_CASE("ZeRO through a device-only communicator: agreement, gathers, reductions, clipping and checkpoints use device memory or host doubles; same bits") {
+TEST_CASE("ZeRO through a device-only communicator, and through a host-only one behind staging: agreement, gathers, reductions, clipping and checkpoints use device memory or host doubles; same bits") {
   temp_dir tmp;
   for (bool memory_saving : {false, true}) {
     for (std::size_t capacity : {std::size_t{1} << 20, chunkstar::testing::mlp_act_bytes + 6 * chunkstar::testing::mlp_chunk_bytes}) {
@@ -136,14 +177,17 @@ TEST_CASE("ZeRO through a device-only communicator: agreement, gathers, reductio
         CAPTURE(keep);
         if (!memory_saving && capacity < (std::size_t{1} << 20)) continue;  // group buffers need more at 3 ranks
         const runtime_options options{.sharding = {.enabled = true, .keep_gathered = keep, .memory_saving = memory_saving}};
-        const auto expected = train(false, options, capacity, tmp.path / "plain");
-        const auto got = train(true, options, capacity, tmp.path / "device");
-        for (std::size_t k = 0; k < got.size(); ++k) {
-          CAPTURE(k);
-          CHECK(got[k].checked > 0);
-          CHECK(got[k].losses == expected[k].losses);
-          CHECK(!got[k].params.empty());
-          CHECK(got[k].params == expected[k].params);
+        const auto expected = train(transport::plain, options, capacity, tmp.path / "plain");
+        for (transport how : {transport::device_only, transport::staged}) {
+          CAPTURE(static_cast<int>(how));
+          const auto got = train(how, options, capacity, tmp.path / "device");
+          for (std::size_t k = 0; k < got.size(); ++k) {
+            CAPTURE(k);
+            CHECK(got[k].checked > 0);
+            CHECK(got[k].losses == expected[k].losses);
+            CHECK(!got[k].params.empty());
+            CHECK(got[k].params == expected[k].params);
+          }
         }
       }
     }
