@@ -311,4 +311,11 @@ void cuda_adam_kernels::adam(const chunkstar::adam_chunk& c, const chunkstar::ad
   chunkstar::cuda::device_adam_kernels::adam(c, h, a);
 }
 
+void cuda_adam_kernels::adam_async(const chunkstar::adam_chunk& c, const chunkstar::adam_hyper& h,
+                                   const chunkstar::adam_step_args& a) {
+  chunkstar::cuda::device_adam_kernels::adam_async(c, h, a);
+}
+
+cudaStream_t cuda_adam_kernels::stream() noexcept { return chunkstar::cuda::device_adam_kernels::stream(); }
+
 }  // namespace gpt

@@ -87,11 +87,14 @@ class cuda_backend {
 static_assert(GptBackend<cuda_backend>);
 
 /** @brief `chunk_adam<Scaler, cuda_adam_kernels>` steps chunks placed on the device with the CUDA
- *  Adam kernel (chunkstar/cuda/chunk_adam_kernels.cuh); chunks placed on the host take the SIMD
- *  host kernel, on pinned memory. */
+ *  Adam kernel (chunkstar/cuda/chunk_adam_kernels.cuh), asynchronously; chunks placed on the host
+ *  take the SIMD host kernel, on pinned memory, while the device ones run. */
 struct cuda_adam_kernels {
   static chunkstar::grad_stats scan(const void* grad, chunkstar::dtype t, std::size_t count, float scale, int threads);
   static void adam(const chunkstar::adam_chunk& c, const chunkstar::adam_hyper& h, const chunkstar::adam_step_args& a);
+  /** Returns before the step finishes, on stream(): device steps overlap the host steps after them. */
+  static void adam_async(const chunkstar::adam_chunk& c, const chunkstar::adam_hyper& h, const chunkstar::adam_step_args& a);
+  static cudaStream_t stream() noexcept;
 };
 
 }  // namespace gpt

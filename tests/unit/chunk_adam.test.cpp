@@ -4,6 +4,8 @@
 #include <chunkstar/placement/static_placement.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 
+#include "support/scripted_copy_engine.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -217,4 +219,97 @@ TEST_CASE("without clipping, a dynamic scaler or report_norm the norm scan is sk
   const auto r = fp16.step(h.rt, 1e-2f);
   CHECK_FALSE(r.stepped);
   CHECK(std::isinf(r.grad_norm));
+}
+
+// Asynchronous device steps (the CUDA kernels' adam_async): the optimizer pass records the update's
+// stream after each device chunk and goes on, so the host steps of the chunks after it run while it
+// does; a gradient is freed once its step is done; the step ends with every update done. Checked on
+// a device the host must not read (like a GPU's: the runtime moves everything through the copy
+// engine) with the scripted engine, whose user work stays unfinished until something waits for it.
+namespace {
+
+struct opaque_device_space : simulated_device_space {
+  using simulated_device_space::simulated_device_space;
+};
+using opaque_platform = platform<opaque_device_space, host_space, chunkstar::testing::scripted_copy_engine, chunkstar::testing::scripted_stream>;
+
+/** Device kernels whose Adam "runs" on scripted stream 5 (the math happens at the call: the memory
+ *  is host memory underneath). */
+struct async_device_kernels {
+  static grad_stats scan(const void* g, dtype t, std::size_t n, float scale, int threads) {
+    return host_adam_kernels::scan(g, t, n, scale, threads);
+  }
+  static void adam(const adam_chunk&, const adam_hyper&, const adam_step_args&) { FAIL("the synchronous device step ran"); }
+  static void adam_async(const adam_chunk& c, const adam_hyper& h, const adam_step_args& a) {
+    ++calls;
+    host_adam_kernels::adam(c, h, a);
+  }
+  static chunkstar::testing::scripted_stream stream() { return {5}; }
+  static inline int calls = 0;
+};
+
+template <class T>
+void check_async_steps(dtype t) {
+  constexpr int steps = 3;
+  setup ref(t, static_placement{0.5});
+  chunk_adam<> ref_opt({.hyper = {.lr = 1e-2f, .weight_decay = 0.1f}});
+  for (int s = 0; s < steps; ++s) {
+    ref.backward<T>(s, 0, 1.0f);
+    REQUIRE(ref_opt.step(ref.rt, 1e-2f).stepped);
+  }
+
+  using rt_async = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer, single_process_communicator, opaque_platform>;
+  opaque_device_space dev({.capacity = 1 << 22});
+  host_space host;
+  chunkstar::testing::scripted_copy_engine engine;
+  rt_async rt(dev, host, engine, {.param_type = t}, fixed_chunk_layout({.chunk_elems = 1024, .align_elems = 32}), static_placement{0.5});
+  std::vector<param_id> ids;
+  for (const auto& spec : ref.rt.params()) {
+    const int i = static_cast<int>(ids.size());
+    ids.push_back(rt.register_param(spec, [i](std::span<float> v) {
+      for (std::size_t k = 0; k < v.size(); ++k) v[k] = std::sin(0.1f * static_cast<float>(k) + static_cast<float>(i));
+    }));
+  }
+  rt.finalize();
+  // When the runtime first waits for a device update in each step, how many host steps it had done.
+  int pass = 0;
+  std::vector<std::pair<int, std::uint64_t>> waits;  // (pass, host steps done by then)
+  engine.on_stall = [&](std::uint64_t id) {
+    for (const auto& h : engine.user_handles({5}))
+      if (h.id() == id && (waits.empty() || waits.back().first != pass)) waits.emplace_back(pass, rt.stats().host_steps);
+  };
+  async_device_kernels::calls = 0;
+  chunk_adam<static_loss_scaler, async_device_kernels> opt({.hyper = {.lr = 1e-2f, .weight_decay = 0.1f}});
+  for (pass = 0; pass < steps; ++pass) {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto sc = rt.backward("t" + std::to_string(i), {ids[i]});
+      auto g = sc.template grad<T>(ids[i]);  // device memory the test may touch: host memory underneath
+      for (std::size_t k = 0; k < g.size(); ++k) g[k] = from_float<T>(to_float(g[k]) + setup::grad_value(static_cast<int>(i), k, pass, 0));
+    }
+    REQUIRE(opt.step(rt, 1e-2f).stepped);
+    for (const auto& h : engine.user_handles({5})) CHECK(h.ready());  // the step ends with every update done
+  }
+  CHECK(async_device_kernels::calls > 0);
+  const auto host_per_pass = rt.stats().host_steps / steps;
+  REQUIRE(host_per_pass > 0);
+  REQUIRE(rt.stats().device_steps > 0);
+  REQUIRE(waits.size() == static_cast<std::size_t>(steps));
+  for (const auto& [p, host_done] : waits) {
+    CAPTURE(p);
+    CHECK(host_done == (static_cast<std::uint64_t>(p) + 1) * host_per_pass);  // not waited for before the host steps
+  }
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    CAPTURE(i);
+    std::vector<float> got(rt.spec(ids[i]).numel()), want(got.size());
+    rt.read_tensor(ids[i], chunk_kind::param, got);
+    ref.rt.read_tensor(ref.ids[i], chunk_kind::param, want);
+    CHECK(got == want);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Asynchronous device steps overlap the host steps after them, free each gradient once its step is done, and end the step done; same bits") {
+  check_async_steps<float>(dtype::f32);
+  check_async_steps<bfloat16>(dtype::bf16);
 }

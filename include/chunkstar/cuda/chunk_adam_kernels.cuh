@@ -11,9 +11,11 @@
 
 namespace chunkstar::cuda {
 
-/** @brief `chunk_adam<Scaler, device_adam_kernels>` runs these for chunks on the device. They run
- *  on the default stream and synchronise before returning, so the runtime may move the chunk at
- *  once afterwards (the chunk copies use their own streams). */
+/** @brief `chunk_adam<Scaler, device_adam_kernels>` runs these for chunks on the device, on the
+ *  legacy default stream (`stream()`). The scan waits for its sum; the Adam step is asynchronous
+ *  (`adam_async`): the optimizer pass records an event after each chunk's step, orders that chunk's
+ *  moves after it, and goes on to the next chunk, so host-stepped chunks overlap device ones;
+ *  `adam` is the synchronous form. */
 struct device_adam_kernels {
   static grad_stats scan(const void* grad, dtype t, std::size_t count, float scale, int /*threads*/) {
     return optim_detail::with_element_type(t, [&](auto g) {
@@ -35,9 +37,11 @@ struct device_adam_kernels {
     });
   }
   static void adam(const adam_chunk& c, const adam_hyper& h, const adam_step_args& a) {
-    adam_step_device(c, h, a, nullptr);
+    adam_async(c, h, a);
     adam_detail::check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize (chunk Adam step)");
   }
+  static void adam_async(const adam_chunk& c, const adam_hyper& h, const adam_step_args& a) { adam_step_device(c, h, a, nullptr); }
+  static cudaStream_t stream() noexcept { return nullptr; }
 };
 
 }  // namespace chunkstar::cuda

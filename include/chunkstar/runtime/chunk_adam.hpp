@@ -24,7 +24,9 @@
 namespace chunkstar {
 
 /** @brief The kernels a chunk_adam runs on chunks that live on the host or on a host-accessible
- *  device (the simulated device). A CUDA platform supplies its own with the same two members. */
+ *  device (the simulated device). A CUDA platform supplies its own with the same two members, and
+ *  may add `adam_async` (returns before the step finishes) with the `stream()` it runs on: device
+ *  steps then overlap the host steps of the chunks after them (optimizer_pass.hpp). */
 struct host_adam_kernels {
   /** @brief Overflow flag and sum of (g * scale)^2 over @p count gradients of type @p t at @p grad. */
   static grad_stats scan(const void* grad, dtype t, std::size_t count, float scale, int threads) {
@@ -135,7 +137,8 @@ class chunk_adam {
       pending_ = pending{r, base, {.step = steps_ + 1, .grad_scale = unscale * r.clip_coefficient, .threads = options_.threads}};
     }
     const pending p = *pending_;
-    rt.step([&](const step_chunk& c) {
+    using stream_type = typename Runtime::stream_type;
+    rt.step([&](const step_chunk& c) -> std::optional<stream_type> {
       const std::size_t ps = dtype_size(c.param_type);
       for (auto t : c.tensors) {
         const tensor_slot& sl = c.slots[t];
@@ -155,6 +158,11 @@ class chunk_adam {
         }
         run_adam<Runtime>(a, groups_.hyper_for(c.specs[t], p.base), p.args, c.where);
       }
+      // Asynchronous device kernels: the update still runs on their stream; the pass orders the
+      // chunk's next moves after it and goes on (host steps of the next chunks overlap it).
+      if constexpr (asynchronous<Runtime>)
+        if (c.where != tier::host) return Kernels::stream();
+      return std::nullopt;
     });
     pending_.reset();
     ++steps_;
@@ -176,9 +184,17 @@ class chunk_adam {
     if (where == tier::host || device_on_host<Runtime>) return host_adam_kernels::scan(g, t, n, scale, options_.threads);
     return Kernels::scan(g, t, n, scale, options_.threads);
   }
+  /** Kernels whose device step returns before it finishes, on `Kernels::stream()` (a stream of
+   *  the runtime's platform): `adam_async` and `stream`. */
+  template <class Runtime>
+  static constexpr bool asynchronous = !device_on_host<Runtime> && requires(const adam_chunk& a, const adam_hyper& h, const adam_step_args& s) {
+    Kernels::adam_async(a, h, s);
+    { Kernels::stream() } -> std::convertible_to<typename Runtime::stream_type>;
+  };
   template <class Runtime>
   void run_adam(const adam_chunk& a, const adam_hyper& h, const adam_step_args& args, tier where) const {
     if (where == tier::host || device_on_host<Runtime>) host_adam_kernels::adam(a, h, args);
+    else if constexpr (asynchronous<Runtime>) Kernels::adam_async(a, h, args);
     else Kernels::adam(a, h, args);
   }
 

@@ -161,7 +161,9 @@ class chunk_runtime {
   // --- optimizer step and iteration boundaries ---------------------------------------------------
   /** @brief Runs @p f (the optimizer, e.g. chunk_adam) once per chunk index with every list of it
    *  resident on the tier the placement chose, releases each gradient after its step, and ends the
-   *  iteration. @p f must not open scopes. A step that threw resumes where it failed when called again. */
+   *  iteration. @p f must not open scopes; it may hand its work back still running, by returning
+   *  `std::optional<stream_type>` (optimizer_pass.hpp). A step that threw resumes where it failed
+   *  when called again. */
   template <class F>
   void step(F&& f) {
     require_finalized("step");

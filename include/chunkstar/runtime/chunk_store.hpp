@@ -392,7 +392,9 @@ class chunk_store {
       s.pending.reset();
     }
     count(s.where, bytes_of(id.kind), -1);
-    free_payload(s, bytes_of(id.kind));
+    // The user's work may still read it (an asynchronous optimizer step): it retires, freed
+    // once that work is done, like a buffer an eviction in flight still reads.
+    if (!(s.user_done && !s.user_done->ready() && retire_after_user(s, bytes_of(id.kind)))) free_payload(s, bytes_of(id.kind));
     s.user_done.reset();
     s.prefetched = false;
   }
@@ -769,6 +771,7 @@ class chunk_store {
     tier where = tier::free;
     std::size_t bytes = 0;
     double submitted_us = 0;
+    bool user = false;  // `done` is the user's work, not a copy
   };
   struct list {
     bool present = false;
@@ -856,12 +859,29 @@ class chunk_store {
     s.data = nullptr;
     s.where = tier::free;
   }
+  /** Hands @p s's payload to the retiring buffers until the user's work on it is done; false (the
+   *  payload untouched, that work waited for) when there is no room to remember it. */
+  bool retire_after_user(slot& s, std::size_t bytes) noexcept {
+    if (s.data == nullptr) return false;
+    try {
+      retiring_.push_back({*s.user_done, s.data, s.where, bytes, now_us(), /*user=*/true});
+    } catch (...) {
+      try {
+        s.user_done->wait();
+      } catch (...) {  // the payload is discarded: the work's failure is the user's to see
+      }
+      return false;
+    }
+    s.data = nullptr;
+    s.where = tier::free;
+    return true;
+  }
   void release(retiring_buffer& r) noexcept {
     if (r.buffer != nullptr) {
       free_on(r.where, r.buffer, r.bytes);
       r.buffer = nullptr;
     }
-    if (on_copy_retired) {
+    if (on_copy_retired && !r.user) {
       try {
         on_copy_retired(r.submitted_us, r.where, r.where == tier::device ? tier::host : tier::device);
       } catch (...) {  // an observer must not break memory management

@@ -23,7 +23,9 @@
 #include <memory>
 #include <new>
 #include <span>
+#include <type_traits>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace chunkstar {
@@ -75,7 +77,14 @@ void for_each_gradient(Store& store, const chunk_plan& plan, std::span<const ten
   }
 }
 
-/** @brief The step over every chunk index. @tparam Residency a residency_manager over the same store. */
+/** @brief The step over every chunk index. @tparam Residency a residency_manager over the same store.
+ *
+ *  The update `f(step_chunk)` either finishes its work before it returns (returns void, or an
+ *  empty optional), or hands it back still running on a stream (returns `std::optional<stream>`
+ *  holding it, the platform's stream type): the chunk's later moves are then ordered after that
+ *  work, its gradient is freed once the work is done, and the pass goes on to the next chunk at
+ *  once — so a chunk stepped on the device overlaps the next chunks' host steps. The pass ends by
+ *  waiting for every update it handed back. */
 template <class Store, class Residency, class TracerT>
 class optimizer_pass {
  public:
@@ -138,8 +147,17 @@ class optimizer_pass {
                             .variance = static_cast<float*>(data(chunk_kind::variance)),
                             .tensors = plan.chunk_tensors[c], .slots = plan.slots, .specs = specs};
       next_ = c;  // until f returns, a retry starts here
-      f(view);
-      next_ = c + 1;
+      if constexpr (std::is_void_v<decltype(f(view))>) {
+        f(view);
+        next_ = c + 1;
+      } else if (const auto stream = f(view)) {  // the update still runs there: later moves wait for it
+        next_ = c + 1;
+        const auto done = store_.copier().record(*stream);
+        for (auto id : ids) store_.order_after_user(id, done);
+        queued_ = true;
+      } else {
+        next_ = c + 1;
+      }
       pins.reset();
       ++(where == tier::device ? stats_.device_steps : stats_.host_steps);
       // The gradient is spent: free it now rather than after the loop, so a host-side step never
@@ -149,6 +167,7 @@ class optimizer_pass {
       if (where == tier::host && store_.device_in_use() + store_.bytes_of(chunk_kind::param) <= residency_.budget_now())
         optional([&] { residency_.load_ahead({chunk_kind::param, c}, /*touch=*/false); });
     }
+    if (std::exchange(queued_, false)) wait_for_updates(plan.num_chunks);
     next_ = 0;
   }
 
@@ -162,6 +181,14 @@ class optimizer_pass {
       throw;
     } catch (const std::exception&) {
     }
+  }
+
+  /** Waits (on the host) for the updates still running on the user's stream: the step ends with
+   *  every chunk's new values in place, whatever reads them next and on which stream. */
+  void wait_for_updates(std::size_t chunks) {
+    for (std::uint32_t c = 0; c < chunks; ++c)
+      for (auto k : {chunk_kind::param, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+        if (store_.has(k)) store_.wait_user(store_.at({k, c}));
   }
 
   /** While chunk @p c steps, start moving the next host-stepped chunks' lists down, so their
@@ -187,6 +214,7 @@ class optimizer_pass {
   runtime_stats& stats_;
   std::size_t depth_;
   std::size_t next_ = 0;  // the first chunk index this pass has not stepped
+  bool queued_ = false;   // an update of this pass was handed back on a stream
 };
 
 }  // namespace chunkstar
