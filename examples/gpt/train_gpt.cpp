@@ -17,6 +17,10 @@
 #include "gpt_backend_cuda.hpp"
 
 #include <chunkstar/cuda/cuda_platform.hpp>
+#include <chunkstar/cuda/host_stager.hpp>
+#endif
+#if GPT_HAS_NCCL
+#include "gpt_nccl.hpp"
 #endif
 #include "preflight.hpp"
 #include "rtp_checkpoint.hpp"
@@ -26,6 +30,7 @@
 
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/comm/communicator_ref.hpp>
+#include <chunkstar/comm/staged_communicator.hpp>
 #include <chunkstar/config.hpp>
 #include <chunkstar/disk/disk_copy_engine.hpp>
 #include <chunkstar/disk/disk_tier.hpp>
@@ -144,29 +149,31 @@ struct platform_parts<simulated_platform> {
   host_copy_engine copier;
   // Large blocks are charged in 2 MiB pages; with a disk tier, whose host budget counts chunk bytes,
   // every block is charged what it asks for instead.
-  platform_parts(std::size_t device_capacity, std::size_t host_capacity, copy_model link, bool exact_host = false)
+  platform_parts(int /*gpu*/, std::size_t device_capacity, std::size_t host_capacity, copy_model link, bool exact_host = false)
       : device({.capacity = device_capacity, .link = link, .name = "device"}),
         host({.capacity = host_capacity, .large_block_threshold = exact_host ? SIZE_MAX : host_space_options{}.large_block_threshold}),
         copier(link) {}
   backend make_backend() { return {}; }
-  static std::size_t device_free_bytes() { return 0; }
-  static std::string describe() { return "simulated (host memory with a hard capacity)"; }
+  static std::size_t device_free_bytes(int /*gpu*/) { return 0; }
+  static std::string describe(int /*gpu*/) { return "simulated (host memory with a hard capacity)"; }
 };
 
 #if GPT_HAS_CUDA_BACKEND
-/** CUDA device 0 and pinned host memory; copies on the engine's streams, kernels on the backend's. */
+/** A CUDA device (this rank's) and pinned host memory; copies on the engine's streams, kernels on
+ *  the backend's. */
 template <>
 struct platform_parts<cuda::cuda_platform> {
   using backend = gpt::cuda_backend;
   using adam_kernels = gpt::cuda_adam_kernels;
+  int gpu;
   cuda::device_space device;
   cuda::pinned_host_space host;
   cuda::cuda_copy_engine copier;
-  platform_parts(std::size_t device_capacity, std::size_t host_capacity, copy_model, bool = false)
-      : device({.device = 0, .capacity = device_capacity}), host({.capacity = host_capacity}), copier(0) {}
-  backend make_backend() { return gpt::cuda_backend(0); }
-  static std::size_t device_free_bytes() { return gpt::cuda_memory(0).free; }
-  static std::string describe() { return gpt::cuda_device_summary(0); }
+  platform_parts(int g, std::size_t device_capacity, std::size_t host_capacity, copy_model, bool = false)
+      : gpu(g), device({.device = g, .capacity = device_capacity}), host({.capacity = host_capacity}), copier(g) {}
+  backend make_backend() { return gpt::cuda_backend(gpu); }
+  static std::size_t device_free_bytes(int g) { return gpt::cuda_memory(g).free; }
+  static std::string describe(int g) { return gpt::cuda_device_summary(g); }
 };
 #endif
 
@@ -211,6 +218,7 @@ struct disk_parts {
 // Before any work: what this run is, every input checked.
 struct run_plan {
   gpt::device_choice device;  // where the layers run
+  gpt::transport_choice transport;  // how the ranks talk
   gpt::gpt_config cfg;
   gpt::text_data data;
   std::vector<gpt::record_field> record;  // the configuration a checkpoint stores
@@ -223,6 +231,11 @@ constexpr bool cuda_built = true;
 #else
 constexpr bool cuda_built = false;
 #endif
+#if GPT_HAS_NCCL
+constexpr bool nccl_built = true;
+#else
+constexpr bool nccl_built = false;
+#endif
 
 /** GPUs visible to this process; not asked when --device sim says none are wanted. */
 int visible_gpus(const train_options& o) {
@@ -233,12 +246,13 @@ int visible_gpus(const train_options& o) {
   return 0;
 }
 
-run_plan prepare(const train_options& o, int ranks) {
+run_plan prepare(const train_options& o, int ranks, gpt::node_place node) {
   run_plan p;
   p.cfg = gpt::model_config(o);
   gpt::validate_options(o, p.cfg);
   gpt::validate_ranks(o, ranks);
-  p.device = gpt::resolve_device(o, cuda_built, visible_gpus(o));
+  p.device = gpt::resolve_device(o, cuda_built, visible_gpus(o), node);
+  p.transport = gpt::resolve_transport(o, p.device, nccl_built);
   gpt::validate_allow_change(o.allow_change);
   if (!o.allow_change.empty() && o.resume.empty()) throw config_error("--allow-change applies only with --resume DIR");
   // Bytes per parameter (16 in every precision) before any layout is planned for an absurd shape.
@@ -303,11 +317,11 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     comm.allreduce(std::span<double>(&x, 1), reduce_op::sum);
     return x / ranks;
   };
-  std::printf("device: %s (%s)\n", parts::describe().c_str(), plan.device.why.c_str());
+  std::printf("device: %s (%s)\n", parts::describe(plan.device.gpu).c_str(), plan.device.why.c_str());
   std::printf("data: %s, %zu train / %zu validation bytes\n", data.source.c_str(), data.train.size(), data.val.size());
   if (ranks > 1)
-    std::printf("parallel: ZeRO over %d MPI ranks, %lld sequences each of the global batch of %lld\n", ranks,
-                static_cast<long long>(o.batch / ranks), static_cast<long long>(o.batch));
+    std::printf("parallel: ZeRO over %d MPI ranks (%s), %lld sequences each of the global batch of %lld\n", ranks,
+                plan.transport.why.c_str(), static_cast<long long>(o.batch / ranks), static_cast<long long>(o.batch));
 
   // Memory: a simulated device with a hard capacity, the host, and the link between them.
   const dtype type = gpt::precision_type(o.precision);
@@ -348,7 +362,14 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   // model data (this rank's share of it under ZeRO) with --policy resident, and a share of it
   // otherwise, so that chunks move.
   const bool resident = o.policy == "resident";
-  const std::size_t device_free = parts::device_free_bytes();
+  // A GPU's free memory, split between the ranks that share it; the least any rank saw, after every
+  // rank has looked (the allreduce), so no rank's budget counts memory another has taken since.
+  std::size_t device_free = parts::device_free_bytes(plan.device.gpu) / static_cast<std::size_t>(plan.device.sharing);
+  if (ranks > 1 && plan.device.cuda) {
+    double seen = static_cast<double>(device_free);
+    comm.allreduce(std::span<double>(&seen, 1), reduce_op::min);
+    device_free = static_cast<std::size_t>(seen);
+  }
   const std::size_t device_capacity =
       gpt::device_budget_bytes(o, {.non_model = act, .collective = collective, .model = model_bytes, .device_free = device_free});
   if (device_free > 0 && device_capacity > device_free)
@@ -382,7 +403,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   gpt::check_memory(gpt::host_memory_need(in_memory + collective, act, device_capacity, device_free == 0));
   const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
   const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
-  parts memory(device_capacity, host_capacity, link, with_disk);
+  parts memory(plan.device.gpu, device_capacity, host_capacity, link, with_disk);
   auto& device = memory.device;
   std::optional<disk_parts> disk;
   if (with_disk) disk.emplace(o, disk_capacity);
@@ -740,6 +761,19 @@ int with_policy(const train_options& o, const run_plan& plan, communicator_ref c
 
 int process_rank = 0;  // for messages: every rank of a parallel run prints its own errors
 
+#if CHUNKSTAR_HAS_MPI()
+/** This rank's place among the ranks of its node (those sharing memory with it), for its GPU. */
+gpt::node_place node_place() {
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) return {};
+  gpt::node_place p;
+  MPI_Comm_rank(node, &p.local_rank);
+  MPI_Comm_size(node, &p.local_ranks);
+  MPI_Comm_free(&node);
+  return p;
+}
+#endif
+
 /** Ends the process now with @p code after printing @p message: no destructor or atexit handler
  *  runs, so a BLAS worker stuck in its allocator (or any other thread) cannot keep a failed run
  *  alive. Checkpoints are written atomically, so nothing on disk is half-done. */
@@ -751,18 +785,49 @@ int process_rank = 0;  // for messages: every rank of a parallel run prints its 
   std::_Exit(code);
 }
 
-int run(const train_options& o, communicator_ref comm) {
+/** Trains on the platform the plan chose, with its loss scaler, over @p comm. */
+int on_platform(const train_options& o, const run_plan& plan, communicator_ref comm) {
+#if GPT_HAS_CUDA_BACKEND
+  if (plan.device.cuda) {
+    if (cudaSetDevice(plan.device.gpu) != cudaSuccess)  // for the default stream's device Adam, and cuBLAS
+      throw config_error("--device cuda: cannot select GPU " + std::to_string(plan.device.gpu) + " (is it visible? CUDA_VISIBLE_DEVICES)");
+    return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, cuda::cuda_platform>(o, plan, comm)
+                                                          : with_policy<static_loss_scaler, cuda::cuda_platform>(o, plan, comm);
+  }
+#endif
+  return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, simulated_platform>(o, plan, comm)
+                                                        : with_policy<static_loss_scaler, simulated_platform>(o, plan, comm);
+}
+
+int run(const train_options& o, communicator_ref comm, gpt::node_place node) {
   const char* phase = "checking the options";
   try {
-    const run_plan plan = prepare(o, comm.size());
-    phase = "training";
+    const run_plan plan = prepare(o, comm.size(), node);
+    phase = "connecting the ranks";
+    // ZeRO on GPUs talks over NCCL, or over MPI through pinned host buffers (resolve_transport);
+    // the staged path also runs on the simulated device (memcpy staging), to test it on a CPU.
+    if (plan.transport.kind == gpt::transport_choice::staged) {
 #if GPT_HAS_CUDA_BACKEND
-    if (plan.device.cuda)  // resolve_device: one process, no --parallel
-      return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, cuda::cuda_platform>(o, plan, comm)
-                                                            : with_policy<static_loss_scaler, cuda::cuda_platform>(o, plan, comm);
+      if (plan.device.cuda) {
+        staged_communicator<communicator_ref, cuda::host_stager> staged(comm);
+        phase = "training";
+        return on_platform(o, plan, staged);
+      }
 #endif
-    return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, simulated_platform>(o, plan, comm)
-                                                          : with_policy<static_loss_scaler, simulated_platform>(o, plan, comm);
+      staged_communicator<communicator_ref> staged(comm);
+      phase = "training";
+      return on_platform(o, plan, staged);
+    }
+#if GPT_HAS_NCCL
+    if (plan.transport.kind == gpt::transport_choice::nccl) {
+      gpt::nccl_module nccl;
+      const communicator_ref device_comm = nccl.connect(comm, plan.device.gpu);
+      phase = "training";
+      return on_platform(o, plan, device_comm);
+    }
+#endif
+    phase = "training";
+    return on_platform(o, plan, comm);
   } catch (const output_error& e) {
     fatal(gpt::exit_io, e.what());
   } catch (const out_of_memory_error& e) {
@@ -775,6 +840,8 @@ int run(const train_options& o, communicator_ref comm) {
     if (std::string_view(phase) == "training" && !o.disk_dir.empty())
       fatal(gpt::exit_io, std::string("the disk tier failed while training (chunks in memory are intact; the last checkpoint is too): ") + e.what());
     fatal(gpt::exit_bad_input, e.what());
+  } catch (const communication_error& e) {
+    fatal(gpt::exit_internal, std::string("communication between the ranks failed while ") + phase + ": " + e.what());
   } catch (const chunkstar::error& e) {
     fatal(gpt::exit_internal, std::string("internal error while ") + phase + " (please report it): " + e.what());
   } catch (const std::bad_alloc&) {
@@ -854,6 +921,10 @@ int main(int argc, char** argv) {
   app.add_option("--parallel", o.parallel,
                  "none; zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); rtp: each rank owns 1/N of "
                  "every layer and the shards rotate round the ranks (RTP, fp32, host memory); --batch stays the global batch");
+  app.add_option("--comm", o.comm,
+                 "--parallel zero: how ranks talk. auto: on GPUs NCCL when every rank has a GPU of its own, else MPI through pinned "
+                 "host buffers; on the simulated device MPI. nccl, staged (MPI through host buffers: ranks sharing a GPU, no "
+                 "NCCL), or mpi (host memory: the simulated device)");
   app.add_flag("--keep-gathered", o.keep_gathered, "--parallel zero: keep gathered parameters from forward to backward (more memory, fewer gathers)");
   app.add_flag("--memory-saving", o.memory_saving,
                "--parallel zero: gather and reduce chunk by chunk (broadcast from and reduce to the owner) instead of in groups of N: "
@@ -885,7 +956,7 @@ int main(int argc, char** argv) {
     }
     process_rank = world->rank();
     if (process_rank != 0 && !std::freopen("/dev/null", "w", stdout)) fatal(gpt::exit_io, "cannot silence the output of rank " + std::to_string(process_rank));
-    const int rc = run(o, *world);
+    const int rc = run(o, *world, node_place());
     std::fflush(stdout);
     return rc;
   }
@@ -893,5 +964,5 @@ int main(int argc, char** argv) {
   if (o.parallel == "zero" || o.parallel == "rtp")
     fatal(gpt::exit_bad_input, "--parallel " + o.parallel + " needs MPI, and this build of train_gpt has none: install an MPI (libopenmpi-dev) and rebuild");
 #endif
-  return run(o, one);
+  return run(o, one, {});
 }

@@ -61,6 +61,7 @@ struct train_options {
   std::int64_t sample = 200;
   std::vector<std::string> allow_change;  // --allow-change: configuration a resume may change
   std::string parallel = "none";          // none; zero: shard the model data over MPI ranks; rtp: rotated tensor parallelism
+  std::string comm = "auto";              // how ranks talk: auto, mpi, nccl, staged (MPI through host staging buffers)
   bool keep_gathered = false;             // --parallel zero: keep gathered parameters from forward to backward
   bool memory_saving = false;             // --parallel zero: chunk by chunk (PatrickStar's MSC), no group buffers
   std::string disk_dir;                   // a third tier on disk in this directory (empty: none)
@@ -172,24 +173,72 @@ inline std::size_t device_budget_bytes(const train_options& o, const budget_inpu
 /** @brief Which device a run trains on, and why (the trainer's first line says it). */
 struct device_choice {
   bool cuda = false;
+  int gpu = 0;      ///< this rank's CUDA device ordinal
+  int sharing = 1;  ///< ranks of this node on that GPU (they split its free memory)
   std::string why;
 };
 
+/** @brief This rank's place in its node: under mpirun, rank k of a node takes GPU k mod (GPUs). */
+struct node_place {
+  int local_rank = 0;
+  int local_ranks = 1;
+};
+
 /** @brief --device resolved against this build (@p cuda_built: train_gpt has the CUDA backend) and
- *  this machine (@p cuda_devices GPUs visible). `auto` takes the GPU when there is one and the mode
- *  runs there; `cuda` that cannot run is a config_error saying what is missing. Pure. */
-inline device_choice resolve_device(const train_options& o, bool cuda_built, int cuda_devices) {
+ *  this machine (@p cuda_devices GPUs visible; @p node: this rank's place on it). `auto` takes a
+ *  GPU when there is one and the mode runs there; `cuda` that cannot run is a config_error saying
+ *  what is missing. Node-local rank k takes GPU k mod @p cuda_devices. Pure. */
+inline device_choice resolve_device(const train_options& o, bool cuda_built, int cuda_devices, node_place node = {}) {
   const char* missing = !cuda_built          ? "this train_gpt was built without the CUDA backend (configure with the CUDA toolkit installed)"
                         : cuda_devices <= 0  ? "no CUDA device is visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)"
-                        : o.parallel != "none" ? "--parallel zero and rtp run on the simulated device in this version (one process per GPU over NCCL is not built yet)"
-                                             : nullptr;
-  if (o.device == "sim") return {false, "--device sim"};
-  if (o.device == "cuda") {
-    if (missing) detail::bad_option("--device", std::string("cuda: ") + missing + "; use --device sim or auto");
-    return {true, "--device cuda: GPU 0"};
+                        : o.parallel == "rtp" ? "--parallel rtp runs on the simulated device in this version (its layers have no CUDA kernels yet)"
+                                              : nullptr;
+  if (o.device == "sim") return {.why = "--device sim"};
+  if (missing) {
+    if (o.device == "cuda") detail::bad_option("--device", std::string("cuda: ") + missing + "; use --device sim or auto");
+    return {.why = std::string("--device auto: ") + missing};
   }
-  if (missing) return {false, std::string("--device auto: ") + missing};
-  return {true, "--device auto: GPU 0 of " + std::to_string(cuda_devices)};
+  const int gpu = node.local_rank % cuda_devices;
+  const int sharing = (node.local_ranks - gpu + cuda_devices - 1) / cuda_devices;
+  std::string why = "--device " + o.device + ": GPU " + std::to_string(gpu) + " of " + std::to_string(cuda_devices);
+  if (sharing > 1) why += ", shared by " + std::to_string(sharing) + " ranks of this node";
+  return {.cuda = true, .gpu = gpu, .sharing = sharing, .why = why};
+}
+
+/** @brief How the ranks of --parallel talk (--comm), and why. */
+struct transport_choice {
+  enum kind_t { host, nccl, staged } kind = host;  ///< host: MPI on host memory (or one process)
+  std::string why;
+};
+
+/** @brief --comm resolved against the device (@p d) and this build (@p nccl_built). `auto`: for ZeRO
+ *  on GPUs NCCL when every rank has a GPU of its own, else MPI through pinned host buffers (NCCL
+ *  puts one rank of a communicator per GPU); on the simulated device, and for RTP, MPI on host
+ *  memory. `staged` on the simulated device runs the staging path on the CPU. Pure. */
+inline transport_choice resolve_transport(const train_options& o, const device_choice& d, bool nccl_built) {
+  const auto bad = [&](const std::string& why) { detail::bad_option("--comm", o.comm + ": " + why); };
+  if (o.parallel != "zero") {
+    if (o.comm != "auto" && o.comm != "mpi")
+      bad("applies to --parallel zero (" + std::string(o.parallel == "rtp" ? "RTP's rotations run over MPI on host memory" : "one process talks to no one") +
+          "); drop it or use --comm auto");
+    return {transport_choice::host, o.parallel == "rtp" ? "MPI" : ""};
+  }
+  if (!d.cuda) {
+    if (o.comm == "nccl") bad("NCCL needs --device cuda; on the simulated device use --comm mpi or staged");
+    if (o.comm == "staged") return {transport_choice::staged, "MPI through host staging buffers (--comm staged)"};
+    return {transport_choice::host, "MPI"};
+  }
+  if (o.comm == "mpi") bad("MPI here takes host memory, and ZeRO's buffers are on the GPU: use --comm nccl or staged (MPI through pinned host buffers)");
+  const char* no_nccl = !nccl_built     ? "this train_gpt was built without NCCL"
+                        : d.sharing > 1 ? "NCCL puts one rank of a communicator per GPU, and this GPU is shared"
+                                        : nullptr;
+  if (o.comm == "nccl") {
+    if (no_nccl) bad(std::string(no_nccl) + "; use --comm staged, or run at most one rank per GPU");
+    return {transport_choice::nccl, "NCCL (--comm nccl)"};
+  }
+  if (o.comm == "staged") return {transport_choice::staged, "MPI through pinned host buffers (--comm staged)"};
+  if (no_nccl) return {transport_choice::staged, std::string("MPI through pinned host buffers (--comm auto: ") + no_nccl + ")"};
+  return {transport_choice::nccl, "NCCL (--comm auto: one rank per GPU)"};
 }
 
 /** @brief The parameter dtype of --precision. */
@@ -280,6 +329,7 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   (void)bytes_option("--host-budget", o.host_budget);
   (void)bytes_option("--link-bandwidth", o.link_bandwidth);
   detail::require_one_of("--device", o.device, {"auto", "cuda", "sim"});
+  detail::require_one_of("--comm", o.comm, {"auto", "mpi", "nccl", "staged"});
   if (o.device_budget != "auto") (void)budget_option(o.device_budget);
   if (o.device == "cuda" && bytes_option("--link-bandwidth", o.link_bandwidth) != 0)
     detail::bad_option("--link-bandwidth", o.link_bandwidth + " models the simulated device's link; with --device cuda the real link moves the chunks: drop it");

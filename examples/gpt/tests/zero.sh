@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # train_gpt --parallel zero on MPI ranks, end to end:
-#  1. 3 ranks train the same model on the same data as one process (losses equal as printed);
+#  1. 3 ranks train the same model on the same data as one process (losses equal as printed), also
+#     with every collective staged through host buffers (--comm staged);
 #  2. a checkpoint saved at 3 ranks resumes at 2 ranks and in one process, continuing the trajectory;
 #     3 ranks with a disk tier each (hosts too small for a rank's share) train as one process too;
 #  3. a rank killed (SIGKILL) mid-run ends the whole job, non-zero, within 30 s — never a hang.
@@ -22,6 +23,15 @@ timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero >three.txt 2>&1 
 if diff <(losses one.txt) <(losses three.txt) >/dev/null; then echo "ok: 3 ZeRO ranks train as one process: $(losses three.txt | tr '\n' ' ')"
 else fail "3 ranks differ from one process:"; diff <(losses one.txt) <(losses three.txt) | head; fi
 grep -q "per rank (largest): model data" three.txt || fail "no per-rank memory in the summary"
+
+# The path ranks sharing a GPU take (every collective staged through host buffers), on the CPU.
+timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero --comm staged >staged.txt 2>&1 || fail "3 ranks, --comm staged: rc $?"
+if diff <(losses one.txt) <(losses staged.txt) >/dev/null; then echo "ok: 3 ZeRO ranks through host staging buffers train as one process"
+else fail "3 ranks with --comm staged differ from one process:"; diff <(losses one.txt) <(losses staged.txt) | head; fi
+grep -q "MPI through host staging buffers" staged.txt || fail "the staged run does not say how its ranks talk"
+timeout 60 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel zero --device sim --comm nccl >nccl.txt 2>&1
+rc=$?
+((rc == 2)) && grep -q "NCCL needs --device cuda" nccl.txt || fail "--comm nccl on the simulated device: rc $rc, $(grep -m1 error nccl.txt)"
 
 mkdir -p disk
 timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero --device-budget 20% --host-budget 540KiB --disk-dir "$work/disk" >disk.txt 2>&1 ||
