@@ -113,7 +113,7 @@ if ((!quick)); then
   # stay out: libgomp is not built with TSan.
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$repo/tests/tsan.supp}
   tsan_tests=(copy_engine memory_space communicator chunk_runtime eviction_optimality runtime_ranks scripted_copy_engine zero zero_checkpoint rtp_schedule rtp_mlp
-              disk_copy_engine uring_copy_engine disk_runtime zero_disk)
+              disk_copy_engine uring_copy_engine disk_runtime zero_disk device_collectives)
   stage_targets="${tsan_tests[*]/#/test_}"
   stage tsan "$build_root/tests-tsan" -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$" -- \
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=thread" \
