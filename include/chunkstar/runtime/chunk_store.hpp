@@ -95,7 +95,13 @@ class chunk_store {
       if (disk_) disk_->synchronize();
     } catch (...) {  // a failed copy was (or will never be) reported by its handle; free anyway
     }
-    for (auto& r : retiring_) release(r);
+    for (auto& r : retiring_) {
+      try {
+        if (r.user) r.done.wait();  // the user's work still reading it (copies were waited for above)
+      } catch (...) {  // freed anyway: the work's failure is the user's to see
+      }
+      release(r);
+    }
     for_each([&](chunk_id id, slot& s) {
       if (s.disk_pending) free_on(s.disk_pending->from, s.disk_pending->source, bytes_of(id.kind));
       s.disk_pending.reset();
