@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -751,4 +752,93 @@ TEST_CASE("rotation: a kernel that starts a pass on its own schedule gets state_
   in_process_group group(2);
   rotation<in_process_communicator> two(group.communicator(0), elems);  // construction issues no collective
   CHECK(two.transient_bytes() == 5 * elems * sizeof(float));
+}
+
+namespace {
+
+/** Buffer operations on a "stream" that runs only when settled, as a device stream's work may run
+ *  any time before its wait: the rotation's fills, sums and copies, and the test's kernels, queue
+ *  on it. A shift started before settling would send or overwrite a buffer too early. */
+struct deferred_ops {
+  static constexpr bool host_memory = false;
+  struct stream {
+    std::vector<std::function<void()>> work;
+    int settles = 0;
+  };
+  std::shared_ptr<stream> s = std::make_shared<stream>();
+  void zero(float* p, std::size_t n) const {
+    s->work.emplace_back([=] { std::fill(p, p + n, 0.0f); });
+  }
+  void add(float* acc, const float* x, std::size_t n) const {
+    s->work.emplace_back([=] {
+      for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
+    });
+  }
+  void copy(float* d, const float* x, std::size_t n) const {
+    s->work.emplace_back([=] { std::copy(x, x + n, d); });
+  }
+  void settle() const {
+    ++s->settles;
+    auto w = std::move(s->work);
+    s->work.clear();
+    for (auto& f : w) f();
+  }
+};
+static_assert(rtp::BufferOps<deferred_ops, float>);
+
+}  // namespace
+
+TEST_CASE("rotation on buffers whose operations run only when settled: the host bits, a settle before every shift, a failed pass settles") {
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    std::vector<std::vector<float>> host(static_cast<std::size_t>(n)), deferred(static_cast<std::size_t>(n));
+    std::vector<int> wrong(static_cast<std::size_t>(n)), settles(static_cast<std::size_t>(n));
+    for (const bool defer : {false, true})
+      run_ranks(n, [&](in_process_communicator& comm) {
+        const auto me = static_cast<std::size_t>(comm.rank());
+        std::vector<float> mine(elems);
+        for (std::size_t i = 0; i < elems; ++i) mine[i] = weight_value(comm.rank(), i);
+        rtp::transit_buffers<float> set;
+        auto& out = defer ? deferred[me] : host[me];
+        const auto run = [&](auto& rot, auto enqueue) {
+          const auto load = [&](std::span<float> dst) { enqueue([&mine, dst] { std::copy(mine.begin(), mine.end(), dst.begin()); }); };
+          rot.forward(load, [&](int j, std::span<const float> w) { enqueue([&, j, w] { wrong[me] += !holds_shard(w, j); }); });
+          rot.backward(load,
+                       [&](int j, std::span<const float> w, std::span<float> g) {
+                         enqueue([&, j, w, g] {
+                           wrong[me] += !holds_shard(w, j);
+                           for (std::size_t i = 0; i < g.size(); ++i) g[i] += contribution(comm.rank(), j, i);
+                         });
+                       },
+                       [&](std::span<const float> sum) { enqueue([&out, sum] { out.assign(sum.begin(), sum.end()); }); });
+        };
+        if (!defer) {
+          rotation<in_process_communicator> rot(comm, elems, set, rtp::external_shard);
+          run(rot, [](auto f) { f(); });
+          return;
+        }
+        deferred_ops ops;
+        rotation<in_process_communicator, float, deferred_ops> rot(comm, elems, set, rtp::external_shard, ops);
+        run(rot, [&](auto f) { ops.s->work.emplace_back(f); });
+        ops.settle();  // the caller's wait before reading the result
+        settles[me] = ops.s->settles - 1;
+        if (n == 1) {  // a kernel that queues work and throws: the pass settles before it returns
+          CHECK_THROWS_AS(rot.backward([&](std::span<float> d) { ops.copy(d.data(), mine.data(), elems); },
+                                       [&](int, std::span<const float>, std::span<float> g) {
+                                         ops.zero(g.data(), g.size());
+                                         throw std::runtime_error("kernel");
+                                       },
+                                       [](std::span<const float>) {}),
+                          std::runtime_error);
+          CHECK(ops.s->work.empty());
+        }
+      });
+    for (int r = 0; r < n; ++r) {
+      const auto me = static_cast<std::size_t>(r);
+      CHECK(wrong[me] == 0);
+      CHECK(!deferred[me].empty());
+      CHECK(same_bits(host[me], deferred[me]));
+      CHECK(settles[me] == 3 * (n - 1));  // one per shift: forward N - 1, backward 2 (N - 1)
+    }
+  }
 }

@@ -9,7 +9,8 @@
  *  math (a kernel per step, given the resident shard's index and data). The order is
  *  rtp/ring_order.hpp's; docs/rtp.md has the whole picture.
  *
- *  Buffers (host memory, `shard_elems` elements of `T` each):
+ *  Buffers (`shard_elems` elements of `T` each; host memory, or with an external shard wherever the
+ *  `BufferOps` policy says, e.g. device memory with a CUDA stream's operations: rtp/buffer_ops.hpp):
  *  - owned: the rank's shard (`owned()`) and its gradient (`owned_grad()`). The optimizer steps
  *    these; the schedule never writes the owned weights and writes the owned gradient only at the
  *    very end of `backward`.
@@ -24,6 +25,7 @@
 
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/core/error.hpp>
+#include <chunkstar/rtp/buffer_ops.hpp>
 #include <chunkstar/rtp/ring_order.hpp>
 #include <chunkstar/rtp/transit_buffers.hpp>
 
@@ -32,6 +34,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -103,36 +106,48 @@ struct rotation_stats {
  *  Not thread-safe; a kernel must not start a pass on the same object (`state_error`). A kernel
  *  may issue collectives of its own if every rank issues the same ones at the same step (they
  *  queue behind the shift in flight).
+ *
+ *  **Buffer memory** (`Ops`, rtp/buffer_ops.hpp). The schedule fills, sums and copies buffers only
+ *  through `Ops`, and calls `Ops::settle()` before every shift, so with buffers in device memory
+ *  and kernels queued on a stream no shift sends a buffer a kernel is still writing or overwrites
+ *  one a kernel is still reading; a pass that fails settles before it returns. Kernels may return
+ *  before they finish: the sum's order and bits are the same. A rotation that owns its shard keeps
+ *  it in host vectors, so it needs `Ops::host_memory`; with other memory, build it with
+ *  `external_shard`.
  */
-template <Communicator Comm, std::floating_point T = float>
+template <Communicator Comm, std::floating_point T = float, BufferOps<T> Ops = host_buffer_ops<T>>
 class rotation {
  public:
   using value_type = T;
+  using ops_type = Ops;
 
   /** @brief A schedule for shards of @p shard_elems elements on @p comm (held by reference; it
    *  must outlive this object). Allocates the owned shard and gradient (zeroed) and its own transit
    *  buffers. Throws `config_error` for an empty shard. */
-  rotation(Comm& comm, std::size_t shard_elems)
-      : rotation(comm, shard_elems, std::make_unique<transit_buffers<T>>()) {}
+  rotation(Comm& comm, std::size_t shard_elems, Ops ops = Ops{})
+    requires(Ops::host_memory)
+      : rotation(comm, shard_elems, std::make_unique<transit_buffers<T>>(), nullptr, false, std::move(ops)) {}
 
   /** @brief The same, with transit buffers shared with other rotations (held by reference; they
    *  must outlive this object, and the rotations sharing them must not run passes concurrently):
    *  grows them to this shard's size if they are smaller. */
-  rotation(Comm& comm, std::size_t shard_elems, transit_buffers<T>& shared)
-      : rotation(comm, shard_elems, std::unique_ptr<transit_buffers<T>>(), &shared) {}
+  rotation(Comm& comm, std::size_t shard_elems, transit_buffers<T>& shared, Ops ops = Ops{})
+    requires(Ops::host_memory)
+      : rotation(comm, shard_elems, std::unique_ptr<transit_buffers<T>>(), &shared, false, std::move(ops)) {}
 
   /** @brief A rotation that holds no owned shard: the caller keeps it (e.g. in a chunk runtime)
    *  and passes it in at each pass (`forward(load, f)`, `backward(load, g, store)`), so a rank's
    *  only memory for the rotation is the shared transit buffers (all five, even with one rank,
-   *  where they hold the loaded shard). `owned()` and `owned_grad()` are empty. */
-  rotation(Comm& comm, std::size_t shard_elems, transit_buffers<T>& shared, external_shard_t)
-      : rotation(comm, shard_elems, std::unique_ptr<transit_buffers<T>>(), &shared, true) {}
+   *  where they hold the loaded shard). `owned()` and `owned_grad()` are empty. @p ops works on
+   *  the memory of @p shared. */
+  rotation(Comm& comm, std::size_t shard_elems, transit_buffers<T>& shared, external_shard_t, Ops ops = Ops{})
+      : rotation(comm, shard_elems, std::unique_ptr<transit_buffers<T>>(), &shared, true, std::move(ops)) {}
 
  private:
   rotation(Comm& comm, std::size_t shard_elems, std::unique_ptr<transit_buffers<T>> own, transit_buffers<T>* shared = nullptr,
-           bool external = false)
+           bool external = false, Ops ops = Ops{})
       : comm_(comm), rank_(comm.rank()), world_(comm.size()), elems_(shard_elems), external_(external), own_(std::move(own)),
-        pool_(shared ? shared : own_.get()) {
+        pool_(shared ? shared : own_.get()), ops_(std::move(ops)) {
     if (shard_elems == 0)
       throw config_error("rtp::rotation: a shard of 0 elements; a sharded layer needs at least one element per rank");
     if (shard_elems > std::numeric_limits<std::size_t>::max() / sizeof(T))
@@ -207,7 +222,7 @@ class rotation {
   void backward(G&& g) {
     require_own("backward");
     backward_impl([this](T*) -> const T* { return home_w_.data(); }, g, [this](const T* sum) {
-      std::copy(sum, sum + elems_, home_g_.begin());
+      ops_.copy(home_g_.data(), sum, elems_);
     });
   }
 
@@ -229,6 +244,7 @@ class rotation {
   template <class Own, class F>
   void forward_impl(Own&& own_shard, F& f) {
     const pass_guard guard(busy_, "forward");
+    const settle_on_unwind settle(ops_);
     const T* resident = own_shard(world_ > 1 ? pool_->weights(1) : pool_->scratch());
     for (int s = 0; s < world_; ++s) {
       T* incoming = pool_->weights(static_cast<std::size_t>(s % 2));  // never `resident`: home, then alternating
@@ -248,10 +264,11 @@ class rotation {
   template <class Own, class G, class Finish>
   void backward_impl(Own&& own_shard, G& g, Finish&& finish) {
     const pass_guard guard(busy_, "backward");
+    const settle_on_unwind settle(ops_);
     if (world_ == 1) {
       T* scratch = pool_->scratch();
       const T* weights = own_shard(pool_->weights(0));
-      std::fill(scratch, scratch + elems_, T{});
+      ops_.zero(scratch, elems_);
       std::invoke(g, 0, std::span<const T>(weights, elems_), std::span<T>(scratch, elems_));
       finish(scratch);  // only after the kernel succeeded
       return;
@@ -261,7 +278,7 @@ class rotation {
     T* const scratch = pool_->scratch();
     {  // shard rank-1, for step 0: nothing computes yet, so only the zero fill overlaps it
       comm_handle first = shift(own_shard(w[1]), w[0]);
-      std::fill(gb[0], gb[0] + elems_, T{});
+      ops_.zero(gb[0], elems_);
       const wait_timer timer(stats_.wait_s);
       first.wait();
     }
@@ -277,7 +294,7 @@ class rotation {
       // Step 0's contribution is the sum's first term: the kernel adds straight into the buffer
       // that is sent on. Later steps add into the scratch while the partial sum is still arriving.
       T* acc = t == 0 ? gb[0] : scratch;
-      if (t > 0) std::fill(scratch, scratch + elems_, T{});
+      if (t > 0) ops_.zero(scratch, elems_);
       std::invoke(g, backward_shard(rank_, world_, t), std::span<const T>(weights, elems_), std::span<T>(acc, elems_));
       {
         const wait_timer timer(stats_.wait_s);
@@ -287,12 +304,11 @@ class rotation {
       if (last) {
         // Handed over here only, after the last call that can throw: a failed pass leaves the
         // owned gradient (or the caller's) as it was.
-        for (std::size_t i = 0; i < elems_; ++i) gb[cur][i] += scratch[i];
+        ops_.add(gb[cur], scratch, elems_);
         finish(gb[cur]);
         return;
       }
-      if (t > 0)
-        for (std::size_t i = 0; i < elems_; ++i) gb[cur][i] += scratch[i];
+      if (t > 0) ops_.add(gb[cur], scratch, elems_);
       partial = shift(gb[cur], gb[other]);
     }
   }
@@ -316,14 +332,36 @@ class rotation {
     bool& busy_;
   };
 
-  /** @brief Starts a ring shift of one shard and counts it (only once issued: a call that throws
-   *  sent nothing). */
+  /** @brief Waits for the buffer operations and kernels queued on the buffers (the shift sends one
+   *  and overwrites another), then starts a ring shift of one shard and counts it (only once
+   *  issued: a call that throws sent nothing). */
   comm_handle shift(const T* send, T* recv) {
+    ops_.settle();
     comm_handle h = comm_.ring_shift_async(send, recv, shard_bytes());
     ++stats_.shifts;
     stats_.bytes_sent += shard_bytes();
     return h;
   }
+
+  /** @brief Settles the buffer operations when a pass unwinds, so no kernel or copy still uses the
+   *  buffers after it returns; quietly (the first exception is the one that propagates). */
+  class settle_on_unwind {
+   public:
+    explicit settle_on_unwind(Ops& ops) noexcept : ops_(ops), uncaught_(std::uncaught_exceptions()) {}
+    settle_on_unwind(const settle_on_unwind&) = delete;
+    settle_on_unwind& operator=(const settle_on_unwind&) = delete;
+    ~settle_on_unwind() {
+      if (std::uncaught_exceptions() == uncaught_) return;
+      try {
+        ops_.settle();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): the pass's own exception is already on its way
+      }
+    }
+
+   private:
+    Ops& ops_;
+    int uncaught_;
+  };
 
   /** @brief Adds the wall time of its scope to a counter, also when a wait in it throws. */
   class wait_timer {
@@ -364,6 +402,7 @@ class rotation {
   std::vector<T> home_w_, home_g_;
   std::unique_ptr<transit_buffers<T>> own_;  // null when the transit buffers are shared
   transit_buffers<T>* pool_;
+  Ops ops_;
   bool busy_ = false;
   rotation_stats stats_;
 };
