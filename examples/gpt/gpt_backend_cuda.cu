@@ -47,6 +47,89 @@ __global__ void add_into_kernel(T* dst, const float* add, std::size_t n) {
   if (i < n) dst[i] = T(static_cast<float>(dst[i]) + add[i]);
 }
 
+__global__ void add_kernel(float* acc, const float* x, std::size_t n) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) acc[i] += x[i];
+}
+
+/** out = residual + (out + bias[column]): the CPU's order of the two additions. */
+__global__ void bias_residual_kernel(float* out, const float* residual, const float* bias, std::size_t n, std::size_t C) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = residual[i] + (out[i] + bias[i % C]);
+}
+
+__global__ void fill_kernel(float* p, std::size_t n, float value) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) p[i] = value;
+}
+
+/** One thread per (token, channel). */
+__global__ void embedding_shard_forward_kernel(float* out, const int* tokens, const float* shard, std::size_t v0,
+                                               std::size_t vs, const float* wpe, std::size_t N, std::size_t Tn,
+                                               std::size_t C) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i >= N * C) return;
+  const std::size_t n = i / C, k = i % C, t = static_cast<std::size_t>(tokens[n]);
+  if (t < v0 || t >= v0 + vs) return;
+  out[i] = shard[(t - v0) * C + k] + wpe[(n % Tn) * C + k];
+}
+
+/** One thread per channel, tokens in order: each element's sum in the CPU's order. */
+__global__ void embedding_shard_backward_kernel(float* g, const int* tokens, const float* dres, std::size_t v0,
+                                                std::size_t vs, std::size_t N, std::size_t C) {
+  const std::size_t k = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (k >= C) return;
+  for (std::size_t n = 0; n < N; ++n) {
+    const std::size_t t = static_cast<std::size_t>(tokens[n]);
+    if (t >= v0 && t < v0 + vs) g[(t - v0) * C + k] += dres[n * C + k];
+  }
+}
+
+/** One thread per (position, channel), tokens in order. */
+__global__ void position_backward_kernel(float* g_wpe, const float* dres, std::size_t N, std::size_t Tn, std::size_t C) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i >= Tn * C) return;
+  const std::size_t p = i / C, k = i % C;
+  float acc = g_wpe[i];
+  for (std::size_t n = p; n < N; n += Tn) acc += dres[n * C + k];
+  g_wpe[i] = acc;
+}
+
+/** One thread per token: the online softmax's fold of one shard, columns in order. */
+__global__ void head_shard_forward_kernel(float* mx, float* sum, float* zt, const float* z, const int* targets,
+                                          std::size_t v0, std::size_t valid, std::size_t N, std::size_t vs) {
+  const std::size_t n = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (n >= N) return;
+  const float* row = z + n * vs;
+  float m = mx[n];
+  for (std::size_t v = 0; v < valid; ++v) m = fmaxf(m, row[v]);
+  float acc = sum[n] * expf(mx[n] - m);
+  for (std::size_t v = 0; v < valid; ++v) acc += expf(row[v] - m);
+  mx[n] = m;
+  sum[n] = acc;
+  const std::size_t t = static_cast<std::size_t>(targets[n]);
+  if (t >= v0 && t < v0 + valid) zt[n] = row[t - v0];
+}
+
+__global__ void head_losses_kernel(float* mx_lse, float* sum_losses, const float* zt, std::size_t N) {
+  const std::size_t n = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (n >= N) return;
+  const float m = mx_lse[n], l = logf(sum_losses[n]);
+  mx_lse[n] = m + l;
+  sum_losses[n] = l + (m - zt[n]);
+}
+
+/** One thread per (token, column). */
+__global__ void head_shard_backward_kernel(float* z, const float* lse, const int* targets, float dloss, std::size_t v0,
+                                           std::size_t valid, std::size_t N, std::size_t vs) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i >= N * vs) return;
+  const std::size_t n = i / vs, v = i % vs;
+  float d = v < valid ? dloss * expf(z[i] - lse[n]) : 0.0f;
+  if (v < valid && static_cast<std::size_t>(targets[n]) == v0 + v) d -= dloss;
+  z[i] = d;
+}
+
 }  // namespace
 
 namespace cuda {
@@ -299,6 +382,163 @@ void cuda_backend::embedding_backward(const gpt_config& c, std::size_t B, std::s
   check_pending();
   cuda::encoder_backward(g_wte, g_wpe, w.dres, tokens, B, T, static_cast<std::size_t>(c.width), s_->stream);
   check(cudaGetLastError(), "embedding backward kernel launch");
+}
+
+float* cuda_backend::allocate(std::size_t n) {
+  check_pending();
+  const chunkstar::cuda::device_guard g(s_->device);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, n * sizeof(float));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw chunkstar::error("gpt::cuda_backend: cudaMalloc of " + std::to_string(n * sizeof(float)) + " bytes failed (" +
+                           cudaGetErrorString(e) + "): lower the micro-batch or the device budget");
+  }
+  return static_cast<float*>(p);
+}
+
+void cuda_backend::deallocate(float* p, std::size_t) noexcept {
+  if (!p || !s_) return;
+  quiesce();
+  const chunkstar::cuda::device_guard g(s_->device);
+  (void)cudaFree(p);
+}
+
+void cuda_backend::copy(float* dst, const float* src, std::size_t n) {
+  check_pending();
+  check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream), "cudaMemcpyAsync (device copy)");
+}
+
+void cuda_backend::add(float* acc, const float* x, std::size_t n) {
+  check_pending();
+  add_kernel<<<cuda::detail::grid_for(n), cuda::detail::block_size, 0, s_->stream>>>(acc, x, n);
+  check(cudaGetLastError(), "add kernel launch");
+}
+
+void cuda_backend::bias_residual(float* out, const float* residual, const float* bias, std::size_t rows, std::size_t C) {
+  check_pending();
+  bias_residual_kernel<<<cuda::detail::grid_for(rows * C), cuda::detail::block_size, 0, s_->stream>>>(out, residual, bias,
+                                                                                                   rows * C, C);
+  check(cudaGetLastError(), "bias residual kernel launch");
+}
+
+void cuda_backend::add_column_sums(float* out, const float* in, std::size_t rows, std::size_t cols) {
+  check_pending();
+  cuda::detail::add_column_sums_kernel<<<cuda::detail::grid_for(cols), cuda::detail::block_size, 0, s_->stream>>>(
+      out, in, static_cast<int>(rows), static_cast<int>(cols));
+  check(cudaGetLastError(), "column sums kernel launch");
+}
+
+void cuda_backend::layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                                     const float* b, std::size_t N, std::size_t C) {
+  check_pending();
+  cuda::layernorm_forward(out, mean, rstd, x, w, b, N, C, s_->stream);
+  check(cudaGetLastError(), "layernorm kernel launch");
+}
+
+void cuda_backend::layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                                      const float* w, const float* mean, const float* rstd, std::size_t N,
+                                      std::size_t C) {
+  check_pending();
+  cuda::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, s_->stream);
+  check(cudaGetLastError(), "layernorm backward kernel launch");
+}
+
+void cuda_backend::matmul_forward(float* out, const float* x, const float* w, const float* bias, std::size_t N,
+                                  std::size_t C, std::size_t OC) {
+  check_pending();
+  cuda::matmul_forward(s_->blas, out, x, w, bias, N, C, OC, s_->stream);
+  check(cudaGetLastError(), "matmul kernel launch");
+}
+
+void cuda_backend::matmul_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x,
+                                   const float* w, std::size_t N, std::size_t C, std::size_t OC) {
+  check_pending();
+  cuda::matmul_backward(s_->blas, dx, dw, dbias, dout, x, w, N, C, OC, s_->stream);
+  check(cudaGetLastError(), "matmul backward kernel launch");
+}
+
+std::size_t cuda_backend::attention_scratch_elems(std::size_t B, std::size_t T, std::size_t C, std::size_t NH) noexcept {
+  return cuda::attention_scratch_elements(B, T, C, NH);
+}
+
+void cuda_backend::attention_forward(float* out, float* att, const float* qkv, std::size_t B, std::size_t T,
+                                     std::size_t C, std::size_t NH, float* scratch) {
+  check_pending();
+  cuda::attention_forward(s_->blas, out, att, qkv, cuda::bind_attention_scratch(scratch, B, T, C), B, T, C, NH, s_->stream);
+  check(cudaGetLastError(), "attention kernel launch");
+}
+
+void cuda_backend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                                      std::size_t B, std::size_t T, std::size_t C, std::size_t NH, float* scratch) {
+  check_pending();
+  cuda::attention_backward(s_->blas, dqkv, dout, qkv, att, cuda::bind_attention_scratch(scratch, B, T, C), B, T, C, NH,
+                           s_->stream);
+  check(cudaGetLastError(), "attention backward kernel launch");
+}
+
+void cuda_backend::gelu_forward(float* out, const float* x, std::size_t n) {
+  check_pending();
+  cuda::gelu_forward(out, x, n, s_->stream);
+  check(cudaGetLastError(), "gelu kernel launch");
+}
+
+void cuda_backend::gelu_backward(float* dx, const float* x, const float* dout, std::size_t n) {
+  check_pending();
+  cuda::gelu_backward(dx, x, dout, n, s_->stream);
+  check(cudaGetLastError(), "gelu backward kernel launch");
+}
+
+void cuda_backend::fill(float* p, std::size_t n, float value) {
+  check_pending();
+  fill_kernel<<<cuda::detail::grid_for(n), cuda::detail::block_size, 0, s_->stream>>>(p, n, value);
+  check(cudaGetLastError(), "fill kernel launch");
+}
+
+void cuda_backend::embedding_shard_forward(float* out, const int* tokens, const float* shard, std::size_t v0,
+                                           std::size_t vs, const float* wpe, std::size_t N, std::size_t Tn,
+                                           std::size_t C) {
+  check_pending();
+  embedding_shard_forward_kernel<<<cuda::detail::grid_for(N * C), cuda::detail::block_size, 0, s_->stream>>>(
+      out, tokens, shard, v0, vs, wpe, N, Tn, C);
+  check(cudaGetLastError(), "embedding shard kernel launch");
+}
+
+void cuda_backend::embedding_shard_backward(float* g, const int* tokens, const float* dres, std::size_t v0,
+                                            std::size_t vs, std::size_t N, std::size_t C) {
+  check_pending();
+  embedding_shard_backward_kernel<<<cuda::detail::grid_for(C), cuda::detail::block_size, 0, s_->stream>>>(
+      g, tokens, dres, v0, vs, N, C);
+  check(cudaGetLastError(), "embedding shard backward kernel launch");
+}
+
+void cuda_backend::position_backward(float* g_wpe, const float* dres, std::size_t N, std::size_t Tn, std::size_t C) {
+  check_pending();
+  position_backward_kernel<<<cuda::detail::grid_for(Tn * C), cuda::detail::block_size, 0, s_->stream>>>(g_wpe, dres, N,
+                                                                                                      Tn, C);
+  check(cudaGetLastError(), "position backward kernel launch");
+}
+
+void cuda_backend::head_shard_forward(float* mx, float* sum, float* zt, const float* z, const int* targets,
+                                      std::size_t v0, std::size_t valid, std::size_t N, std::size_t vs) {
+  check_pending();
+  head_shard_forward_kernel<<<cuda::detail::grid_for(N), cuda::detail::block_size, 0, s_->stream>>>(mx, sum, zt, z, targets,
+                                                                                                  v0, valid, N, vs);
+  check(cudaGetLastError(), "head shard kernel launch");
+}
+
+void cuda_backend::head_losses(float* mx_lse, float* sum_losses, const float* zt, std::size_t N) {
+  check_pending();
+  head_losses_kernel<<<cuda::detail::grid_for(N), cuda::detail::block_size, 0, s_->stream>>>(mx_lse, sum_losses, zt, N);
+  check(cudaGetLastError(), "head losses kernel launch");
+}
+
+void cuda_backend::head_shard_backward(float* z, const float* lse, const int* targets, float dloss, std::size_t v0,
+                                       std::size_t valid, std::size_t N, std::size_t vs) {
+  check_pending();
+  head_shard_backward_kernel<<<cuda::detail::grid_for(N * vs), cuda::detail::block_size, 0, s_->stream>>>(
+      z, lse, targets, dloss, v0, valid, N, vs);
+  check(cudaGetLastError(), "head shard backward kernel launch");
 }
 
 chunkstar::grad_stats cuda_adam_kernels::scan(const void* grad, chunkstar::dtype t, std::size_t count, float scale,

@@ -78,13 +78,54 @@ class cuda_backend {
   void embedding_backward(const gpt_config& c, std::size_t B, std::size_t T, const int* tokens, float* g_wte,
                           float* g_wpe, const backward_workspace<float>& w);
 
+  // The layers one by one (LayerBackend, gpt_backend.hpp), on the stream; rtp_block's sub-layers.
+  /** cudaMalloc (the stream is not involved); a failure is a chunkstar::error naming the size. */
+  [[nodiscard]] float* allocate(std::size_t n);
+  /** Waits for the stream, then cudaFree. Never throws. */
+  void deallocate(float* p, std::size_t n) noexcept;
+  void copy(float* dst, const float* src, std::size_t n);
+  void add(float* acc, const float* x, std::size_t n);
+  void bias_residual(float* out, const float* residual, const float* bias, std::size_t rows, std::size_t C);
+  void add_column_sums(float* out, const float* in, std::size_t rows, std::size_t cols);
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                         std::size_t N, std::size_t C);
+  void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                          const float* mean, const float* rstd, std::size_t N, std::size_t C);
+  void matmul_forward(float* out, const float* x, const float* w, const float* bias, std::size_t N, std::size_t C,
+                      std::size_t OC);
+  void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x, const float* w,
+                       std::size_t N, std::size_t C, std::size_t OC);
+  /** Per-head copies of q, k, v and y, their gradients and d(att), as scratch_elems. */
+  static std::size_t attention_scratch_elems(std::size_t B, std::size_t T, std::size_t C, std::size_t NH) noexcept;
+  void attention_forward(float* out, float* att, const float* qkv, std::size_t B, std::size_t T, std::size_t C,
+                         std::size_t NH, float* scratch);
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, std::size_t B,
+                          std::size_t T, std::size_t C, std::size_t NH, float* scratch);
+  void gelu_forward(float* out, const float* x, std::size_t n);
+  void gelu_backward(float* dx, const float* x, const float* dout, std::size_t n);
+
+  // The tied embedding and head on vocabulary shards (RtpBackend): cpu_backend says what each does.
+  // Every element has one writer that adds in the CPU's order (tokens ascending), so the embedding
+  // gradients are the CPU's bits; the head's exponentials are the device's own.
+  void fill(float* p, std::size_t n, float value);
+  void embedding_shard_forward(float* out, const int* tokens, const float* shard, std::size_t v0, std::size_t vs,
+                               const float* wpe, std::size_t N, std::size_t Tn, std::size_t C);
+  void embedding_shard_backward(float* g, const int* tokens, const float* dres, std::size_t v0, std::size_t vs,
+                                std::size_t N, std::size_t C);
+  void position_backward(float* g_wpe, const float* dres, std::size_t N, std::size_t Tn, std::size_t C);
+  void head_shard_forward(float* mx, float* sum, float* zt, const float* z, const int* targets, std::size_t v0,
+                          std::size_t valid, std::size_t N, std::size_t vs);
+  void head_losses(float* mx_lse, float* sum_losses, const float* zt, std::size_t N);
+  void head_shard_backward(float* z, const float* lse, const int* targets, float dloss, std::size_t v0,
+                           std::size_t valid, std::size_t N, std::size_t vs);
+
  private:
   struct state;
   void check_pending();  // throws the error quiesce() kept, if any
   std::unique_ptr<state> s_;
 };
 
-static_assert(GptBackend<cuda_backend>);
+static_assert(RtpBackend<cuda_backend>);
 
 /** @brief `chunk_adam<Scaler, cuda_adam_kernels>` steps chunks placed on the device with the CUDA
  *  Adam kernel (chunkstar/cuda/chunk_adam_kernels.cuh), asynchronously; chunks placed on the host

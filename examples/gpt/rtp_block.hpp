@@ -24,15 +24,22 @@
  *  `block_activations` with the serial block's sizes (RTP does not shrink activations); only the
  *  inner layout of the per-shard tensors differs (see `rtp_block::forward`). docs/rtp.md has the
  *  memory and communication per rank and why this split.
+ *
+ *  The kernels run on a `LayerBackend` (gpt_backend.hpp): the CPU kernels by default, the CUDA ones
+ *  with `cuda_backend`, where activations, replicas, transit buffers and the loaded shards are
+ *  device memory and the rotations' buffer operations are queued on the backend's stream
+ *  (`backend_buffer_ops`; a rotation settles the stream before each shift).
  */
 #pragma once
 
+#include "gpt_backend.hpp"
 #include "gpt_model.hpp"
 #include "kernels_cpu.hpp"
 #include "model_config.hpp"
 
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/core/error.hpp>
+#include <chunkstar/rtp/buffer_ops.hpp>
 #include <chunkstar/rtp/partition.hpp>
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/rotation.hpp>
@@ -42,9 +49,63 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gpt {
+
+/** @brief A rotation's buffer operations on a backend's compute tier (rtp/buffer_ops.hpp): fills,
+ *  sums and copies queued on the backend's stream; `settle` waits for the stream. Also a chunk
+ *  shard store's ops (rtp/chunk_shard_store.hpp `ShardOps`: its scopes close with `stream()`). */
+template <LayerBackend Backend>
+struct backend_buffer_ops {
+  static constexpr bool host_memory = Backend::host_memory;
+  Backend* backend = nullptr;
+  void zero(float* p, std::size_t n) const { backend->zero(p, n); }
+  void add(float* acc, const float* x, std::size_t n) const { backend->add(acc, x, n); }
+  void copy(float* dst, const float* src, std::size_t n) const { backend->copy(dst, src, n); }
+  void settle() const { backend->quiesce(); }
+  [[nodiscard]] auto stream() const { return backend->stream(); }
+};
+
+/** @brief @p n floats of a backend's compute-tier memory, zeroed; freed with it. Move-only. */
+template <LayerBackend Backend>
+class compute_buffer {
+ public:
+  compute_buffer() = default;
+  compute_buffer(Backend& b, std::size_t n) : b_(&b), n_(n), p_(n ? b.allocate(n) : nullptr) {
+    try {
+      if (n) b.zero(p_, n);
+    } catch (...) {
+      b.deallocate(p_, n);
+      throw;
+    }
+  }
+  compute_buffer(compute_buffer&& o) noexcept
+      : b_(std::exchange(o.b_, nullptr)), n_(std::exchange(o.n_, 0)), p_(std::exchange(o.p_, nullptr)) {}
+  compute_buffer& operator=(compute_buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      b_ = std::exchange(o.b_, nullptr), n_ = std::exchange(o.n_, 0), p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  ~compute_buffer() { release(); }
+  [[nodiscard]] float* data() const noexcept { return p_; }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] std::span<float> span() const noexcept { return {p_, n_}; }
+
+ private:
+  void release() noexcept {
+    if (!p_) return;
+    b_->quiesce();  // no kernel may still use it
+    b_->deallocate(p_, n_);
+    p_ = nullptr;
+  }
+  Backend* b_ = nullptr;
+  std::size_t n_ = 0;
+  float* p_ = nullptr;
+};
 
 /** @brief The tensors of one block, in `block_params` order. */
 enum class block_tensor : int { ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b };
@@ -197,7 +258,8 @@ inline rtp_block_partition partition_block(const gpt_config& c, int world) {
  */
 /** @brief Where a block's shards live when its rotations are built with `external_shard` (the
  *  model keeps them in a shard store): `load` fills rotation @p which's owned shard (0 attention,
- *  1 MLP) into @p dst, `store_grad` takes its gradient sum over the ranks. */
+ *  1 MLP) into @p dst, `store_grad` takes its gradient sum over the ranks. Both buffers are the
+ *  backend's compute-tier memory; on a device backend queue the copies on its stream. */
 struct rtp_block_io {
   virtual void load(int which, std::span<float> dst) = 0;
   virtual void store_grad(int which, std::span<const float> sum) = 0;
@@ -206,35 +268,42 @@ struct rtp_block_io {
   ~rtp_block_io() = default;
 };
 
-template <chunkstar::Communicator Comm>
+template <chunkstar::Communicator Comm, LayerBackend Backend = cpu_backend>
 class rtp_block {
  public:
-  using rotation_type = chunkstar::rtp::rotation<Comm>;
+  using backend_type = Backend;
+  using rotation_type = chunkstar::rtp::rotation<Comm, float, backend_buffer_ops<Backend>>;
 
   /** @brief Partitions a block of @p c over `comm.size()` ranks (`config_error` if the world size
    *  does not divide the heads) and allocates this rank's shards, zeroed, and the two rotations'
-   *  transit buffers. */
+   *  transit buffers, in host memory: the CPU kernels. */
   rtp_block(Comm& comm, const gpt_config& c)
+    requires(Backend::host_memory && std::default_initializable<Backend>)
       : comm_(comm),
         config_(c),
         part_(partition_block(c, comm.size())),
-        attn_(comm, part_.attn_elems()),
-        mlp_(comm, part_.mlp_elems()),
-        rep_(part_.replicated_elems(), 0.0f),
-        rep_grad_(part_.replicated_elems(), 0.0f) {}
+        b_(&local_),
+        attn_(comm, part_.attn_elems(), backend_buffer_ops<Backend>{b_}),
+        mlp_(comm, part_.mlp_elems(), backend_buffer_ops<Backend>{b_}),
+        rep_(*b_, part_.replicated_elems()),
+        rep_grad_(*b_, part_.replicated_elems()) {}
 
   /** @brief A block whose shards live elsewhere: both rotations are built with `external_shard`
    *  on the transit buffers @p shared (a model's blocks share one set: rtp/transit_buffers.hpp),
    *  and `forward` and `backward` take an `rtp_block_io` that loads the shards and takes their
-   *  gradients. `fill`, `load`, `store` and the rotations' `owned()` do not apply. */
-  rtp_block(Comm& comm, const gpt_config& c, chunkstar::rtp::transit_buffers<float>& shared, chunkstar::rtp::external_shard_t)
+   *  gradients. `fill`, `load`, `store` and the rotations' `owned()` do not apply. The kernels run
+   *  on @p backend (held by reference; @p shared must be its compute-tier memory), by default
+   *  the block's own CPU backend. */
+  rtp_block(Comm& comm, const gpt_config& c, chunkstar::rtp::transit_buffers<float>& shared, chunkstar::rtp::external_shard_t,
+            Backend* backend = nullptr)
       : comm_(comm),
         config_(c),
         part_(partition_block(c, comm.size())),
-        attn_(comm, part_.attn_elems(), shared, chunkstar::rtp::external_shard),
-        mlp_(comm, part_.mlp_elems(), shared, chunkstar::rtp::external_shard),
-        rep_(part_.replicated_elems(), 0.0f),
-        rep_grad_(part_.replicated_elems(), 0.0f) {}
+        b_(backend ? backend : &local_),
+        attn_(comm, part_.attn_elems(), shared, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{b_}),
+        mlp_(comm, part_.mlp_elems(), shared, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{b_}),
+        rep_(*b_, part_.replicated_elems()),
+        rep_grad_(*b_, part_.replicated_elems()) {}
 
   rtp_block(const rtp_block&) = delete;
   rtp_block& operator=(const rtp_block&) = delete;
@@ -248,12 +317,26 @@ class rtp_block {
   [[nodiscard]] rotation_type& mlp() noexcept { return mlp_; }
   [[nodiscard]] const rotation_type& mlp() const noexcept { return mlp_; }
   /** @brief The replicated tensors (`rtp_block_partition::replicated_tensors` order), the same on
-   *  every rank as long as every rank applies the same update to them. */
-  [[nodiscard]] std::span<float> replicated() noexcept { return rep_; }
-  [[nodiscard]] std::span<const float> replicated() const noexcept { return rep_; }
+   *  every rank as long as every rank applies the same update to them. Compute-tier memory (the
+   *  host's with the CPU backend; otherwise use `write_replicated` and `read_replicated`). */
+  [[nodiscard]] std::span<float> replicated() noexcept { return rep_.span(); }
+  [[nodiscard]] std::span<const float> replicated() const noexcept { return rep_.span(); }
   /** @brief Their gradients, summed over the ranks by the last `backward`. */
-  [[nodiscard]] std::span<float> replicated_grad() noexcept { return rep_grad_; }
-  [[nodiscard]] std::span<const float> replicated_grad() const noexcept { return rep_grad_; }
+  [[nodiscard]] std::span<float> replicated_grad() noexcept { return rep_grad_.span(); }
+  [[nodiscard]] std::span<const float> replicated_grad() const noexcept { return rep_grad_.span(); }
+  /** @brief Copies host values @p in (`replicated().size()` of them) into the replicas. */
+  void write_replicated(std::span<const float> in) {
+    require_replicated_size(in.size(), "write_replicated");
+    b_->to_compute(rep_.data(), in.data(), in.size_bytes());
+  }
+  /** @brief Copies the replicas (@p grad false) or their gradients into host memory @p out;
+   *  returns once the bytes are there (after the kernels that wrote them). */
+  void read_replicated(std::span<float> out, bool grad = false) const {
+    require_replicated_size(out.size(), "read_replicated");
+    b_->from_compute(out.data(), grad ? rep_grad_.data() : rep_.data(), out.size_bytes());
+  }
+  /** @brief The backend the kernels run on. */
+  [[nodiscard]] Backend& backend() const noexcept { return *b_; }
 
   /** @brief Bytes per rank of model data: owned shards and their gradients, replicas and theirs. */
   [[nodiscard]] std::size_t model_bytes() const noexcept {
@@ -265,27 +348,38 @@ class rtp_block {
   /** @brief Materialises this rank's shards and the replicas only: element i of tensor t is
    *  `value(t, i)` (i the index in the full tensor; e.g. a `counter_init` draw). */
   template <class F>
-  void fill(F&& value) {
+  void fill(F&& value)
+    requires(Backend::host_memory)
+  {
     const int me = comm_.rank();
     auto a = attn_.owned();
     part_.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { a[off] = value(t, i); });
     auto m = mlp_.owned();
     part_.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { m[off] = value(t, i); });
-    part_.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { rep_[off] = value(t, i); });
+    auto r = replicated();
+    part_.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { r[off] = value(t, i); });
   }
 
   /** @brief `fill` from the full tensors of @p full. */
-  void load(const block_params<float>& full) {
+  void load(const block_params<float>& full)
+    requires(Backend::host_memory)
+  {
     fill([&](block_tensor t, std::size_t i) { return tensor_of(full, t)[i]; });
   }
 
   /** @brief Writes this rank's shards and the replicas into their places in the full tensors of
    *  @p full (the other shards' elements are left alone): every rank storing into one block
    *  assembles the whole block. */
-  void store(const block_params<float>& full) const { store_from(full, attn_.owned(), mlp_.owned(), rep_); }
+  void store(const block_params<float>& full) const
+    requires(Backend::host_memory)
+  {
+    store_from(full, attn_.owned(), mlp_.owned(), replicated());
+  }
   /** @brief The same for the gradients. */
-  void store_grads(const block_params<float>& full) const {
-    store_from(full, attn_.owned_grad(), mlp_.owned_grad(), rep_grad_);
+  void store_grads(const block_params<float>& full) const
+    requires(Backend::host_memory)
+  {
+    store_from(full, attn_.owned_grad(), mlp_.owned_grad(), replicated_grad());
   }
 
   /** @brief The block's forward on this rank's micro-batch of @p B sequences of @p Tn tokens:
@@ -298,92 +392,98 @@ class rtp_block {
    *  `a.att + j B (H/N) Tn Tn`, and MLP shard j's fc output and GELU [rows, M] at
    *  `a.fch + j rows M` and `a.fch_gelu + j rows M`. The others (LayerNorms, res2, res3) are the
    *  serial layout. With @p io (a block built with `external_shard`), the shards are loaded
-   *  through it at each pass. */
+   *  through it at each pass. All buffers are compute-tier memory; on a device backend the
+   *  kernels may still run when it returns (quiesce the backend before reading `a.res3`).
+   *  @p attention_scratch: `Backend::attention_scratch_elems(B, Tn, Cs, H/N)` floats a model's
+   *  blocks may share (they run one at a time); without it the block keeps its own. */
   void forward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a, float* proj,
-               rtp_block_io* io = nullptr) {
+               rtp_block_io* io = nullptr, float* attention_scratch = nullptr) {
     compute_activation_sizes(config_, B, Tn);  // validates the shape
     const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
     const std::size_t G = part_.shard_heads;
-    const float* ln1_w = rep(block_tensor::ln1_w);
-    cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, ln1_w, rep(block_tensor::ln1_b), N, C);
+    Backend& b = *b_;
+    float* const scratch = attention_scratch ? attention_scratch : own_scratch(B, Tn);
+    b.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, rep(block_tensor::ln1_w), rep(block_tensor::ln1_b), N, C);
     // res2 first collects the head groups' partial projections, in ring order.
-    cpu::zero(a.res2, N * C);
+    b.zero(a.res2, N * C);
     forward_pass(attn_, 0, io, [&](int j, std::span<const float> s) {
       const auto jj = static_cast<std::size_t>(j);
       float* qkv = a.qkv + jj * N * 3 * Cs;
       float* atty = a.atty + jj * N * Cs;
       float* att = a.att + jj * B * G * Tn * Tn;
-      cpu::matmul_forward(qkv, a.ln1, s.data() + part_.attn_qkv_w(), s.data() + part_.attn_qkv_b(), N, C, 3 * Cs);
-      cpu::attention_forward(atty, att, qkv, B, Tn, Cs, G);
-      cpu::matmul_forward(proj, atty, s.data() + part_.attn_proj_w(), static_cast<const float*>(nullptr), N, Cs, C);
-      add_into(a.res2, proj, N * C);
+      b.matmul_forward(qkv, a.ln1, s.data() + part_.attn_qkv_w(), s.data() + part_.attn_qkv_b(), N, C, 3 * Cs);
+      b.attention_forward(atty, att, qkv, B, Tn, Cs, G, scratch);
+      b.matmul_forward(proj, atty, s.data() + part_.attn_proj_w(), nullptr, N, Cs, C);
+      b.add(a.res2, proj, N * C);
     });
-    finish_residual(a.res2, x, rep(block_tensor::proj_b), N);  // res2 = x + (sum + proj.b)
-    cpu::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, rep(block_tensor::ln2_w), rep(block_tensor::ln2_b),
-                           N, C);
-    cpu::zero(a.res3, N * C);
+    b.bias_residual(a.res2, x, rep(block_tensor::proj_b), N, C);  // res2 = x + (sum + proj.b)
+    b.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, rep(block_tensor::ln2_w), rep(block_tensor::ln2_b), N, C);
+    b.zero(a.res3, N * C);
     forward_pass(mlp_, 1, io, [&](int j, std::span<const float> s) {
       const auto jj = static_cast<std::size_t>(j);
       float* fch = a.fch + jj * N * M;
       float* fch_gelu = a.fch_gelu + jj * N * M;
-      cpu::matmul_forward(fch, a.ln2, s.data() + part_.mlp_fc_w(), s.data() + part_.mlp_fc_b(), N, C, M);
-      cpu::gelu_forward(fch_gelu, fch, N * M);
-      cpu::matmul_forward(proj, fch_gelu, s.data() + part_.mlp_proj_w(), static_cast<const float*>(nullptr), N, M, C);
-      add_into(a.res3, proj, N * C);
+      b.matmul_forward(fch, a.ln2, s.data() + part_.mlp_fc_w(), s.data() + part_.mlp_fc_b(), N, C, M);
+      b.gelu_forward(fch_gelu, fch, N * M);
+      b.matmul_forward(proj, fch_gelu, s.data() + part_.mlp_proj_w(), nullptr, N, M, C);
+      b.add(a.res3, proj, N * C);
     });
-    finish_residual(a.res3, a.res2, rep(block_tensor::fcproj_b), N);  // res3 = res2 + (sum + fcproj.b)
+    b.bias_residual(a.res3, a.res2, rep(block_tensor::fcproj_b), N, C);  // res3 = res2 + (sum + fcproj.b)
   }
 
   /** @brief The block's backward on this rank's micro-batch, for the last `forward` on @p a. On
    *  entry `w.dres` is the gradient of the block's output; on exit, of its input @p x (the sum
    *  over the shards of their contributions, as the serial block's). Replaces the shards' and the
    *  replicas' gradients with their sums over the ranks. Uses of the workspace: dres, dln, and the
-   *  first rows*Cs, rows*3Cs, rows*M, rows*M and B (H/N) Tn elements of datty, dqkv, dfch_gelu,
-   *  dfch and att_scratch. With @p io (a block built with `external_shard`), the shards are loaded
+   *  first rows*Cs, rows*3Cs, rows*M and rows*M elements of datty, dqkv, dfch_gelu and dfch
+   *  (attention's scratch is the block's own, sized by the backend). With @p io (a block built with `external_shard`), the shards are loaded
    *  through it and their gradient sums handed to it; otherwise they replace the rotations'
    *  `owned_grad()`. */
   void backward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a,
-                const backward_workspace<float>& w, rtp_block_io* io = nullptr) {
+                const backward_workspace<float>& w, rtp_block_io* io = nullptr, float* attention_scratch = nullptr) {
     compute_activation_sizes(config_, B, Tn);
     const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
     const std::size_t G = part_.shard_heads;
-    std::fill(rep_grad_.begin(), rep_grad_.end(), 0.0f);
+    Backend& b = *b_;
+    float* const scratch = attention_scratch ? attention_scratch : own_scratch(B, Tn);
+    b.zero(rep_grad_.data(), rep_grad_.size());
     // MLP branch: every shard adds its units' share into dln.
-    cpu::detail::add_column_sums(rep_grad(block_tensor::fcproj_b), w.dres, N, C);
-    cpu::zero(w.dln, N * C);
+    b.add_column_sums(rep_grad(block_tensor::fcproj_b), w.dres, N, C);
+    b.zero(w.dln, N * C);
     backward_pass(mlp_, 1, io, [&](int j, std::span<const float> s, std::span<float> g) {
       const auto jj = static_cast<std::size_t>(j);
       const float* fch = a.fch + jj * N * M;
       const float* fch_gelu = a.fch_gelu + jj * N * M;
-      cpu::zero(w.dfch_gelu, N * M);
-      cpu::matmul_backward(w.dfch_gelu, g.data() + part_.mlp_proj_w(), static_cast<float*>(nullptr), w.dres, fch_gelu,
-                           s.data() + part_.mlp_proj_w(), N, M, C);
-      cpu::zero(w.dfch, N * M);
-      cpu::gelu_backward(w.dfch, fch, w.dfch_gelu, N * M);
-      cpu::matmul_backward(w.dln, g.data() + part_.mlp_fc_w(), g.data() + part_.mlp_fc_b(), w.dfch, a.ln2,
-                           s.data() + part_.mlp_fc_w(), N, C, M);
+      b.zero(w.dfch_gelu, N * M);
+      b.matmul_backward(w.dfch_gelu, g.data() + part_.mlp_proj_w(), nullptr, w.dres, fch_gelu, s.data() + part_.mlp_proj_w(),
+                        N, M, C);
+      b.zero(w.dfch, N * M);
+      b.gelu_backward(w.dfch, fch, w.dfch_gelu, N * M);
+      b.matmul_backward(w.dln, g.data() + part_.mlp_fc_w(), g.data() + part_.mlp_fc_b(), w.dfch, a.ln2,
+                        s.data() + part_.mlp_fc_w(), N, C, M);
     });
-    cpu::layernorm_backward(w.dres, rep_grad(block_tensor::ln2_w), rep_grad(block_tensor::ln2_b), w.dln, a.res2,
-                            rep(block_tensor::ln2_w), a.ln2_mean, a.ln2_rstd, N, C);
+    b.layernorm_backward(w.dres, rep_grad(block_tensor::ln2_w), rep_grad(block_tensor::ln2_b), w.dln, a.res2,
+                         rep(block_tensor::ln2_w), a.ln2_mean, a.ln2_rstd, N, C);
     // Attention branch: every head group adds its share into dln.
-    cpu::detail::add_column_sums(rep_grad(block_tensor::proj_b), w.dres, N, C);
-    cpu::zero(w.dln, N * C);
+    b.add_column_sums(rep_grad(block_tensor::proj_b), w.dres, N, C);
+    b.zero(w.dln, N * C);
     backward_pass(attn_, 0, io, [&](int j, std::span<const float> s, std::span<float> g) {
       const auto jj = static_cast<std::size_t>(j);
       const float* qkv = a.qkv + jj * N * 3 * Cs;
       const float* atty = a.atty + jj * N * Cs;
       const float* att = a.att + jj * B * G * Tn * Tn;
-      cpu::zero(w.datty, N * Cs);
-      cpu::matmul_backward(w.datty, g.data() + part_.attn_proj_w(), static_cast<float*>(nullptr), w.dres, atty,
-                           s.data() + part_.attn_proj_w(), N, Cs, C);
-      cpu::zero(w.dqkv, N * 3 * Cs);
-      cpu::attention_backward(w.dqkv, w.att_scratch, w.datty, qkv, att, B, Tn, Cs, G);
-      cpu::matmul_backward(w.dln, g.data() + part_.attn_qkv_w(), g.data() + part_.attn_qkv_b(), w.dqkv, a.ln1,
-                           s.data() + part_.attn_qkv_w(), N, C, 3 * Cs);
+      b.zero(w.datty, N * Cs);
+      b.matmul_backward(w.datty, g.data() + part_.attn_proj_w(), nullptr, w.dres, atty, s.data() + part_.attn_proj_w(), N,
+                        Cs, C);
+      b.zero(w.dqkv, N * 3 * Cs);
+      b.attention_backward(w.dqkv, w.datty, qkv, att, B, Tn, Cs, G, scratch);
+      b.matmul_backward(w.dln, g.data() + part_.attn_qkv_w(), g.data() + part_.attn_qkv_b(), w.dqkv, a.ln1,
+                        s.data() + part_.attn_qkv_w(), N, C, 3 * Cs);
     });
-    cpu::layernorm_backward(w.dres, rep_grad(block_tensor::ln1_w), rep_grad(block_tensor::ln1_b), w.dln, x,
-                            rep(block_tensor::ln1_w), a.ln1_mean, a.ln1_rstd, N, C);
-    chunkstar::rtp::reduce_replicated_grads(comm_, std::span<float>(rep_grad_));
+    b.layernorm_backward(w.dres, rep_grad(block_tensor::ln1_w), rep_grad(block_tensor::ln1_b), w.dln, x,
+                         rep(block_tensor::ln1_w), a.ln1_mean, a.ln1_rstd, N, C);
+    b.quiesce();  // the all-reduce reads the replicas' gradients the kernels wrote
+    chunkstar::rtp::reduce_replicated_grads(comm_, rep_grad_.span());
   }
 
  private:
@@ -402,15 +502,17 @@ class rtp_block {
   const float* rep(block_tensor t) const noexcept { return rep_.data() + part_.replicated_offset(t); }
   float* rep_grad(block_tensor t) noexcept { return rep_grad_.data() + part_.replicated_offset(t); }
 
-  static void add_into(float* acc, const float* part, std::size_t n) noexcept {
-    for (std::size_t i = 0; i < n; ++i) acc[i] += part[i];
+  /** Attention's scratch for micro-batches of B x Tn on the shard's heads, kept between passes. */
+  float* own_scratch(std::size_t B, std::size_t Tn) {
+    const std::size_t n = Backend::attention_scratch_elems(B, Tn, part_.shard_channels, part_.shard_heads);
+    if (scratch_.size() < n) scratch_ = compute_buffer<Backend>(*b_, n);
+    return scratch_.data();
   }
-  /** @brief out = residual + (out + bias), per row: the output bias is added once, to the sum of
-   *  the shards' partial outputs. */
-  void finish_residual(float* out, const float* residual, const float* bias, std::size_t rows) const noexcept {
-    const std::size_t C = part_.width;
-    for (std::size_t n = 0; n < rows; ++n)
-      for (std::size_t c = 0; c < C; ++c) out[n * C + c] = residual[n * C + c] + (out[n * C + c] + bias[c]);
+  void require_replicated_size(std::size_t n, const char* what) const {
+    if (n != rep_.size())
+      throw chunkstar::config_error("gpt::rtp_block::" + std::string(what) + ": " + std::to_string(n) +
+                                    " elements given; the replicated tensors hold " + std::to_string(rep_.size()) +
+                                    " (6 x width): pass a buffer of replicated().size()");
   }
 
   void store_from(const block_params<float>& full, std::span<const float> a, std::span<const float> m,
@@ -424,9 +526,11 @@ class rtp_block {
   Comm& comm_;
   gpt_config config_;
   rtp_block_partition part_;
+  Backend local_{};  // the kernels, when the caller gives no backend
+  Backend* b_;
   rotation_type attn_;
   rotation_type mlp_;
-  std::vector<float> rep_, rep_grad_;
+  compute_buffer<Backend> rep_, rep_grad_, scratch_;
 };
 
 }  // namespace gpt

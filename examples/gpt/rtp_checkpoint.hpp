@@ -58,10 +58,10 @@ void for_each_of(const Model& model, std::size_t t, F&& f) {
 
 /** @brief The save view of an `rtp_gpt` (see the file comment). Construct it on every rank at the
  *  same point (it communicates), pass it to `chunkstar::save_checkpoint` on every rank, then drop it. */
-template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store>
+template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store, RtpBackend Backend = cpu_backend>
 class rtp_save_view {
  public:
-  explicit rtp_save_view(rtp_gpt<Comm, Store>& model, Comm& comm) : model_(model), comm_(comm) {
+  explicit rtp_save_view(rtp_gpt<Comm, Store, Backend>& model, Comm& comm) : model_(model), comm_(comm) {
     const auto specs = model.specs();
     const int n = comm.size(), me = comm.rank();
     // Each tensor to the rank with the fewest bytes so far (ties: the lowest rank): a pure function
@@ -122,7 +122,7 @@ class rtp_save_view {
     return k == chunkstar::chunk_kind::momentum ? 1 : k == chunkstar::chunk_kind::variance ? 2 : 0;
   }
 
-  rtp_gpt<Comm, Store>& model_;
+  rtp_gpt<Comm, Store, Backend>& model_;
   Comm& comm_;
   std::vector<int> owner_;
   std::vector<std::array<std::vector<float>, 3>> data_;  // per tensor: weights, exp_avg, exp_avg_sq (owner only)
@@ -131,10 +131,10 @@ class rtp_save_view {
 /** @brief The load view of an `rtp_gpt`: `chunkstar::load_checkpoint(view, dir)` on every rank
  *  restores that rank's elements of every tensor (weights and, unless told otherwise, the Adam
  *  moments) from any chunkstar checkpoint of this model — one process's, ZeRO's or RTP's. */
-template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store>
+template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store, RtpBackend Backend = cpu_backend>
 class rtp_load_view {
  public:
-  explicit rtp_load_view(rtp_gpt<Comm, Store>& model) : model_(model) {}
+  explicit rtp_load_view(rtp_gpt<Comm, Store, Backend>& model) : model_(model) {}
 
   [[nodiscard]] std::span<const chunkstar::tensor_spec> params() const noexcept { return model_.specs(); }
   [[nodiscard]] rtp_detail::view_options options() const noexcept { return {}; }
@@ -160,7 +160,7 @@ class rtp_load_view {
   }
 
  private:
-  rtp_gpt<Comm, Store>& model_;
+  rtp_gpt<Comm, Store, Backend>& model_;
 };
 
 }  // namespace gpt

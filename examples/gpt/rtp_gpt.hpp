@@ -26,9 +26,16 @@
  *  tied weight's gradient is the head's plus the embedding's, as in the serial model.
  *  docs/rtp.md ("The whole model") has the stages, the memory and bytes per rank and why
  *  vocabulary rows.
+ *
+ *  The kernels run on an `RtpBackend` (gpt_backend.hpp): the CPU's by default, or a GPU's
+ *  (`cuda_backend`), where activations, transit buffers and the replicas' working copies are device
+ *  memory from the store's compute tier. The replicas' master copies, their gradients and Adam
+ *  moments stay in host memory (they are small: 6C per block and (T + 2)C); the working copies
+ *  are refreshed after every write and step.
  */
 #pragma once
 
+#include "gpt_backend.hpp"
 #include "gpt_model.hpp"
 #include "kernels_cpu.hpp"
 #include "model_config.hpp"
@@ -106,10 +113,12 @@ struct rtp_part {
  *  (zero them before the next step). `step` communicates only for the clipping norm, before it
  *  writes anything.
  */
-template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store>
+template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store, RtpBackend Backend = cpu_backend>
 class rtp_gpt {
  public:
-  using rotation_type = chunkstar::rtp::rotation<Comm>;
+  using backend_type = Backend;
+  using block_type = rtp_block<Comm, Backend>;
+  using rotation_type = chunkstar::rtp::rotation<Comm, float, backend_buffer_ops<Backend>>;
 
   /** @brief Partitions @p c over `comm.size()` ranks for micro-batches of @p B sequences of @p Tn
    *  tokens (`config_error` on every rank, naming the field, if the ranks were given different
@@ -118,19 +127,18 @@ class rtp_gpt {
    *  and allocates the transit buffers, activations and replicas. */
   rtp_gpt(Comm& comm, const gpt_config& c, std::size_t B, std::size_t Tn)
     requires std::default_initializable<Store>
-      : rtp_gpt(comm, std::make_unique<Store>(), nullptr, c, B, Tn) {}
+      : rtp_gpt(comm, std::make_unique<Store>(), nullptr, c, B, Tn, nullptr) {}
 
   /** @brief The same with the shards in @p store (held by reference, not finalized yet: this
-   *  registers the shards and finalizes it; it must outlive the model). */
-  rtp_gpt(Comm& comm, Store& store, const gpt_config& c, std::size_t B, std::size_t Tn)
-      : rtp_gpt(comm, nullptr, &store, c, B, Tn) {}
+   *  registers the shards and finalizes it; it must outlive the model), the kernels on @p backend
+   *  (held by reference; the store's compute tier must be its memory), by default the model's own
+   *  CPU backend. */
+  rtp_gpt(Comm& comm, Store& store, const gpt_config& c, std::size_t B, std::size_t Tn, Backend* backend = nullptr)
+      : rtp_gpt(comm, nullptr, &store, c, B, Tn, backend) {}
 
   rtp_gpt(const rtp_gpt&) = delete;
   rtp_gpt& operator=(const rtp_gpt&) = delete;
-  ~rtp_gpt() {
-    if (acts_) store_->deallocate(acts_, act_elems_);
-    if (work_) store_->deallocate(work_, work_elems_);
-  }
+  ~rtp_gpt() = default;
 
   [[nodiscard]] const gpt_config& config() const noexcept { return c_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -141,7 +149,9 @@ class rtp_gpt {
   /** @brief Rows of the tied embedding including the padding (a multiple of the world size). */
   [[nodiscard]] std::size_t padded_vocab() const noexcept { return vpad_; }
   [[nodiscard]] std::span<const chunkstar::tensor_spec> specs() const noexcept { return specs_; }
-  [[nodiscard]] rtp_block<Comm>& block(int l) noexcept { return *blocks_[static_cast<std::size_t>(l)]; }
+  [[nodiscard]] block_type& block(int l) noexcept { return *blocks_[static_cast<std::size_t>(l)]; }
+  /** @brief The backend the kernels run on. */
+  [[nodiscard]] Backend& backend() const noexcept { return *be_; }
   [[nodiscard]] Store& store() noexcept { return *store_; }
   /** @brief This rank's buffers of model data (see `rtp_part`): the shards first, in store order,
    *  then the replicas. */
@@ -169,19 +179,30 @@ class rtp_gpt {
   }
   /** @brief Elements of activations a model of @p c on @p world ranks keeps for [B, Tn] batches:
    *  the serial model's, without the [rows, V] logits and probabilities (the head keeps the final
-   *  LayerNorm, the log-sum-exp and the losses per token; one [rows, V/N] slice of logits is the
-   *  scratch of a step). */
+   *  LayerNorm, the log-sum-exp, the losses and the target's logit per token; one [rows, V/N]
+   *  slice of logits is the scratch of a step). */
   static std::size_t activation_elems(const gpt_config& c, int world, std::size_t B, std::size_t Tn) {
     const auto sizes = compute_activation_sizes(c, B, Tn);
     const std::size_t N = B * Tn, C = static_cast<std::size_t>(c.width);
     const std::size_t vs = rtp_padded_vocab(static_cast<std::size_t>(c.vocab), world) / static_cast<std::size_t>(world);
-    return N * C + sizes.layers * sizes.block + (N * C + 2 * N) + 2 * N + N * C + N * vs;
+    return N * C + sizes.layers * sizes.block + (N * C + 2 * N) + 3 * N + N * C + N * vs;
   }
   /** @brief Elements of the backward workspace: the serial one's, ending in a [rows, V/N] slice. */
   static std::size_t workspace_elems(const gpt_config& c, int world, std::size_t B, std::size_t Tn) {
     const std::size_t N = B * Tn;
     const std::size_t vs = rtp_padded_vocab(static_cast<std::size_t>(c.vocab), world) / static_cast<std::size_t>(world);
     return compute_activation_sizes(c, B, Tn).workspace - N * static_cast<std::size_t>(c.vocab) + N * vs;
+  }
+  /** @brief Bytes the model takes from its store's compute tier for [B, Tn] batches: activations,
+   *  workspace, the rotations' transit buffers, attention's scratch, the working copy and one
+   *  pass's gradients of wpe | lnf, and (off host memory) the micro-batch's tokens. */
+  static std::size_t compute_tier_bytes(const gpt_config& c, int world, std::size_t B, std::size_t Tn) {
+    const auto bp = partition_block(c, world);
+    const std::size_t top = static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width);
+    const std::size_t floats = activation_elems(c, world, B, Tn) + workspace_elems(c, world, B, Tn) +
+                               std::max<std::size_t>(1, Backend::attention_scratch_elems(B, Tn, bp.shard_channels, bp.shard_heads)) +
+                               2 * top + (Backend::host_memory ? 0 : 2 * B * Tn);
+    return floats * sizeof(float) + transit_bytes(c, world);
   }
   /** @brief Bytes of the transit buffers: five shards of the largest rotation. */
   static std::size_t transit_bytes(const gpt_config& c, int world) {
@@ -203,6 +224,7 @@ class rtp_gpt {
     if (!parts_.at(k).replicated) return store_->write(k, kind, in);
     const auto l = list_of(replica_at(k), kind);
     std::copy(in.begin(), in.end(), l.begin());
+    if (kind == chunkstar::chunk_kind::param) publish(k - first_replica());
   }
   /** @brief Clears the accumulated gradients (`step` does it too). */
   void zero_grad() {
@@ -237,7 +259,7 @@ class rtp_gpt {
     std::size_t b = 6 * n1 * wte_->shard_bytes();
     for (const auto& blk : blocks_) b += 3 * n1 * (blk->attention().shard_bytes() + blk->mlp().shard_bytes()) +
                                          n1 * blk->replicated().size() * sizeof(float);
-    return b + n1 * top_.size() * sizeof(float);
+    return b + n1 * top_elems() * sizeof(float);
   }
 
   /** @brief Flyweight initialisation: this rank's elements only, `init_value` of each. */
@@ -260,7 +282,7 @@ class rtp_gpt {
    *  activations (and a copy of @p tokens and @p targets) for `backward`. Collective. */
   double forward(const int* tokens, const int* targets) {
     pending_ = false;
-    const double l = run_forward(B_, Tn_, tokens, targets, nullptr);
+    const double l = run_forward(B_, Tn_, tokens, targets, nullptr);  // keeps the compute tier's copies of tokens and targets
     const std::size_t N = B_ * Tn_;
     tokens_.assign(tokens, tokens + N);
     targets_.assign(targets, targets + N);
@@ -311,61 +333,53 @@ class rtp_gpt {
     if (!std::equal(tokens, tokens + N, tokens_.begin()) || !std::equal(targets, targets + N, targets_.begin()))
       throw chunkstar::config_error("rtp_gpt::backward: the tokens or targets differ from the forward's; pass the same micro-batch");
     const auto a = bind(B, Tn);
-    const auto w = bind_backward_workspace<float>(c_, B, Tn, work_);
-    std::fill(top_pass_.begin(), top_pass_.end(), 0.0f);
-    float* g_lnf_w = top_pass_.data() + lnf_offset();
+    const auto w = bind_backward_workspace<float>(c_, B, Tn, work_.data());
+    Backend& be = *be_;
+    const int* tok = compute_tokens(tokens, false);
+    const int* tgt = compute_tokens(targets, true);
+    float* const top_pass = top_pass_.data();
+    be.zero(top_pass, top_elems());
+    float* g_lnf_w = top_pass + lnf_offset();
     float* g_lnf_b = g_lnf_w + C;
     // Head: logits per shard recomputed, softmax minus one-hot, into the shard's gradient and dln.
     const float dloss = loss_scale / static_cast<float>(N);
     const std::size_t wte_part = 0;
     stage("head", true, {wte_part}, [&] {
-      cpu::zero(w.dln, N * C);
+      be.zero(w.dln, N * C);
       wte_->backward(loader(wte_part), [&](int j, std::span<const float> s, std::span<float> g) {
         const std::size_t v0 = static_cast<std::size_t>(j) * vs_, valid = valid_rows(j);
         if (valid == 0) return;
         float* z = a.logits;  // [N, vs]
-        cpu::matmul_forward(z, a.lnf, s.data(), static_cast<const float*>(nullptr), N, C, vs_);
-        for (std::size_t n = 0; n < N; ++n) {
-          float* row = z + n * vs_;
-          const float lse = a.lse[n];
-          for (std::size_t v = 0; v < vs_; ++v) row[v] = v < valid ? dloss * std::exp(row[v] - lse) : 0.0f;
-          const auto t = static_cast<std::size_t>(targets[n]);
-          if (t >= v0 && t < v0 + valid) row[t - v0] -= dloss;
-        }
-        cpu::matmul_backward(w.dln, g.data(), static_cast<float*>(nullptr), z, a.lnf, s.data(), N, C, vs_);
+        be.matmul_forward(z, a.lnf, s.data(), nullptr, N, C, vs_);
+        be.head_shard_backward(z, a.lse, tgt, dloss, v0, valid, N, vs_);
+        be.matmul_backward(w.dln, g.data(), nullptr, z, a.lnf, s.data(), N, C, vs_);
       }, storer(wte_part));
-      cpu::zero(w.dres, N * C);
-      cpu::layernorm_backward(w.dres, g_lnf_w, g_lnf_b, w.dln, a.block_out(c_.layers), rep(lnf_offset()), a.lnf_mean, a.lnf_rstd, N, C);
+      be.zero(w.dres, N * C);
+      be.layernorm_backward(w.dres, g_lnf_w, g_lnf_b, w.dln, a.block_out(c_.layers), rep(lnf_offset()), a.lnf_mean, a.lnf_rstd, N, C);
     });
+    std::vector<float> pass;  // one backward's replica gradients, copied down
     for (int l = c_.layers - 1; l >= 0; --l) {
       const std::size_t ia = 1 + 2 * static_cast<std::size_t>(l);
       block_stage(l, ia, true, [&](rtp_block_io& io) {
-        block(l).backward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], w, &io);
+        block(l).backward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], w, &io, scratch_.data());
       });
-      add_replica_grads(1 + static_cast<std::size_t>(l), block(l).replicated_grad());
+      pass.resize(block(l).replicated().size());
+      block(l).read_replicated(pass, true);
+      add_replica_grads(1 + static_cast<std::size_t>(l), pass);
     }
     // Embedding: each token's row gradient goes to the shard holding its id (the head's share of
     // the tied weight was added by the head's stage); the positions' rows are replicas.
-    float* g_wpe = top_pass_.data();
-    for (std::size_t n = 0; n < N; ++n) {
-      const float* d = w.dres + n * C;
-      float* gp = g_wpe + (n % Tn) * C;
-      for (std::size_t k = 0; k < C; ++k) gp[k] += d[k];
-    }
+    be.position_backward(top_pass, w.dres, N, Tn, C);
     stage("embedding", true, {wte_part}, [&] {
       wte_->backward(loader(wte_part), [&](int j, std::span<const float>, std::span<float> g) {
-        const std::size_t v0 = static_cast<std::size_t>(j) * vs_;
-        for (std::size_t n = 0; n < N; ++n) {
-          const auto t = static_cast<std::size_t>(tokens[n]);
-          if (t < v0 || t >= v0 + vs_) continue;
-          const float* d = w.dres + n * C;
-          float* gr = g.data() + (t - v0) * C;
-          for (std::size_t k = 0; k < C; ++k) gr[k] += d[k];
-        }
+        be.embedding_shard_backward(g.data(), tok, w.dres, static_cast<std::size_t>(j) * vs_, vs_, N, C);
       }, storer(wte_part));
     });
-    chunkstar::rtp::reduce_replicated_grads(comm_, std::span<float>(top_pass_));
-    add_replica_grads(0, top_pass_);
+    be.quiesce();  // the all-reduce reads what the kernels wrote
+    chunkstar::rtp::reduce_replicated_grads(comm_, std::span<float>(top_pass, top_elems()));
+    pass.resize(top_elems());
+    be.from_compute(pass.data(), top_pass, pass.size() * sizeof(float));
+    add_replica_grads(0, pass);
   }
 
   /** @brief What `step` did. */
@@ -399,12 +413,13 @@ class rtp_gpt {
       for (const auto& s : part.segments) {
         const auto h = groups.hyper_for(specs_[s.tensor], base);
         const std::size_t n = s.end - s.begin;
-        chunkstar::adam_update(rp.w.subspan(s.begin, n), std::span<float>(rp.m).subspan(s.begin, n),
+        chunkstar::adam_update(std::span<float>(rp.w).subspan(s.begin, n), std::span<float>(rp.m).subspan(s.begin, n),
                                std::span<float>(rp.v).subspan(s.begin, n), std::span<const float>(rp.g).subspan(s.begin, n),
                                std::span<float>(), h, args);
       }
       std::fill(rp.g.begin(), rp.g.end(), 0.0f);
     }
+    for (std::size_t i = 0; i < replicas_.size(); ++i) publish(i);
     return {r.grad_norm, r.clip_coefficient};
   }
   /** @brief Adam steps taken (restored from a checkpoint with `restore_step_count`). */
@@ -428,15 +443,38 @@ class rtp_gpt {
   }
 
  private:
-  /** A replica in host memory: the weights (the block's or the model's), the gradient
-   *  accumulated over backward passes, the Adam moments. */
+  /** A replica in host memory: the weights (the master copy; `publish` refreshes the working copy
+   *  the kernels read: the model's top_c_ or the block's replicated()), the gradient accumulated
+   *  over backward passes, the Adam moments. */
   struct replica {
     std::size_t part = 0, elems = 0;
-    std::span<float> w;
-    std::vector<float> g, m, v;
+    std::vector<float> w, g, m, v;
   };
 
-  rtp_gpt(Comm& comm, std::unique_ptr<Store> own, Store* shared, const gpt_config& c, std::size_t B, std::size_t Tn)
+  /** @p n floats of the store's compute tier, freed with it. */
+  class store_buffer {
+   public:
+    store_buffer() = default;
+    store_buffer(Store& s, std::size_t n) : s_(&s), n_(n), p_(s.allocate(n)) {}
+    store_buffer(store_buffer&& o) noexcept
+        : s_(std::exchange(o.s_, nullptr)), n_(std::exchange(o.n_, 0)), p_(std::exchange(o.p_, nullptr)) {}
+    store_buffer& operator=(store_buffer&& o) noexcept {
+      std::swap(s_, o.s_), std::swap(n_, o.n_), std::swap(p_, o.p_);
+      return *this;
+    }
+    ~store_buffer() {
+      if (p_) s_->deallocate(p_, n_);
+    }
+    [[nodiscard]] float* data() const noexcept { return p_; }
+
+   private:
+    Store* s_ = nullptr;
+    std::size_t n_ = 0;
+    float* p_ = nullptr;
+  };
+
+  rtp_gpt(Comm& comm, std::unique_ptr<Store> own, Store* shared, const gpt_config& c, std::size_t B, std::size_t Tn,
+          Backend* backend)
       : comm_(comm),
         c_(c),
         B_(B),
@@ -448,8 +486,7 @@ class rtp_gpt {
         own_store_(std::move(own)),
         store_(shared ? shared : own_store_.get()),
         specs_(param_specs(c)),
-        top_(static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width), 0.0f),
-        top_pass_(top_.size(), 0.0f) {
+        be_(backend ? backend : &local_backend_) {
     // Before anything that could fail on some ranks only: every rank must build the same model.
     const std::vector<chunkstar::config_field> shape{
         {"vocab", std::to_string(c.vocab)}, {"context", std::to_string(c.context)}, {"layers", std::to_string(c.layers)},
@@ -464,21 +501,25 @@ class rtp_gpt {
     // after the store is final.
     transit_.emplace([this](std::size_t n) { return store_->allocate(n); }, [this](float* p, std::size_t n) { store_->deallocate(p, n); });
     const std::size_t C = static_cast<std::size_t>(c.width);
-    wte_.emplace(comm, vs_ * C, *transit_, chunkstar::rtp::external_shard);
+    wte_.emplace(comm, vs_ * C, *transit_, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{be_});
     for (int l = 0; l < c.layers; ++l)
-      blocks_.push_back(std::make_unique<rtp_block<Comm>>(comm, c, *transit_, chunkstar::rtp::external_shard));
+      blocks_.push_back(std::make_unique<block_type>(comm, c, *transit_, chunkstar::rtp::external_shard, be_));
     bind_replicas();
     // Activations: the serial model's, without the [rows, V] logits and probabilities (the head
-    // keeps the final LayerNorm, the log-sum-exp and the losses per token; one [rows, V/N] slice
-    // of logits is the scratch of a step). The workspace likewise ends in a [rows, V/N] slice.
+    // keeps the final LayerNorm, the log-sum-exp, the losses and the target's logit per token; one
+    // [rows, V/N] slice of logits is the scratch of a step). The workspace likewise ends in a
+    // [rows, V/N] slice. Attention's scratch is shared by the blocks (they run one at a time).
     act_elems_ = activation_elems(c, world_, B, Tn);
     work_elems_ = workspace_elems(c, world_, B, Tn);
-    acts_ = store_->allocate(act_elems_);
-    try {
-      work_ = store_->allocate(work_elems_);
-    } catch (...) {
-      store_->deallocate(std::exchange(acts_, nullptr), act_elems_);
-      throw;
+    acts_ = store_buffer(*store_, act_elems_);
+    work_ = store_buffer(*store_, work_elems_);
+    const auto bp = partition_block(c, world_);
+    scratch_ = store_buffer(*store_, std::max<std::size_t>(1, Backend::attention_scratch_elems(B, Tn, bp.shard_channels, bp.shard_heads)));
+    top_c_ = store_buffer(*store_, top_elems());
+    top_pass_ = store_buffer(*store_, top_elems());
+    if constexpr (!Backend::host_memory) {  // the kernels' copies of the micro-batch (ints in float-sized slots)
+      tokens_c_ = store_buffer(*store_, B * Tn);
+      targets_c_ = store_buffer(*store_, B * Tn);
     }
   }
 
@@ -486,14 +527,14 @@ class rtp_gpt {
   struct acts_view {
     float* encoded;
     std::vector<block_activations<float>> blocks;
-    float *lnf, *lnf_mean, *lnf_rstd, *lse, *losses, *proj, *logits;
+    float *lnf, *lnf_mean, *lnf_rstd, *lse, *losses, *zt, *proj, *logits;
     [[nodiscard]] const float* block_out(int l) const { return l == 0 ? encoded : blocks[static_cast<std::size_t>(l) - 1].res3; }
   };
 
   acts_view bind(std::size_t B, std::size_t Tn) {
     const std::size_t N = B * Tn, C = static_cast<std::size_t>(c_.width);
     const std::size_t block = compute_activation_sizes(c_, B, Tn).block;
-    float* p = acts_;
+    float* p = acts_.data();
     acts_view a;
     a.encoded = detail::take(p, N * C);
     for (int l = 0; l < c_.layers; ++l) a.blocks.push_back(bind_block_activations(c_, B, Tn, detail::take(p, block)));
@@ -502,6 +543,7 @@ class rtp_gpt {
     a.lnf_rstd = detail::take(p, N);
     a.lse = detail::take(p, N);
     a.losses = detail::take(p, N);
+    a.zt = detail::take(p, N);
     a.proj = detail::take(p, N * C);
     a.logits = detail::take(p, N * vs_);
     return a;
@@ -515,7 +557,29 @@ class rtp_gpt {
   }
 
   [[nodiscard]] std::size_t lnf_offset() const noexcept { return static_cast<std::size_t>(c_.context) * static_cast<std::size_t>(c_.width); }
-  [[nodiscard]] const float* rep(std::size_t off) const noexcept { return top_.data() + off; }
+  /** The working copy of wpe | lnf.w | lnf.b the kernels read. */
+  [[nodiscard]] const float* rep(std::size_t off) const noexcept { return top_c_.data() + off; }
+  [[nodiscard]] std::size_t top_elems() const noexcept {
+    return static_cast<std::size_t>(c_.context + 2) * static_cast<std::size_t>(c_.width);
+  }
+  [[nodiscard]] std::size_t first_replica() const noexcept { return 1 + 2 * static_cast<std::size_t>(c_.layers); }
+  /** Refreshes replica @p i's working copy from its master. */
+  void publish(std::size_t i) {
+    const auto& w = replicas_[i].w;
+    if (i == 0) be_->to_compute(top_c_.data(), w.data(), w.size() * sizeof(float));
+    else block(static_cast<int>(i - 1)).write_replicated(w);
+  }
+  /** @p host (the caller's tokens or targets) where the kernels read them: in place on host
+   *  memory; otherwise copied up when @p upload (a forward), or the forward's copy. */
+  const int* compute_tokens(const int* host, bool targets, std::size_t N = 0, bool upload = false) {
+    if constexpr (Backend::host_memory) {
+      return host;
+    } else {
+      float* dst = (targets ? targets_c_ : tokens_c_).data();
+      if (upload) be_->to_compute(dst, host, N * sizeof(int));
+      return reinterpret_cast<const int*>(dst);
+    }
+  }
   /** Rows of shard @p j that are real words (not padding). */
   [[nodiscard]] std::size_t valid_rows(int j) const noexcept {
     const std::size_t v0 = static_cast<std::size_t>(j) * vs_, V = static_cast<std::size_t>(c_.vocab);
@@ -558,53 +622,40 @@ class rtp_gpt {
     detail::check_tokens(c_, tokens, N, "tokens");
     detail::check_tokens(c_, targets, N, "targets");
     const auto a = bind(B, Tn);
+    Backend& be = *be_;
+    const int* tok = compute_tokens(tokens, false, N, true);
+    const int* tgt = compute_tokens(targets, true, N, true);
     const std::size_t wte_part = 0;
     // Embedding: a token's row from the shard that holds its id, plus its position's row.
-    const float* wpe = top_.data();
     stage("embedding", false, {wte_part}, [&] {
       wte_->forward(loader(wte_part), [&](int j, std::span<const float> s) {
-        const std::size_t v0 = static_cast<std::size_t>(j) * vs_;
-        for (std::size_t n = 0; n < N; ++n) {
-          const auto t = static_cast<std::size_t>(tokens[n]);
-          if (t < v0 || t >= v0 + vs_) continue;
-          const float* row = s.data() + (t - v0) * C;
-          const float* pos = wpe + (n % Tn) * C;
-          float* out = a.encoded + n * C;
-          for (std::size_t k = 0; k < C; ++k) out[k] = row[k] + pos[k];
-        }
+        be.embedding_shard_forward(a.encoded, tok, s.data(), static_cast<std::size_t>(j) * vs_, vs_, rep(0), N, Tn, C);
       });
     });
     for (int l = 0; l < c_.layers; ++l)
       block_stage(l, 1 + 2 * static_cast<std::size_t>(l), false, [&](rtp_block_io& io) {
-        block(l).forward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], a.proj, &io);
+        block(l).forward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], a.proj, &io, scratch_.data());
       });
-    // Head: each shard's logits, folded into a running max and sum per token (online softmax).
-    std::vector<float> mx(N, -std::numeric_limits<float>::infinity()), sum(N, 0.0f), zt(N, 0.0f);
+    // Head: each shard's logits, folded into a running max (in lse) and sum (in losses) per token,
+    // the online softmax; the target's logit into zt.
     stage("head", false, {wte_part}, [&] {
-      cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.block_out(c_.layers), rep(lnf_offset()), rep(lnf_offset() + C), N, C);
+      be.fill(a.lse, N, -std::numeric_limits<float>::infinity());
+      be.fill(a.losses, N, 0.0f);
+      be.fill(a.zt, N, 0.0f);
+      be.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.block_out(c_.layers), rep(lnf_offset()), rep(lnf_offset() + C), N, C);
       wte_->forward(loader(wte_part), [&](int j, std::span<const float> s) {
         const std::size_t v0 = static_cast<std::size_t>(j) * vs_, valid = valid_rows(j);
         if (valid == 0) return;
-        cpu::matmul_forward(a.logits, a.lnf, s.data(), static_cast<const float*>(nullptr), N, C, vs_);
-        for (std::size_t n = 0; n < N; ++n) {
-          const float* z = a.logits + n * vs_;
-          const float m = std::max(mx[n], *std::max_element(z, z + valid));
-          float acc = sum[n] * std::exp(mx[n] - m);  // 0 on the first shard (exp(-inf) = 0)
-          for (std::size_t v = 0; v < valid; ++v) acc += std::exp(z[v] - m);
-          mx[n] = m;
-          sum[n] = acc;
-          const auto t = static_cast<std::size_t>(targets[n]);
-          if (t >= v0 && t < v0 + valid) zt[n] = z[t - v0];
-        }
-        if (last_logits) std::copy(a.logits + (Tn - 1) * vs_, a.logits + (Tn - 1) * vs_ + valid, last_logits + v0);
+        be.matmul_forward(a.logits, a.lnf, s.data(), nullptr, N, C, vs_);
+        be.head_shard_forward(a.lse, a.losses, a.zt, a.logits, tgt, v0, valid, N, vs_);
+        if (last_logits) be.from_compute(last_logits + v0, a.logits + (Tn - 1) * vs_, valid * sizeof(float));
       });
     });
+    be.head_losses(a.lse, a.losses, a.zt, N);
+    losses_.resize(N);
+    be.from_compute(losses_.data(), a.losses, N * sizeof(float));
     double total = 0;
-    for (std::size_t n = 0; n < N; ++n) {
-      a.lse[n] = mx[n] + std::log(sum[n]);
-      a.losses[n] = std::log(sum[n]) + (mx[n] - zt[n]);
-      total += a.losses[n];
-    }
+    for (const float l : losses_) total += l;
     return total / static_cast<double>(N);
   }
 
@@ -673,14 +724,13 @@ class rtp_gpt {
     return parts;
   }
 
-  /** The replicas' weights are the model's top_ and each block's replicated(). */
+  /** The replicas: the model's (wpe | lnf.w | lnf.b), then each block's. */
   void bind_replicas() {
-    const std::size_t first = 1 + 2 * static_cast<std::size_t>(c_.layers);
-    for (std::size_t k = first; k < parts_.size(); ++k) {
+    for (std::size_t k = first_replica(); k < parts_.size(); ++k) {
       replica r;
       r.part = k;
       r.elems = parts_[k].elems;
-      r.w = k == first ? std::span<float>(top_) : block(static_cast<int>(k - first - 1)).replicated();
+      r.w.assign(r.elems, 0.0f);
       r.g.assign(r.elems, 0.0f);
       r.m.assign(r.elems, 0.0f);
       r.v.assign(r.elems, 0.0f);
@@ -693,8 +743,8 @@ class rtp_gpt {
     for (std::size_t e = 0; e < g.size(); ++e) g[e] += pass[e];
   }
   /** The replica that is part @p k (the parts after the shards). */
-  replica& replica_at(std::size_t k) { return replicas_.at(k - (1 + 2 * static_cast<std::size_t>(c_.layers))); }
-  const replica& replica_at(std::size_t k) const { return replicas_.at(k - (1 + 2 * static_cast<std::size_t>(c_.layers))); }
+  replica& replica_at(std::size_t k) { return replicas_.at(k - first_replica()); }
+  const replica& replica_at(std::size_t k) const { return replicas_.at(k - first_replica()); }
   /** List @p kind of replica @p r (const or not). */
   template <class R>
   static auto list_of(R& r, chunkstar::chunk_kind kind) {
@@ -739,14 +789,17 @@ class rtp_gpt {
   Store* store_;
   std::vector<chunkstar::tensor_spec> specs_;
   std::vector<rtp_part> parts_;
+  Backend local_backend_{};  // the kernels, when the caller gives no backend
+  Backend* be_;
   std::optional<chunkstar::rtp::transit_buffers<float>> transit_;
   std::optional<rotation_type> wte_;
-  std::vector<std::unique_ptr<rtp_block<Comm>>> blocks_;
-  std::vector<float> top_, top_pass_;  // wpe [T_max, C] | lnf.w | lnf.b, and one backward's gradients of them
+  std::vector<std::unique_ptr<block_type>> blocks_;
   std::vector<replica> replicas_;
   std::size_t act_elems_ = 0, work_elems_ = 0;
-  float* acts_ = nullptr;
-  float* work_ = nullptr;
+  store_buffer acts_, work_, scratch_;
+  store_buffer top_c_, top_pass_;  // wpe [T_max, C] | lnf.w | lnf.b for the kernels, and one backward's gradients of them
+  store_buffer tokens_c_, targets_c_;  // the micro-batch on a compute tier that is not host memory
+  std::vector<float> losses_;  // the head's per-token losses, summed on the host
   bool pending_ = false;                 // a forward's activations wait for its backward
   std::vector<int> tokens_, targets_;    // that forward's micro-batch
 };

@@ -574,12 +574,16 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
 // global batch and owns 1/N of every sharded layer (weights, gradient, Adam moments) in its own chunk
 // runtime, under its device budget like any chunkstar model; the shards rotate round the ring of
 // ranks. The same options, data, schedule and checkpoints as the other modes; losses agree with
-// them within fp32 rounding (the ring adds in its own order).
+// them within fp32 rounding (the ring adds in its own order). On a GPU the layers, the rotations'
+// buffers and the chunks placed on the device are there, and the shards rotate over NCCL or MPI
+// through pinned host buffers (--comm).
 template <class Runtime>
 int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement, communicator_ref comm) {
   using clock = std::chrono::steady_clock;
-  using store_type = rtp::chunk_shard_store<Runtime>;
-  using model_type = gpt::rtp_gpt<communicator_ref, store_type>;
+  using parts = platform_parts<typename Runtime::platform_type>;
+  using backend_type = typename parts::backend;
+  using store_type = rtp::chunk_shard_store<Runtime, gpt::backend_buffer_ops<backend_type>, typename parts::adam_kernels>;
+  using model_type = gpt::rtp_gpt<communicator_ref, store_type, backend_type>;
   const gpt::gpt_config& cfg = plan.cfg;
   const gpt::text_data& data = plan.data;
   const int ranks = comm.size();
@@ -587,10 +591,12 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
     comm.allreduce(std::span<double>(&x, 1), reduce_op::sum);
     return x / ranks;
   };
-  std::printf("device: simulated, one per rank (%s)\n", plan.device.why.c_str());
+  std::printf("device: %s%s (%s)\n", parts::describe(plan.device.gpu).c_str(), plan.device.cuda ? "" : ", one per rank",
+              plan.device.why.c_str());
   std::printf("data: %s, %zu train / %zu validation bytes\n", data.source.c_str(), data.train.size(), data.val.size());
-  std::printf("parallel: RTP over %d rank%s, %lld sequences each of the global batch of %lld\n", ranks, ranks > 1 ? "s" : "",
-              static_cast<long long>(o.batch / ranks), static_cast<long long>(o.batch));
+  std::printf("parallel: RTP over %d rank%s%s, %lld sequences each of the global batch of %lld\n", ranks, ranks > 1 ? "s" : "",
+              plan.transport.why.empty() ? "" : (" (" + plan.transport.why + ")").c_str(), static_cast<long long>(o.batch / ranks),
+              static_cast<long long>(o.batch));
   const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};
   const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());
 
@@ -600,11 +606,19 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
   std::size_t model_bytes = 0;
   for (const auto& l : make_chunk_lists(layout.plan(model_type::shard_tensors(cfg, ranks, comm.rank())), {.param_type = dtype::f32}))
     model_bytes += l.chunk_bytes * l.num_chunks;
-  const std::size_t act = (model_type::activation_elems(cfg, ranks, shape.batch, shape.seq) +
-                           model_type::workspace_elems(cfg, ranks, shape.batch, shape.seq)) * sizeof(float) +
-                          model_type::transit_bytes(cfg, ranks) + activation_slack_bytes;
+  const std::size_t act = model_type::compute_tier_bytes(cfg, ranks, shape.batch, shape.seq) + activation_slack_bytes;
   const bool resident = o.policy == "resident";
-  const std::size_t device_capacity = gpt::device_budget_bytes(o, {.non_model = act, .model = model_bytes});
+  // A GPU's free memory, split between the ranks sharing it, the least any rank saw (as train()).
+  std::size_t device_free = parts::device_free_bytes(plan.device.gpu) / static_cast<std::size_t>(plan.device.sharing);
+  if (ranks > 1 && plan.device.cuda) {
+    double seen = static_cast<double>(device_free);
+    comm.allreduce(std::span<double>(&seen, 1), reduce_op::min);
+    device_free = static_cast<std::size_t>(seen);
+  }
+  const std::size_t device_capacity = gpt::device_budget_bytes(o, {.non_model = act, .model = model_bytes, .device_free = device_free});
+  if (device_free > 0 && device_capacity > device_free)
+    throw config_error("--device-budget " + format_bytes(device_capacity) + " is more than the GPU's free memory (" +
+                       format_bytes(device_free) + "): lower it, or leave it 'auto'");
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
   if (device_capacity <= act)
     throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations and the "
@@ -613,19 +627,19 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
     throw config_error("--policy resident keeps all of this rank's shards on the device, which needs --device-budget of at least " +
                        format_bytes(act + model_bytes) + ", not " + format_bytes(device_capacity) +
                        ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
-  gpt::check_memory({.model_data = model_bytes, .activations = act, .device = device_capacity});
+  gpt::check_memory(gpt::host_memory_need(model_bytes, act, device_capacity, device_free == 0));
   const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
   const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
-  simulated_device_space device({.capacity = device_capacity, .link = link, .name = "device"});
-  host_space host({.capacity = host_capacity});
-  host_copy_engine copier(link);
+  parts memory(plan.device.gpu, device_capacity, host_capacity, link);
+  auto& device = memory.device;
+  backend_type backend = memory.make_backend();
   single_process_communicator one;  // the runtime's own: RTP talks in the model's rotations
   communicator_ref one_ref(one);
-  Runtime rt(device, host, copier, one_ref,
+  Runtime rt(device, memory.host, memory.copier, one_ref,
              {.param_type = dtype::f32, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty()}, layout,
              placement);
-  store_type store(rt, {.beta1 = 0.9f, .beta2 = 0.95f});
-  model_type model(comm, store, cfg, shape.batch, shape.seq);
+  store_type store(rt, {.beta1 = 0.9f, .beta2 = 0.95f}, gpt::backend_buffer_ops<backend_type>{&backend});
+  model_type model(comm, store, cfg, shape.batch, shape.seq, &backend);
   model.init(o.seed);
   const std::size_t whole = 16 * gpt::param_count(cfg);  // weights, gradients, two Adam moments, fp32
   std::printf("%s\n", cpu_summary().c_str());
@@ -643,14 +657,14 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
   const warmup_cosine cosine = gpt::cosine_schedule(o);
   auto lr_at = [&](std::int64_t step) { return o.schedule == "constant" ? o.lr : cosine(step); };
   if (plan.resume) {
-    gpt::rtp_load_view<communicator_ref, store_type> view(model);
+    gpt::rtp_load_view<communicator_ref, store_type, backend_type> view(model);
     (void)load_checkpoint(view, o.resume);
     model.restore_step_count(plan.resume->optimizer_steps);
     std::printf("resumed from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(plan.resume->step));
   }
   auto save = [&](std::int64_t step) {
     try {
-      gpt::rtp_save_view<communicator_ref, store_type> view(model, comm);
+      gpt::rtp_save_view<communicator_ref, store_type, backend_type> view(model, comm);
       save_checkpoint(view, o.save, gpt::save_record(plan.record, o, step, model.optimizer_steps(), std::nullopt, 0));
     } catch (const chunkstar::error& e) {
       throw output_error(std::string("saving the checkpoint of step ") + std::to_string(step) + " failed (the previous checkpoint in '" +
@@ -745,13 +759,11 @@ int with_policy(const train_options& o, const run_plan& plan, communicator_ref c
   using belady_rt = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, communicator_ref, Platform>;
   using lru_rt = chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction, warmup_tracer, communicator_ref, Platform>;
   using static_rt = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer, communicator_ref, Platform>;
-  if constexpr (std::is_same_v<Platform, simulated_platform>) {
-    if (o.parallel == "rtp") {  // fp32 (validated), so no loss scaler
-      if (o.policy == "patrickstar") return train_rtp<belady_rt>(o, plan, {}, comm);
-      if (o.policy == "lru") return train_rtp<lru_rt>(o, plan, {}, comm);
-      if (o.policy == "resident") return train_rtp<static_rt>(o, plan, static_placement::all_device(), comm);
-      return train_rtp<static_rt>(o, plan, static_placement::all_host(), comm);
-    }
+  if (o.parallel == "rtp") {  // fp32 (validated), so no loss scaler
+    if (o.policy == "patrickstar") return train_rtp<belady_rt>(o, plan, {}, comm);
+    if (o.policy == "lru") return train_rtp<lru_rt>(o, plan, {}, comm);
+    if (o.policy == "resident") return train_rtp<static_rt>(o, plan, static_placement::all_device(), comm);
+    return train_rtp<static_rt>(o, plan, static_placement::all_host(), comm);
   }
   if (o.policy == "patrickstar") return train<belady_rt, Scaler>(o, plan, {}, comm);
   if (o.policy == "lru") return train<lru_rt, Scaler>(o, plan, {}, comm);
@@ -920,10 +932,10 @@ int main(int argc, char** argv) {
   app.add_option("--sample", o.sample, "Bytes to generate at the end (0: none)");
   app.add_option("--parallel", o.parallel,
                  "none; zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); rtp: each rank owns 1/N of "
-                 "every layer and the shards rotate round the ranks (RTP, fp32, host memory); --batch stays the global batch");
+                 "every layer and the shards rotate round the ranks (RTP, fp32); --batch stays the global batch");
   app.add_option("--comm", o.comm,
-                 "--parallel zero: how ranks talk. auto: on GPUs NCCL when every rank has a GPU of its own, else MPI through pinned "
-                 "host buffers; on the simulated device MPI. nccl, staged (MPI through host buffers: ranks sharing a GPU, no "
+                 "--parallel zero or rtp: how ranks talk. auto: on GPUs NCCL when every rank has a GPU of its own, else MPI through "
+                 "pinned host buffers; on the simulated device MPI. nccl, staged (MPI through host buffers: ranks sharing a GPU, no "
                  "NCCL), or mpi (host memory: the simulated device)");
   app.add_flag("--keep-gathered", o.keep_gathered, "--parallel zero: keep gathered parameters from forward to backward (more memory, fewer gathers)");
   app.add_flag("--memory-saving", o.memory_saving,

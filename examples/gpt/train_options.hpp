@@ -191,8 +191,7 @@ struct node_place {
 inline device_choice resolve_device(const train_options& o, bool cuda_built, int cuda_devices, node_place node = {}) {
   const char* missing = !cuda_built          ? "this train_gpt was built without the CUDA backend (configure with the CUDA toolkit installed)"
                         : cuda_devices <= 0  ? "no CUDA device is visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)"
-                        : o.parallel == "rtp" ? "--parallel rtp runs on the simulated device in this version (its layers have no CUDA kernels yet)"
-                                              : nullptr;
+                                             : nullptr;
   if (o.device == "sim") return {.why = "--device sim"};
   if (missing) {
     if (o.device == "cuda") detail::bad_option("--device", std::string("cuda: ") + missing + "; use --device sim or auto");
@@ -212,23 +211,23 @@ struct transport_choice {
 };
 
 /** @brief --comm resolved against the device (@p d) and this build (@p nccl_built). `auto`: for ZeRO
- *  on GPUs NCCL when every rank has a GPU of its own, else MPI through pinned host buffers (NCCL
- *  puts one rank of a communicator per GPU); on the simulated device, and for RTP, MPI on host
- *  memory. `staged` on the simulated device runs the staging path on the CPU. Pure. */
+ *  and RTP on GPUs NCCL when every rank has a GPU of its own, else MPI through pinned host buffers
+ *  (NCCL puts one rank of a communicator per GPU); on the simulated device MPI on host memory.
+ *  `staged` on the simulated device runs the staging path on the CPU. Pure. */
 inline transport_choice resolve_transport(const train_options& o, const device_choice& d, bool nccl_built) {
   const auto bad = [&](const std::string& why) { detail::bad_option("--comm", o.comm + ": " + why); };
-  if (o.parallel != "zero") {
-    if (o.comm != "auto" && o.comm != "mpi")
-      bad("applies to --parallel zero (" + std::string(o.parallel == "rtp" ? "RTP's rotations run over MPI on host memory" : "one process talks to no one") +
-          "); drop it or use --comm auto");
-    return {transport_choice::host, o.parallel == "rtp" ? "MPI" : ""};
+  if (o.parallel != "zero" && o.parallel != "rtp") {
+    if (o.comm != "auto" && o.comm != "mpi") bad("applies to --parallel zero and rtp (one process talks to no one); drop it or use --comm auto");
+    return {transport_choice::host, ""};
   }
   if (!d.cuda) {
     if (o.comm == "nccl") bad("NCCL needs --device cuda; on the simulated device use --comm mpi or staged");
     if (o.comm == "staged") return {transport_choice::staged, "MPI through host staging buffers (--comm staged)"};
     return {transport_choice::host, "MPI"};
   }
-  if (o.comm == "mpi") bad("MPI here takes host memory, and ZeRO's buffers are on the GPU: use --comm nccl or staged (MPI through pinned host buffers)");
+  if (o.comm == "mpi")
+    bad(std::string("MPI here takes host memory, and ") + (o.parallel == "rtp" ? "RTP's rotating shards" : "ZeRO's buffers") +
+        " are on the GPU: use --comm nccl or staged (MPI through pinned host buffers)");
   const char* no_nccl = !nccl_built     ? "this train_gpt was built without NCCL"
                         : d.sharing > 1 ? "NCCL puts one rank of a communicator per GPU, and this GPU is shared"
                                         : nullptr;

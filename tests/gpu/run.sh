@@ -9,7 +9,8 @@
 #      CUDA Adam, pinned memcpy peak, chunk moves through the copy engine);
 #   3. the trainer on CUDA (preset $GPU_TRAIN_PRESET, default gpt2 at batch 8 x seq 256) at 100%, 50%
 #      and 10% device budgets in fp32, bf16 and fp16: train_<precision>_<budget>.log; where an mpirun
-#      is there, ZeRO on 2 ranks sharing the GPU (--comm staged) against the one-process fp32 losses;
+#      is there, ZeRO and RTP on 2 ranks sharing the GPU (--comm staged) against the one-process fp32
+#      losses: train_zero_staged.log, train_rtp_staged.log;
 #   4. where python3 has a CUDA-enabled torch, the PyTorch baseline bench/gpu/torch_gpt.py on the same
 #      shape (all on the GPU, and with the optimizer on the CPU where DeepSpeed or FSDP is there);
 # and writes summary.txt (a table), results.json (every figure: tests/gpu/summarize.py) and the logs
@@ -119,28 +120,31 @@ if [[ -x $train_exe ]]; then
       fi
     done
   done
-  # ZeRO on the GPU: 2 MPI ranks sharing it (MPI through pinned host buffers), where this machine
-  # has an MPI; the losses must follow the one-process fp32 run at 100% within fp32 tolerance.
-  if command -v mpirun >/dev/null 2>&1 && "$train_exe" --help | grep -q -- '--comm'; then
-    start=$SECONDS
-    if timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$train_exe" "${train_args[@]}" --precision fp32 \
-          --parallel zero --comm staged >"$out/train_zero_staged.log" 2>&1; then
-      note "train_zero_staged: ran in $((SECONDS - start)) s: $(grep -m1 '^summary:' "$out/train_zero_staged.log")"
-      if python3 - "$out/train_fp32_100.log" "$out/train_zero_staged.log" >>"$summary" <<'PY'; then :; else failed=1; fi
+  # ZeRO and RTP on the GPU: 2 MPI ranks sharing it (MPI through pinned host buffers), where this
+  # machine has an MPI; the losses must follow the one-process fp32 run at 100% within fp32 tolerance.
+  for mode in zero rtp; do
+    name=train_${mode}_staged
+    if command -v mpirun >/dev/null 2>&1 && "$train_exe" --help | grep -q -- '--comm'; then
+      start=$SECONDS
+      if timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$train_exe" "${train_args[@]}" --precision fp32 \
+            --parallel "$mode" --comm staged >"$out/$name.log" 2>&1; then
+        note "$name: ran in $((SECONDS - start)) s: $(grep -m1 '^summary:' "$out/$name.log")"
+        if python3 - "$out/train_fp32_100.log" "$out/$name.log" "$name" >>"$summary" <<'PY'; then :; else failed=1; fi
 import re, sys
-losses = [[float(x) for x in re.findall(r'^step +\d+/\d+ \| loss ([0-9.]+)', open(f).read(), re.M)] for f in sys.argv[1:]]
+losses = [[float(x) for x in re.findall(r'^step +\d+/\d+ \| loss ([0-9.]+)', open(f).read(), re.M)] for f in sys.argv[1:3]]
 worst = max((abs(a - b) / abs(a) for a, b in zip(*losses)), default=float('inf'))
 ok = len(losses[0]) == len(losses[1]) > 0 and worst < 1e-3
-print(f"train_zero_staged vs one GPU: {len(losses[1])} losses, largest relative difference {worst:.2e}: {'ok' if ok else 'FAILED'}")
+print(f"{sys.argv[3]} vs one GPU: {len(losses[1])} losses, largest relative difference {worst:.2e}: {'ok' if ok else 'FAILED'}")
 sys.exit(0 if ok else 1)
 PY
+      else
+        note "$name: FAILED (rc=$?) in $((SECONDS - start)) s (see $name.log)"
+        failed=1
+      fi
     else
-      note "train_zero_staged: FAILED (rc=$?) in $((SECONDS - start)) s (see train_zero_staged.log)"
-      failed=1
+      note "$name: not run (no mpirun here, or train_gpt built without MPI)"
     fi
-  else
-    note "train_zero_staged: not run (no mpirun here, or train_gpt built without MPI)"
-  fi
+  done
 else
   note "train_gpt: not built (see configure.log: BLAS or CLI11 missing?)"
   failed=1

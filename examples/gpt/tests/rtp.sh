@@ -3,7 +3,8 @@
 #  1. 2 and 4 ranks train the same model on the same data as one process: losses within fp32
 #     rounding (the ring adds the shards' partial sums in its own order, so bits may differ); and
 #     each rank's shards in its chunk runtime give the same losses, bit for bit as printed, whether
-#     they stay on the device (--policy resident) or live on the host (--policy offload);
+#     they stay on the device (--policy resident) or live on the host (--policy offload), and
+#     whether the shards rotate over MPI directly or through host staging buffers (--comm staged);
 #  2. checkpoints cross modes: saved under RTP at 4 ranks, resumed under RTP at 2, in one process
 #     and under ZeRO at 2; saved in one process and under ZeRO, resumed under RTP — every resume on
 #     the uninterrupted trajectory;
@@ -45,6 +46,15 @@ for policy in resident offload; do
   else fail "--policy $policy changed the RTP losses: $(diff <(losses rtp2.txt) <(losses rtp2_$policy.txt) | head -4)"; fi
 done
 grep -q "optimizer steps on device 0, on host" rtp2_offload.txt || fail "--policy offload did not step on the host"
+# --comm staged: the rotations through host staging buffers (what ranks sharing a GPU use), on the
+# simulated device through memcpy: the same bytes arrive, so the same losses, bit for bit as printed.
+timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --comm staged >rtp2_staged.txt 2>&1 || fail "2 RTP ranks, --comm staged: rc $?"
+if diff <(losses rtp2.txt) <(losses rtp2_staged.txt) >/dev/null; then echo "ok: --comm staged gives the same losses under RTP"
+else fail "--comm staged changed the RTP losses: $(diff <(losses rtp2.txt) <(losses rtp2_staged.txt) | head -4)"; fi
+grep -q "host staging buffers" rtp2_staged.txt || fail "the RTP run does not say it stages through host buffers"
+timeout 60 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --comm nccl --device sim >rtp2_nccl.txt 2>&1
+rc=$?
+[[ $rc -eq 2 ]] && grep -q "NCCL needs --device cuda" rtp2_nccl.txt || fail "--comm nccl on the simulated device: rc $rc, $(tail -2 rtp2_nccl.txt)"
 
 # Checkpoints across modes. An uninterrupted run's steps 5-8 are the reference for every resume.
 cmp_resume() {  # <what> <file>

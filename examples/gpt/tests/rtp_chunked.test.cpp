@@ -5,6 +5,7 @@
 // placement and eviction policy; the bits of the host store (rtp::host_shard_store) without
 // clipping; the device never above its budget, and chunks really moving at a tight one.
 #include "rtp_model_support.hpp"
+#include "support/scripted_copy_engine.hpp"
 
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/eviction/lru.hpp>
@@ -156,4 +157,47 @@ TEST_CASE("rtp chunk store: fp16 or bf16 runtimes are refused with the fix named
   belady_rt rt(device, host, copier, one, {.param_type = chunkstar::dtype::bf16}, chunkstar::searched_chunk_layout());
   const auto make = [&] { chunkstar::rtp::chunk_shard_store<belady_rt> store(rt); };
   CHECK_THROWS_WITH_AS(make(), doctest::Contains("param_type f32"), chunkstar::config_error);
+}
+
+namespace {
+
+/** A chunk shard store's ops on the scripted platform: the host loops, and the stream the model's
+ *  kernels "run" on, which the stages must close their scopes with. */
+struct scripted_shard_ops {
+  static constexpr int stream_id = 9;
+  int* copies = nullptr;
+  void copy(float* dst, const float* src, std::size_t n) const {
+    ++*copies;
+    std::copy(src, src + n, dst);
+  }
+  void add(float* acc, const float* x, std::size_t n) const {
+    for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
+  }
+  [[nodiscard]] chunkstar::testing::scripted_stream stream() const noexcept { return {stream_id}; }
+};
+
+}  // namespace
+
+TEST_CASE("rtp chunk store: every stage closes its scope on the ops' stream, and the shards move through the ops") {
+  using namespace chunkstar;
+  using Runtime = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer, single_process_communicator,
+                                testing::scripted_platform>;
+  simulated_device_space device({.capacity = 64u << 20});
+  host_space host;
+  testing::scripted_copy_engine engine;
+  single_process_communicator one, comm;
+  Runtime rt(device, host, engine, one, {}, searched_chunk_layout(), static_placement::all_device());
+  int copies = 0;
+  rtp::chunk_shard_store<Runtime, scripted_shard_ops> store(rt, adamw, scripted_shard_ops{&copies});
+  gpt::rtp_gpt<single_process_communicator, rtp::chunk_shard_store<Runtime, scripted_shard_ops>> model(comm, store, config, B, Tn);
+  model.init(seed);
+  const micro_batch mb = make_batch(false, 0, 0);
+  (void)model.forward(mb.tokens.data(), mb.targets.data());
+  model.backward(mb.tokens.data(), mb.targets.data());
+  // Forward: embedding, L blocks, head; backward: head, L blocks, embedding. One record each, on the ops' stream.
+  const auto records = engine.ops_of(testing::scripted_op_kind::record);
+  const std::size_t L = static_cast<std::size_t>(config.layers);
+  CHECK(records.size() == 2 * (L + 2));
+  for (const auto& op : records) CHECK(op.stream == scripted_shard_ops::stream_id);
+  CHECK(copies > 0);  // the shards were loaded through the ops (on a GPU: device copies on the stream)
 }

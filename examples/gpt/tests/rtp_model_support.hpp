@@ -120,10 +120,9 @@ using call_hook = std::function<void(int iteration, stage, micro_batch&, int& mi
 /** One rank's run: @p iters SGD steps of the global batch (rank r takes micro-batch r), an
  *  evaluation after each, then @p adam_steps AdamW steps (`rtp_gpt::step`, clipped to `max_norm`)
  *  with an evaluation after each, then the next-token probabilities of a short context. */
-template <class Comm>
-rank_record train_rank(Comm& comm, int iters, int adam_steps = 0, const call_hook& hook = {}) {
+template <class Comm, class Model>
+rank_record train_model(Comm& comm, Model& model, int iters, int adam_steps = 0, const call_hook& hook = {}) {
   const int n = comm.size(), r = comm.rank();
-  rtp_gpt<Comm> model(comm, config, B, Tn);
   model.init(seed);
   rank_record rec;
   rec.initial = stored(model, false);
@@ -171,6 +170,13 @@ rank_record train_rank(Comm& comm, int iters, int adam_steps = 0, const call_hoo
   const std::vector<int> context{3, 1, 4, 1, 5};
   rec.probs = model.next_token_probs(context);
   return rec;
+}
+
+/** `train_model` on this rank's model with its shards in host memory and the CPU kernels. */
+template <class Comm>
+rank_record train_rank(Comm& comm, int iters, int adam_steps = 0, const call_hook& hook = {}) {
+  rtp_gpt<Comm> model(comm, config, B, Tn);
+  return train_model(comm, model, iters, adam_steps, hook);
 }
 
 /** The run of @p n in-process ranks (threads), every rank's record. */

@@ -268,7 +268,8 @@ TEST_CASE("--device: auto takes a GPU when one is visible and the mode runs ther
       {"auto", "none", true, 0, false, "no CUDA device is visible"},
       {"auto", "none", false, 1, false, "built without the CUDA backend"},
       {"auto", "zero", true, 1, true, "GPU 0 of 1"},
-      {"auto", "rtp", true, 4, false, "--parallel rtp runs on the simulated device"},
+      {"auto", "rtp", true, 4, true, "GPU 0 of 4"},
+      {"auto", "rtp", true, 0, false, "no CUDA device is visible"},
       {"sim", "none", true, 1, false, "--device sim"},
       {"sim", "zero", false, 0, false, "--device sim"},
       {"cuda", "none", true, 1, true, "--device cuda"},
@@ -289,7 +290,8 @@ TEST_CASE("--device: auto takes a GPU when one is visible and the mode runs ther
   CHECK_THROWS_WITH_AS(gpt::resolve_device(o, true, 0), doctest::Contains("no CUDA device is visible"), config_error);
   CHECK_THROWS_WITH_AS(gpt::resolve_device(o, false, 1), doctest::Contains("without the CUDA backend"), config_error);
   o.parallel = "rtp";
-  CHECK_THROWS_WITH_AS(gpt::resolve_device(o, true, 1), doctest::Contains("--device cuda: --parallel rtp runs on the simulated device"), config_error);
+  CHECK(gpt::resolve_device(o, true, 1).cuda);
+  CHECK_THROWS_WITH_AS(gpt::resolve_device(o, true, 0), doctest::Contains("--device cuda: no CUDA device is visible"), config_error);
 }
 
 TEST_CASE("--parallel zero on GPUs: node-local rank k takes GPU k mod GPUs; ranks sharing a GPU are counted") {
@@ -319,46 +321,47 @@ TEST_CASE("--comm: NCCL when every rank has its own GPU, else MPI through pinned
   o.parallel = "none";
   CHECK(gpt::resolve_transport(o, own_gpu, true).kind == transport_choice::host);
   o.comm = "nccl";
-  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true), doctest::Contains("applies to --parallel zero"), config_error);
-  o.parallel = "rtp";
-  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, sim, true), doctest::Contains("RTP's rotations run over MPI"), config_error);
-  o.comm = "auto";
-  CHECK(gpt::resolve_transport(o, sim, true).kind == transport_choice::host);
+  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true), doctest::Contains("applies to --parallel zero and rtp"), config_error);
 
-  o.parallel = "zero";
-  struct expect {
-    const char* comm;
-    gpt::device_choice device;
-    bool nccl_built;
-    transport_choice::kind_t kind;
-    const char* says;
-  };
-  const std::vector<expect> cases = {
-      {"auto", sim, true, transport_choice::host, "MPI"},
-      {"mpi", sim, true, transport_choice::host, "MPI"},
-      {"staged", sim, false, transport_choice::staged, "--comm staged"},
-      {"auto", own_gpu, true, transport_choice::nccl, "one rank per GPU"},
-      {"auto", own_gpu, false, transport_choice::staged, "built without NCCL"},
-      {"auto", shared_gpu, true, transport_choice::staged, "this GPU is shared"},
-      {"nccl", own_gpu, true, transport_choice::nccl, "--comm nccl"},
-      {"staged", own_gpu, true, transport_choice::staged, "--comm staged"},
-  };
-  for (const auto& c : cases) {
-    CAPTURE(c.comm);
-    CAPTURE(c.device.cuda);
-    CAPTURE(c.device.sharing);
-    CAPTURE(c.nccl_built);
-    o.comm = c.comm;
-    const auto t = gpt::resolve_transport(o, c.device, c.nccl_built);
-    CHECK(t.kind == c.kind);
-    CHECK(t.why.find(c.says) != std::string::npos);
+  for (const char* mode : {"zero", "rtp"}) {  // the same transports: both keep their collectives' buffers on the GPU
+    CAPTURE(mode);
+    o.parallel = mode;
+    struct expect {
+      const char* comm;
+      gpt::device_choice device;
+      bool nccl_built;
+      transport_choice::kind_t kind;
+      const char* says;
+    };
+    const std::vector<expect> cases = {
+        {"auto", sim, true, transport_choice::host, "MPI"},
+        {"mpi", sim, true, transport_choice::host, "MPI"},
+        {"staged", sim, false, transport_choice::staged, "--comm staged"},
+        {"auto", own_gpu, true, transport_choice::nccl, "one rank per GPU"},
+        {"auto", own_gpu, false, transport_choice::staged, "built without NCCL"},
+        {"auto", shared_gpu, true, transport_choice::staged, "this GPU is shared"},
+        {"nccl", own_gpu, true, transport_choice::nccl, "--comm nccl"},
+        {"staged", own_gpu, true, transport_choice::staged, "--comm staged"},
+    };
+    for (const auto& c : cases) {
+      CAPTURE(c.comm);
+      CAPTURE(c.device.cuda);
+      CAPTURE(c.device.sharing);
+      CAPTURE(c.nccl_built);
+      o.comm = c.comm;
+      const auto t = gpt::resolve_transport(o, c.device, c.nccl_built);
+      CHECK(t.kind == c.kind);
+      CHECK(t.why.find(c.says) != std::string::npos);
+    }
+    o.comm = "nccl";
+    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, sim, true), doctest::Contains("NCCL needs --device cuda"), config_error);
+    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, shared_gpu, true), doctest::Contains("one rank of a communicator per GPU"), config_error);
+    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, false), doctest::Contains("without NCCL"), config_error);
+    o.comm = "mpi";
+    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true), doctest::Contains("use --comm nccl or staged"), config_error);
   }
-  o.comm = "nccl";
-  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, sim, true), doctest::Contains("NCCL needs --device cuda"), config_error);
-  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, shared_gpu, true), doctest::Contains("one rank of a communicator per GPU"), config_error);
-  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, false), doctest::Contains("without NCCL"), config_error);
   o.comm = "mpi";
-  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true), doctest::Contains("use --comm nccl or staged"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true), doctest::Contains("RTP's rotating shards are on the GPU"), config_error);
   o.comm = "gloo";
   CHECK_THROWS_WITH_AS(gpt::validate_options(o, gpt::model_config(o)), doctest::Contains("--comm 'gloo' is not one of"), config_error);
 }

@@ -10,11 +10,19 @@
  *  and `step` is `chunk_adam` over the runtime with the global norm summed the model's way
  *  (`chunk_adam_options::global_sum_sq`). The runtime's own communicator is a one-rank one: RTP
  *  communicates in the model's rotations, not in the runtime.
+ *
+ *  On a device platform (CUDA) the spans a scope hands out are device memory: `Ops` copies a shard
+ *  into a transit buffer and adds a gradient sum into the chunk on the stream the model's kernels
+ *  run on, each stage closes its scope with that stream (the runtime orders later moves of its
+ *  chunks after the work: the stream contract), and `Kernels` steps the chunks placed on the
+ *  device there (e.g. `cuda::device_adam_kernels`), those placed on the host with the SIMD kernel.
+ *  The defaults are the host platform's: loops, and the host kernel.
  */
 #pragma once
 
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
+#include <chunkstar/memory/copy_engine.hpp>
 #include <chunkstar/rtp/shard_store.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 
@@ -28,15 +36,35 @@
 
 namespace chunkstar::rtp {
 
+/** @brief How a chunk shard store moves floats between a scope's chunks and the model's buffers,
+ *  both compute-tier memory: `copy(dst, src, n)`, `add(acc, x, n)` (acc += x in index order), and
+ *  `stream()`, where that work and the model's kernels run (the scopes close with it). */
+template <class O, class Runtime>
+concept ShardOps = std::copy_constructible<O> && requires(O& o, float* p, const float* c, std::size_t n) {
+  o.copy(p, c, n);
+  o.add(p, c, n);
+  { o.stream() } -> std::convertible_to<typename Runtime::stream_type>;
+};
+
+/** @brief Host memory: std::copy and a loop, done when they return. */
+struct host_shard_ops {
+  void copy(float* dst, const float* src, std::size_t n) const noexcept { std::copy(src, src + n, dst); }
+  void add(float* acc, const float* x, std::size_t n) const noexcept {
+    for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
+  }
+  [[nodiscard]] host_stream stream() const noexcept { return {}; }
+};
+
 /** @brief The shards of one rank in the chunk runtime @p Runtime (held by reference; register
- *  nothing else in it). See the file comment. */
-template <class Runtime>
+ *  nothing else in it), moved by @p Ops, stepped by @p Kernels where placed on the device. See the
+ *  file comment. */
+template <class Runtime, ShardOps<Runtime> Ops = host_shard_ops, class Kernels = host_adam_kernels>
 class chunk_shard_store {
  public:
   /** @brief A store over @p rt, which must not be finalized yet and must hold fp32 parameters
    *  (`config_error` otherwise). @p adam sets betas, eps and threads (lr, weight decay and clipping
-   *  come with each `step`). */
-  explicit chunk_shard_store(Runtime& rt, adam_hyper adam = {}) : rt_(rt), adam_(adam) {
+   *  come with each `step`); @p ops moves floats on the compute tier. */
+  explicit chunk_shard_store(Runtime& rt, adam_hyper adam = {}, Ops ops = Ops{}) : rt_(rt), adam_(adam), ops_(std::move(ops)) {
     if (rt.options().param_type != dtype::f32)
       throw config_error("rtp::chunk_shard_store: the runtime holds " + std::string(dtype_name(rt.options().param_type)) +
                          " parameters; RTP's shards are fp32: build the runtime with param_type f32");
@@ -64,20 +92,20 @@ class chunk_shard_store {
       ~reset() { p = nullptr; }
     } r{scope_};
     f();
+    s.close(ops_.stream());  // the stage's work may still run there: later moves of its chunks wait for it
   }
-  void load(std::size_t k, std::span<float> dst) const {
+  void load(std::size_t k, std::span<float> dst) {
     const auto& sh = in_stage(k, "load");
     for (std::size_t i = 0; i < sh.ids.size(); ++i) {
       const auto w = scope_->template param<float>(sh.ids[i]);
-      std::copy(w.begin(), w.end(), dst.begin() + static_cast<std::ptrdiff_t>(sh.segments[i].offset));
+      ops_.copy(dst.data() + sh.segments[i].offset, w.data(), w.size());
     }
   }
   void add_grad(std::size_t k, std::span<const float> g) {
     const auto& sh = in_stage(k, "add_grad");
     for (std::size_t i = 0; i < sh.ids.size(); ++i) {
       const auto acc = scope_->template grad<float>(sh.ids[i]);
-      const float* src = g.data() + sh.segments[i].offset;
-      for (std::size_t e = 0; e < acc.size(); ++e) acc[e] += src[e];
+      ops_.add(acc.data(), g.data() + sh.segments[i].offset, acc.size());
     }
   }
 
@@ -139,9 +167,10 @@ class chunk_shard_store {
 
   Runtime& rt_;
   adam_hyper adam_;
+  Ops ops_;
   std::vector<shard> shards_;
   typename Runtime::scope* scope_ = nullptr;
-  std::optional<chunk_adam<>> opt_;
+  std::optional<chunk_adam<static_loss_scaler, Kernels>> opt_;
   std::function<double(double)> sum_sq_;
   float max_norm_ = 0;
   std::int64_t restored_ = 0;

@@ -25,6 +25,10 @@
  *    activations), which a chunk runtime accounts as non-model memory.
  *  - `untraced()`: a guard for forward-only passes (evaluation, sampling) that are not part of the
  *    training iteration.
+ *
+ *  `basic_host_shard_store<Tier>` keeps the lists in host memory and its compute tier is `Tier`
+ *  (`ComputeTier`): host memory by default (`host_shard_store`), or e.g. a GPU's, where `load`
+ *  copies a shard up on the tier's stream and `add_grad` waits for the sum and copies it down.
  */
 #pragma once
 
@@ -38,6 +42,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <span>
@@ -76,9 +81,37 @@ inline void check_segments(std::size_t elems, const std::vector<shard_segment>& 
     throw config_error("rtp shard store: segments cover " + std::to_string(at) + " of the shard's " + std::to_string(elems) + " elements");
 }
 
-/** @brief A rank's shards in host memory (see the file comment for the interface). */
-class host_shard_store {
+/** @brief Where a host shard store's compute-tier buffers live and how bytes move there:
+ *  `allocate(n)` zeroed floats (or throws) and `deallocate(p, n)` (never throws; after the work
+ *  using them), `to_compute(dst, src, bytes)` (ordered with the compute work, source read before
+ *  it returns) and `from_compute(dst, src, bytes)` (returns once the bytes are there, after the
+ *  work that wrote them). `host_memory`: whether compute-tier memory is host memory. */
+template <class T>
+concept ComputeTier = std::copy_constructible<T> && requires(T& t, std::size_t n, float* p, void* d, const void* c) {
+  { T::host_memory } -> std::convertible_to<bool>;
+  { t.allocate(n) } -> std::same_as<float*>;
+  t.deallocate(p, n);
+  t.to_compute(d, c, n);
+  t.from_compute(d, c, n);
+};
+
+/** @brief The compute tier is host memory: new[], delete[] and memcpy. */
+struct host_compute_tier {
+  static constexpr bool host_memory = true;
+  [[nodiscard]] float* allocate(std::size_t n) const { return new float[n](); }
+  void deallocate(float* p, std::size_t) const noexcept { delete[] p; }
+  void to_compute(void* dst, const void* src, std::size_t bytes) const noexcept { std::memcpy(dst, src, bytes); }
+  void from_compute(void* dst, const void* src, std::size_t bytes) const noexcept { std::memcpy(dst, src, bytes); }
+};
+
+/** @brief A rank's shards in host memory, its compute-tier buffers on @p Tier (see the file
+ *  comment for the interface). */
+template <ComputeTier Tier = host_compute_tier>
+class basic_host_shard_store {
  public:
+  basic_host_shard_store() = default;
+  explicit basic_host_shard_store(Tier tier) : tier_(std::move(tier)) {}
+
   std::size_t add_shard(std::size_t elems, std::vector<shard_segment> segments) {
     if (finalized_) throw state_error("host_shard_store::add_shard after finalize(): add every shard first");
     check_segments(elems, segments);
@@ -92,13 +125,19 @@ class host_shard_store {
   void stage(std::string_view, bool, std::span<const std::size_t>, F&& f) {
     f();
   }
-  void load(std::size_t k, std::span<float> dst) const {
+  void load(std::size_t k, std::span<float> dst) {
     const auto& w = list(k, chunk_kind::param);
-    std::copy(w.begin(), w.end(), dst.begin());
+    tier_.to_compute(dst.data(), w.data(), w.size() * sizeof(float));
   }
   void add_grad(std::size_t k, std::span<const float> g) {
     auto& acc = list(k, chunk_kind::grad);
-    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += g[i];
+    const float* sum = g.data();
+    if constexpr (!Tier::host_memory) {
+      staged_.resize(acc.size());
+      tier_.from_compute(staged_.data(), g.data(), acc.size() * sizeof(float));
+      sum = staged_.data();
+    }
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += sum[i];
   }
   void zero_grad() {
     for (auto& s : shards_) std::fill(s.lists[grad_slot].begin(), s.lists[grad_slot].end(), 0.0f);
@@ -148,8 +187,9 @@ class host_shard_store {
     std::copy(in.begin(), in.end(), l.begin());
   }
 
-  [[nodiscard]] float* allocate(std::size_t n) { return new float[n](); }
-  void deallocate(float* p, std::size_t) noexcept { delete[] p; }
+  [[nodiscard]] float* allocate(std::size_t n) { return tier_.allocate(n); }
+  void deallocate(float* p, std::size_t n) noexcept { tier_.deallocate(p, n); }
+  [[nodiscard]] Tier& tier() noexcept { return tier_; }
 
   struct no_guard {
     ~no_guard() {}  // user-provided: a guard, even if it guards nothing here
@@ -182,9 +222,14 @@ class host_shard_store {
     std::vector<shard_segment> segments;
     std::vector<float> lists[4];  // weights, gradient, momentum, variance
   };
+  Tier tier_{};
   std::vector<shard> shards_;
+  std::vector<float> staged_;  // a gradient sum copied down from a compute tier that is not host memory
   bool finalized_ = false;
   std::int64_t steps_ = 0;
 };
+
+/** @brief Shards and compute-tier buffers in host memory. */
+using host_shard_store = basic_host_shard_store<>;
 
 }  // namespace chunkstar::rtp
