@@ -98,7 +98,7 @@ if ((!quick)); then
     -DCHUNKSTAR_VERIFY_HEADERS=OFF
   # The GPT example's RTP model under the same sanitizers: the test targets only (a full examples
   # build under ASan would double the stage).
-  gpt_asan_tests=(gpt_rtp_model gpt_rtp_chunked gpt_rtp_checkpoint)
+  gpt_asan_tests=(gpt_rtp_model gpt_rtp_chunked gpt_rtp_checkpoint gpt_rtp_backend)
   stage_targets="${gpt_asan_tests[*]/#/test_} test_mpi_rtp_gpt"
   stage asan-gpt "$build_root/tests-asan-gpt" -R "^($(IFS='|'; echo "${gpt_asan_tests[*]}")|mpi_rtp_gpt_np2)\$" -- \
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \

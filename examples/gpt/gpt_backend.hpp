@@ -16,6 +16,11 @@
  *  - `scratch_elems(c, B, T)` floats of compute-tier scratch the backend needs beside gpt_model's
  *    activation_sizes (attention's per-head copies on CUDA; none on the CPU), passed to the block
  *    kernels; chunked_gpt allocates it for a forward and keeps it through the backward.
+ *
+ *  RTP composes sub-blocks on shards, so it needs the layers one at a time: `LayerBackend` adds
+ *  them (and compute-tier allocation, copies and sums) for rtp_block, `RtpBackend` the tied
+ *  embedding and head on vocabulary shards for rtp_gpt. `backend_tier` makes a backend's memory a
+ *  host shard store's compute tier.
  */
 #pragma once
 

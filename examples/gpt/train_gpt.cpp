@@ -816,7 +816,7 @@ int run(const train_options& o, communicator_ref comm, gpt::node_place node) {
   try {
     const run_plan plan = prepare(o, comm.size(), node);
     phase = "connecting the ranks";
-    // ZeRO on GPUs talks over NCCL, or over MPI through pinned host buffers (resolve_transport);
+    // ZeRO and RTP on GPUs talk over NCCL, or over MPI through pinned host buffers (resolve_transport);
     // the staged path also runs on the simulated device (memcpy staging), to test it on a CPU.
     if (plan.transport.kind == gpt::transport_choice::staged) {
 #if GPT_HAS_CUDA_BACKEND

@@ -3,7 +3,8 @@
 // and activations are non-model memory the runtime accounts for, and the optimizer step is local,
 // run where the placement put each chunk. The invariants: the same bits whatever the budget,
 // placement and eviction policy; the bits of the host store (rtp::host_shard_store) without
-// clipping; the device never above its budget, and chunks really moving at a tight one.
+// clipping; the device never above its budget, and chunks really moving at a tight one; and, on the
+// scripted platform, every stage closing its scope on the store ops' stream (the GPU's contract).
 #include "rtp_model_support.hpp"
 #include "support/scripted_copy_engine.hpp"
 
