@@ -47,11 +47,6 @@ __global__ void add_into_kernel(T* dst, const float* add, std::size_t n) {
   if (i < n) dst[i] = T(static_cast<float>(dst[i]) + add[i]);
 }
 
-__global__ void add_kernel(float* acc, const float* x, std::size_t n) {
-  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i < n) acc[i] += x[i];
-}
-
 /** out = residual + (out + bias[column]): the CPU's order of the two additions. */
 __global__ void bias_residual_kernel(float* out, const float* residual, const float* bias, std::size_t n, std::size_t C) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
@@ -411,7 +406,7 @@ void cuda_backend::copy(float* dst, const float* src, std::size_t n) {
 
 void cuda_backend::add(float* acc, const float* x, std::size_t n) {
   check_pending();
-  add_kernel<<<cuda::detail::grid_for(n), cuda::detail::block_size, 0, s_->stream>>>(acc, x, n);
+  add_into_kernel<<<cuda::detail::grid_for(n), cuda::detail::block_size, 0, s_->stream>>>(acc, x, n);  // fp32: acc += x
   check(cudaGetLastError(), "add kernel launch");
 }
 

@@ -73,14 +73,7 @@ template <LayerBackend Backend>
 class compute_buffer {
  public:
   compute_buffer() = default;
-  compute_buffer(Backend& b, std::size_t n) : b_(&b), n_(n), p_(n ? b.allocate(n) : nullptr) {
-    try {
-      if (n) b.zero(p_, n);
-    } catch (...) {
-      b.deallocate(p_, n);
-      throw;
-    }
-  }
+  compute_buffer(Backend& b, std::size_t n) : b_(&b), n_(n), p_(n ? backend_tier<Backend>{&b}.allocate(n) : nullptr) {}
   compute_buffer(compute_buffer&& o) noexcept
       : b_(std::exchange(o.b_, nullptr)), n_(std::exchange(o.n_, 0)), p_(std::exchange(o.p_, nullptr)) {}
   compute_buffer& operator=(compute_buffer&& o) noexcept {

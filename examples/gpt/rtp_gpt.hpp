@@ -197,11 +197,8 @@ class rtp_gpt {
    *  workspace, the rotations' transit buffers, attention's scratch, the working copy and one
    *  pass's gradients of wpe | lnf, and (off host memory) the micro-batch's tokens. */
   static std::size_t compute_tier_bytes(const gpt_config& c, int world, std::size_t B, std::size_t Tn) {
-    const auto bp = partition_block(c, world);
-    const std::size_t top = static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width);
     const std::size_t floats = activation_elems(c, world, B, Tn) + workspace_elems(c, world, B, Tn) +
-                               std::max<std::size_t>(1, Backend::attention_scratch_elems(B, Tn, bp.shard_channels, bp.shard_heads)) +
-                               2 * top + (Backend::host_memory ? 0 : 2 * B * Tn);
+                               scratch_elems(c, world, B, Tn) + 2 * top_elems(c) + (Backend::host_memory ? 0 : 2 * B * Tn);
     return floats * sizeof(float) + transit_bytes(c, world);
   }
   /** @brief Bytes of the transit buffers: five shards of the largest rotation. */
@@ -513,8 +510,7 @@ class rtp_gpt {
     work_elems_ = workspace_elems(c, world_, B, Tn);
     acts_ = store_buffer(*store_, act_elems_);
     work_ = store_buffer(*store_, work_elems_);
-    const auto bp = partition_block(c, world_);
-    scratch_ = store_buffer(*store_, std::max<std::size_t>(1, Backend::attention_scratch_elems(B, Tn, bp.shard_channels, bp.shard_heads)));
+    scratch_ = store_buffer(*store_, scratch_elems(c, world_, B, Tn));
     top_c_ = store_buffer(*store_, top_elems());
     top_pass_ = store_buffer(*store_, top_elems());
     if constexpr (!Backend::host_memory) {  // the kernels' copies of the micro-batch (ints in float-sized slots)
@@ -559,8 +555,15 @@ class rtp_gpt {
   [[nodiscard]] std::size_t lnf_offset() const noexcept { return static_cast<std::size_t>(c_.context) * static_cast<std::size_t>(c_.width); }
   /** The working copy of wpe | lnf.w | lnf.b the kernels read. */
   [[nodiscard]] const float* rep(std::size_t off) const noexcept { return top_c_.data() + off; }
-  [[nodiscard]] std::size_t top_elems() const noexcept {
-    return static_cast<std::size_t>(c_.context + 2) * static_cast<std::size_t>(c_.width);
+  /** Elements of wpe | lnf.w | lnf.b. */
+  static std::size_t top_elems(const gpt_config& c) noexcept {
+    return static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width);
+  }
+  [[nodiscard]] std::size_t top_elems() const noexcept { return top_elems(c_); }
+  /** Attention's scratch for a shard's heads, shared by the blocks (at least one float). */
+  static std::size_t scratch_elems(const gpt_config& c, int world, std::size_t B, std::size_t Tn) {
+    const auto bp = partition_block(c, world);
+    return std::max<std::size_t>(1, Backend::attention_scratch_elems(B, Tn, bp.shard_channels, bp.shard_heads));
   }
   [[nodiscard]] std::size_t first_replica() const noexcept { return 1 + 2 * static_cast<std::size_t>(c_.layers); }
   /** Refreshes replica @p i's working copy from its master. */

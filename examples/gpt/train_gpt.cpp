@@ -305,6 +305,27 @@ void write_trace(const train_options& o, Runtime& rt) {
   std::printf("timeline written to %s (open it in https://ui.perfetto.dev)\n", o.trace.c_str());
 }
 
+/** A GPU's free memory (0 on the simulated device), split between the ranks that share it; the
+ *  least any rank saw, after every rank has looked (the allreduce), so no rank's budget counts
+ *  memory another has taken since. */
+template <class Parts>
+std::size_t shared_device_free(const run_plan& plan, communicator_ref comm) {
+  std::size_t bytes = Parts::device_free_bytes(plan.device.gpu) / static_cast<std::size_t>(plan.device.sharing);
+  if (comm.size() > 1 && plan.device.cuda) {
+    double seen = static_cast<double>(bytes);
+    comm.allreduce(std::span<double>(&seen, 1), reduce_op::min);
+    bytes = static_cast<std::size_t>(seen);
+  }
+  return bytes;
+}
+
+/** A device budget above a GPU's free memory is refused before anything is built. */
+void require_within_free(std::size_t device_capacity, std::size_t device_free) {
+  if (device_free > 0 && device_capacity > device_free)
+    throw config_error("--device-budget " + format_bytes(device_capacity) + " is more than the GPU's free memory (" +
+                       format_bytes(device_free) + "): lower it, or leave it 'auto'");
+}
+
 // ------------------------------------------------------------------------------------------------
 // The training run, for one runtime assembly and one loss scaler.
 template <class Runtime, class Scaler>
@@ -362,19 +383,10 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   // model data (this rank's share of it under ZeRO) with --policy resident, and a share of it
   // otherwise, so that chunks move.
   const bool resident = o.policy == "resident";
-  // A GPU's free memory, split between the ranks that share it; the least any rank saw, after every
-  // rank has looked (the allreduce), so no rank's budget counts memory another has taken since.
-  std::size_t device_free = parts::device_free_bytes(plan.device.gpu) / static_cast<std::size_t>(plan.device.sharing);
-  if (ranks > 1 && plan.device.cuda) {
-    double seen = static_cast<double>(device_free);
-    comm.allreduce(std::span<double>(&seen, 1), reduce_op::min);
-    device_free = static_cast<std::size_t>(seen);
-  }
+  const std::size_t device_free = shared_device_free<parts>(plan, comm);
   const std::size_t device_capacity =
       gpt::device_budget_bytes(o, {.non_model = act, .collective = collective, .model = model_bytes, .device_free = device_free});
-  if (device_free > 0 && device_capacity > device_free)
-    throw config_error("--device-budget " + format_bytes(device_capacity) + " is more than the GPU's free memory (" +
-                       format_bytes(device_free) + "): lower it, or leave it 'auto'");
+  require_within_free(device_capacity, device_free);
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
   if (device_capacity <= act)
     throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations (" +
@@ -608,17 +620,9 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
     model_bytes += l.chunk_bytes * l.num_chunks;
   const std::size_t act = model_type::compute_tier_bytes(cfg, ranks, shape.batch, shape.seq) + activation_slack_bytes;
   const bool resident = o.policy == "resident";
-  // A GPU's free memory, split between the ranks sharing it, the least any rank saw (as train()).
-  std::size_t device_free = parts::device_free_bytes(plan.device.gpu) / static_cast<std::size_t>(plan.device.sharing);
-  if (ranks > 1 && plan.device.cuda) {
-    double seen = static_cast<double>(device_free);
-    comm.allreduce(std::span<double>(&seen, 1), reduce_op::min);
-    device_free = static_cast<std::size_t>(seen);
-  }
+  const std::size_t device_free = shared_device_free<parts>(plan, comm);
   const std::size_t device_capacity = gpt::device_budget_bytes(o, {.non_model = act, .model = model_bytes, .device_free = device_free});
-  if (device_free > 0 && device_capacity > device_free)
-    throw config_error("--device-budget " + format_bytes(device_capacity) + " is more than the GPU's free memory (" +
-                       format_bytes(device_free) + "): lower it, or leave it 'auto'");
+  require_within_free(device_capacity, device_free);
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
   if (device_capacity <= act)
     throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations and the "

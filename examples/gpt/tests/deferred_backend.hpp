@@ -33,11 +33,8 @@ class deferred_backend {
   static std::size_t scratch_elems(const gpt::gpt_config&, std::size_t, std::size_t) noexcept { return 0; }
   /** Runs what is queued, unless this is the faulty double that skips its waits. */
   void quiesce() noexcept {
-    ++s_->waits;
     if (!s_->skip_waits) drain();
   }
-  [[nodiscard]] std::size_t waits() const noexcept { return s_->waits; }
-  [[nodiscard]] std::size_t queued_total() const noexcept { return s_->queued_total; }
 
   /** The source is read now (it may be a temporary), the destination written when the queue runs. */
   void to_compute(void* dst, const void* src, std::size_t bytes) {
@@ -171,12 +168,8 @@ class deferred_backend {
   struct state {
     std::vector<std::function<void()>> queue;
     bool skip_waits = false;
-    std::size_t waits = 0, queued_total = 0;
   };
-  void queue(std::function<void()> f) {
-    s_->queue.push_back(std::move(f));
-    ++s_->queued_total;
-  }
+  void queue(std::function<void()> f) { s_->queue.push_back(std::move(f)); }
   void drain() noexcept {
     // Taken out first: a queued call never queues more, but the queue must be empty once it ran.
     auto work = std::move(s_->queue);

@@ -44,13 +44,9 @@ template <class Comm, LayerBackend Backend>
 rtp_block_record run_rtp_block(Comm& comm, Backend& b, int iters, float lr = 0.1f) {
   const gpt_config& c = rtp_run_config;
   const std::size_t B = rtp_run_B, T = rtp_run_T, C = static_cast<std::size_t>(c.width), rows = B * T;
-  chunkstar::rtp::transit_buffers<float> transit(
-      [&b](std::size_t n) {
-        float* p = b.allocate(n);
-        b.zero(p, n);
-        return p;
-      },
-      [&b](float* p, std::size_t n) { b.deallocate(p, n); });
+  const backend_tier<Backend> tier{&b};
+  chunkstar::rtp::transit_buffers<float> transit([tier](std::size_t n) { return tier.allocate(n); },
+                                                 [tier](float* p, std::size_t n) { tier.deallocate(p, n); });
   rtp_block<Comm, Backend> blk(comm, c, transit, chunkstar::rtp::external_shard, &b);
   const rtp_block_partition& part = blk.partition();
   compute_shard_io<Backend> io(b, part.attn_elems(), part.mlp_elems());

@@ -23,6 +23,7 @@
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/memory/copy_engine.hpp>
+#include <chunkstar/rtp/buffer_ops.hpp>
 #include <chunkstar/rtp/shard_store.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 
@@ -46,12 +47,8 @@ concept ShardOps = std::copy_constructible<O> && requires(O& o, float* p, const 
   { o.stream() } -> std::convertible_to<typename Runtime::stream_type>;
 };
 
-/** @brief Host memory: std::copy and a loop, done when they return. */
-struct host_shard_ops {
-  void copy(float* dst, const float* src, std::size_t n) const noexcept { std::copy(src, src + n, dst); }
-  void add(float* acc, const float* x, std::size_t n) const noexcept {
-    for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
-  }
+/** @brief Host memory: the rotation's host buffer operations, done when they return. */
+struct host_shard_ops : host_buffer_ops<float> {
   [[nodiscard]] host_stream stream() const noexcept { return {}; }
 };
 
