@@ -6,11 +6,16 @@
  *  Exception safety: after any operation throws, no chunk is left pinned, every chunk is in a
  *  consistent tier, and tensor states are as before the call (a scope that failed to open is not
  *  open). Training may continue: reopen the scope, or call `step` again (it resumes with the chunk
- *  index that failed). The destructor never throws. */
+ *  index that failed). The destructor never throws.
+ *
+ *  Members that do real work are defined after the class, not inside it: they are then not
+ *  inline, so a translation unit that sees `extern template class chunk_runtime<...>` (see
+ *  runtime/extern_runtime.hpp) calls the one compiled copy instead of compiling the runtime again. */
 #pragma once
 
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/comm/single_process.hpp>
+#include <chunkstar/core/function_ref.hpp>
 #include <chunkstar/eviction/belady.hpp>
 #include <chunkstar/layout/searched_chunk_layout.hpp>
 #include <chunkstar/placement/auto_placement.hpp>
@@ -56,6 +61,9 @@ class chunk_runtime {
   using store_type = chunk_store<P>;
   using scope = access_scope<chunk_runtime>;  ///< see access_scope.hpp (and its stream contract)
   using untraced_section = chunkstar::untraced_section<chunk_runtime>;
+  /** @brief An optimizer update as the step pass runs it: done when it returns, or still running on
+   *  the returned stream (see step()). */
+  using update_ref = function_ref<std::optional<stream_type>(const step_chunk&)>;
 
   /** @brief A runtime with its own default communicator (one process). */
   chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier, runtime_options options = {},
@@ -72,53 +80,27 @@ class chunk_runtime {
                       std::move(tracer)) {}
   chunk_runtime(const chunk_runtime&) = delete;
   chunk_runtime& operator=(const chunk_runtime&) = delete;
-  ~chunk_runtime() { observer_ = {}; }  // the store's last copies retire after a user's observer may be gone
+  ~chunk_runtime();
 
   /** @brief Adds a third tier on local disk (before finalize): chunks the device and the host
    *  budgets cannot hold live in @p disk's space, moved to and from the host by its engine, the
    *  host's room made by sending down what is needed latest (docs/disk.md). The host budget is
    *  the host space's capacity. With ZeRO sharding each rank's own share spills to its own disk.
    *  @throws state_error after finalize() or a second time. */
-  void attach_disk(disk_tier disk) {
-    if (finalized_) throw state_error("attach_disk() after finalize(): attach the disk tier before finalize()");
-    if (store_.has_disk()) throw state_error("attach_disk() called twice: a runtime has one disk tier");
-    store_.attach_disk(disk);
-  }
+  void attach_disk(disk_tier disk);
   [[nodiscard]] bool has_disk() const noexcept { return store_.has_disk(); }
 
   // --- registration ------------------------------------------------------------------------------
   /** @brief Registers a parameter; @p init fills its fp32 initial values (zeros when empty).
    *  @throws state_error after finalize(); config_error for a duplicate name or another dtype. */
-  param_id register_param(tensor_spec spec, param_initializer init = {}) {
-    if (finalized_) throw state_error("register_param('" + spec.name + "') after finalize(): register every parameter first");
-    return registry_.add(std::move(spec), std::move(init), options_.param_type);
-  }
+  param_id register_param(tensor_spec spec, param_initializer init = {});
 
   /** @brief Lays out the parameters (the plan is validated: config_error naming the tensor and the
    *  chunk for a plan that breaks a law), allocates the chunk lists (on the host, spilling to the
    *  compute tier when the host is full) and initialises parameters and optimizer state. With
    *  several ranks, collective: a rank configured differently is a config_error on every rank.
    *  After a throw the runtime cannot be finalised again: destroy it. */
-  void finalize() {
-    if (finalized_) throw state_error("finalize() called twice");
-    finalized_ = true;
-    plan_ = registry_.plan(layout_);
-    require_agreement(comm_, describe_configuration(registry_.specs(), plan_, layout_.name(), options_), "finalize()");
-    plan_.num_chunks = shard_.map().padded(plan_.num_chunks);  // ZeRO: whole groups (the padding holds no tensor)
-    plan_.chunk_tensors.resize(plan_.num_chunks);
-    store_.build(make_chunk_lists(plan_, {.param_type = options_.param_type, .optimizer_state = options_.optimizer_state}), comm_.size());
-    states_.reset(registry_.specs());
-    store_.allocate_initial(shard_.active(), comm_.rank());
-    std::vector<float> values;
-    for (std::size_t t = 0; t < registry_.size(); ++t) {
-      if (!shard_.map().owns(plan_.slots[t].chunk)) continue;  // flyweight: only this rank's shards
-      values.assign(registry_.specs()[t].numel(), 0.0f);
-      if (registry_.initializer(t)) registry_.initializer(t)(values);
-      write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, values);
-      if (store_.has(chunk_kind::master)) write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::master, values);
-    }
-    registry_.clear_initializers();
-  }
+  void finalize();
 
   // --- access scopes -----------------------------------------------------------------------------
   /** @brief Opens a forward scope named @p name over @p params (a moment of the trace). */
@@ -130,30 +112,10 @@ class chunk_runtime {
   /** @brief Allocates activation / workspace memory on the compute tier, evicting chunks not in use
    *  if needed; the runtime's accounting and the tracer see it. Memory allocated between iterations
    *  (an input batch before the first scope) counts towards the next iteration's first moment. */
-  void* allocate_non_model(std::size_t bytes, std::size_t alignment = 64) {
-    void* p = non_model_.allocate(bytes, alignment, [&] { return residency_.free_one_for_non_model(); },
-                                  [&] { return memory_report_now(); }, open_.innermost());
-    stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, level_.non_model);
-    store_.note_device_peak();
-    if (!level_.untraced) {
-      tracer_.record_non_model(level_.non_model);
-      ++level_.changes;
-    }
-    sample();
-    return p;
-  }
+  void* allocate_non_model(std::size_t bytes, std::size_t alignment = 64);
   /** @brief Frees memory from allocate_non_model. The budget of the rest of the moment may rise
    *  (the trace knows what the moment still allocates), so the next chunks start loading now. */
-  void deallocate_non_model(void* p, std::size_t bytes, std::size_t alignment = 64) noexcept {
-    non_model_.deallocate(p, bytes, alignment);
-    if (level_.untraced) return;
-    try {
-      tracer_.record_non_model(level_.non_model);
-      ++level_.changes;
-      if (level_.releasing == never && iteration_open_) residency_.prefetch(tracer_.current_moment());  // a step prefetches for itself
-    } catch (...) {  // an optimisation only: what cannot start now loads on demand at its scope
-    }
-  }
+  void deallocate_non_model(void* p, std::size_t bytes, std::size_t alignment = 64) noexcept;
   /** @brief @p count elements of non-model memory as an RAII buffer. */
   template <class T>
   [[nodiscard]] non_model_buffer<T, chunk_runtime> allocate_buffer(std::size_t count, std::size_t alignment = 64) { return {*this, count, alignment}; }
@@ -166,73 +128,42 @@ class chunk_runtime {
    *  when called again. */
   template <class F>
   void step(F&& f) {
-    require_finalized("step");
-    states_.require_none_in_compute("step");
-    if (level_.untraced) throw state_error("step() inside an untraced section: close the section first");
-    shard_.finish_backward();
-    const double t0 = observer_.now_us();
-    pass_.run(f, plan_, registry_.specs(), options_.param_type, shard_.map());
-    observer_.step(t0, observer_.now_us());
-    ++stats_.steps;
-    zero_grad();
-    end_iteration();
+    step_with([&f](const step_chunk& c) -> std::optional<stream_type> {
+      if constexpr (std::is_void_v<std::invoke_result_t<F&, const step_chunk&>>) {
+        f(c);
+        return std::nullopt;
+      } else {
+        return f(c);
+      }
+    });
   }
+  /** @brief step() with the update already in the pass's form. */
+  void step_with(update_ref update);
   /** @brief True when a step threw part-way: calling step() again finishes it. */
   [[nodiscard]] bool step_in_progress() const noexcept { return pass_.in_progress(); }
 
   /** @brief Visits every materialised gradient chunk in order without moving it (overflow checks,
    *  norms): `f(const step_chunk&)` with `grad`, `where`, `param_type`, `elems`, `tensors`, `slots`, `specs`. */
-  template <class F>
-  void for_each_grad_chunk(F&& f) {
-    shard_.finish_backward();
-    for_each_gradient(store_, plan_, registry_.specs(), options_.param_type, f);
-  }
+  void for_each_grad_chunk(function_ref<void(const step_chunk&)> f);
   /** @brief Pins gradient chunk @p c where it is (zeros if it was FREE), for a collective on its payload. */
-  [[nodiscard]] auto hold_gradient(std::uint32_t c) { return store_.hold({chunk_kind::grad, c}); }
+  [[nodiscard]] typename store_type::held_payload hold_gradient(std::uint32_t c);
   /** @brief As hold_gradient(), with the chunk loaded to the compute tier first (evicting as a
    *  scope would): for a communicator that takes device memory (takes_device_memory_v). */
-  [[nodiscard]] auto hold_gradient_on_device(std::uint32_t c) {
-    const chunk_id ids[] = {{chunk_kind::grad, c}};
-    residency_.make_resident_on_device(ids, "gradient all-reduce", tracer_.current_moment());
-    return store_.hold(ids[0]);
-  }
+  [[nodiscard]] typename store_type::held_payload hold_gradient_on_device(std::uint32_t c);
   /** @brief Drops every gradient (FREE): the next backward starts from zero (a skipped step, a new accumulation). */
-  void zero_grad() {
-    states_.require_none_in_compute("zero_grad");
-    shard_.drop();
-    for (std::uint32_t c = 0; c < plan_.num_chunks; ++c) store_.release({chunk_kind::grad, c});
-  }
+  void zero_grad();
   /** @brief Ends an iteration without a step (after an evaluation pass, a skipped or abandoned
    *  step): HOLD_AFTER_* tensors return to HOLD and the tracer closes the iteration. */
-  void end_iteration() {
-    states_.require_none_in_compute("end_iteration");
-    if (level_.untraced) throw state_error("end_iteration() inside an untraced section: close the section first");
-    states_.end_iteration();
-    shard_.drop();
-    if (iteration_open_) tracer_.end_iteration();
-    iteration_open_ = false;
-    pass_.abandon();  // an unfinished step is abandoned
-  }
+  void end_iteration();
 
   /** @brief Starts an untraced section (see untraced_section). */
-  [[nodiscard]] untraced_section untraced() {
-    require_finalized("untraced");
-    states_.require_none_in_compute("untraced");
-    if (std::exchange(level_.untraced, true)) throw state_error("untraced() while an untraced section is already open: close it first");
-    return untraced_section(this);
-  }
+  [[nodiscard]] untraced_section untraced();
 
   /** @brief Copies parameter @p p's data in list @p k to @p out as fp32 (any tier; no chunk moves).
    *  A FREE chunk reads as zeros. @throws state_error for a chunk another rank holds (gather it first). */
-  void read_tensor(param_id p, chunk_kind k, std::span<float> out) const {
-    const auto [id, offset] = locate(p, k, out.size());
-    store_.read_values(id, offset, out);
-  }
+  void read_tensor(param_id p, chunk_kind k, std::span<float> out) const;
   /** @brief Overwrites parameter @p p's data in list @p k from fp32 @p values (narrowed with RNE). */
-  void write_tensor(param_id p, chunk_kind k, std::span<const float> values) {
-    const auto [id, offset] = locate(p, k, values.size());
-    store_.write_values(id, offset, values);
-  }
+  void write_tensor(param_id p, chunk_kind k, std::span<const float> values);
 
   // --- introspection ------------------------------------------------------------------------------
   [[nodiscard]] const runtime_stats& stats() const noexcept { return stats_; }
@@ -255,7 +186,7 @@ class chunk_runtime {
   [[nodiscard]] host_space_type& host_space() noexcept { return store_.host(); }
   [[nodiscard]] copy_engine_type& copy_engine() noexcept { return store_.copier(); }
   /** @brief Chunk bytes the compute tier may hold now (placement budget, capped by what non-model data leaves). */
-  [[nodiscard]] std::size_t chunk_budget() const { return residency_.budget_now(); }
+  [[nodiscard]] std::size_t chunk_budget() const;
   [[nodiscard]] std::size_t device_chunk_bytes() const noexcept { return store_.resident(tier::device); }
   [[nodiscard]] std::size_t host_chunk_bytes() const noexcept { return store_.resident(tier::host); }
   [[nodiscard]] std::size_t disk_chunk_bytes() const noexcept { return store_.resident(tier::disk); }
@@ -275,20 +206,12 @@ class chunk_runtime {
   [[nodiscard]] shard_map shards() const noexcept { return shard_.map(); }
   /** @brief Moves chunk @p id to the host now (a test and tooling hook; from the device or the
    *  disk). @throws state_error if it is in use. */
-  void offload(chunk_id id) {
-    if (store_.at(id).pinned || chunk_state(id) == tensor_state::compute)
-      throw state_error("cannot move chunk " + to_string(id) + ": a tensor in it is in COMPUTE; close its scope first");
-    residency_.make_resident_on_host(id);
-  }
+  void offload(chunk_id id);
   /** @brief Capacity, use, peak and largest free block of every space, plus the runtime's view. */
-  [[nodiscard]] memory_report memory_report_now() const { return residency_.report(); }
+  [[nodiscard]] memory_report memory_report_now() const;
   /** @brief What is wrong with the runtime's bookkeeping (empty: nothing), for tests after faults;
    *  @p sole_user: only the runtime allocates from the device space (then nothing may leak). */
-  [[nodiscard]] std::vector<std::string> invariant_violations(bool sole_user = false) const {
-    auto v = store_.violations(open_.size() > 0 || pass_.in_progress(), level_.non_model, sole_user);
-    if (open_.size() == 0 && states_.any_in_compute()) v.push_back("a tensor is in COMPUTE with no scope open");
-    return v;
-  }
+  [[nodiscard]] std::vector<std::string> invariant_violations(bool sole_user = false) const;
 
  private:
   friend scope;
@@ -296,18 +219,7 @@ class chunk_runtime {
   using residency_type = residency_manager<P, Placement, Eviction, TracerT>;
 
   chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier, Comm* comm, runtime_options options,
-                Layout layout, Placement placement, Eviction eviction, TracerT tracer)
-      : options_(options), layout_(std::move(layout)), placement_(std::move(placement)), eviction_(std::move(eviction)),
-        tracer_(std::move(tracer)), own_comm_(own_if(comm)), comm_(comm ? *comm : *own_comm_),
-        store_(device, host, copier, options.payload_alignment, stats_),
-        residency_(store_, placement_, eviction_, tracer_, level_, options.prefetch_depth, stats_, options.disk_prefetch_depth,
-                   options.disk_prefetch_horizon, options.disk_staging_chunks),
-        non_model_(device, level_), pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth),
-        shard_(store_, residency_, tracer_, comm_, options.sharding, stats_, level_) {
-    if (options_.timeline) observer_ = own_timeline_;
-    store_.clock = [this] { return observer_.now_us(); };
-    store_.on_copy_retired = [this](double submitted, tier from, tier to) { observer_.copy(from, to, submitted, observer_.now_us()); };
-  }
+                Layout layout, Placement placement, Eviction eviction, TracerT tracer);
   static std::optional<Comm> own_if(Comm* c) {
     if constexpr (std::default_initializable<Comm>)
       if (c == nullptr) return std::optional<Comm>(std::in_place);
@@ -325,72 +237,21 @@ class chunk_runtime {
     if (observer_) observer_.memory({store_.resident(tier::device), store_.resident(tier::host), level_.non_model, store_.resident(tier::disk)});
   }
 
-  scope open_scope(moment_kind kind, std::string_view name, std::vector<param_id> params) {
-    require_finalized(kind == moment_kind::forward ? "forward" : "backward");
-    std::vector<chunk_id> ids = scope_chunks(plan_, params, kind, name);
-    if (!iteration_open_ && !level_.untraced) {
-      tracer_.begin_iteration();
-      iteration_open_ = true;
-    }
-    shard_.settle();
-    const double t0 = observer_.now_us();
-    const std::size_t m = level_.untraced ? never : tracer_.open_moment(kind, name);
-    level_.changes = 0;
-    level_.kind = kind;
-    store_.retire_completed();
-    for (auto id : ids) touch(id);
-    residency_.make_resident_on_device(shard_.prepare(ids, kind, name, m), name, m);
-    typename store_type::pin_set pins(store_, std::move(ids));
-    shard_.gather_ahead(m, name);  // the next moment's groups arrive while this one computes
-    for (auto p : params) states_.open(p.value);
-    ++stats_.scopes;
-    open_.push(name);
-    sample();
-    residency_.prefetch(m);
-    const double t1 = observer_.now_us();
-    observer_.scope_open(kind, name, t0, t1);
-    return scope(this, kind, name, t1, std::move(params), std::move(pins));
-  }
-
+  scope open_scope(moment_kind kind, std::string_view name, std::vector<param_id> params);
   void scope_closed(moment_kind kind, std::string_view name, double begin_us, std::span<const param_id> params,
-                    typename store_type::pin_set& pins) noexcept {
-    pins.reset();
-    for (auto p : params) {
-      try {
-        states_.close(p.value, kind);
-      } catch (...) {  // cannot happen for a scope the runtime opened; never throw from a destructor
-      }
-    }
-    observer_.scope_close(kind, name, begin_us, observer_.now_us());
-    open_.pop(name);
-    shard_.closed(tracer_.current_moment());
-    try {  // its chunks may leave now: the coming moments' transfers can start (an optimisation)
-      if (!level_.untraced && level_.releasing == never) residency_.prefetch(tracer_.current_moment());
-    } catch (...) {
-    }
-  }
-  void order_after_user(std::span<const chunk_id> ids, const stream_type& stream) {
-    const auto done = store_.copier().record(stream);
-    for (auto id : ids) store_.order_after_user(id, done);
-  }
-  void end_untraced() noexcept {
-    level_.untraced = false;
-    try {
-      states_.end_iteration();
-    } catch (...) {  // a scope outlived the section (documented misuse): its tensors stay as they are
-    }
-  }
+                    typename store_type::pin_set& pins) noexcept;
+  void order_after_user(std::span<const chunk_id> ids, const stream_type& stream);
+  void end_untraced() noexcept;
 
   template <class T>
   std::span<T> scope_span(param_id p, chunk_kind k, const std::vector<param_id>& in_scope) {
-    if (dtype_of_v<std::remove_const_t<T>> != options_.param_type)
-      throw config_error("parameter '" + spec(p).name + "' is " + std::string(dtype_name(options_.param_type)) + ", not " +
-                         std::string(dtype_name(dtype_of_v<std::remove_const_t<T>>)) + ": ask for its dtype");
-    if (std::find(in_scope.begin(), in_scope.end(), p) == in_scope.end())
-      throw state_error("parameter '" + spec(p).name + "' is not part of this scope: list it when opening the scope");
+    if (dtype_of_v<std::remove_const_t<T>> != options_.param_type) wrong_scope_dtype(p, dtype_of_v<std::remove_const_t<T>>);
+    if (std::find(in_scope.begin(), in_scope.end(), p) == in_scope.end()) not_in_scope(p);
     const auto& sl = plan_.slots[p.value];
     return {static_cast<T*>(store_.at({k, static_cast<std::uint32_t>(sl.chunk)}).data) + sl.offset, sl.numel};
   }
+  [[noreturn]] void wrong_scope_dtype(param_id p, dtype asked) const;
+  [[noreturn]] void not_in_scope(param_id p) const;
 
   [[nodiscard]] std::pair<chunk_id, std::size_t> locate(param_id p, chunk_kind k, std::size_t n) const {
     return store_.locate(spec(p), plan_.slots[p.value], k, n);
@@ -419,6 +280,264 @@ class chunk_runtime {
   bool iteration_open_ = false;
   open_scope_names open_;
 };
+
+// --- definitions ---------------------------------------------------------------------------------
+#define CHUNKSTAR_RUNTIME_TEMPLATE                                                                              \
+  template <ChunkLayout Layout, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT, Communicator Comm, \
+            Platform P>
+#define CHUNKSTAR_RUNTIME chunk_runtime<Layout, Placement, Eviction, TracerT, Comm, P>
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+CHUNKSTAR_RUNTIME::chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier, Comm* comm,
+                                 runtime_options options, Layout layout, Placement placement, Eviction eviction, TracerT tracer)
+    : options_(options), layout_(std::move(layout)), placement_(std::move(placement)), eviction_(std::move(eviction)),
+      tracer_(std::move(tracer)), own_comm_(own_if(comm)), comm_(comm ? *comm : *own_comm_),
+      store_(device, host, copier, options.payload_alignment, stats_),
+      residency_(store_, placement_, eviction_, tracer_, level_, options.prefetch_depth, stats_, options.disk_prefetch_depth,
+                 options.disk_prefetch_horizon, options.disk_staging_chunks),
+      non_model_(device, level_), pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth),
+      shard_(store_, residency_, tracer_, comm_, options.sharding, stats_, level_) {
+  if (options_.timeline) observer_ = own_timeline_;
+  store_.clock = [this] { return observer_.now_us(); };
+  store_.on_copy_retired = [this](double submitted, tier from, tier to) { observer_.copy(from, to, submitted, observer_.now_us()); };
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+CHUNKSTAR_RUNTIME::~chunk_runtime() {
+  observer_ = {};  // the store's last copies retire after a user's observer may be gone
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::attach_disk(disk_tier disk) {
+  if (finalized_) throw state_error("attach_disk() after finalize(): attach the disk tier before finalize()");
+  if (store_.has_disk()) throw state_error("attach_disk() called twice: a runtime has one disk tier");
+  store_.attach_disk(disk);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+param_id CHUNKSTAR_RUNTIME::register_param(tensor_spec spec, param_initializer init) {
+  if (finalized_) throw state_error("register_param('" + spec.name + "') after finalize(): register every parameter first");
+  return registry_.add(std::move(spec), std::move(init), options_.param_type);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::finalize() {
+  if (finalized_) throw state_error("finalize() called twice");
+  finalized_ = true;
+  plan_ = registry_.plan(layout_);
+  require_agreement(comm_, describe_configuration(registry_.specs(), plan_, layout_.name(), options_), "finalize()");
+  plan_.num_chunks = shard_.map().padded(plan_.num_chunks);  // ZeRO: whole groups (the padding holds no tensor)
+  plan_.chunk_tensors.resize(plan_.num_chunks);
+  store_.build(make_chunk_lists(plan_, {.param_type = options_.param_type, .optimizer_state = options_.optimizer_state}), comm_.size());
+  states_.reset(registry_.specs());
+  store_.allocate_initial(shard_.active(), comm_.rank());
+  std::vector<float> values;
+  for (std::size_t t = 0; t < registry_.size(); ++t) {
+    if (!shard_.map().owns(plan_.slots[t].chunk)) continue;  // flyweight: only this rank's shards
+    values.assign(registry_.specs()[t].numel(), 0.0f);
+    if (registry_.initializer(t)) registry_.initializer(t)(values);
+    write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, values);
+    if (store_.has(chunk_kind::master)) write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::master, values);
+  }
+  registry_.clear_initializers();
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void* CHUNKSTAR_RUNTIME::allocate_non_model(std::size_t bytes, std::size_t alignment) {
+  void* p = non_model_.allocate(bytes, alignment, [&] { return residency_.free_one_for_non_model(); },
+                                [&] { return memory_report_now(); }, open_.innermost());
+  stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, level_.non_model);
+  store_.note_device_peak();
+  if (!level_.untraced) {
+    tracer_.record_non_model(level_.non_model);
+    ++level_.changes;
+  }
+  sample();
+  return p;
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::deallocate_non_model(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  non_model_.deallocate(p, bytes, alignment);
+  if (level_.untraced) return;
+  try {
+    tracer_.record_non_model(level_.non_model);
+    ++level_.changes;
+    if (level_.releasing == never && iteration_open_) residency_.prefetch(tracer_.current_moment());  // a step prefetches for itself
+  } catch (...) {  // an optimisation only: what cannot start now loads on demand at its scope
+  }
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::step_with(update_ref update) {
+  require_finalized("step");
+  states_.require_none_in_compute("step");
+  if (level_.untraced) throw state_error("step() inside an untraced section: close the section first");
+  shard_.finish_backward();
+  const double t0 = observer_.now_us();
+  pass_.run(update, plan_, registry_.specs(), options_.param_type, shard_.map());
+  observer_.step(t0, observer_.now_us());
+  ++stats_.steps;
+  zero_grad();
+  end_iteration();
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::for_each_grad_chunk(function_ref<void(const step_chunk&)> f) {
+  shard_.finish_backward();
+  for_each_gradient(store_, plan_, registry_.specs(), options_.param_type, f);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gradient(std::uint32_t c) {
+  return store_.hold({chunk_kind::grad, c});
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gradient_on_device(std::uint32_t c) {
+  const chunk_id ids[] = {{chunk_kind::grad, c}};
+  residency_.make_resident_on_device(ids, "gradient all-reduce", tracer_.current_moment());
+  return store_.hold(ids[0]);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::zero_grad() {
+  states_.require_none_in_compute("zero_grad");
+  shard_.drop();
+  for (std::uint32_t c = 0; c < plan_.num_chunks; ++c) store_.release({chunk_kind::grad, c});
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::end_iteration() {
+  states_.require_none_in_compute("end_iteration");
+  if (level_.untraced) throw state_error("end_iteration() inside an untraced section: close the section first");
+  states_.end_iteration();
+  shard_.drop();
+  if (iteration_open_) tracer_.end_iteration();
+  iteration_open_ = false;
+  pass_.abandon();  // an unfinished step is abandoned
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+typename CHUNKSTAR_RUNTIME::untraced_section CHUNKSTAR_RUNTIME::untraced() {
+  require_finalized("untraced");
+  states_.require_none_in_compute("untraced");
+  if (std::exchange(level_.untraced, true)) throw state_error("untraced() while an untraced section is already open: close it first");
+  return untraced_section(this);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::read_tensor(param_id p, chunk_kind k, std::span<float> out) const {
+  const auto [id, offset] = locate(p, k, out.size());
+  store_.read_values(id, offset, out);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::write_tensor(param_id p, chunk_kind k, std::span<const float> values) {
+  const auto [id, offset] = locate(p, k, values.size());
+  store_.write_values(id, offset, values);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+std::size_t CHUNKSTAR_RUNTIME::chunk_budget() const {
+  return residency_.budget_now();
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::offload(chunk_id id) {
+  if (store_.at(id).pinned || chunk_state(id) == tensor_state::compute)
+    throw state_error("cannot move chunk " + to_string(id) + ": a tensor in it is in COMPUTE; close its scope first");
+  residency_.make_resident_on_host(id);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+memory_report CHUNKSTAR_RUNTIME::memory_report_now() const {
+  return residency_.report();
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+std::vector<std::string> CHUNKSTAR_RUNTIME::invariant_violations(bool sole_user) const {
+  auto v = store_.violations(open_.size() > 0 || pass_.in_progress(), level_.non_model, sole_user);
+  if (open_.size() == 0 && states_.any_in_compute()) v.push_back("a tensor is in COMPUTE with no scope open");
+  return v;
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind, std::string_view name,
+                                                                std::vector<param_id> params) {
+  require_finalized(kind == moment_kind::forward ? "forward" : "backward");
+  std::vector<chunk_id> ids = scope_chunks(plan_, params, kind, name);
+  if (!iteration_open_ && !level_.untraced) {
+    tracer_.begin_iteration();
+    iteration_open_ = true;
+  }
+  shard_.settle();
+  const double t0 = observer_.now_us();
+  const std::size_t m = level_.untraced ? never : tracer_.open_moment(kind, name);
+  level_.changes = 0;
+  level_.kind = kind;
+  store_.retire_completed();
+  for (auto id : ids) touch(id);
+  residency_.make_resident_on_device(shard_.prepare(ids, kind, name, m), name, m);
+  typename store_type::pin_set pins(store_, std::move(ids));
+  shard_.gather_ahead(m, name);  // the next moment's groups arrive while this one computes
+  for (auto p : params) states_.open(p.value);
+  ++stats_.scopes;
+  open_.push(name);
+  sample();
+  residency_.prefetch(m);
+  const double t1 = observer_.now_us();
+  observer_.scope_open(kind, name, t0, t1);
+  return scope(this, kind, name, t1, std::move(params), std::move(pins));
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::scope_closed(moment_kind kind, std::string_view name, double begin_us, std::span<const param_id> params,
+                                     typename store_type::pin_set& pins) noexcept {
+  pins.reset();
+  for (auto p : params) {
+    try {
+      states_.close(p.value, kind);
+    } catch (...) {  // cannot happen for a scope the runtime opened; never throw from a destructor
+    }
+  }
+  observer_.scope_close(kind, name, begin_us, observer_.now_us());
+  open_.pop(name);
+  shard_.closed(tracer_.current_moment());
+  try {  // its chunks may leave now: the coming moments' transfers can start (an optimisation)
+    if (!level_.untraced && level_.releasing == never) residency_.prefetch(tracer_.current_moment());
+  } catch (...) {
+  }
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::order_after_user(std::span<const chunk_id> ids, const stream_type& stream) {
+  const auto done = store_.copier().record(stream);
+  for (auto id : ids) store_.order_after_user(id, done);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::end_untraced() noexcept {
+  level_.untraced = false;
+  try {
+    states_.end_iteration();
+  } catch (...) {  // a scope outlived the section (documented misuse): its tensors stay as they are
+  }
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::wrong_scope_dtype(param_id p, dtype asked) const {
+  throw config_error("parameter '" + spec(p).name + "' is " + std::string(dtype_name(options_.param_type)) + ", not " +
+                     std::string(dtype_name(asked)) + ": ask for its dtype");
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::not_in_scope(param_id p) const {
+  throw state_error("parameter '" + spec(p).name + "' is not part of this scope: list it when opening the scope");
+}
+
+#undef CHUNKSTAR_RUNTIME
+#undef CHUNKSTAR_RUNTIME_TEMPLATE
 
 }  // namespace chunkstar
 
