@@ -27,6 +27,7 @@
 #include "rtp_gpt.hpp"
 #include "run_record.hpp"
 #include "train_options.hpp"
+#include "trainer_runtimes.hpp"
 
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/comm/communicator_ref.hpp>
@@ -759,20 +760,20 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
 
 template <class Scaler, class Platform>
 int with_policy(const train_options& o, const run_plan& plan, communicator_ref comm) {
-  // One communicator type for one process and MPI ranks alike: the transport is a run-time choice.
-  using belady_rt = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, communicator_ref, Platform>;
-  using lru_rt = chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction, warmup_tracer, communicator_ref, Platform>;
-  using static_rt = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer, communicator_ref, Platform>;
-  if (o.parallel == "rtp") {  // fp32 (validated), so no loss scaler
-    if (o.policy == "patrickstar") return train_rtp<belady_rt>(o, plan, {}, comm);
-    if (o.policy == "lru") return train_rtp<lru_rt>(o, plan, {}, comm);
-    if (o.policy == "resident") return train_rtp<static_rt>(o, plan, static_placement::all_device(), comm);
-    return train_rtp<static_rt>(o, plan, static_placement::all_host(), comm);
-  }
-  if (o.policy == "patrickstar") return train<belady_rt, Scaler>(o, plan, {}, comm);
-  if (o.policy == "lru") return train<lru_rt, Scaler>(o, plan, {}, comm);
-  if (o.policy == "resident") return train<static_rt, Scaler>(o, plan, static_placement::all_device(), comm);
-  return train<static_rt, Scaler>(o, plan, static_placement::all_host(), comm);  // "offload" (validated)
+  using runtimes = gpt::trainer_runtimes<Platform>;  // compiled in trainer_runtimes*.cpp
+  if (o.policy == "patrickstar") return train<typename runtimes::belady, Scaler>(o, plan, {}, comm);
+  if (o.policy == "lru") return train<typename runtimes::lru, Scaler>(o, plan, {}, comm);
+  if (o.policy == "resident") return train<typename runtimes::fixed, Scaler>(o, plan, static_placement::all_device(), comm);
+  return train<typename runtimes::fixed, Scaler>(o, plan, static_placement::all_host(), comm);  // "offload" (validated)
+}
+
+template <class Platform>
+int rtp_with_policy(const train_options& o, const run_plan& plan, communicator_ref comm) {  // fp32 (validated): no loss scaler
+  using runtimes = gpt::trainer_runtimes<Platform>;
+  if (o.policy == "patrickstar") return train_rtp<typename runtimes::belady>(o, plan, {}, comm);
+  if (o.policy == "lru") return train_rtp<typename runtimes::lru>(o, plan, {}, comm);
+  if (o.policy == "resident") return train_rtp<typename runtimes::fixed>(o, plan, static_placement::all_device(), comm);
+  return train_rtp<typename runtimes::fixed>(o, plan, static_placement::all_host(), comm);
 }
 
 int process_rank = 0;  // for messages: every rank of a parallel run prints its own errors
@@ -807,10 +808,12 @@ int on_platform(const train_options& o, const run_plan& plan, communicator_ref c
   if (plan.device.cuda) {
     if (cudaSetDevice(plan.device.gpu) != cudaSuccess)  // for the default stream's device Adam, and cuBLAS
       throw config_error("--device cuda: cannot select GPU " + std::to_string(plan.device.gpu) + " (is it visible? CUDA_VISIBLE_DEVICES)");
+    if (o.parallel == "rtp") return rtp_with_policy<cuda::cuda_platform>(o, plan, comm);
     return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, cuda::cuda_platform>(o, plan, comm)
                                                           : with_policy<static_loss_scaler, cuda::cuda_platform>(o, plan, comm);
   }
 #endif
+  if (o.parallel == "rtp") return rtp_with_policy<simulated_platform>(o, plan, comm);
   return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, simulated_platform>(o, plan, comm)
                                                         : with_policy<static_loss_scaler, simulated_platform>(o, plan, comm);
 }

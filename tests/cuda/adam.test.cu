@@ -15,7 +15,7 @@
 // Inside namespace chunkstar rather than `using namespace chunkstar`: with the using-directive,
 // `cuda` is ambiguous (chunkstar::cuda vs CCCL's ::cuda) in the stub code nvcc generates.
 namespace chunkstar {
-namespace {
+namespace adam_test {
 
 void ok(cudaError_t e) { REQUIRE_MESSAGE(e == cudaSuccess, cudaGetErrorString(e)); }
 
@@ -68,7 +68,8 @@ void compare(std::size_t n, std::size_t offset) {
   CHECK(std::memcmp(dp.get().data(), p.data(), p.size() * sizeof(P)) == 0);
 }
 
-}  // namespace
+}  // namespace adam_test
+using namespace adam_test;
 
 TEST_CASE_TEMPLATE("device Adam matches the host kernel", G, float, float16, bfloat16) {
   compare<G, float>(1 << 20, 0);      // vectorised loads

@@ -12,7 +12,7 @@
 #include <vector>
 
 namespace chunkstar {
-namespace {
+namespace chunk_runtime_cuda_test {
 
 template <class Platform, class Kernels>
 std::vector<float> train(typename Platform::device_space& dev, typename Platform::host_space& host,
@@ -66,5 +66,5 @@ TEST_CASE("CUDA platform: same bits as the simulated platform, with and without 
   }
 }
 
-}  // namespace
+}  // namespace chunk_runtime_cuda_test
 }  // namespace chunkstar

@@ -15,6 +15,8 @@
 #include <vector>
 
 using namespace chunkstar;
+
+namespace copy_engine_test {
 using chunkstar::test::copy_side;
 
 namespace {
@@ -70,3 +72,5 @@ TEST_CASE("cuda_copy_engine: pageable host memory copies (synchronously) too; ev
   d.deallocate(a, n);
   d.deallocate(b, n);
 }
+
+}  // namespace copy_engine_test

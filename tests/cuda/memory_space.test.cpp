@@ -19,6 +19,8 @@
 
 using namespace chunkstar;
 
+namespace memory_space_test {
+
 namespace {
 
 constexpr std::size_t mib = std::size_t{1} << 20;
@@ -121,3 +123,5 @@ TEST_CASE("CHUNKSTAR_CUDA_CHECK: names the call and the CUDA error; OOM is typed
   CHECK_THROWS_AS(CHUNKSTAR_CUDA_CHECK(cudaMalloc(&p, std::size_t{1} << 60)), out_of_memory_error);
   CHECK(cudaGetLastError() == cudaSuccess);
 }
+
+}  // namespace memory_space_test

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+namespace nccl_communicator_test {
+
 namespace {
 
 using namespace chunkstar;
@@ -86,4 +88,7 @@ TEST_CASE("nccl_communicator: one rank, rank 0, on the current device") {
   CHECK(comm.native() != nullptr);
 }
 
+}  // namespace nccl_communicator_test
+
 #endif  // CHUNKSTAR_HAS_NCCL()
+

@@ -16,7 +16,7 @@
 #include <vector>
 
 namespace chunkstar {
-namespace {
+namespace stream_contract_test {
 
 /** Spins for @p spin_ns of GPU time (the %globaltimer register), then writes base + i. */
 __global__ void spin_then_write(float* out, std::size_t n, unsigned long long spin_ns, float base) {
@@ -63,7 +63,8 @@ runtime_options options() {
   return {.optimizer_state = optimizer_state_lists::none(), .prefetch_depth = 0, .payload_alignment = 256};
 }
 
-}  // namespace
+}  // namespace stream_contract_test
+using namespace stream_contract_test;
 
 TEST_CASE("CUDA stream contract: an offload after close(stream) carries the user's kernel's writes") {
   cuda::device_space dev({.capacity = 64u << 20});

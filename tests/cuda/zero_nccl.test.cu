@@ -14,7 +14,7 @@
 #include <thread>
 
 namespace chunkstar {
-namespace {
+namespace zero_nccl_test {
 
 using zero_cuda::train;
 
@@ -62,5 +62,5 @@ TEST_CASE("ZeRO over NCCL, one rank per GPU: the owned parameters of 2 ranks equ
   }
 }
 
-}  // namespace
+}  // namespace zero_nccl_test
 }  // namespace chunkstar

@@ -12,7 +12,7 @@
 #include <cuda_runtime_api.h>
 
 namespace chunkstar {
-namespace {
+namespace zero_staged_test {
 
 using zero_cuda::train;
 
@@ -48,5 +48,5 @@ TEST_CASE("ZeRO with 3 ranks on one GPU through host staging: the owned paramete
   }
 }
 
-}  // namespace
+}  // namespace zero_staged_test
 }  // namespace chunkstar

@@ -57,10 +57,10 @@ if ! cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   note "configure: FAILED (see configure.log)"
   exit 1
 fi
-# Only what the cuda tests, the GPU benchmarks and the trainer need: test_cuda_*, test_*_cuda,
+# Only what the cuda tests, the GPU benchmarks and the trainer need: test_cuda, test_*_cuda,
 # bench_*_cuda and train_gpt.
 targets=$(cmake --build "$build" --target help 2>/dev/null |
-  sed -n 's/^\(test_cuda_[A-Za-z0-9_]*\|test_[A-Za-z0-9_]*_cuda\|bench_[A-Za-z0-9_]*_cuda\|train_gpt\):.*/\1/p' | sort -u)
+  sed -n 's/^\(test_cuda[A-Za-z0-9_]*\|test_[A-Za-z0-9_]*_cuda\|bench_[A-Za-z0-9_]*_cuda\|train_gpt\):.*/\1/p' | sort -u)
 if ! grep -q 'CUDA=1' "$out/configure.log"; then
   note "configure: the CUDA toolkit was not found (see configure.log); put nvcc on PATH"
   exit 1

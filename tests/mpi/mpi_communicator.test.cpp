@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <vector>
 
+namespace mpi_communicator_test {
+
 namespace {
 
 using namespace chunkstar;
@@ -228,3 +230,5 @@ TEST_CASE("mpi_session and mpi_communicator lifetime") {
   b.broadcast(&value, sizeof value, 0);
   CHECK(value == 42);
 }
+
+}  // namespace mpi_communicator_test

@@ -31,6 +31,8 @@
 using namespace chunkstar;
 using namespace chunkstar::testing::rtp_mlp;
 
+namespace rtp_test {
+
 namespace {
 
 template <class T>
@@ -189,3 +191,5 @@ TEST_CASE("RTP on MPI ranks: a kernel that throws on one rank gives every rank c
     if (me == 0) MESSAGE("fault on rank " << f.rank << ": every rank stopped after " << seconds << " s: " << error);
   }
 }
+
+}  // namespace rtp_test

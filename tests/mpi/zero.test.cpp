@@ -6,6 +6,7 @@
 #include <chunkstar/runtime/chunk_adam.hpp>
 
 #include "support/mlp_replica.hpp"
+#include "support/runtimes.hpp"
 
 #include <doctest/doctest.h>
 
@@ -14,6 +15,8 @@
 #include <vector>
 
 using namespace chunkstar;
+
+namespace zero_test {
 using chunkstar::testing::mlp_replica;
 
 namespace {
@@ -60,3 +63,5 @@ TEST_CASE("ZeRO on MPI ranks gives the bits of the same ranks in-process, at a l
     }
   }
 }
+
+}  // namespace zero_test

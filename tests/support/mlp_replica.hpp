@@ -7,6 +7,8 @@
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
 
+#include "runtimes.hpp"
+
 #include <cmath>
 #include <functional>
 #include <span>

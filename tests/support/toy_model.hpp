@@ -6,6 +6,7 @@
 #include <chunkstar/runtime/chunk_runtime.hpp>
 
 #include "faulty_disk_engine.hpp"
+#include "runtimes.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -13,6 +13,7 @@
 #include "chunked_gpt.hpp"
 #include "chunked_setup.hpp"
 #include "data.hpp"
+#include "support/runtimes.hpp"
 #include "support/scripted_copy_engine.hpp"
 
 #include <chunkstar/eviction/lru.hpp>
@@ -26,6 +27,8 @@
 #include <vector>
 
 using namespace chunkstar;
+
+namespace backend_contract_test {
 using chunkstar::testing::scripted_copy_engine;
 using chunkstar::testing::scripted_op_kind;
 using chunkstar::testing::scripted_platform;
@@ -234,3 +237,5 @@ TEST_CASE("backend contract: the check has teeth: a backend that does not wait b
   (void)scripted<static_placement, belady_eviction>(dtype::f32, 1.0, static_placement::all_device(), log);
   CHECK(log.frees_under_kernels > 0);
 }
+
+}  // namespace backend_contract_test

@@ -20,6 +20,8 @@
 
 #include <vector>
 
+namespace rtp_backend_test {
+
 namespace {
 
 using chunkstar::in_process_communicator;
@@ -90,3 +92,5 @@ TEST_CASE("rtp model on a backend whose kernels run only when waited for: the CP
     CHECK(cpu[0].adam_params.back() != cpu[0].initial);  // the steps moved the weights
   }
 }
+
+}  // namespace rtp_backend_test

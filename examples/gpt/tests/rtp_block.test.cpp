@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+namespace rtp_block_test {
+
 namespace {
 
 using chunkstar::in_process_communicator;
@@ -727,3 +729,5 @@ TEST_CASE("rtp block: one rank over the single-process communicator gives the on
   const auto group = run_rtp(1, 2);
   CHECK(same_bits({solo}, group));
 }
+
+}  // namespace rtp_block_test

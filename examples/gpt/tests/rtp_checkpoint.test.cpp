@@ -4,6 +4,7 @@
 // continues the uninterrupted trajectory bit for bit.
 #include "chunked_gpt.hpp"
 #include "rtp_checkpoint.hpp"
+#include "support/runtimes.hpp"
 
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
@@ -21,6 +22,8 @@
 #include <vector>
 
 #include <unistd.h>
+
+namespace rtp_checkpoint_test {
 
 namespace fs = std::filesystem;
 using chunkstar::chunk_kind;
@@ -208,3 +211,5 @@ TEST_CASE("rtp checkpoints: one process's chunk runtime loads an RTP checkpoint,
   CHECK(run_rtp(2, 1, 0, tmp.path / "single", {}) == single);
   CHECK(run_rtp(4, 1, 0, tmp.path / "single", {}) == single);
 }
+
+}  // namespace rtp_checkpoint_test

@@ -6,6 +6,7 @@
 // clipping; the device never above its budget, and chunks really moving at a tight one; and, on the
 // scripted platform, every stage closing its scope on the store ops' stream (the GPU's contract).
 #include "rtp_model_support.hpp"
+#include "support/runtimes.hpp"
 #include "support/scripted_copy_engine.hpp"
 
 #include <chunkstar/comm/in_process_group.hpp>
@@ -20,6 +21,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace rtp_chunked_test {
 
 namespace {
 
@@ -202,3 +205,5 @@ TEST_CASE("rtp chunk store: every stage closes its scope on the ops' stream, and
   for (const auto& op : records) CHECK(op.stream == scripted_shard_ops::stream_id);
   CHECK(copies > 0);  // the shards were loaded through the ops (on a GPU: device copies on the stream)
 }
+
+}  // namespace rtp_chunked_test

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+namespace rtp_model_test {
+
 namespace {
 
 using chunkstar::in_process_communicator;
@@ -166,3 +168,5 @@ TEST_CASE("rtp gpt: backward needs its forward and the same micro-batch; an eval
   m.backward(mb.tokens.data(), mb.targets.data());
   CHECK(std::isfinite(m.loss(mb.tokens.data(), mb.targets.data())));
 }
+
+}  // namespace rtp_model_test

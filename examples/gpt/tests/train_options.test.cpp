@@ -23,6 +23,8 @@
 #include <unistd.h>
 
 using namespace chunkstar;
+
+namespace train_options_test {
 namespace fs = std::filesystem;
 
 namespace {
@@ -407,3 +409,5 @@ TEST_CASE("the memory check counts a real device's budget on the device, the sim
   CHECK(gpu.activations == 0);
   CHECK(gpu.device == 0);
 }
+
+}  // namespace train_options_test

@@ -2,6 +2,7 @@
 // fp32 and bf16, and the same losses as the plain model with flat arrays.
 #include "chunked_gpt.hpp"
 #include "data.hpp"
+#include "support/runtimes.hpp"
 
 #include <chunkstar/eviction/lru.hpp>
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
@@ -13,6 +14,8 @@
 #include <vector>
 
 using namespace chunkstar;
+
+namespace trainer_test {
 
 namespace {
 
@@ -133,3 +136,5 @@ TEST_CASE("trainer: the chunked model computes what the plain model computes") {
     CHECK(std::equal(g.begin(), g.end(), grads[t]));
   }
 }
+
+}  // namespace trainer_test

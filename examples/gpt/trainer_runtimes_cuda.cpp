@@ -1,0 +1,3 @@
+#include "trainer_runtimes.hpp"
+
+GPT_TRAINER_RUNTIMES(, gpt::cuda_runtimes, chunkstar::cuda::cuda_platform);

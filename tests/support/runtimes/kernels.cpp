@@ -1,0 +1,3 @@
+#include "support/runtimes.hpp"
+
+CHUNKSTAR_INSTANTIATE_HOST_KERNELS;

@@ -1,0 +1,605 @@
+// ZeRO over N in-process ranks: each rank keeps 1/N of the model data (its own chunks), gathers the
+// others' parameter chunks before use and reduce-scatters gradients to their owners. Every rank's
+// owned parameters must be bit-identical to one process that computes the N micro-batches'
+// gradients separately and sums them in rank order (the communicators' reduction order) — the
+// same reference as replicated data parallelism — whatever the device budget.
+#include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "support/mlp_replica.hpp"
+#include "support/runtimes.hpp"
+
+using namespace chunkstar;
+
+namespace zero_test {
+using chunkstar::testing::mlp_adam;
+using chunkstar::testing::mlp_replica;
+
+namespace {
+
+constexpr int steps = 10;
+constexpr std::size_t act_bytes = chunkstar::testing::mlp_act_bytes, chunk_bytes = chunkstar::testing::mlp_chunk_bytes;
+
+using params_by_name = std::map<std::string, std::vector<float>>;
+using losses_by_step = std::vector<std::vector<float>>;  // [step][micro-batch = rank]
+
+struct trained {
+  params_by_name params;
+  losses_by_step losses;
+};
+
+template <class Replica>
+params_by_name owned_params(const Replica& r) {
+  params_by_name out;
+  for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
+    const chunk_id id{chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)};
+    if (r.rt.where(id) == tier::remote) continue;
+    std::vector<float> v(r.rt.params()[t].numel());
+    r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
+    out[r.rt.params()[t].name] = v;
+  }
+  return out;
+}
+
+/** One process: each micro-batch's gradient on its own, summed in rank order, then one step. */
+trained reference(int ranks) {
+  mlp_replica<single_process_communicator> r({}, 1 << 20);
+  auto opt = mlp_adam();
+  losses_by_step losses(steps);
+  for (int step = 1; step <= steps; ++step) {
+    std::vector<float> sum;
+    for (int mb = 0; mb < ranks; ++mb) {
+      r.rt.zero_grad();
+      losses[static_cast<std::size_t>(step - 1)].push_back(r.forward_backward(step, mb, [] {}));
+      const auto g = r.all(chunk_kind::grad);
+      if (mb == 0) sum = g;
+      else
+        for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+    }
+    r.rt.zero_grad();
+    r.write_all(chunk_kind::grad, sum);
+    REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+  }
+  return {owned_params(r), losses};
+}
+
+/** One process, plain gradient accumulation: the micro-batches' gradients add up in the gradient
+ *  chunks as backward runs (a different summation order from the rank-order reference). */
+params_by_name accumulated(int ranks) {
+  mlp_replica<single_process_communicator> r({}, 1 << 20);
+  auto opt = mlp_adam();
+  for (int step = 1; step <= steps; ++step) {
+    for (int mb = 0; mb < ranks; ++mb) r.forward_backward(step, mb, [] {});
+    REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+  }
+  return owned_params(r);
+}
+
+struct rank_result {
+  std::vector<float> losses;  // per step
+  params_by_name params;
+  runtime_stats stats;
+  std::size_t model_bytes = 0;
+  std::vector<std::string> violations;
+};
+
+template <class Placement = auto_placement, class Eviction = belady_eviction>
+std::vector<rank_result> train_zero(int ranks, std::size_t capacity, bool keep_gathered, std::size_t prefetch_depth = 2,
+                                    bool gather_ahead = true, bool memory_saving = false) {
+  std::vector<rank_result> out(static_cast<std::size_t>(ranks));
+  run_ranks(ranks, [&](in_process_communicator& comm) {
+    auto& me = out[static_cast<std::size_t>(comm.rank())];
+    mlp_replica<in_process_communicator, Placement, Eviction> r(
+        {.prefetch_depth = prefetch_depth,
+         .sharding = {.enabled = true, .keep_gathered = keep_gathered, .gather_ahead = gather_ahead, .memory_saving = memory_saving}},
+        capacity, comm);
+    auto opt = mlp_adam();
+    for (int step = 1; step <= steps; ++step) {
+      me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
+      REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+      const auto v = r.rt.invariant_violations(true);
+      me.violations.insert(me.violations.end(), v.begin(), v.end());
+    }
+    me.params = owned_params(r);
+    me.stats = r.rt.stats();
+    me.model_bytes = r.rt.model_bytes();
+  });
+  return out;
+}
+
+/** A quarter of the chunks on the compute tier, the rest stepped on the host. */
+struct quarter_on_device : static_placement {
+  quarter_on_device() : static_placement{0.25} {}
+};
+
+}  // namespace
+
+TEST_CASE("ZeRO over 1-4 in-process ranks: losses and owned parameters after 10 steps bit-identical to the rank-order reference, at any budget") {
+  for (int ranks : {1, 2, 3, 4}) {
+    CAPTURE(ranks);
+    const auto expected = reference(ranks);
+    for (bool tight : {false, true}) {
+      for (bool keep : {false, true}) {
+        // Tight: activations, the gather and gradient groups (N chunks each; kept groups stay
+        // gathered through backward) and a few owned chunks, so owned chunks move to the host.
+        const std::size_t capacity =
+            tight ? act_bytes + (static_cast<std::size_t>(keep ? 3 : 2) * static_cast<std::size_t>(ranks) + 4) * chunk_bytes : std::size_t{1} << 20;
+        CAPTURE(capacity);
+        CAPTURE(keep);
+        const auto got = train_zero(ranks, capacity, keep);
+        params_by_name all;
+        for (std::size_t k = 0; k < got.size(); ++k)
+          for (int step = 1; step <= steps; ++step) CHECK(got[k].losses[static_cast<std::size_t>(step - 1)] == expected.losses[static_cast<std::size_t>(step - 1)][k]);
+        for (const auto& r : got) {
+          for (const auto& v : r.violations) FAIL_CHECK(v);
+          for (const auto& [name, values] : r.params) {
+            CHECK(!all.contains(name));  // each tensor has exactly one owner
+            all[name] = values;
+          }
+          if (ranks > 1) CHECK(r.stats.gathers > 0);
+          if (tight && ranks > 1) CHECK(r.stats.bytes_to_host > 0);
+        }
+        CHECK(all.size() == expected.params.size());
+        for (const auto& [name, values] : expected.params) {
+          CAPTURE(name);
+          CHECK(all[name] == values);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeRO over 2-4 ranks is within 1e-6 (relative, over all parameters) of plain gradient accumulation on one rank") {
+  for (int ranks : {2, 3, 4}) {
+    CAPTURE(ranks);
+    const auto plain = accumulated(ranks);
+    params_by_name all;
+    for (const auto& r : train_zero(ranks, std::size_t{1} << 20, false)) all.insert(r.params.begin(), r.params.end());
+    REQUIRE(all.size() == plain.size());
+    double diff = 0, norm = 0;
+    for (const auto& [name, values] : plain)
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        const double d = static_cast<double>(all[name][i]) - values[i];
+        diff += d * d;
+        norm += static_cast<double>(values[i]) * values[i];
+      }
+    MESSAGE("ranks " << ranks << ": |zero - accumulated| / |accumulated| = " << std::sqrt(diff / norm));
+    CHECK(diff > 0);  // a different summation order: not the same bits (else the test proves nothing)
+    CHECK(std::sqrt(diff) <= 1e-6 * std::sqrt(norm));
+  }
+}
+
+TEST_CASE("ZeRO at 3 ranks: the same bits whatever the placement, eviction policy, prefetch depth, budget and gathers ahead") {
+  constexpr int ranks = 3;
+  const std::size_t tight = act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes, loose = std::size_t{1} << 20;
+  const auto expected = train_zero(ranks, loose, false);
+  auto same = [&](const std::vector<rank_result>& got) {
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      for (const auto& v : got[k].violations) FAIL_CHECK(v);
+      CHECK(got[k].losses == expected[k].losses);
+      CHECK(got[k].params == expected[k].params);
+    }
+  };
+  for (std::size_t capacity : {tight, loose}) {
+    for (std::size_t depth : {std::size_t{0}, std::size_t{1}, std::size_t{4}}) {
+      CAPTURE(capacity);
+      CAPTURE(depth);
+      same(train_zero<auto_placement, belady_eviction>(ranks, capacity, false, depth));
+      same(train_zero<auto_placement, lru_eviction>(ranks, capacity, false, depth));
+      same(train_zero<quarter_on_device, belady_eviction>(ranks, capacity, false, depth));
+      same(train_zero<quarter_on_device, lru_eviction>(ranks, capacity, false, depth));
+      same(train_zero<auto_placement, belady_eviction>(ranks, capacity, false, depth, /*gather_ahead=*/false));
+    }
+  }
+}
+
+TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the theory exactly") {
+  // Four layers, one chunk each (1 KiB per list), so U = ceil(4 / N) groups are in use. Per
+  // iteration, once the trace exists: forward gathers each group once (a group stays gathered
+  // across its consecutive layers); backward gathers them again, except the last group, whose next
+  // use is the very next moment (kept gathered: only the forward's gathers); each group's
+  // gradients are reduce-scattered once; the norm is one allreduce of a double per chunk. The
+  // first iteration with a trace (step 2) adds the ranks' agreement on the gathers ahead: one
+  // allreduce of a double per moment of the trace.
+  for (int ranks : {2, 3, 4}) {
+    for (bool keep : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(keep);
+      const std::uint64_t n = static_cast<std::uint64_t>(ranks), used = (4 + n - 1) / n, padded = used * n;
+      const std::uint64_t gathers = keep ? used : 2 * used - 1, reductions = used;
+      const std::uint64_t theory = (n - 1) * (gathers * chunk_bytes + reductions * chunk_bytes + padded * sizeof(double));
+      std::vector<std::vector<comm_stats>> per_iteration(static_cast<std::size_t>(ranks));
+      std::vector<runtime_stats> last(static_cast<std::size_t>(ranks));
+      std::vector<std::uint64_t> moments(static_cast<std::size_t>(ranks));
+      run_ranks(ranks, [&](in_process_communicator& comm) {
+        mlp_replica<in_process_communicator> r({.sharding = {.enabled = true, .keep_gathered = keep}}, 1 << 20, comm);
+        auto opt = mlp_adam();
+        for (int step = 1; step <= steps; ++step) {
+          const comm_stats before = comm.stats();
+          const runtime_stats rs = r.rt.stats();
+          r.forward_backward(step, comm.rank(), [] {});
+          REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+          comm_stats d = comm.stats();
+          d.bytes_sent -= before.bytes_sent;
+          d.bytes_received -= before.bytes_received;
+          d.collectives -= before.collectives;
+          per_iteration[static_cast<std::size_t>(comm.rank())].push_back(d);
+          moments[static_cast<std::size_t>(comm.rank())] = r.rt.tracer().num_moments();
+          if (step == steps) {
+            last[static_cast<std::size_t>(comm.rank())] = r.rt.stats();
+            CHECK(last[static_cast<std::size_t>(comm.rank())].gathers - rs.gathers == gathers);
+            CHECK(last[static_cast<std::size_t>(comm.rank())].reductions - rs.reductions == reductions);
+          }
+        }
+      });
+      for (int k = 0; k < ranks; ++k)
+        for (int step = 2; step <= steps; ++step) {
+          CAPTURE(k);
+          CAPTURE(step);
+          const auto& d = per_iteration[static_cast<std::size_t>(k)][static_cast<std::size_t>(step - 1)];
+          const std::uint64_t agreement = step == 2 ? (n - 1) * moments[static_cast<std::size_t>(k)] * sizeof(double) : 0;
+          CHECK(d.bytes_sent == theory + agreement);
+          CHECK(d.bytes_received == theory + agreement);
+          CHECK(d.collectives == gathers + reductions + 1 + (step == 2 ? 1 : 0));
+        }
+    }
+  }
+}
+
+TEST_CASE("ZeRO memory: each rank's model-data peak is its 1/N share plus the collective buffers; the device stays within its budget") {
+  for (int ranks : {2, 3, 4}) {
+    std::uint64_t loose_ahead = 0;
+    for (bool tight : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(tight);
+      const std::size_t capacity = tight ? act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes : std::size_t{1} << 20;
+      const auto got = train_zero(ranks, capacity, false);
+      for (const auto& r : got) {
+        const std::size_t share = r.model_bytes / static_cast<std::size_t>(ranks);
+        // At most two parameter groups gathered at once (the current one, and the next one
+        // gathered ahead or the last forward one kept for backward), two gradient groups (one accumulating, one whose reduce-scatter
+        // overlaps the next scope), and one chunk of reduce scratch.
+        const std::size_t collective_bound = 4 * static_cast<std::size_t>(ranks) * chunk_bytes + chunk_bytes;
+        CHECK(r.stats.peak_collective_bytes > 0);
+        CHECK(r.stats.peak_collective_bytes <= collective_bound);
+        CHECK(r.stats.peak_model_bytes <= share + r.stats.peak_collective_bytes);
+        CHECK(r.stats.peak_device_bytes <= capacity);
+        // Gathers ahead where the budget holds them (plan_gathers): at 3 ranks the tight budget
+        // holds half of them; every rank starts the same ones (the plan is agreed).
+        if (!tight) loose_ahead = r.stats.gathers_ahead;
+        CHECK(r.stats.gathers_ahead == got.front().stats.gathers_ahead);
+        if (tight) CHECK(r.stats.gathers_ahead <= loose_ahead);
+        if (tight && ranks == 3) CHECK(r.stats.gathers_ahead < loose_ahead);
+        if (ranks == 2 || ranks == 3) CHECK(r.stats.gathers_ahead > 0);
+      }
+    }
+  }
+}
+
+namespace {
+
+/** An in-process rank that logs when a reduce-scatter, a rooted reduce or an allgather starts
+ *  and when the runtime waits for it; everything else is forwarded unchanged. */
+class recording_communicator {
+ public:
+  recording_communicator(in_process_communicator& c, std::vector<std::string>& log) : c_(c), log_(log) {}
+  [[nodiscard]] int rank() const { return c_.rank(); }
+  [[nodiscard]] int size() const { return c_.size(); }
+  void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { c_.allreduce(p, n, t, op); }
+  void allreduce(std::span<double> d, reduce_op op) { c_.allreduce(d, op); }
+  void allgather(const void* s, void* r, std::size_t n) {
+    log_.push_back("allgather");
+    c_.allgather(s, r, n);
+  }
+  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    log_.push_back("reduce-scatter");
+    c_.reduce_scatter(s, r, n, t, op);
+  }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    log_.push_back("reduce");
+    c_.reduce(s, r, n, t, op, root);
+  }
+  void broadcast(void* p, std::size_t n, int root) { c_.broadcast(p, n, root); }
+  void ring_shift(const void* s, void* r, std::size_t n) { c_.ring_shift(s, r, n); }
+  void barrier() { c_.barrier(); }
+  comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) { return c_.allreduce_async(p, n, t, op); }
+  comm_handle allreduce_async(std::span<double> d, reduce_op op) { return c_.allreduce_async(d, op); }
+  comm_handle allgather_async(const void* s, void* r, std::size_t n) {
+    log_.push_back("gather-start");
+    return comm_handle(std::make_shared<logged>(c_.allgather_async(s, r, n), log_, "gather-wait"));
+  }
+  comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    log_.push_back("reduce-start");
+    return comm_handle(std::make_shared<logged>(c_.reduce_scatter_async(s, r, n, t, op), log_, "reduce-wait"));
+  }
+  comm_handle reduce_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    log_.push_back("reduce-start");
+    return comm_handle(std::make_shared<logged>(c_.reduce_async(s, r, n, t, op, root), log_, "reduce-wait"));
+  }
+
+  comm_handle broadcast_async(void* p, std::size_t n, int root) { return c_.broadcast_async(p, n, root); }
+  comm_handle ring_shift_async(const void* s, void* r, std::size_t n) { return c_.ring_shift_async(s, r, n); }
+
+ private:
+  struct logged {
+    comm_handle inner;
+    std::vector<std::string>& log;
+    const char* label;
+    logged(comm_handle h, std::vector<std::string>& l, const char* what) : inner(std::move(h)), log(l), label(what) {}
+    void wait() {
+      log.push_back(label);
+      inner.wait();
+    }
+    bool ready() { return inner.ready(); }
+  };
+  in_process_communicator& c_;
+  std::vector<std::string>& log_;
+};
+static_assert(Communicator<recording_communicator>);
+
+/** One rank's training of the MLP over a recording_communicator (a loose budget, 10 steps). */
+struct recorded_rank {
+  std::vector<std::string> log;  // the communicator's, with "iteration" before each, "computed" after
+                                 // each backward scope (and forward one, if asked), "step" before each step
+  params_by_name params;         // owned, at the end
+  runtime_stats stats;
+  std::vector<std::string> violations;
+};
+std::vector<recorded_rank> train_recorded(int ranks, sharding_options sharding, bool log_forward = false) {
+  std::vector<recorded_rank> out(static_cast<std::size_t>(ranks));
+  run_ranks(ranks, [&](in_process_communicator& inner) {
+    auto& me = out[static_cast<std::size_t>(inner.rank())];
+    recording_communicator comm(inner, me.log);
+    mlp_replica<recording_communicator> r({.sharding = sharding}, 1 << 20, comm);
+    auto opt = mlp_adam();
+    const auto computed = [&] { me.log.push_back("computed"); };
+    for (int step = 1; step <= steps; ++step) {
+      me.log.push_back("iteration");
+      if (log_forward) r.forward_backward(step, comm.rank(), computed, computed);
+      else r.forward_backward(step, comm.rank(), computed);
+      me.log.push_back("step");
+      REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+    }
+    me.params = owned_params(r);
+    me.stats = r.rt.stats();
+    me.violations = r.rt.invariant_violations(true);
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO overlap: a group's reduce-scatter runs while the next backward scope computes, and completes before the step") {
+  // 4 layers of one chunk each. Once the trace exists, a gradient group whose last contribution
+  // came from layer l is reduced asynchronously when the next scope opens and waited for when
+  // that scope has closed, so its communication overlaps layer l-1's backward; the group that
+  // finishes last (layer 0's) has no scope after it and completes before the step.
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    const std::size_t used = (4 + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+    const auto got = train_recorded(ranks, {.enabled = true});
+    for (const auto& [log, params, stats, violations] : got) {
+      // Per iteration after the first: how many reductions saw a backward scope computed between
+      // their start and the wait for them, and how many ran at all.
+      std::vector<std::size_t> overlapped, started;
+      bool open = false;
+      std::size_t computed_since_start = 0;
+      for (const auto& e : log) {
+        if (e == "iteration") overlapped.push_back(0), started.push_back(0);
+        else if (e == "reduce-start") open = true, computed_since_start = 0, ++started.back();
+        else if (e == "computed" && open) ++computed_since_start;
+        else if (e == "reduce-wait") {
+          if (computed_since_start > 0) ++overlapped.back();
+          open = false;
+        }
+        CHECK(e != "reduce-scatter");  // the runtime never blocks on a reduce-scatter it could overlap
+      }
+      REQUIRE(overlapped.size() == static_cast<std::size_t>(steps));
+      // From the first iteration on: without a trace yet, a chunk's gradient is final once backward
+      // has used it as often as forward did (gradient_final_untraced), so the first iteration too
+      // reduces group by group instead of holding every gradient group until the step.
+      for (std::size_t it = 0; it < overlapped.size(); ++it) {
+        CAPTURE(it);
+        CHECK(started[it] == used);
+        CHECK(overlapped[it] == used - 1);
+      }
+    }
+    const auto expected = reference(ranks);  // and the bits are the reference's
+    for (const auto& mine : got)
+      for (const auto& [name, v] : mine.params) CHECK_MESSAGE(v == expected.params.at(name), name);
+  }
+}
+
+TEST_CASE("gradient_final_untraced: final once backward has used a chunk as often as forward did") {
+  CHECK_FALSE(gradient_final_untraced(1, 0));
+  CHECK(gradient_final_untraced(1, 1));
+  CHECK_FALSE(gradient_final_untraced(2, 1));  // a tied weight: its second backward use is still to come
+  CHECK(gradient_final_untraced(2, 2));
+  CHECK(gradient_final_untraced(0, 1));  // used in backward only: final after that use
+  CHECK_FALSE(gradient_final_untraced(0, 0));
+}
+
+TEST_CASE("ZeRO gathers ahead: once the trace exists, every gather but an iteration's first starts a scope before its use and runs while that scope computes") {
+  // 4 layers of one chunk each: groups of N consecutive layers. Forward gathers group 0 when
+  // layer 0 opens (nothing is open before it: synchronous) and each later group while the layer
+  // before it computes; backward likewise, its first group still gathered from forward.
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    const std::size_t used = (4 + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+    const auto got = train_recorded(ranks, {.enabled = true}, /*log_forward=*/true);
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      CAPTURE(k);
+      CHECK(got[k].violations.empty());
+      std::vector<std::size_t> sync, ahead, overlapped;
+      std::size_t pending = 0, computed_since = 0;
+      for (const auto& e : got[k].log) {
+        if (e == "iteration") sync.push_back(0), ahead.push_back(0), overlapped.push_back(0);
+        else if (sync.empty()) continue;  // finalize()'s agreement on the configuration
+        else if (e == "allgather") ++sync.back();
+        else if (e == "gather-start") ++ahead.back(), ++pending, computed_since = 0;
+        else if (e == "computed") ++computed_since;
+        else if (e == "gather-wait") {
+          REQUIRE(pending > 0);
+          --pending;
+          if (computed_since > 0) ++overlapped.back();
+        }
+      }
+      CHECK(pending == 0);
+      REQUIRE(sync.size() == static_cast<std::size_t>(steps));
+      CHECK(sync[0] == 8);  // no trace yet: every scope gathers, and waits for it
+      CHECK(ahead[0] == 0);
+      for (std::size_t it = 1; it < sync.size(); ++it) {
+        CAPTURE(it);
+        CHECK(sync[it] == 1);                   // group 0, as layer 0 opens
+        CHECK(ahead[it] == 2 * used - 2);       // every other gather of the iteration (2U - 1 in all)
+        CHECK(overlapped[it] == ahead[it]);     // each with a scope computed between its start and its wait
+      }
+      CHECK(got[k].stats.gathers_ahead == (steps - 1) * (2 * used - 2));
+    }
+    const auto expected = reference(ranks);
+    for (const auto& mine : got)
+      for (const auto& [name, v] : mine.params) CHECK_MESSAGE(v == expected.params.at(name), name);
+  }
+}
+
+TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget holds it beside what the moment needs") {
+  // 2 ranks, 4 layers of one chunk each (groups {0, 1} and {2, 3}), chunks of 100 bytes, forward
+  // 0..3 then backward 3..0 and the step. Rank 0.
+  sharding_trace t;
+  const auto scope = [&](moment_kind k, std::uint32_t c) {
+    t.kinds.push_back(k);
+    t.params.push_back({c});
+    t.grads.push_back(k == moment_kind::backward ? std::vector<std::uint32_t>{c} : std::vector<std::uint32_t>{});
+  };
+  for (std::uint32_t l = 0; l < 4; ++l) scope(moment_kind::forward, l);
+  for (std::uint32_t l = 4; l-- > 0;) scope(moment_kind::backward, l);
+  t.kinds.push_back(moment_kind::optimizer);
+  t.params.emplace_back();
+  t.grads.emplace_back();
+  gather_plan_inputs in{.map = {.world = 2, .rank = 0}, .param_chunk_bytes = 100, .grad_chunk_bytes = 100, .keep_gathered = false, .budget = {}};
+
+  // Without budgets: no gather ahead; 3 gathers (forward: both groups; backward: group 0 again,
+  // group 1 stays from forward's layer 3), 2 reductions.
+  const auto none = plan_gathers(t, in);
+  CHECK(none.gathers == 3);
+  CHECK(none.gathers_ahead == 0);
+  CHECK(none.reductions == 2);
+  for (std::size_t m = 0; m < t.size(); ++m) CHECK_FALSE(none.starts_ahead(m));
+  // What each moment needs: at m = 1 (layer 1) group 0 (200 B; rank 0's chunk 0 is not in use):
+  // 200; at m = 5 (layer 2's backward) group 1 and its gradient group (400) and rank 0's chunk 2
+  // (100): 500; at m = 6 (layer 1's) group 0 and its gradients (400) beside group 1's reduction,
+  // in flight while layer 1 computes (its gradient group and the owner's result: 300): 700.
+  CHECK(none.need[1] == 200);
+  CHECK(none.need[5] == 500);
+  CHECK(none.need[6] == 700);
+
+  in.budget.assign(t.size(), 10'000);  // room for everything: forward's m = 1 gathers group 1 for
+  const auto loose = plan_gathers(t, in);  // m = 2, backward's m = 5 group 0 for m = 6
+  CHECK(loose.gathers == 3);
+  CHECK(loose.gathers_ahead == 2);
+  CHECK(loose.ahead[1] == std::vector<std::size_t>{1});
+  CHECK(loose.ahead[5] == std::vector<std::size_t>{0});
+  // The ahead gather at m = 1 costs the group (200) and rank 0's chunk 2, its send buffer (100).
+  CHECK(loose.need[1] == 500);
+  CHECK(loose.need[5] == 800);           // group 0 ahead, and rank 0's chunk 0, its send buffer
+  CHECK(loose.peak_buffer_bytes == 700);  // m = 6, as without gathers ahead
+
+  in.budget[1] = 499;  // one byte short at m = 1: only backward gathers ahead
+  const auto tight = plan_gathers(t, in);
+  CHECK_FALSE(tight.starts_ahead(1));
+  CHECK(tight.starts_ahead(5));
+  CHECK(tight.gathers == 3);
+
+  // The ranks' agreement restricts the moments: an empty mask allows all, a false entry none.
+  std::vector<bool> allowed(t.size(), true);
+  allowed[5] = false;
+  const auto agreed = plan_gathers(t, in, allowed);
+  CHECK_FALSE(agreed.starts_ahead(1));
+  CHECK_FALSE(agreed.starts_ahead(5));
+  CHECK(agreed.gathers_ahead == 0);
+
+  in.keep_gathered = true;  // kept from forward: backward gathers nothing, forward still ahead
+  in.budget.assign(t.size(), 10'000);
+  const auto kept = plan_gathers(t, in);
+  CHECK(kept.gathers == 2);
+  CHECK(kept.gathers_ahead == 1);
+  CHECK(kept.starts_ahead(1));
+}
+
+TEST_CASE("ZeRO memory-saving mode: chunk by chunk, the reference's bits at N = 1-4 where group buffers do not fit") {
+  // One chunk per layer. A scope then holds one remote parameter chunk, its gradient chunk and the
+  // previous layer's gradient still being reduced: at most 4 chunks of collective buffers at any N
+  // (with keep_gathered, the forward's remote chunks stay for backward: at most 4 of them, and two
+  // gradient chunks), where groups need 4N + 1. At 4 ranks the tight budget below holds the
+  // former, not the latter.
+  for (int ranks : {1, 2, 3, 4}) {
+    CAPTURE(ranks);
+    const auto expected = reference(ranks);
+    const std::size_t tight = act_bytes + 6 * chunk_bytes;
+    for (std::size_t capacity : {std::size_t{1} << 20, tight}) {
+      for (bool keep : {false, true}) {
+        CAPTURE(capacity);
+        CAPTURE(keep);
+        const auto got = train_zero(ranks, capacity, keep, 2, true, /*memory_saving=*/true);
+        params_by_name all;
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          for (const auto& v : got[k].violations) FAIL_CHECK(v);
+          for (int step = 1; step <= steps; ++step)
+            CHECK(got[k].losses[static_cast<std::size_t>(step - 1)] == expected.losses[static_cast<std::size_t>(step - 1)][k]);
+          all.insert(got[k].params.begin(), got[k].params.end());
+          CHECK(got[k].stats.peak_collective_bytes <= (keep ? 6 : 4) * chunk_bytes);
+          CHECK(got[k].stats.peak_device_bytes <= capacity);
+          CHECK(got[k].stats.peak_model_bytes <= got[k].model_bytes / static_cast<std::size_t>(ranks) + got[k].stats.peak_collective_bytes);
+          CHECK(got[k].stats.gathers_ahead == 0);
+          if (ranks > 1) CHECK(got[k].stats.gathers > 0);
+        }
+        REQUIRE(all.size() == expected.params.size());
+        for (const auto& [name, values] : expected.params) CHECK_MESSAGE(all[name] == values, name);
+      }
+    }
+  }
+  // The same budget at 4 ranks is too small for group buffers: a typed error, not a hang.
+  CHECK_THROWS_AS(train_zero(4, act_bytes + 6 * chunk_bytes, false), out_of_memory_error);
+}
+
+TEST_CASE("ZeRO memory-saving mode: each chunk's reduction to its owner runs while the next backward scope computes") {
+  // One chunk per layer, so in this mode one reduction per layer and iteration; all but layer 0's
+  // (no scope after it) have a backward scope computed between their start and their wait.
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    for (const auto& [log, params, stats, violations] : train_recorded(ranks, {.enabled = true, .memory_saving = true})) {
+      std::vector<std::size_t> started, overlapped;
+      std::size_t pending = 0, computed_since = 0;
+      for (const auto& e : log) {
+        if (e == "iteration") started.push_back(0), overlapped.push_back(0);
+        else if (started.empty()) continue;
+        else if (e == "reduce-start") ++started.back(), ++pending, computed_since = 0;
+        else if (e == "computed") ++computed_since;
+        else if (e == "reduce-wait") {
+          REQUIRE(pending > 0);
+          --pending;
+          if (computed_since > 0) ++overlapped.back();
+        }
+        CHECK(e != "reduce");            // never a synchronous reduction
+        CHECK(e != "reduce-scatter");    // nor a group's
+      }
+      REQUIRE(started.size() == static_cast<std::size_t>(steps));
+      for (std::size_t it = 0; it < started.size(); ++it) {
+        CAPTURE(it);
+        CHECK(started[it] == 4);
+        CHECK(overlapped[it] == 3);
+      }
+    }
+  }
+}
+
+}  // namespace zero_test
