@@ -4,7 +4,7 @@
 # touches the network. The CUDA toolkit is not a Debian package here: it is used when found.
 
 CHUNKSTAR_DEBIAN_PACKAGES=(
-  cmake ninja-build g++ clang git pkg-config
+  cmake ninja-build g++ clang git pkg-config ccache python3
   doctest-dev nlohmann-json3-dev libcli11-dev
   libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox liburing-dev
 )
