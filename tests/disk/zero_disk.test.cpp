@@ -1,6 +1,6 @@
 // ZeRO with a disk tier (ZeRO-Infinity's combination): each rank's own share of the model data
 // spills to its own disk when device and host cannot hold it, and N ranks still give the bits of
-// N ranks without a disk (which tests/unit/zero.test.cpp ties to the one-process reference).
+// N ranks without a disk (which tests/mpi/zero.test.cpp ties to the one-process reference).
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/disk/disk_copy_engine.hpp>

@@ -66,7 +66,7 @@ if ! grep -q 'CUDA=1' "$out/configure.log"; then
   exit 1
 fi
 if [[ -z $targets ]]; then
-  note "build: no test_cuda_* or bench_*_cuda targets: nothing to run"
+  note "build: no test_cuda, test_*_cuda or bench_*_cuda targets: nothing to run"
   note "gpu check: PASSED (empty)"
   exit 0
 fi

@@ -1,5 +1,5 @@
 // RTP over MPI ranks (processes): every rank trains the RTP test MLP (tests/support/rtp_mlp.hpp,
-// the code tests/unit/rtp_mlp.test.cpp runs on in-process ranks) with the world as its ring. Its
+// the code tests/rtp/rtp_mlp.test.cpp runs on in-process ranks) with the world as its ring. Its
 // owned shards, their gradients, the replicated parameters and their gradients, and the losses
 // must be bit-identical, every iteration, to the same rank of an in-process group (threads) of the
 // same N, and the run assembled from all ranks must be within the unit test's tolerance of the

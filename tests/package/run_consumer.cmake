@@ -4,7 +4,8 @@
 #         -DBUILD_TYPE=... -DEXPECT_TIERS=core,cuda,mpi -DEXPECT_OUTPUT=<regex>
 #         [-DCONSUMER_ARGS=-DCHUNKSTAR_ENABLE_CUDA=OFF,...] [-DEXPECT_NO_TIERS=cuda,nccl,mpi]
 #         [-DCONSUMER_PROJECT=<subdirectory of tests/package>] [-DEXES=consumer,...]
-#         [-DFORBID_NEEDED=<regex>] [-DREQUIRE_NEEDED=<regex>] -P run_consumer.cmake
+#         [-DFORBID_NEEDED=<regex>] [-DREQUIRE_NEEDED=<regex>] [-DCCACHE=<ccache> -DCCACHE_BASEDIR=<dir>]
+#         -P run_consumer.cmake
 # Lists are comma-separated: a ';' would be split by add_test before it reaches this script
 # (EXPECT_TIERS and EXPECT_NO_TIERS stay so all the way into the consumer project).
 # CONSUMER_PROJECT picks the consumer project (default: find_package/ or fetch_content/, by MODE);
@@ -46,6 +47,12 @@ file(MAKE_DIRECTORY "${WORK_DIR}")
 set(here "${CMAKE_CURRENT_LIST_DIR}")
 set(args -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
          "-DEXPECT_TIERS=${EXPECT_TIERS}" "-DEXPECT_NO_TIERS=${EXPECT_NO_TIERS}" ${CONSUMER_ARGS})
+if(CCACHE)  # as the chunkstar build that runs this test (CMakeLists.txt: CHUNKSTAR_CCACHE)
+  set(ENV{CCACHE_BASEDIR} "${CCACHE_BASEDIR}")
+  set(ENV{CCACHE_NOHASHDIR} 1)
+  set(ENV{CCACHE_DEPEND} 1)
+  list(APPEND args "-DCMAKE_CXX_COMPILER_LAUNCHER=${CCACHE}")
+endif()
 if(MAKE_PROGRAM)
   list(APPEND args -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM})
 endif()

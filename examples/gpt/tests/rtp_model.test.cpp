@@ -6,7 +6,7 @@
 // tied embedding (both of its gradients). The tolerance is docs/rtp.md's "The whole model":
 // RTP's distance from float64 is at most K times the serial fp32 model's own.
 // The config, micro-batches, one rank's training, the serial runs and the checks against them are
-// in rtp_model_support.hpp, shared with the MPI test (rtp_model_mpi.test.cpp).
+// in rtp_model_support.hpp, shared with the MPI test (mpi/rtp_gpt.test.cpp).
 #include "rtp_model_support.hpp"
 
 #include <chunkstar/comm/in_process_group.hpp>

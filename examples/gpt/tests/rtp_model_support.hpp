@@ -1,5 +1,5 @@
 // The whole-GPT RTP test's pieces, shared by the in-process test (rtp_model.test.cpp) and the MPI
-// test (rtp_model_mpi.test.cpp): the config, the micro-batches, one rank's training (generic over
+// test (mpi/rtp_gpt.test.cpp): the config, the micro-batches, one rank's training (generic over
 // the Communicator, so in-process ranks (threads) and MPI ranks (processes) run the very same
 // code and can be compared bit for bit), the serial model in fp32 and float64, and the checks of
 // a run against them. The tolerance is docs/rtp.md's "The whole model": RTP's distance from

@@ -4,7 +4,7 @@
  *         shard's gradient, and what a pass sends.
  *
  *  The decision half of `rtp::rotation` (rtp/rotation.hpp), which only carries it out, so the
- *  order can be checked exhaustively on its own (tests/unit/rtp_schedule.test.cpp).
+ *  order can be checked exhaustively on its own (tests/rtp/rtp_schedule.test.cpp).
  *
  *  The `Communicator`'s ring shift goes one way: every rank sends to rank + 1 and receives from
  *  rank - 1. Shards therefore always travel "up" the ring, and a rank sees them in descending

@@ -1,5 +1,5 @@
 // Every CUDA layer against the CPU float path (itself checked against finite differences in
-// gpt_kernels.test.cpp). Without a GPU the shared main exits 77 (skipped).
+// tests/kernels.test.cpp). Without a GPU the shared main exits 77 (skipped).
 #include "kernels_cpu.hpp"
 #include "kernels_cuda.cuh"
 
