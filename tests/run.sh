@@ -38,6 +38,7 @@ chunkstar_mpi_env
 chunkstar_cuda_path
 
 build_root=${CHUNKSTAR_BUILD_ROOT:-$repo/build}
+t0=$SECONDS
 summary=()
 failed=0
 
@@ -122,6 +123,6 @@ fi
 stage_target=
 
 echo
-echo "=== summary (nvcc: $cuda_tests)"
+echo "=== summary (nvcc: $cuda_tests) in $((SECONDS - t0)) s"
 printf '%s\n' "${summary[@]}"
 exit $failed
