@@ -29,6 +29,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <climits>
 #include <cmath>
@@ -36,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -169,6 +171,37 @@ void add_column_sums(T* out, const T* in, std::size_t rows, std::size_t cols) {
   }
 }
 }  // namespace detail
+
+/** @brief Makes every OpenMP thread call the BLAS at the same time, so that the BLAS maps a work
+ *  buffer for each concurrent caller now. Call it before the model data is allocated: OpenBLAS
+ *  maps a buffer per concurrent caller on first need and, when that mapping fails (an
+ *  address-space limit the model data reached first), retries for ever instead of failing; after
+ *  this it only reuses them. Every thread repeats its call until every thread has finished one, so
+ *  each thread's first call overlaps another's, however late the threads start. */
+inline void blas_warm_up() {
+#if !defined(GPT_BUILTIN_GEMM)
+  detail::blas_single_threaded();
+  constexpr int n = 256;  // above OpenBLAS's small-matrix path, which maps no buffer
+  std::atomic<int> done{0};
+  int threads = 1;
+#if defined(_OPENMP)
+#pragma omp parallel
+#endif
+  {
+#if defined(_OPENMP)
+#pragma omp single
+    threads = omp_get_num_threads();
+#endif
+    std::vector<float> a(n * n, 1.0f), c(n * n, 0.0f);
+    bool counted = false;
+    do {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
+      if (!counted) done.fetch_add(1);
+      counted = true;
+    } while (done.load() < threads);
+  }
+#endif
+}
 
 // ---------------------------------------------------------------------------------------------
 // Encoder: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]

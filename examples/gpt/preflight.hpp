@@ -75,6 +75,27 @@ inline std::size_t runtime_overhead_bytes() {
   return cores * 200 * MiB + 4 * 8 * MiB + 128 * MiB;
 }
 
+/** @brief The address space this process maps now (VmSize, /proc/self/statm); 0 when unknown. */
+inline std::size_t mapped_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long long pages = 0;
+  const bool ok = std::fscanf(f, "%llu", &pages) == 1;
+  std::fclose(f);
+  return ok ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+/** @brief For an out-of-memory message: when this process runs under an address-space limit, a
+ *  sentence saying so (host allocations fail at that limit, whatever the budgets); else "". */
+inline std::string address_space_note() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return {};
+  const auto limit = static_cast<std::size_t>(lim.rlim_cur);
+  return " (this process runs under an address-space limit, ulimit -v " + chunkstar::format_bytes(limit) + ", of which " +
+         chunkstar::format_bytes(mapped_bytes()) + " is mapped now: host allocations fail there whatever the budgets; raise the "
+         "limit or train a smaller model)";
+}
+
 /** @brief Throws out_of_memory_error (with a report) when @p need can never be met: more than the
  *  machine's memory and swap, or more address space than `ulimit -v` leaves this process (probed by
  *  reserving it, which costs no memory). */
@@ -110,10 +131,14 @@ inline void check_memory(const memory_need& need) {
     return;
   }
   const auto as_limit = static_cast<std::size_t>(lim.rlim_cur);
+  const std::size_t mapped = mapped_bytes();
+  const std::size_t left = as_limit > mapped ? as_limit - mapped : 0;
   throw chunkstar::out_of_memory_error(
-      "the address-space limit of this process (ulimit -v: " + chunkstar::format_bytes(as_limit) + ") leaves less than the " +
-          chunkstar::format_bytes(want) + " this run needs (model data, activations, BLAS buffers and thread stacks): raise the limit "
-          "(ulimit -v) to at least " + chunkstar::format_bytes(want + (std::size_t{64} << 20)) + ", or train a smaller model",
+      "the address-space limit of this process (ulimit -v: " + chunkstar::format_bytes(as_limit) + "), less the " +
+          chunkstar::format_bytes(mapped) + " it maps already (code, libraries, the data read), leaves " + chunkstar::format_bytes(left) +
+          ", less than the " + chunkstar::format_bytes(want) +
+          " this run needs (model data, activations, BLAS buffers and thread stacks): raise the limit (ulimit -v) to at least " +
+          chunkstar::format_bytes(mapped + want + (std::size_t{64} << 20)) + ", or train a smaller model",
       want, report(as_limit));
 }
 

@@ -13,6 +13,7 @@
 
 #include <chunkstar/checkpoint/detail/xxh64.hpp>
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
+#include <chunkstar/comm/rank_agreement.hpp>
 #include <chunkstar/core/error.hpp>
 
 #include <charconv>
@@ -78,6 +79,37 @@ inline std::vector<record_field> run_record(const train_options& o, const gpt_co
       {"weight-decay", "train.weight-decay", exact(o.weight_decay)},
       {"clip", "train.clip", exact(o.clip)},
   };
+}
+
+/** @brief What every rank of a run on several ranks must agree on, checked before the first
+ *  collective (chunkstar::require_agreement): the recorded configuration (@p record: shape, data,
+ *  seed, schedule...) and every option that decides the sequence of collectives or an output the
+ *  ranks write together — mode, transport and device kind (@p transport, @p cuda), steps and where
+ *  they stop, evaluation and sampling cadence, the checkpoint to resume (and its step, @p
+ *  first_step) and to save. A rank's own resources may differ: budgets, policy, prefetch, chunk
+ *  size (the runtime agrees on its layout itself), the disk tier, --trace. Pure. */
+inline std::vector<chunkstar::config_field> rank_agreement(const std::vector<record_field>& record, const train_options& o,
+                                                           std::int64_t first_step, std::string_view transport, bool cuda) {
+  std::vector<chunkstar::config_field> f = {
+      {"--parallel", o.parallel},
+      {"transport (--comm)", std::string(transport)},
+      {"device kind (--device)", cuda ? "cuda" : "simulated"},
+  };
+  for (const auto& r : record) f.push_back({"--" + r.option, r.value});
+  const std::vector<chunkstar::config_field> rest = {
+      {"--data (source)", o.data.empty() ? "embedded" : o.data},
+      {"--stop-after", std::to_string(o.stop_after)},
+      {"--val-every", std::to_string(o.val_every)},
+      {"--val-batches", std::to_string(o.val_batches)},
+      {"--sample", std::to_string(o.sample)},
+      {"--memory-saving", o.memory_saving ? "on" : "off"},
+      {"--keep-gathered", o.keep_gathered ? "on" : "off"},
+      {"--resume", o.resume.empty() ? "(none)" : o.resume + " from step " + std::to_string(first_step)},
+      {"--save", o.save.empty() ? "(none)" : o.save},
+      {"--save-every", std::to_string(o.save_every)},
+  };
+  f.insert(f.end(), rest.begin(), rest.end());
+  return f;
 }
 
 /** @brief Throws config_error unless every --allow-change name is known. */
@@ -174,6 +206,22 @@ inline resume_state parse_resume_state(const chunkstar::checkpoint_extra& e, con
     r.clean_steps = detail::integer_entry(e, "clean_steps", 0, option_limits::steps, dir);
   }
   return r;
+}
+
+/** @brief Throws config_error unless @p loaded, the entries load_checkpoint read with the tensors
+ *  (under its lock, from the files it loaded), are @p checked, those the run's configuration and
+ *  state were checked and parsed from before the model was built: another process saved to the
+ *  checkpoint in between, and its tensors belong to a state this run did not check. */
+inline void require_same_save(const chunkstar::checkpoint_extra& checked, const chunkstar::checkpoint_extra& loaded,
+                              const std::string& dir) {
+  if (loaded == checked) return;
+  const auto step = [](const chunkstar::checkpoint_extra& e) {
+    const auto it = e.find("step");
+    return it == e.end() ? std::string("?") : it->second;
+  };
+  throw chunkstar::config_error("--resume '" + dir + "': another process saved to the checkpoint while this run was starting (its step " +
+                                step(checked) + " when checked, " + step(loaded) +
+                                " when loaded); nothing was trained: resume again once the other process has finished saving");
 }
 
 /** @brief The checkpoint_extra a run saves at @p step: the state and the configuration. */

@@ -210,7 +210,7 @@ struct disk_parts {
     return {space, *pool};
   }
   [[nodiscard]] std::string describe() const {
-    return format_bytes(space.capacity()) + " in " + space.path() + ", " + (pool ? "pread/pwrite threads" : "io_uring") +
+    return format_bytes(space.capacity()) + " in a file without a name in " + space.options().directory + ", " + (pool ? "pread/pwrite threads" : "io_uring") +
            (space.direct() ? ", O_DIRECT" : ", buffered (" + space.note() + ")");
   }
 };
@@ -224,6 +224,7 @@ struct run_plan {
   gpt::text_data data;
   std::vector<gpt::record_field> record;  // the configuration a checkpoint stores
   std::optional<gpt::resume_state> resume;
+  chunkstar::checkpoint_extra resume_entries;  // what resume was parsed from; the load must find the same
   std::int64_t first_step = 1, last_step = 0;
 };
 
@@ -264,9 +265,9 @@ run_plan prepare(const train_options& o, int ranks, gpt::node_place node) {
   p.record = gpt::run_record(o, p.cfg, gpt::data_checksum(p.data.train, p.data.val));
   p.last_step = o.stop_after > 0 ? o.stop_after : o.steps;
   if (!o.resume.empty()) {
-    const auto extra = read_checkpoint_extra(o.resume);
-    gpt::check_resume_config(p.record, extra, o.allow_change, o.resume);
-    p.resume = gpt::parse_resume_state(extra, o.resume);
+    p.resume_entries = read_checkpoint_extra(o.resume);
+    gpt::check_resume_config(p.record, p.resume_entries, o.allow_change, o.resume);
+    p.resume = gpt::parse_resume_state(p.resume_entries, o.resume);
     p.first_step = p.resume->step + 1;
     if (p.first_step > p.last_step)
       throw config_error("--resume '" + o.resume + "': the checkpoint completed step " + std::to_string(p.resume->step) +
@@ -414,12 +415,19 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   // With a disk tier only what the device and the host budgets hold is in memory.
   const std::size_t in_memory = with_disk ? std::min(model_bytes, host_capacity == SIZE_MAX ? model_bytes : host_capacity + device_capacity) : model_bytes;
   gpt::check_memory(gpt::host_memory_need(in_memory + collective, act, device_capacity, device_free == 0));
+  gpt::cpu::blas_warm_up();  // the BLAS's buffers before the model data: under ulimit -v it never waits for room
   const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
   const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
   parts memory(plan.device.gpu, device_capacity, host_capacity, link, with_disk);
   auto& device = memory.device;
   std::optional<disk_parts> disk;
-  if (with_disk) disk.emplace(o, disk_capacity);
+  if (with_disk) {
+    try {
+      disk.emplace(o, disk_capacity);
+    } catch (const io_error& e) {  // before any step: the option is what is wrong (exit 2), not a failing disk
+      throw config_error("--disk-dir '" + o.disk_dir + "' cannot hold the disk tier's " + format_bytes(disk_capacity) + ": " + e.what());
+    }
+  }
 
   // The runtime and the model: every parameter registered in execution order.
   Runtime rt(device, memory.host, memory.copier, comm,
@@ -458,7 +466,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   auto lr_at = [&](std::int64_t step) { return o.schedule == "constant" ? o.lr : cosine(step); };
 
   if (plan.resume) {  // its configuration and state were checked by prepare()
-    (void)load_checkpoint(rt, o.resume);
+    gpt::require_same_save(plan.resume_entries, load_checkpoint(rt, o.resume), o.resume);
     opt.restore_step_count(plan.resume->optimizer_steps);
     if constexpr (std::is_same_v<Scaler, dynamic_loss_scaler>)
       if (plan.resume->loss_scale) opt.scaler().restore(*plan.resume->loss_scale, plan.resume->clean_steps);
@@ -529,6 +537,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
                 r.stepped ? "" : " (skipped: overflow)", format_bytes(device.usage().peak).c_str(),
                 format_bytes(device_capacity).c_str(), format_bytes(rt.host_chunk_bytes()).c_str(),
                 format_bytes(s.bytes_moved() - before.bytes_moved()).c_str(), 1e3 * (s.stall_s - before.stall_s), disk_moved.c_str());
+    std::fflush(stdout);  // a line per step as it happens, also into a pipe or a file (tail -f, mpirun)
     device.reset_peak();
     if (o.val_every > 0 && (step % o.val_every == 0 || step == plan.last_step)) {
       last_val = validation_loss();
@@ -633,6 +642,7 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
                        format_bytes(act + model_bytes) + ", not " + format_bytes(device_capacity) +
                        ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
   gpt::check_memory(gpt::host_memory_need(model_bytes, act, device_capacity, device_free == 0));
+  gpt::cpu::blas_warm_up();  // the BLAS's buffers before the model data: under ulimit -v it never waits for room
   const double bandwidth = static_cast<double>(gpt::bytes_option("--link-bandwidth", o.link_bandwidth));
   const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
   parts memory(plan.device.gpu, device_capacity, host_capacity, link);
@@ -663,7 +673,7 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
   auto lr_at = [&](std::int64_t step) { return o.schedule == "constant" ? o.lr : cosine(step); };
   if (plan.resume) {
     gpt::rtp_load_view<communicator_ref, store_type, backend_type> view(model);
-    (void)load_checkpoint(view, o.resume);
+    gpt::require_same_save(plan.resume_entries, load_checkpoint(view, o.resume), o.resume);
     model.restore_step_count(plan.resume->optimizer_steps);
     std::printf("resumed from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(plan.resume->step));
   }
@@ -721,6 +731,7 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
                 static_cast<double>(N * static_cast<std::size_t>(o.accum * ranks)) / dt, static_cast<double>(lr), norm,
                 format_bytes(step_bytes).c_str(), format_bytes(device.usage().peak).c_str(), format_bytes(device_capacity).c_str(),
                 format_bytes(s.bytes_moved() - before.bytes_moved()).c_str(), 1e3 * (s.stall_s - before.stall_s));
+    std::fflush(stdout);  // a line per step as it happens, also into a pipe or a file (tail -f, mpirun)
     device.reset_peak();
     if (o.val_every > 0 && (step % o.val_every == 0 || step == plan.last_step)) {
       last_val = validation_loss();
@@ -822,6 +833,11 @@ int run(const train_options& o, communicator_ref comm, gpt::node_place node) {
   const char* phase = "checking the options";
   try {
     const run_plan plan = prepare(o, comm.size(), node);
+    phase = "comparing the ranks' options";
+    // Before any collective that depends on them: ranks given different options stop here, all of
+    // them, naming the option, instead of diverging silently, crashing in MPI or hanging.
+    const char* transport = plan.transport.kind == gpt::transport_choice::nccl ? "nccl" : plan.transport.kind == gpt::transport_choice::staged ? "staged" : "mpi";
+    require_agreement(comm, gpt::rank_agreement(plan.record, o, plan.first_step, transport, plan.device.cuda), "train_gpt");
     phase = "connecting the ranks";
     // ZeRO and RTP on GPUs talk over NCCL, or over MPI through pinned host buffers (resolve_transport);
     // the staged path also runs on the simulated device (memcpy staging), to test it on a CPU.
@@ -850,7 +866,9 @@ int run(const train_options& o, communicator_ref comm, gpt::node_place node) {
   } catch (const output_error& e) {
     fatal(gpt::exit_io, e.what());
   } catch (const out_of_memory_error& e) {
-    fatal(gpt::exit_out_of_memory, std::string("out of memory while ") + phase + ": " + e.what());
+    const std::string what = e.what();  // the preflight's own message names the limit already
+    fatal(gpt::exit_out_of_memory, std::string("out of memory while ") + phase +
+                                       (what.find("ulimit -v") == std::string::npos ? gpt::address_space_note() : "") + ": " + what);
   } catch (const config_error& e) {
     fatal(gpt::exit_bad_input, e.what());
   } catch (const checkpoint_error& e) {  // the checkpoint to resume
@@ -864,7 +882,7 @@ int run(const train_options& o, communicator_ref comm, gpt::node_place node) {
   } catch (const chunkstar::error& e) {
     fatal(gpt::exit_internal, std::string("internal error while ") + phase + " (please report it): " + e.what());
   } catch (const std::bad_alloc&) {
-    fatal(gpt::exit_out_of_memory, std::string("out of host memory while ") + phase +
+    fatal(gpt::exit_out_of_memory, std::string("out of host memory while ") + phase + gpt::address_space_note() +
                                        ": lower --batch, --seq or the model size, or raise the process's memory limit");
   } catch (const std::system_error& e) {
     const bool resource = e.code() == std::errc::resource_unavailable_try_again || e.code() == std::errc::not_enough_memory;
@@ -963,6 +981,13 @@ int main(int argc, char** argv) {
   }
   // --parallel zero or rtp: one process per rank under mpirun; only rank 0 prints progress.
   single_process_communicator one;
+  if (o.parallel == "none") {  // under mpirun -np N, N copies would train alone and write the same files
+    try {
+      gpt::validate_ranks(o, gpt::launched_processes([](const char* name) { return std::getenv(name); }));
+    } catch (const config_error& e) {
+      fatal(gpt::exit_bad_input, e.what());
+    }
+  }
 #if CHUNKSTAR_HAS_MPI()
   std::optional<mpi_session> session;
   std::optional<mpi_communicator> world;
@@ -975,7 +1000,14 @@ int main(int argc, char** argv) {
     }
     process_rank = world->rank();
     if (process_rank != 0 && !std::freopen("/dev/null", "w", stdout)) fatal(gpt::exit_io, "cannot silence the output of rank " + std::to_string(process_rank));
+    const auto t0 = std::chrono::steady_clock::now();
     const int rc = run(o, *world, node_place());
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // What checking every collective's kind, size and order across the ranks cost (on in every build).
+    const sequence_check_stats check = world->sequence_check();
+    if (rc == 0 && check.calls > 0)
+      std::printf("collective-sequence check: %llu collectives, %.3f s of %.3f s (%.2f%% of the run, waits for slower ranks included)\n",
+                  static_cast<unsigned long long>(check.calls), check.seconds, wall, 100.0 * check.seconds / wall);
     std::fflush(stdout);
     return rc;
   }

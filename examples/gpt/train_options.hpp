@@ -273,8 +273,27 @@ inline chunkstar::warmup_cosine cosine_schedule(const train_options& o) {
   return {.peak = o.lr, .min = o.min_lr, .warmup_steps = warmup_steps(o), .total_steps = o.steps};
 }
 
-/** @brief Throws config_error unless the global --batch splits evenly over @p ranks ranks. */
+/** @brief How many processes a launcher started this one among: mpirun or mpiexec of Open MPI,
+ *  MPICH or MVAPICH, from the variables they set (1 when there are none). @p env looks a variable
+ *  up (std::getenv). Pure. */
+template <class Env>
+int launched_processes(Env env) {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
+    const char* v = env(name);
+    if (v == nullptr) continue;
+    const long n = std::strtol(v, nullptr, 10);
+    if (n > 0) return n > 1 << 24 ? 1 << 24 : static_cast<int>(n);
+  }
+  return 1;
+}
+
+/** @brief Throws config_error unless the global --batch splits evenly over @p ranks ranks, and
+ *  unless several ranks (processes a launcher started, for --parallel none) have a mode to share. */
 inline void validate_ranks(const train_options& o, int ranks) {
+  if (o.parallel == "none" && ranks > 1)
+    detail::bad_option("--parallel", "none on " + std::to_string(ranks) +
+                                         " MPI ranks: every rank would train the same model alone and write the same outputs; "
+                                         "use --parallel zero or --parallel rtp, or run one process without mpirun");
   if (ranks > 1 && o.batch % ranks != 0) {
     std::string valid;
     for (int n = 1; n <= ranks; ++n)
@@ -282,8 +301,6 @@ inline void validate_ranks(const train_options& o, int ranks) {
     detail::bad_option("--batch", std::to_string(o.batch) + " (the global batch) does not split evenly over " + std::to_string(ranks) +
                                       " ranks: use a multiple of " + std::to_string(ranks) + ", or run on " + valid + " ranks");
   }
-  if (o.parallel == "none" && ranks > 1)
-    detail::bad_option("--parallel", "none on " + std::to_string(ranks) + " MPI ranks: every rank would train the same model alone; use --parallel zero or rtp");
 }
 
 /** @brief Checks every option against its range and the others, throwing config_error naming the

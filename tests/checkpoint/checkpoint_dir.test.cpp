@@ -243,6 +243,57 @@ TEST_CASE("a lock held longer than the timeout is a checkpoint_error naming the 
   CHECK(r.first() == 1.0f);
 }
 
+TEST_CASE("a lock file or a temporary that is a symbolic link or not a regular file is never written through") {
+  temp_dir tmp;
+  const auto dir = tmp.path / "ck";
+  const auto precious = tmp.path / "precious.txt";
+  write_text(precious, "precious\n");
+  model m(1.0f);
+  SUBCASE("a symlinked lock: saves, checks and loads refused before anything is written, the target unchanged") {
+    save_checkpoint(m.rt, dir, {{"v", "1"}});
+    fs::remove(tmp.path / "ck.lock");
+    fs::create_symlink(precious, tmp.path / "ck.lock");
+    model n(2.0f);
+    CHECK_THROWS_WITH_AS(save_checkpoint(n.rt, dir, {{"v", "2"}}), doctest::Contains("symbolic link"), checkpoint_error);
+    CHECK_THROWS_WITH_AS(check_checkpoint_target(dir), doctest::Contains("symbolic link"), checkpoint_error);
+    model r(0.0f);
+    CHECK_THROWS_WITH_AS((void)load_checkpoint(r.rt, dir), doctest::Contains("symbolic link"), checkpoint_error);
+    CHECK_THROWS_WITH_AS((void)read_checkpoint_extra(dir), doctest::Contains("symbolic link"), checkpoint_error);
+    fs::remove(tmp.path / "ck.lock");
+    CHECK(load_checkpoint(r.rt, dir).at("v") == "1");  // the checkpoint is the first save's
+  }
+  SUBCASE("a lock that is a directory or a FIFO: refused") {
+    SUBCASE("directory") { fs::create_directories(tmp.path / "ck.lock"); }
+    SUBCASE("FIFO") { REQUIRE(::mkfifo((tmp.path / "ck.lock").c_str(), 0644) == 0); }
+    CHECK_THROWS_AS(save_checkpoint(m.rt, dir, {{"v", "1"}}), checkpoint_error);
+    CHECK_FALSE(fs::exists(dir));
+  }
+  SUBCASE("links planted at a temporary file's next names: skipped, the write completes") {
+    // The serial the next temporary takes, read from the name a failing creation reports.
+    std::string failed;
+    try {
+      (void)checkpoint_detail::create_temporary(tmp.path / "no-such-dir" / "f");
+    } catch (const checkpoint_error& e) {
+      failed = e.what();
+    }
+    const std::string stem = "f.tmp." + std::to_string(::getpid()) + ".";
+    REQUIRE(failed.find(stem) != std::string::npos);
+    const unsigned next = static_cast<unsigned>(std::stoul(failed.substr(failed.find(stem) + stem.size()))) + 1;
+    const auto target = tmp.path / "x.safetensors";
+    for (unsigned k = next; k < next + 8; ++k)
+      fs::create_symlink(precious, target.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(k));
+    safetensors_writer w;
+    const std::vector<float> v(4, 1.0f);
+    w.add_values<float>("x", {4}, v);
+    (void)w.write(target);
+    CHECK(safetensors_file::open(target).find("x") != nullptr);
+  }
+  std::ifstream in(precious);
+  std::string text;
+  std::getline(in, text);
+  CHECK(text == "precious");
+}
+
 TEST_CASE("temporaries of killed writers are removed by the next save; anything else of that name stays") {
   temp_dir tmp;
   const auto dir = tmp.path / "ck";

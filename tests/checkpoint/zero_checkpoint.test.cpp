@@ -111,4 +111,29 @@ TEST_CASE("resume at the same N continues the uninterrupted trajectory; a damage
   CHECK(!fs::exists(tmp.path / "ck" / "model-00003-of-00003.safetensors"));
 }
 
+TEST_CASE("a shard of another save copied into a sharded checkpoint is refused at every M, before any tensor is read") {
+  temp_dir tmp;
+  (void)run(3, 1, 2, {}, tmp.path / "a");
+  (void)run(3, 1, 3, {}, tmp.path / "b");  // a later save of the same run
+  const auto files_of_rank = [](int r) {
+    const std::string n = std::to_string(r);
+    return std::vector<std::string>{"model-0000" + n + "-of-00003.safetensors", "optimizer-0000" + n + "-of-00003.safetensors"};
+  };
+  for (const auto& f : files_of_rank(2)) fs::copy_file(tmp.path / "b" / f, tmp.path / "a" / f, fs::copy_options::overwrite_existing);
+  // Each pair is whole and matches (the optimizer shard names its model shard's checksum): only
+  // the save's identity tells them apart.
+  CHECK_THROWS_WITH_AS((void)read_checkpoint_extra(tmp.path / "a"), doctest::Contains("mixes the files of two saves"), checkpoint_error);
+  for (int m : {1, 2, 3}) {
+    CAPTURE(m);
+    CHECK_THROWS_WITH_AS((void)run(m, 3, 3, tmp.path / "a", {}), doctest::Contains("model-00002-of-00003.safetensors belongs to a different save"),
+                         checkpoint_error);
+  }
+  // An optimizer shard alone from the other save: refused too.
+  fs::copy_file(tmp.path / "b" / "optimizer-00003-of-00003.safetensors", tmp.path / "a" / "optimizer-00003-of-00003.safetensors",
+                fs::copy_options::overwrite_existing);
+  CHECK_THROWS_AS((void)run(1, 3, 3, tmp.path / "a", {}), checkpoint_error);
+  // The untouched save still loads.
+  CHECK(read_checkpoint_extra(tmp.path / "b").at("optimizer_steps") == "3");
+}
+
 }  // namespace zero_checkpoint_test

@@ -1,6 +1,6 @@
 // disk_copy_engine: the disk engine suite (round trips, order, concurrency, zero fill) and the
 // faults: short transfers (max_io_bytes), a lost descriptor (EBADF), a corrupted file (checksums),
-// a removed file, a destructor with work queued.
+// a destructor with work queued.
 #include <chunkstar/disk/disk_copy_engine.hpp>
 #include <chunkstar/disk/disk_space.hpp>
 
@@ -146,21 +146,6 @@ TEST_CASE("disk_copy_engine: bytes changed behind the engine's back fail the rea
   ::close(fd2);
   CHECK_NOTHROW(quiet.copy(dst.p, block, n, copy_direction::to_device));
   s.deallocate(block, n, 4096);
-}
-
-TEST_CASE("disk_copy_engine: the file removed by its path keeps working (Linux keeps an open file's blocks)") {
-  disk_space s = make_space("unlinked");
-  disk_copy_engine e(s);
-  REQUIRE(::unlink(s.path().c_str()) == 0);
-  const std::size_t n = mib + 1;
-  void* block = s.allocate(n, 1);
-  host_buffer src(n), dst(n);
-  const auto d = pattern(n, 9);
-  std::copy(d.begin(), d.end(), src.p);
-  e.copy(block, src.p, n, copy_direction::to_host);
-  e.copy(dst.p, block, n, copy_direction::to_device);
-  CHECK(std::equal(d.begin(), d.end(), dst.p));
-  s.deallocate(block, n, 1);
 }
 
 TEST_CASE("disk_copy_engine: the destructor finishes every queued job; submitters on several threads") {

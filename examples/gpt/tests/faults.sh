@@ -59,6 +59,11 @@ mkdir -p o8.tmp && echo mine >o8.tmp/notes.txt
 run 0 "" "${base[@]}" --steps 2 --save o8
 [[ -f o8.tmp/notes.txt ]] || fail "--save o8 deleted o8.tmp/notes.txt"
 
+# A symlinked lock file is never written through: refused before training, its target unchanged.
+echo precious >precious.txt && ln -s precious.txt sl.lock
+run 2 "symbolic link" "${base[@]}" --steps 2 --save sl
+[[ $(cat precious.txt) == precious ]] || fail "--save sl wrote through the symlinked lock sl.lock: $(cat precious.txt)"
+
 # Resume: past the end, changed configuration, changed precision with and without leave.
 run 0 "" "${base[@]}" --steps 4 --stop-after 2 --save ck
 run 2 "nothing is left to train" "${base[@]}" --steps 4 --stop-after 2 --resume ck
@@ -80,9 +85,41 @@ wait $pb; rb=$?
 run 0 "" "${base[@]}" --steps 7 --resume cc --allow-change steps
 [[ -z $(ls -d cc.tmp.* 2>/dev/null) ]] || fail "concurrent writers left temporaries: $(ls -d cc.tmp.*)"
 
+# Resumes racing a writer that saves every 8 steps: each either continues the uninterrupted trajectory
+# from the step it names (metadata and tensors of one save) or refuses (exit 2), never trains on a
+# mix. The writer and the straight run take the same options, so every save lies on that trajectory.
+race=("${base[@]}" --steps 100 --warmup 2)
+timeout 120 "$train" "${race[@]}" >straight.txt 2>&1 || fail "the straight run failed"
+step_lines() { grep -E '^step ' "$1" | sed -E 's/^step +([0-9]+)\/[0-9]+ \| loss ([0-9.]+).*/\1 \2/'; }
+timeout 120 "$train" "${race[@]}" --save-every 8 --save rc >writer.txt 2>&1 &
+writer=$!
+for _ in $(seq 1 100); do [[ -d rc ]] && break; sleep 0.1; done
+resumed=0 refused=0 finished=0
+while kill -0 $writer 2>/dev/null; do
+  timeout 120 "$train" "${race[@]}" --resume rc >r.txt 2>re.txt
+  rc=$?
+  if ((rc == 0)); then
+    resumed=$((resumed + 1))
+    from=$(grep -oE '^resumed from rc at step [0-9]+' r.txt | grep -oE '[0-9]+$')
+    if ! diff <(step_lines r.txt) <(step_lines straight.txt | awk -v f="$from" '$1 > f') >/dev/null; then
+      fail "a resume from step $from left the trajectory (a mixed save?)"
+      diff <(step_lines r.txt) <(step_lines straight.txt) | head -4
+    fi
+  elif ((rc == 2)) && grep -q "another process saved" re.txt; then
+    refused=$((refused + 1))
+  elif ((rc == 2)) && grep -q "nothing is left to train" re.txt; then
+    finished=$((finished + 1))  # the writer had saved its last step
+  else
+    fail "a resume racing the writer: rc $rc: $(head -2 re.txt)"
+  fi
+done
+wait $writer || fail "the writer failed"
+echo "ok: resumes racing a writer: $resumed continued the trajectory, $refused refused (another save in between), $finished found the run finished"
+((resumed + refused > 0)) || fail "no resume raced the writer (the check above tested nothing)"
+
 # An address-space limit: a clear out-of-memory error (exit 3) at once, never a hang; with room the
 # run trains.
-for limit in 100000 600000; do
+for limit in 100000 600000 800000 900000; do
   (ulimit -v $limit && exec timeout 60 "$train" --preset mini --steps 2 --val-every 0 --sample 0) >out.txt 2>err.txt
   rc=$?
   if ((rc == 124)); then fail "hung under ulimit -v $limit"

@@ -8,8 +8,9 @@
 #  2. checkpoints cross modes: saved under RTP at 4 ranks, resumed under RTP at 2, in one process
 #     and under ZeRO at 2; saved in one process and under ZeRO, resumed under RTP — every resume on
 #     the uninterrupted trajectory;
-#  3. bad input (a world size the heads do not split over, an option RTP does not take) is exit 2
-#     with a message naming it; a rank killed (SIGKILL) mid-run ends the job, non-zero, within 30 s.
+#  3. bad input (a world size the heads do not split over, an option RTP does not take, one rank's
+#     option changed) is exit 2 with a message naming it; a rank killed (SIGKILL) mid-run ends the
+#     job, non-zero, within 30 s.
 #   bash rtp.sh <train_gpt> <mpiexec> <work dir>
 set -uo pipefail
 train=$1
@@ -88,10 +89,23 @@ rc=$?
 ((rc == 2)) && grep -q -- "--precision bf16 does not apply to --parallel rtp" badp.txt && echo "ok: --precision bf16 under RTP: exit 2, named" \
   || fail "--precision bf16 under RTP: rc $rc: $(head -3 badp.txt)"
 
+# Ranks given different options (one rank's changed, MPMD): exit 2 on every rank naming the option.
+for change in "--steps 9" "--seed 7" "--sample 5"; do
+  read -r -a words <<<"$change"
+  timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np 1 "$train" "${args[@]}" --parallel rtp : \
+    -np 1 "$train" "${args[@]}" --parallel rtp "${words[@]}" >mpmd.txt 2>&1
+  rc=$?
+  if ((rc == 2)) && grep -q "the ranks are not configured alike: rank 0 has ${words[0]}" mpmd.txt && ! grep -q '^step ' mpmd.txt; then
+    echo "ok: $change on one of 2 RTP ranks: exit 2 naming it"
+  else
+    fail "$change on one of 2 RTP ranks: rc $rc, $(grep -m1 error mpmd.txt)"
+  fi
+done
+
 # A rank dies: the job must end by itself.
 "${mpi[@]}" 4 "$train" --preset tiny --batch 8 --seq 32 --steps 100000 --warmup 2 --val-every 0 --sample 0 --parallel rtp >kill.txt 2>&1 &
 job=$!
-for _ in $(seq 1 300); do grep -q '^step +3/' kill.txt 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 1 300); do grep -qE '^step +3/' kill.txt 2>/dev/null && break; sleep 0.1; done
 victim=$(pgrep -f -n "train_gpt --preset tiny --batch 8 --seq 32 --steps 100000")
 start=$SECONDS
 if [[ -n $victim ]]; then kill -9 "$victim"; else fail "no rank to kill"; fi

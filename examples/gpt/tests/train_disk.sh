@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # train_gpt with a disk tier, end to end: model data beyond device + host trains to exactly the
 # losses of a run without the disk, on both disk engines; a run saved from the disk tier resumes
-# on the same trajectory; bad disk options end at once with exit 2 naming the option.
+# on the same trajectory; a run killed by any signal leaves no file; bad disk options end at once
+# with exit 2 naming the option.
 #   bash train_disk.sh <train_gpt> <work dir>
 set -uo pipefail
 train=$1
@@ -52,6 +53,23 @@ else
   diff <(losses plain.txt | grep -E '^step +[4-6]/|validation loss .* at step 6') <(losses second.txt) | head -6
 fi
 
+# A run killed mid-training (SIGKILL, SIGTERM, SIGINT) leaves nothing in the disk directory: the
+# file never has a name.
+for sig in KILL TERM INT; do
+  rm -f killed.txt
+  # env --default-signal: a background job of a script starts with SIGINT ignored.
+  env --default-signal=INT "$train" "${base[@]}" "${disk[@]}" --steps 100000 --val-every 0 >killed.txt 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do grep -qE '^step +2/' killed.txt 2>/dev/null && break; sleep 0.1; done
+  grep -qE '^step +2/' killed.txt || fail "SIG$sig: the run to kill never reached step 2: $(tail -3 killed.txt)"
+  [[ -z $(ls disk) ]] || fail "SIG$sig: the disk tier's file has a name while training: $(ls disk)"
+  kill -s "$sig" $pid
+  for _ in $(seq 1 300); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $pid 2>/dev/null; then fail "SIG$sig: the run still runs 30 s later"; kill -9 $pid; fi
+  wait $pid 2>/dev/null
+  [[ -z $(ls disk) ]] && echo "ok: SIG$sig mid-run left no file in the disk directory" || fail "SIG$sig left $(ls disk) in $work/disk"
+done
+
 # Bad disk options: exit 2 before any step, naming what is wrong.
 run() {
   local needle=$1
@@ -70,6 +88,7 @@ run "--disk-engine" "${base[@]}" "${disk[@]}" --disk-engine floppy
 run "--disk-budget" "${base[@]}" "${disk[@]}" --disk-budget 64KiB
 run "--host-budget" "${base[@]}" --host-budget 64KiB --disk-dir "$work/disk"
 run "--parallel rtp" "${base[@]}" "${disk[@]}" --parallel rtp
+run "--disk-dir" "${base[@]}" "${disk[@]}" --disk-budget 900TiB  # more than the filesystem holds
 
 if ((failures)); then
   echo "$failures failure(s)"

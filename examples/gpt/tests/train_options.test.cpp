@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -200,6 +201,77 @@ TEST_CASE("resume configuration: each difference named; shape never changes; --a
   CHECK_THROWS_WITH_AS(gpt::check_resume_config(saved, {{"step", "5"}}, {}, "ck"), doctest::Contains("not recorded"), config_error);
   CHECK_THROWS_AS(gpt::validate_allow_change({"lr", "layers"}), config_error);
   gpt::validate_allow_change({"all", "min-lr", "weight-decay"});
+}
+
+TEST_CASE("rank agreement: every option that decides the math, the collectives or a shared output; a rank's own resources not") {
+  gpt::train_options o;
+  o.preset = "tiny";
+  const auto cfg = gpt::model_config(o);
+  const auto fields = [&](const gpt::train_options& x) {
+    return gpt::rank_agreement(gpt::run_record(x, cfg, "abc"), x, 1, "mpi", false);
+  };
+  const auto base = fields(o);
+  const auto differs = [&](const std::function<void(gpt::train_options&)>& change) {
+    auto x = o;
+    change(x);
+    const auto f = fields(x);
+    if (f.size() != base.size()) return std::string("(count)");
+    for (std::size_t i = 0; i < f.size(); ++i)
+      if (f[i].name != base[i].name || f[i].value != base[i].value) return f[i].name;
+    return std::string();
+  };
+  CHECK(differs([](auto& x) { x.seed = 7; }) == "--seed");
+  CHECK(differs([](auto& x) { x.lr = 1e-2f; }) == "--lr");
+  CHECK(differs([](auto& x) { x.steps = 9; }) == "--steps");
+  CHECK(differs([](auto& x) { x.accum = 2; }) == "--accum");
+  CHECK(differs([](auto& x) { x.clip = 0; }) == "--clip");
+  CHECK(differs([](auto& x) { x.schedule = "constant"; }) == "--schedule");
+  CHECK(differs([](auto& x) { x.val_every = 3; }) == "--val-every");
+  CHECK(differs([](auto& x) { x.sample = 0; }) == "--sample");
+  CHECK(differs([](auto& x) { x.stop_after = 2; }) == "--stop-after");
+  CHECK(differs([](auto& x) { x.save = "ck"; }) == "--save");
+  CHECK(differs([](auto& x) { x.resume = "ck"; }) == "--resume");
+  CHECK(differs([](auto& x) { x.memory_saving = true; }) == "--memory-saving");
+  CHECK(differs([](auto& x) { x.parallel = "rtp"; }) == "--parallel");
+  // A rank's own resources may differ.
+  CHECK(differs([](auto& x) { x.device_budget = "1GiB"; }).empty());
+  CHECK(differs([](auto& x) { x.host_budget = "1GiB"; }).empty());
+  CHECK(differs([](auto& x) { x.prefetch = 0; }).empty());
+  CHECK(differs([](auto& x) { x.policy = "lru"; }).empty());
+  CHECK(differs([](auto& x) { x.disk_dir = "/tmp"; }).empty());
+  CHECK(differs([](auto& x) { x.trace = "t.json"; }).empty());
+  // Other data, another transport, another device kind.
+  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "def"), o, 1, "mpi", false) != base);
+  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, "staged", false) != base);
+  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, "mpi", true) != base);
+}
+
+TEST_CASE("resume: the entries loaded with the tensors must be those checked before; another save in between is refused") {
+  const checkpoint_extra checked{{"step", "4"}, {"train.lr", "0.003"}};
+  gpt::require_same_save(checked, checked, "ck");
+  CHECK_THROWS_WITH_AS(gpt::require_same_save(checked, {{"step", "6"}, {"train.lr", "0.003"}}, "ck"),
+                       doctest::Contains("another process saved to the checkpoint while this run was starting (its step 4 when checked, 6 when loaded)"),
+                       config_error);
+  CHECK_THROWS_AS(gpt::require_same_save(checked, {{"step", "4"}, {"train.lr", "0.01"}}, "ck"), config_error);
+}
+
+TEST_CASE("a launcher's processes are counted from its variables; --parallel none on several is refused, naming the modes") {
+  const auto env = [](std::map<std::string, std::string> vars) {
+    return [vars](const char* name) -> const char* {
+      const auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  CHECK(gpt::launched_processes(env({})) == 1);
+  CHECK(gpt::launched_processes(env({{"OMPI_COMM_WORLD_SIZE", "3"}})) == 3);
+  CHECK(gpt::launched_processes(env({{"PMI_SIZE", "2"}})) == 2);
+  CHECK(gpt::launched_processes(env({{"MV2_COMM_WORLD_SIZE", "4"}})) == 4);
+  CHECK(gpt::launched_processes(env({{"OMPI_COMM_WORLD_SIZE", "garbage"}})) == 1);
+  gpt::train_options o;
+  gpt::validate_ranks(o, 1);
+  CHECK_THROWS_WITH_AS(gpt::validate_ranks(o, 2), doctest::Contains("--parallel zero or --parallel rtp"), config_error);
+  o.parallel = "zero";
+  gpt::validate_ranks(o, 2);
 }
 
 TEST_CASE("crafted metadata re-sealed with a valid checksum reaches the strict parser, never a crash") {

@@ -4,7 +4,9 @@
 #     with every collective staged through host buffers (--comm staged);
 #  2. a checkpoint saved at 3 ranks resumes at 2 ranks and in one process, continuing the trajectory;
 #     3 ranks with a disk tier each (hosts too small for a rank's share) train as one process too;
-#  3. a rank killed (SIGKILL) mid-run ends the whole job, non-zero, within 30 s — never a hang.
+#  3. ranks given different options (MPMD, one rank's option changed) end with exit 2 naming the
+#     option and both values, before any step; mpirun without --parallel is refused;
+#  4. a rank killed (SIGKILL) mid-run ends the whole job, non-zero, within 30 s — never a hang.
 #   bash zero.sh <train_gpt> <mpiexec> <work dir>
 set -uo pipefail
 train=$1
@@ -50,10 +52,35 @@ tail8() { losses "$1" | grep -E '^(5|6|7|8|v8) '; }
 [[ "$(tail8 resume1.txt)" == "$(tail8 one.txt)" ]] || fail "3 ranks -> one process resume left the trajectory"
 echo "ok: saved at 3 ranks, resumed at 2 and at 1 on the same trajectory"
 
+# Ranks given different options (one rank's changed, MPMD): exit 2 on every rank naming the option
+# and both values, before any step -- never a silent divergence, a crash inside MPI or a hang.
+mpmd() {  # mpmd <mode> <option words for rank 1...>
+  local mode=$1
+  shift
+  timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np 1 "$train" "${args[@]}" --parallel "$mode" : \
+    -np 1 "$train" "${args[@]}" --parallel "$mode" "$@" >mpmd.txt 2>&1
+}
+for change in "--seed 7" "--lr 0.01" "--steps 9" "--accum 2" "--val-every 3" "--save ck2" "--stop-after 2" "--memory-saving" "--sample 5" "--clip 0"; do
+  read -r -a words <<<"$change"
+  mpmd zero "${words[@]}"
+  rc=$?
+  if ((rc == 2)) && grep -q "the ranks are not configured alike: rank 0 has ${words[0]}" mpmd.txt && ! grep -q '^step ' mpmd.txt; then
+    echo "ok: $change on one rank: $(grep -m1 -o 'rank 0 has .* but rank 1 has [^;]*' mpmd.txt)"
+  else
+    fail "$change on one of 2 ZeRO ranks: rc $rc, $(grep -m1 error mpmd.txt)"
+  fi
+done
+[[ -e ck2 ]] && fail "a refused run left a checkpoint"
+# Under a launcher without --parallel: refused, not N independent copies writing the same files.
+timeout 60 "${mpi[@]}" 2 "$train" "${args[@]}" >none.txt 2>&1
+rc=$?
+((rc == 2)) && grep -q "none on 2 MPI ranks" none.txt && ! grep -q '^step ' none.txt && echo "ok: mpirun without --parallel refused" ||
+  fail "mpirun -np 2 without --parallel: rc $rc, $(grep -m1 error none.txt)"
+
 # A rank dies: the job must end by itself.
 "${mpi[@]}" 3 "$train" --preset tiny --batch 6 --seq 32 --steps 100000 --warmup 2 --val-every 0 --sample 0 --parallel zero >kill.txt 2>&1 &
 job=$!
-for _ in $(seq 1 300); do grep -q '^step +3/' kill.txt && break; sleep 0.1; done
+for _ in $(seq 1 300); do grep -qE '^step +3/' kill.txt && break; sleep 0.1; done
 victim=$(pgrep -f -n "train_gpt --preset tiny --batch 6 --seq 32 --steps 100000")
 start=$SECONDS
 if [[ -n $victim ]]; then kill -9 "$victim"; else fail "no rank to kill"; fi

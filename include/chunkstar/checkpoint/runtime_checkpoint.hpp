@@ -105,7 +105,7 @@ struct checkpoint_lock_options {
 /** @brief Throws `checkpoint_error` now if `save_checkpoint(rt, dir)` would refuse @p dir or could
  *  not write beside it — so a trainer checks its output path before training rather than after.
  *  Creates the missing parent directories (as a save would) and a probe directory that it removes
- *  again; touches nothing else. */
+ *  again; refuses a lock file `<dir>.lock` that is a link or not a regular file; touches nothing else. */
 inline void check_checkpoint_target(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   namespace cd = checkpoint_detail;
@@ -119,6 +119,7 @@ inline void check_checkpoint_target(const std::filesystem::path& dir) {
                            "' is not a directory and cannot be created; choose another path");
   const auto probe = cd::make_temp_directory(dir);
   fs::remove(probe, ec);
+  cd::directory_lock::check_path(dir);
 }
 
 namespace checkpoint_detail {
@@ -147,12 +148,14 @@ template <class R>
 
 /** Writes the tensors of @p rt this rank holds into @p model_path and @p opt_path (see the file comment). */
 template <class R>
-void write_files(const R& rt, const std::filesystem::path& model_path, const std::filesystem::path& opt_path, const checkpoint_extra& extra) {
+void write_files(const R& rt, const std::filesystem::path& model_path, const std::filesystem::path& opt_path, const checkpoint_extra& extra,
+                 const std::string& save_id) {
   const auto specs = rt.params();
   const dtype param_type = rt.options().param_type;
   const bool master = rt.has_list(chunk_kind::master), mom = rt.has_list(chunk_kind::momentum), var = rt.has_list(chunk_kind::variance);
   safetensors_writer model;
   model.set_metadata("format", "pt");
+  model.set_metadata(save_id_key, save_id);
   model.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
   for (std::size_t t = 0; t < specs.size(); ++t)
     if (holds(rt, t)) model.add_producer(specs[t].name, to_safetensors_dtype(param_type), specs[t].shape, list_producer(rt, t, chunk_kind::param, param_type));
@@ -163,6 +166,7 @@ void write_files(const R& rt, const std::filesystem::path& model_path, const std
   opt.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
   opt.set_metadata("chunkstar.optimizer_state", mom ? "1" : "0");
   opt.set_metadata("chunkstar.model_checksum", hex64(model_sum));
+  opt.set_metadata(save_id_key, save_id);
   for (std::size_t t = 0; t < specs.size(); ++t) {
     if (!holds(rt, t)) continue;
     const auto& s = specs[t];
@@ -191,7 +195,7 @@ void write_index(const R& rt, const std::filesystem::path& path, int world) {
     json += std::string(t ? "," : "") + "\n    \"" + escape(specs[t].name) + "\": \"" + shard_file_name(checkpoint_model_stem, owner, world) + "\"";
   }
   json += "\n  }\n}\n";
-  auto fd = open_file(path, O_WRONLY | O_CREAT | O_TRUNC, "cannot create");
+  auto fd = open_file(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, "cannot create");  // in the save's new directory
   write_all(fd.get(), std::as_bytes(std::span(json.data(), json.size())), path);
   fsync_fd(fd.get(), path);
   if (const int err = fd.close()) throw checkpoint_error(errno_message("cannot close", path, err));
@@ -228,7 +232,9 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
   const shard_map shards = cd::shards_of(rt);
   std::optional<cd::directory_lock> held;
   fs::path tmp;
+  std::string save_id;  // every file of this save carries it; a load refuses files of two saves
   const auto prepare = [&] {
+    save_id = cd::new_save_id();
     cd::refuse_unless_replaceable(dir);  // before a lock file is created beside something not ours
     fs::create_directories(cd::parent_of(dir), ec);
     held.emplace(dir, /*exclusive=*/true, lock.timeout);
@@ -239,7 +245,7 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
   if (shards.world == 1) {
     prepare();
     try {
-      cd::write_files(rt, tmp / checkpoint_model_file, tmp / checkpoint_optimizer_file, extra);
+      cd::write_files(rt, tmp / checkpoint_model_file, tmp / checkpoint_optimizer_file, extra, save_id);
       cd::fsync_directory(tmp);
       cd::swap_into_place(tmp, dir);
     } catch (...) {
@@ -270,9 +276,10 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
     }
     agree("preparing the directory");
     tmp = broadcast_string(comm, tmp.string(), 0);  // host scalars only: a device communicator may not read host memory
+    save_id = broadcast_string(comm, save_id, 0);
     try {
       cd::write_files(rt, tmp / cd::shard_file_name(cd::checkpoint_model_stem, shards.rank, shards.world),
-                      tmp / cd::shard_file_name(cd::checkpoint_optimizer_stem, shards.rank, shards.world), extra);
+                      tmp / cd::shard_file_name(cd::checkpoint_optimizer_stem, shards.rank, shards.world), extra, save_id);
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -427,13 +434,10 @@ inline checkpoint_extra read_checkpoint_extra(const std::filesystem::path& dir, 
     throw checkpoint_error("checkpoint directory '" + dir.string() + "' " + (fs::exists(dir, ec) ? "is not a directory" : "does not exist") +
                            ": pass the directory save_checkpoint wrote");
   const checkpoint_detail::directory_lock held(dir, false, lock.timeout, true);
-  // One process's checkpoint, or shard 1 of a sharded one (every shard carries the same entries).
-  auto name = dir / checkpoint_optimizer_file;
-  if (!fs::exists(name, ec))
-    if (const auto shards = checkpoint_detail::shard_files(dir, checkpoint_detail::checkpoint_optimizer_stem); !shards.empty()) name = shards.front();
-  const auto opt = safetensors_file::open(name, {.verify_checksum = true, .require_checksum = true});
-  if (!opt.metadata().contains("chunkstar.model_checksum"))
-    throw checkpoint_error("checkpoint file '" + opt.path().string() + "' has no \"chunkstar.model_checksum\" metadata: it was not written by save_checkpoint");
+  // Every file verified and of one save (a shard of another save is refused); the entries, which
+  // every optimizer file of a save carries alike, from the first.
+  const auto files = checkpoint_detail::open_checkpoint_files(dir);
+  const safetensors_file& opt = files.second.files().front();
   checkpoint_extra extra;
   for (const auto& [k, val] : opt.metadata())
     if (!checkpoint_detail::reserved_key(k)) extra.emplace(k, val);

@@ -281,10 +281,9 @@ class safetensors_writer {
   std::uint64_t write(const std::filesystem::path& path) const {
     namespace cd = checkpoint_detail;
     const auto [h, digits_at] = header();
-    static std::atomic<unsigned> serial{0};  // two writers in one process never share a temporary
-    std::filesystem::path tmp = path;
-    tmp += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial++);
-    auto fd = cd::open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, "cannot create");
+    auto created = cd::create_temporary(path);  // not a structured binding: lambdas below capture both
+    cd::unique_fd& fd = created.first;
+    const std::filesystem::path& tmp = created.second;
     try {
       cd::xxh64 hash;
       std::vector<std::byte> buf;

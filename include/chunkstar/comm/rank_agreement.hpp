@@ -13,12 +13,14 @@
 #include <chunkstar/core/error.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace chunkstar {
@@ -27,7 +29,19 @@ namespace chunkstar {
 struct config_field {
   std::string name;
   std::string value;
+  friend bool operator==(const config_field&, const config_field&) = default;
 };
+
+/** @brief @p v as the shortest text that reads back to the same value ("0.003"): two ranks agree on
+ *  a field exactly when their values are equal. */
+template <class T>
+  requires std::is_arithmetic_v<T>
+[[nodiscard]] std::string config_value(T v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+[[nodiscard]] inline std::string config_value(bool v) { return v ? "on" : "off"; }
 
 namespace detail {
 

@@ -67,14 +67,16 @@ struct disk_space_options {
 
 /** @brief A file-backed memory space. Thread-safe. Models `MemorySpace` (kind `file`).
  *
- *  Construction creates `<directory>/chunkstar-<name>-XXXXXX.swap`, preallocates `capacity` bytes
- *  (fallocate; posix_fallocate where the filesystem lacks it) and reserves the address range.
+ *  Construction creates a file without a name in `directory` (O_TMPFILE; where the filesystem
+ *  lacks it, `chunkstar-<name>-XXXXXX.swap` unlinked as soon as it is open), preallocates
+ *  `capacity` bytes (fallocate; posix_fallocate where the filesystem lacks it) and reserves the
+ *  address range. Nothing outlives the process: the kernel frees the blocks when the descriptor
+ *  closes, on any exit (kill -9 included), and no other process can find or open the file.
  *  Errors: an empty directory option, a capacity of 0 or a bad alignment -> config_error; a
  *  directory that does not exist or is not a directory -> config_error naming it; no permission,
  *  a read-only filesystem or too little free space (ENOSPC, EDQUOT) -> io_error naming the
  *  directory, the bytes and what to do. After a throw nothing is left behind (no file, no mapping).
- *  The destructor closes and unlinks the file. While the space lives, removing the file by its
- *  path does not break it (Linux keeps an open file's blocks); the space just cannot unlink it.
+ *  The destructor closes the file (its space returns to the filesystem) and unmaps the range.
  */
 class disk_space {
  public:
@@ -101,10 +103,18 @@ class disk_space {
                          "must name a directory (the space creates its own file in it)");
     }
 
-    std::string tmpl = dir + (dir.back() == '/' ? "" : "/") + "chunkstar-" + options_.name + "-XXXXXX.swap";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    const int fd0 = ::mkostemps(buf.data(), 5, O_CLOEXEC);
+    // The file never has a name another process could see or a crash could leave behind:
+    // O_TMPFILE makes it nameless in the directory's filesystem; where that filesystem lacks it,
+    // a named file is created and unlinked at once. Either way the kernel frees its blocks when
+    // the last descriptor closes: after any exit, kill -9 included.
+    int fd0 = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd0 < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+      std::string tmpl = dir + (dir.back() == '/' ? "" : "/") + "chunkstar-" + options_.name + "-XXXXXX.swap";
+      std::vector<char> buf(tmpl.begin(), tmpl.end());
+      buf.push_back('\0');
+      fd0 = ::mkostemps(buf.data(), 5, O_CLOEXEC);
+      if (fd0 >= 0) ::unlink(buf.data());
+    }
     if (fd0 < 0) {
       const int e = errno;
       throw io_error(options_.name + ": cannot create a file in '" + dir + "': " + std::strerror(e) +
@@ -112,15 +122,12 @@ class disk_space {
                       : e == EROFS          ? "; the filesystem is read-only, choose a writable directory"
                                             : ""));
     }
-    path_.assign(buf.data());
     fd_owned_ = fd0;
     cleanup guard{this};
 
     if (options_.use_direct_io) {
-      const int fdd = ::open(path_.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
-      if (fdd >= 0) {
-        ::close(fd_owned_);
-        fd_owned_ = fdd;
+      const int flags = ::fcntl(fd_owned_, F_GETFL);
+      if (flags >= 0 && ::fcntl(fd_owned_, F_SETFL, flags | O_DIRECT) == 0) {
         direct_ = true;
       } else {
         note_ = "O_DIRECT refused by the filesystem of '" + dir + "' (" + std::strerror(errno) +
@@ -159,8 +166,9 @@ class disk_space {
 
   disk_space(const disk_space&) = delete;
   disk_space& operator=(const disk_space&) = delete;
-  /** @brief Closes and unlinks the file, releases the address range. Blocks still allocated are
-   *  simply gone; engines using this space must be destroyed (or synchronized) first. */
+  /** @brief Closes the file (its blocks return to the filesystem), releases the address range.
+   *  Blocks still allocated are simply gone; engines using this space must be destroyed (or
+   *  synchronized) first. */
   ~disk_space() { release(); }
 
   /** @brief `n` bytes at an address (and file offset) aligned to max(`a`, the block); throws
@@ -236,8 +244,9 @@ class disk_space {
   [[nodiscard]] bool direct() const noexcept { return direct_; }
   /** @brief Why O_DIRECT is off although asked for; empty otherwise. */
   [[nodiscard]] const std::string& note() const noexcept { return note_; }
-  /** @brief Path of the backing file. */
-  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  /** @brief A path by which this process (only) can open the backing file, which has no name in
+   *  its directory: `/proc/self/fd/<fd>` (for tests and tools that inspect it). */
+  [[nodiscard]] std::string path() const { return "/proc/self/fd/" + std::to_string(fd_owned_); }
   [[nodiscard]] std::size_t block_alignment() const noexcept { return options_.block_alignment; }
 
   /** @brief Test hook: makes `fd()` return -1 from now on, as if the descriptor were lost, so every
@@ -297,13 +306,10 @@ class disk_space {
     if (fd_owned_ >= 0) ::close(fd_owned_);
     fd_owned_ = -1;
     fd_.store(-1);
-    if (!path_.empty()) ::unlink(path_.c_str());
-    path_.clear();
   }
 
   disk_space_options options_;
   std::size_t capacity_ = 0;
-  std::string path_;
   std::string note_;
   int fd_owned_ = -1;
   std::atomic<int> fd_{-1};

@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstddef>
@@ -137,13 +138,17 @@ struct mpi_options {
   /** Check the collective sequence: before each collective, the ranks exchange what they are
    *  about to call (a small MPI_Allgather on a private communicator) and a difference in kind,
    *  size, dtype, op or root is a `communication_error` on every rank naming the call and both
-   *  descriptions, instead of a hang or a corrupted buffer. Costs one latency per collective: on
-   *  in debug builds (no NDEBUG) and in tests, off otherwise. */
-#ifdef NDEBUG
-  bool check_sequence = false;
-#else
+   *  descriptions, instead of a hang, a crash inside MPI or a corrupted buffer. Costs one small
+   *  collective's latency per collective (`mpi_communicator::sequence_check()` measures it; on
+   *  train_gpt's ZeRO run docs/zero.md gives the share): on in every build. */
   bool check_sequence = true;
-#endif
+};
+
+/** @brief What the collective-sequence check cost so far: calls checked and seconds spent in the
+ *  check's own exchange (waiting for a slower rank included, so an upper bound). */
+struct sequence_check_stats {
+  std::uint64_t calls = 0;
+  double seconds = 0.0;
 };
 
 /** @brief `Communicator` over MPI.
@@ -199,8 +204,8 @@ class mpi_communicator {
   mpi_communicator& operator=(const mpi_communicator&) = delete;
   mpi_communicator(mpi_communicator&& other) noexcept
       : comm_(std::exchange(other.comm_, MPI_COMM_NULL)), check_comm_(std::exchange(other.check_comm_, MPI_COMM_NULL)),
-        rank_(other.rank_), size_(other.size_), calls_(other.calls_), poisoned_(std::move(other.poisoned_)),
-        counter_(other.counter_) {}
+        rank_(other.rank_), size_(other.size_), calls_(other.calls_), check_seconds_(other.check_seconds_),
+        poisoned_(std::move(other.poisoned_)), counter_(other.counter_) {}
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
       release();
@@ -209,6 +214,7 @@ class mpi_communicator {
       rank_ = other.rank_;
       size_ = other.size_;
       calls_ = other.calls_;
+      check_seconds_ = other.check_seconds_;
       poisoned_ = std::move(other.poisoned_);
       counter_ = other.counter_;
     }
@@ -222,6 +228,10 @@ class mpi_communicator {
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
   /** @brief True when the collective sequence is checked (mpi_options::check_sequence). */
   [[nodiscard]] bool checks_sequence() const noexcept { return check_comm_ != MPI_COMM_NULL; }
+  /** @brief The sequence check's calls and time so far (zeros when it is off). */
+  [[nodiscard]] sequence_check_stats sequence_check() const noexcept {
+    return checks_sequence() ? sequence_check_stats{calls_, check_seconds_} : sequence_check_stats{};
+  }
 
   void allreduce(void* inout, std::size_t count, dtype t, reduce_op op) {
     detail::check_buffer(inout, count * dtype_size(t), "allreduce", "inout");
@@ -431,8 +441,10 @@ class mpi_communicator {
                                                                      static_cast<std::uint64_t>(call.op),
                                                static_cast<std::uint64_t>(static_cast<std::int64_t>(call.root))};
     std::vector<std::array<std::uint64_t, 4>> all(static_cast<std::size_t>(size_));
+    const auto t0 = std::chrono::steady_clock::now();
     detail::mpi_check(MPI_Allgather(mine.data(), sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, check_comm_),
                       "MPI_Allgather (collective-sequence check)");
+    check_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto decode = [](const std::array<std::uint64_t, 4>& w) {
       return detail::collective_call{static_cast<detail::collective_kind>(w[2] >> 16 & 0xff), static_cast<std::size_t>(w[1]),
                                      static_cast<dtype>(w[2] >> 8 & 0xff), static_cast<reduce_op>(w[2] & 0xff),
@@ -503,6 +515,7 @@ class mpi_communicator {
   int rank_ = 0;
   int size_ = 1;
   std::uint64_t calls_ = 0;   // collectives checked so far
+  double check_seconds_ = 0;  // time in the check's exchanges
   std::string poisoned_;      // the mismatch found, once found
   detail::comm_counter counter_;
 };

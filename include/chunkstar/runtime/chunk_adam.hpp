@@ -5,6 +5,7 @@
  */
 #pragma once
 
+#include <chunkstar/comm/rank_agreement.hpp>
 #include <chunkstar/optim/adam.hpp>
 #include <chunkstar/optim/clip.hpp>
 #include <chunkstar/optim/grad_check.hpp>
@@ -18,6 +19,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -91,6 +93,32 @@ class chunk_adam {
   [[nodiscard]] const param_groups& groups() const noexcept { return groups_; }
   [[nodiscard]] const chunk_adam_options& options() const noexcept { return options_; }
 
+  /** @brief What every rank must agree on (require_agreement) for steps of @p micro_batches: the
+   *  hyper-parameters, clipping, whether the norm is scanned (a collective when sharded), the loss
+   *  scaler, the parameter groups and the step count. The first step() checks it across the
+   *  runtime's ranks, so ranks given different optimizer options fail together with the field named. */
+  [[nodiscard]] std::vector<config_field> configuration(int micro_batches = 1) const {
+    const adam_hyper& h = options_.hyper;
+    std::vector<config_field> f = {
+        {"adam", std::string(h.mode == adam_mode::adamw ? "AdamW" : "Adam") + ", beta1 " + config_value(h.beta1) + ", beta2 " +
+                     config_value(h.beta2) + ", eps " + config_value(h.eps) + ", weight_decay " + config_value(h.weight_decay)},
+        {"max_grad_norm", config_value(options_.max_grad_norm)},
+        {"report_norm", config_value(options_.report_norm)},
+        {"global_sum_sq", options_.global_sum_sq ? "set" : "unset"},
+        {"loss scaler", std::string(std::is_same_v<Scaler, static_loss_scaler> ? "static" : "dynamic") + ", scale " +
+                            config_value(scaler_.scale())},
+        {"micro_batches", std::to_string(micro_batches)},
+        {"step count", std::to_string(steps_)},
+    };
+    for (std::size_t r = 0; r < param_groups::role_count; ++r) {
+      const auto role = static_cast<tensor_role>(r);
+      const param_group& g = groups_.group_for(role);
+      f.push_back({"group of " + std::string(role_name(role)), "'" + g.name + "' weight_decay " + config_value(g.weight_decay) +
+                                                                    ", lr x " + config_value(g.lr_multiplier)});
+    }
+    return f;
+  }
+
   /** @brief One optimizer step at learning rate @p lr. Gradients were accumulated over
    *  @p micro_batches backward passes of a loss multiplied by loss_scale(); they are averaged,
    *  unscaled and clipped inside the fused update. On overflow the step is skipped, the gradients
@@ -103,6 +131,10 @@ class chunk_adam {
   template <class Runtime>
   optimizer_step_result step(Runtime& rt, float lr, int micro_batches = 1) {
     if (micro_batches < 1) throw config_error("chunk_adam::step: micro_batches must be >= 1, got " + std::to_string(micro_batches));
+    if (!agreed_) {  // before the step's first collective: ranks that would step differently stop here, all of them
+      require_agreement(rt.communicator(), configuration(micro_batches), "chunk_adam::step");
+      agreed_ = true;
+    }
     if (!pending_) {
       optimizer_step_result r;
       r.loss_scale = scaler_.scale();
@@ -208,6 +240,7 @@ class chunk_adam {
   chunk_adam_options options_;
   param_groups groups_;
   Scaler scaler_;
+  bool agreed_ = false;  // the ranks agreed on configuration() (the first step)
   std::int64_t steps_ = 0;
   std::optional<pending> pending_;
 };

@@ -98,9 +98,12 @@ class chunk_runtime {
   /** @brief Lays out the parameters (the plan is validated: config_error naming the tensor and the
    *  chunk for a plan that breaks a law), allocates the chunk lists (on the host, spilling to the
    *  compute tier when the host is full) and initialises parameters and optimizer state. With
-   *  several ranks, collective: a rank configured differently is a config_error on every rank.
+   *  several ranks, collective: every rank must agree on the runtime's configuration
+   *  (describe_configuration) and on @p run, the fields a trainer adds (its seed, data, schedule,
+   *  steps... see require_agreement): a difference is one config_error on every rank naming the
+   *  field and both ranks' values, before any collective that depends on it.
    *  After a throw the runtime cannot be finalised again: destroy it. */
-  void finalize();
+  void finalize(std::span<const config_field> run = {});
 
   // --- access scopes -----------------------------------------------------------------------------
   /** @brief Opens a forward scope named @p name over @p params (a moment of the trace). */
@@ -321,11 +324,13 @@ param_id CHUNKSTAR_RUNTIME::register_param(tensor_spec spec, param_initializer i
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
-void CHUNKSTAR_RUNTIME::finalize() {
+void CHUNKSTAR_RUNTIME::finalize(std::span<const config_field> run) {
   if (finalized_) throw state_error("finalize() called twice");
   finalized_ = true;
   plan_ = registry_.plan(layout_);
-  require_agreement(comm_, describe_configuration(registry_.specs(), plan_, layout_.name(), options_), "finalize()");
+  auto fields = describe_configuration(registry_.specs(), plan_, layout_.name(), options_);
+  fields.insert(fields.begin(), run.begin(), run.end());  // the run's fields first: a trainer's option is the likelier cause
+  require_agreement(comm_, fields, "finalize()");
   plan_.num_chunks = shard_.map().padded(plan_.num_chunks);  // ZeRO: whole groups (the padding holds no tensor)
   plan_.chunk_tensors.resize(plan_.num_chunks);
   store_.build(make_chunk_lists(plan_, {.param_type = options_.param_type, .optimizer_state = options_.optimizer_state}), comm_.size());

@@ -103,7 +103,9 @@ class param_registry {
 };
 
 /** @brief What every rank of one job must agree on (see require_agreement): the options that shape
- *  the model data, the layout's plan, and each parameter's name, shape, dtype and role. */
+ *  the model data or decide the sequence of collectives (sharding and its modes, the gradient
+ *  mode), the layout's plan, and each parameter's name, shape, dtype and role. Options that only
+ *  move memory on one rank (budgets, prefetch depths, the disk tier) may differ. */
 [[nodiscard]] inline std::vector<config_field> describe_configuration(std::span<const tensor_spec> specs, const chunk_plan& plan,
                                                                       std::string_view layout, const runtime_options& o) {
   auto flag = [](bool b) { return b ? std::string("on") : std::string("off"); };
@@ -112,8 +114,9 @@ class param_registry {
       {"parameter dtype", std::string(dtype_name(o.param_type))},
       {"optimizer state", "master " + flag(o.optimizer_state.master) + ", " + std::to_string(o.optimizer_state.moments) + " moment lists"},
       {"sharding", flag(o.sharding.enabled) + ", keep_gathered " + flag(o.sharding.keep_gathered) + ", reduce_in_fp32 " +
-                       flag(o.sharding.reduce_in_fp32)},
-      {"gradient mode", std::to_string(static_cast<int>(o.gradients))},
+                       flag(o.sharding.reduce_in_fp32) + ", gather_ahead " + flag(o.sharding.gather_ahead) + ", memory_saving " +
+                       flag(o.sharding.memory_saving)},
+      {"gradient mode", o.gradients == gradient_mode::local ? "local" : o.gradients == gradient_mode::replicated ? "replicated" : "sharded"},
       {"chunk layout", std::string(layout) + ": " + std::to_string(plan.num_chunks) + " chunks of " +
                            std::to_string(plan.chunk_elems) + " elements"},
   };

@@ -6,12 +6,12 @@
 
 #include <chunkstar/core/error.hpp>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -59,17 +59,23 @@ class timeline {
   /** @brief Writes the Chrome trace JSON object format to @p path (atomically: a temporary renamed
    *  over it). @throws io_error naming the file. */
   void write_chrome_trace(const std::string& path) const {
-    // Written beside the target and renamed over it: a failure leaves any earlier file whole.
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      if (!out) throw io_error("cannot open timeline file '" + tmp + "' for writing: check the directory exists and is writable");
-      out << to_chrome_trace();
-      out.flush();
-      if (!out) {
-        std::remove(tmp.c_str());
-        throw io_error("failed writing timeline file '" + tmp + "': check free disk space");
-      }
+    // Written beside the target and renamed over it: a failure leaves any earlier file whole. The
+    // temporary is created exclusively ("x": never an existing file, never through a link).
+    static std::atomic<unsigned> serial{0};
+    std::string tmp;
+    std::FILE* out = nullptr;
+    for (int attempt = 0; out == nullptr; ++attempt) {
+      tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial++);
+      out = std::fopen(tmp.c_str(), "wbx");
+      if (out == nullptr && (errno != EEXIST || attempt > 1000))
+        throw io_error("cannot create timeline file '" + tmp + "': " + std::strerror(errno) +
+                       "; check the directory exists and is writable");
+    }
+    const std::string json = to_chrome_trace();
+    const bool written = std::fwrite(json.data(), 1, json.size(), out) == json.size();
+    if (std::fclose(out) != 0 || !written) {
+      std::remove(tmp.c_str());
+      throw io_error("failed writing timeline file '" + tmp + "': check free disk space");
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
       const int err = errno;

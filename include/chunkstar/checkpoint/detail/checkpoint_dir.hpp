@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <random>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -45,6 +46,18 @@ namespace checkpoint_detail {
 
 inline constexpr std::string_view checkpoint_model_stem = "model";
 inline constexpr std::string_view checkpoint_optimizer_stem = "optimizer";
+/// The metadata entry every file of one save carries alike (new_save_id), so that a load can tell
+/// files of two saves apart even when each file is whole and each pair matches.
+inline constexpr const char* save_id_key = "chunkstar.save_id";
+
+/** A fresh identity for one save: random bits, the pid and the time, as 32 hex digits. */
+inline std::string new_save_id() {
+  std::random_device rd;
+  const std::uint64_t a = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  const std::uint64_t b = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) ^
+                          (static_cast<std::uint64_t>(::getpid()) << 40);
+  return hex64(a) + hex64(b);
+}
 
 /** "<stem>-00002-of-00004.safetensors" for rank 1 of 4. */
 inline std::string shard_file_name(std::string_view stem, int rank, int world) {
@@ -145,15 +158,8 @@ class directory_lock {
   directory_lock(const std::filesystem::path& dir, bool exclusive, std::chrono::milliseconds timeout,
                  bool optional_if_unwritable = false) {
     path_ = with_suffix(dir, ".lock");
-    int fd;
-    do fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
-    while (fd < 0 && errno == EINTR);
-    if (fd < 0) {
-      if (optional_if_unwritable && (errno == EACCES || errno == EROFS || errno == EPERM)) return;  // read-only media
-      throw checkpoint_error(errno_message("cannot open the checkpoint lock file", path_, errno) +
-                             ": make the directory that holds the checkpoint writable or choose another path");
-    }
-    fd_ = unique_fd(fd);
+    fd_ = open_lock_file(path_, optional_if_unwritable);
+    if (!fd_) return;  // read-only media
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       if (::flock(fd_.get(), (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) break;
@@ -172,6 +178,38 @@ class directory_lock {
     }
   }
   [[nodiscard]] bool held() const noexcept { return static_cast<bool>(fd_); }
+
+  /** Throws now what taking the lock of @p dir would throw for the file itself (a link, not a
+   *  regular file, not writable), without creating or locking it. */
+  static void check_path(const std::filesystem::path& dir) {
+    const auto path = with_suffix(dir, ".lock");
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return;  // missing: created by the save, beside the probe made before
+    (void)open_lock_file(path, false);
+  }
+
+  /** O_NOFOLLOW, and a regular file only: a lock never writes through a link, nor into a FIFO or
+   *  a device. An empty descriptor when @p optional_if_unwritable and the medium is read-only. */
+  static unique_fd open_lock_file(const std::filesystem::path& path, bool optional_if_unwritable) {
+    int fd;
+    do fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0644);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+      if (errno == ELOOP)
+        throw checkpoint_error("the checkpoint lock file '" + path.string() +
+                               "' is a symbolic link, which a lock never follows (it would write into the link's target): "
+                               "remove the link or choose another checkpoint path");
+      if (optional_if_unwritable && (errno == EACCES || errno == EROFS || errno == EPERM)) return {};  // read-only media
+      throw checkpoint_error(errno_message("cannot open the checkpoint lock file", path, errno) +
+                             ": make the directory that holds the checkpoint writable or choose another path");
+    }
+    unique_fd owned(fd);
+    struct stat st {};
+    if (::fstat(owned.get(), &st) != 0 || !S_ISREG(st.st_mode))
+      throw checkpoint_error("the checkpoint lock file '" + path.string() +
+                             "' is not a regular file: remove it or choose another checkpoint path");
+    return owned;
+  }
 
  private:
   [[nodiscard]] std::string holder() const {
@@ -286,9 +324,28 @@ inline std::pair<file_set, file_set> open_checkpoint_files(const std::filesystem
   }
   const safetensors_open_options strict{.verify_checksum = true, .require_checksum = true};
   std::vector<safetensors_file> m, o;
+  // Every file of one save: the first file's identity (none: a checkpoint older than identities,
+  // then none may have one) must be every other file's.
+  std::optional<std::string> save_id;
+  std::filesystem::path first_file;
+  const auto same_save = [&](const safetensors_file& f) {
+    const auto it = f.metadata().find(save_id_key);
+    const std::string id = it == f.metadata().end() ? std::string("(none)") : it->second;
+    if (!save_id) {
+      save_id = id;
+      first_file = f.path();
+      return;
+    }
+    if (id != *save_id)
+      throw checkpoint_error("checkpoint '" + dir.string() + "' mixes the files of two saves: " + f.path().filename().string() +
+                             " belongs to a different save than " + first_file.filename().string() + " (save " + id + ", not " +
+                             *save_id + "; a shard copied from another checkpoint?); use a complete checkpoint directory");
+  };
   for (std::size_t k = 0; k < models.size(); ++k) {
     m.push_back(safetensors_file::open(models[k], strict));
     o.push_back(safetensors_file::open(opts[k], strict));
+    same_save(m.back());
+    same_save(o.back());
     const auto it = o.back().metadata().find("chunkstar.model_checksum");
     if (it == o.back().metadata().end())
       throw checkpoint_error("checkpoint file '" + opts[k].string() + "' has no \"chunkstar.model_checksum\" metadata: it was not written by save_checkpoint");

@@ -7,6 +7,7 @@
 
 #include <chunkstar/core/error.hpp>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -67,6 +68,21 @@ inline unique_fd open_file(const std::filesystem::path& p, int flags, const char
   while (fd < 0 && errno == EINTR);
   if (fd < 0) throw checkpoint_error(errno_message(what, p, errno));
   return unique_fd(fd);
+}
+
+/** Creates `<path>.tmp.<pid>.<n>`, a file no one else has: O_EXCL (never an existing file, never
+ *  through a symbolic link); the next n when one is left over. */
+inline std::pair<unique_fd, std::filesystem::path> create_temporary(const std::filesystem::path& path) {
+  static std::atomic<unsigned> serial{0};  // two writers in one process never share a temporary
+  for (int attempt = 0;; ++attempt) {
+    std::filesystem::path tmp = path;
+    tmp += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial++);
+    int fd;
+    do fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    while (fd < 0 && errno == EINTR);
+    if (fd >= 0) return {unique_fd(fd), tmp};
+    if (errno != EEXIST || attempt > 1000) throw checkpoint_error(errno_message("cannot create", tmp, errno));
+  }
 }
 
 inline void write_all(int fd, std::span<const std::byte> data, const std::filesystem::path& p) {
