@@ -84,16 +84,18 @@ inline std::vector<record_field> run_record(const train_options& o, const gpt_co
 /** @brief What every rank of a run on several ranks must agree on, checked before the first
  *  collective (chunkstar::require_agreement): the recorded configuration (@p record: shape, data,
  *  seed, schedule...) and every option that decides the sequence of collectives or an output the
- *  ranks write together — mode, transport and device kind (@p transport, @p cuda), steps and where
+ *  ranks write together — mode, transport and device kind (@p transport, @p device), steps and where
  *  they stop, evaluation and sampling cadence, the checkpoint to resume (and its step, @p
  *  first_step) and to save. A rank's own resources may differ: budgets, policy, prefetch, chunk
  *  size (the runtime agrees on its layout itself), the disk tier, --trace. Pure. */
 inline std::vector<chunkstar::config_field> rank_agreement(const std::vector<record_field>& record, const train_options& o,
-                                                           std::int64_t first_step, std::string_view transport, bool cuda) {
+                                                           std::int64_t first_step, const transport_choice& transport,
+                                                           const device_choice& device) {
+  const char* comm = transport.kind == transport_choice::nccl ? "nccl" : transport.kind == transport_choice::staged ? "staged" : "mpi";
   std::vector<chunkstar::config_field> f = {
       {"--parallel", o.parallel},
-      {"transport (--comm)", std::string(transport)},
-      {"device kind (--device)", cuda ? "cuda" : "simulated"},
+      {"transport (--comm)", comm},
+      {"device kind (--device)", device.cuda ? "cuda" : "simulated"},
   };
   for (const auto& r : record) f.push_back({"--" + r.option, r.value});
   const std::vector<chunkstar::config_field> rest = {

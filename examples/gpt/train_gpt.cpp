@@ -836,8 +836,7 @@ int run(const train_options& o, communicator_ref comm, gpt::node_place node) {
     phase = "comparing the ranks' options";
     // Before any collective that depends on them: ranks given different options stop here, all of
     // them, naming the option, instead of diverging silently, crashing in MPI or hanging.
-    const char* transport = plan.transport.kind == gpt::transport_choice::nccl ? "nccl" : plan.transport.kind == gpt::transport_choice::staged ? "staged" : "mpi";
-    require_agreement(comm, gpt::rank_agreement(plan.record, o, plan.first_step, transport, plan.device.cuda), "train_gpt");
+    require_agreement(comm, gpt::rank_agreement(plan.record, o, plan.first_step, plan.transport, plan.device), "train_gpt");
     phase = "connecting the ranks";
     // ZeRO and RTP on GPUs talk over NCCL, or over MPI through pinned host buffers (resolve_transport);
     // the staged path also runs on the simulated device (memcpy staging), to test it on a CPU.

@@ -207,8 +207,10 @@ TEST_CASE("rank agreement: every option that decides the math, the collectives o
   gpt::train_options o;
   o.preset = "tiny";
   const auto cfg = gpt::model_config(o);
+  const gpt::transport_choice mpi{};
+  const gpt::device_choice sim{};
   const auto fields = [&](const gpt::train_options& x) {
-    return gpt::rank_agreement(gpt::run_record(x, cfg, "abc"), x, 1, "mpi", false);
+    return gpt::rank_agreement(gpt::run_record(x, cfg, "abc"), x, 1, mpi, sim);
   };
   const auto base = fields(o);
   const auto differs = [&](const std::function<void(gpt::train_options&)>& change) {
@@ -241,9 +243,9 @@ TEST_CASE("rank agreement: every option that decides the math, the collectives o
   CHECK(differs([](auto& x) { x.disk_dir = "/tmp"; }).empty());
   CHECK(differs([](auto& x) { x.trace = "t.json"; }).empty());
   // Other data, another transport, another device kind.
-  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "def"), o, 1, "mpi", false) != base);
-  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, "staged", false) != base);
-  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, "mpi", true) != base);
+  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "def"), o, 1, mpi, sim) != base);
+  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, {gpt::transport_choice::staged, ""}, sim) != base);
+  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, mpi, {.cuda = true}) != base);
 }
 
 TEST_CASE("resume: the entries loaded with the tensors must be those checked before; another save in between is refused") {
