@@ -965,6 +965,9 @@ int main(int argc, char** argv) {
   app.add_flag("--memory-saving", o.memory_saving,
                "--parallel zero: gather and reduce chunk by chunk (broadcast from and reduce to the owner) instead of in groups of N: "
                "less device memory, more collectives (PatrickStar's MSC)");
+  app.add_flag("!--no-sequence-check", o.sequence_check,
+               "--parallel zero or rtp: skip the check that every rank makes the same collective call before each one (on by default: "
+               "a divergence is then an error naming both calls instead of a hang; its cost is printed at the end, docs/zero.md)");
   app.add_option("--disk-dir", o.disk_dir,
                  "A third tier on local disk: a preallocated file in this directory holds the chunks the device and host budgets "
                  "cannot (model data beyond device + host memory); the host budget (--host-budget) then bounds host memory");
@@ -993,7 +996,9 @@ int main(int argc, char** argv) {
   if (o.parallel == "zero" || o.parallel == "rtp") {
     try {
       session.emplace(&argc, &argv);
-      world.emplace(MPI_COMM_WORLD);
+      world.emplace(MPI_COMM_WORLD, mpi_options{.check_sequence = o.sequence_check});
+    } catch (const config_error& e) {  // the ranks were given different --no-sequence-check
+      fatal(gpt::exit_bad_input, e.what());
     } catch (const chunkstar::error& e) {
       fatal(gpt::exit_internal, "cannot start MPI for --parallel " + o.parallel + ": " + e.what());
     }

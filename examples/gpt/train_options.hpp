@@ -64,6 +64,7 @@ struct train_options {
   std::string comm = "auto";              // how ranks talk: auto, mpi, nccl, staged (MPI through host staging buffers)
   bool keep_gathered = false;             // --parallel zero: keep gathered parameters from forward to backward
   bool memory_saving = false;             // --parallel zero: chunk by chunk (PatrickStar's MSC), no group buffers
+  bool sequence_check = true;             // --parallel: check every collective's kind and size across the ranks first
   std::string disk_dir;                   // a third tier on disk in this directory (empty: none)
   std::string disk_budget = "auto";       // its size; auto: all of the model data and room for the reads in flight
   std::string disk_engine = "auto";       // uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <algorithm>
 #include <vector>
@@ -216,6 +217,73 @@ TEST_CASE("mpi_communicator's sequence check: a reduce to another root names bot
   CHECK_THROWS_AS(fresh.reduce(send.data(), recv.data(), 8, dtype::f32, reduce_op::sum, fresh.size()), config_error);
   fresh.reduce(send.data(), recv.data(), 8, dtype::f32, reduce_op::sum, last);  // still in step: call #0 on every rank
   if (fresh.rank() == last) CHECK(recv[0] == float(fresh.size()));
+}
+
+TEST_CASE("mpi_communicator's sequence check on asynchronous calls: transfers start in issue order once agreed; a "
+          "divergent one fails its handle and the rank's next call alike") {
+  if (world().size() < 2) return;
+  mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
+  const int n = comm.size();
+  // Several handles outstanding, waited in reverse order: each transfer started after its check.
+  std::vector<float> a(4, float(comm.rank() + 1));
+  std::vector<std::byte> send(8, std::byte(comm.rank())), recv(8 * static_cast<std::size_t>(n));
+  double x = comm.rank();
+  comm_handle h1 = comm.allreduce_async(a.data(), a.size(), dtype::f32, reduce_op::sum);
+  comm_handle h2 = comm.allgather_async(send.data(), recv.data(), 8);
+  comm_handle h3 = comm.allreduce_async(std::span<double>(&x, 1), reduce_op::max);
+  while (!h3.ready()) {  // polling alone starts and finishes it
+  }
+  h3.wait();
+  h2.wait();
+  h1.wait();
+  CHECK(x == double(n - 1));
+  CHECK(a[3] == float(n * (n + 1) / 2));
+  for (int q = 0; q < n; ++q) CHECK(recv[8 * static_cast<std::size_t>(q) + 7] == std::byte(q));
+  CHECK(comm.sequence_check().calls == 3);
+
+  // Rank 1 gathers less. The mismatch is thrown by whichever call first sees the exchange done on
+  // that rank (the issue itself when the peers are already there, else the rank's next call or the
+  // handle's wait), with the same message on every rank, and no transfer ever starts.
+  std::optional<comm_handle> bad;
+  std::string what, at_wait;
+  try {
+    bad.emplace(comm.allgather_async(send.data(), recv.data(), comm.rank() == 1 ? 4 : 8));
+    comm.barrier();
+    FAIL_CHECK("a divergent asynchronous collective did not throw");
+  } catch (const communication_error& e) {
+    what = e.what();
+  }
+  CHECK_MESSAGE(what.find("collective mismatch at call #3: rank 0 called allgather(8 bytes per rank) but rank 1 called "
+                          "allgather(4 bytes per rank)") != std::string::npos, what);
+  if (bad) {  // the issue returned a handle: it reports the same failure
+    try {
+      bad->wait();
+    } catch (const communication_error& e) {
+      at_wait = e.what();
+    }
+    CHECK(at_wait == what);
+  }
+  CHECK_THROWS_AS(comm.barrier(), communication_error);  // poisoned for good
+}
+
+TEST_CASE("mpi_communicator: ranks given different check_sequence options refuse together, before any collective") {
+  if (world().size() < 2) return;
+  std::string what;
+  try {
+    mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = world().rank() != 1});  // rank 1 alone turns it off
+    FAIL_CHECK("disagreeing options were accepted");
+  } catch (const config_error& e) {
+    what = e.what();
+  }
+  CHECK_MESSAGE(what.find("the ranks disagree on mpi_options::check_sequence") != std::string::npos, what);
+  CHECK_MESSAGE(what.find(world().rank() == 1 ? "): off, another rank: on" : "): on, another rank: off") != std::string::npos, what);
+  // Nothing was left half-made: the world still talks, and agreeing ranks construct as before.
+  mpi_communicator off(MPI_COMM_WORLD, {.check_sequence = false});
+  CHECK_FALSE(off.checks_sequence());
+  CHECK(off.sequence_check().calls == 0);
+  double x = 1.0;
+  off.allreduce(std::span<double>(&x, 1), reduce_op::sum);
+  CHECK(x == double(off.size()));
 }
 
 TEST_CASE("mpi_session and mpi_communicator lifetime") {

@@ -71,6 +71,11 @@ for change in "--seed 7" "--lr 0.01" "--steps 9" "--accum 2" "--val-every 3" "--
   fi
 done
 [[ -e ck2 ]] && fail "a refused run left a checkpoint"
+# The sequence check turned off on one rank only: refused by the communicator, before any collective.
+mpmd zero --no-sequence-check
+rc=$?
+((rc == 2)) && grep -q "ranks disagree on mpi_options::check_sequence" mpmd.txt && ! grep -q '^step ' mpmd.txt &&
+  echo "ok: --no-sequence-check on one rank refused" || fail "--no-sequence-check on one of 2 ranks: rc $rc, $(grep -m1 error mpmd.txt)"
 # Under a launcher without --parallel: refused, not N independent copies writing the same files.
 timeout 60 "${mpi[@]}" 2 "$train" "${args[@]}" >none.txt 2>&1
 rc=$?

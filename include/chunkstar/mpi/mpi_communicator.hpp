@@ -138,9 +138,11 @@ struct mpi_options {
   /** Check the collective sequence: before each collective, the ranks exchange what they are
    *  about to call (a small MPI_Allgather on a private communicator) and a difference in kind,
    *  size, dtype, op or root is a `communication_error` on every rank naming the call and both
-   *  descriptions, instead of a hang, a crash inside MPI or a corrupted buffer. Costs one small
-   *  collective's latency per collective (`mpi_communicator::sequence_check()` measures it; on
-   *  train_gpt's ZeRO run docs/zero.md gives the share): on in every build. */
+   *  descriptions, instead of a hang, a crash inside MPI or a corrupted buffer. Every rank must
+   *  give the same value (the constructor checks). Its own latency is under a microsecond per
+   *  collective; what it costs a training step (about 1% on train_gpt's ZeRO run, where a rank
+   *  ahead now waits at the check instead of starting its part of the transfer) is measured by
+   *  bench/zero/bench_sequence_check.py, and `sequence_check()` reports its calls and time. */
   bool check_sequence = true;
 };
 
@@ -194,6 +196,20 @@ class mpi_communicator {
     detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    // Whether to check is itself agreed first: a rank checking alone would wait in its check's
+    // exchange for ranks that never join it.
+    const int mine = options.check_sequence ? 1 : 0;
+    int on[2] = {mine, -mine};  // {min, -max} in one MIN reduction
+    if (const int rc = MPI_Allreduce(MPI_IN_PLACE, on, 2, MPI_INT, MPI_MIN, comm_); rc != MPI_SUCCESS) {
+      MPI_Comm_free(&comm_);
+      detail::mpi_check(rc, "MPI_Allreduce (mpi_options agreement)");
+    }
+    if (on[0] != -on[1]) {
+      MPI_Comm_free(&comm_);
+      throw config_error("mpi_communicator: the ranks disagree on mpi_options::check_sequence (this rank (" +
+                         std::to_string(rank_) + "): " + (mine ? "on" : "off") +
+                         ", another rank: " + (mine ? "off" : "on") + "); give every rank the same options");
+    }
     if (options.check_sequence) {
       detail::mpi_check(MPI_Comm_dup(comm_, &check_comm_), "MPI_Comm_dup");
       detail::mpi_check(MPI_Comm_set_errhandler(check_comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
