@@ -1,7 +1,9 @@
 /** @file
- *  @brief Everything in Tier 0 (plain C++20): the concepts, their models, the runtime and the
- *         optimizer. CUDA (chunkstar/cuda/), NCCL (chunkstar/nccl/) and MPI (chunkstar/mpi/)
- *         headers are included separately, by the programs that link those targets.
+ *  @brief Everything in Tier 0 (plain C++20): the concepts, their models, the runtime, its
+ *         assemblies and the optimizer, data parallelism (ZeRO and replicated), RTP with its
+ *         shard stores, the disk tier, checkpoints and rank agreement. CUDA (chunkstar/cuda/),
+ *         NCCL (chunkstar/nccl/) and MPI (chunkstar/mpi/) headers are included separately, by
+ *         the programs that link those targets; so is io_uring's engine (disk/uring_copy_engine.hpp).
  */
 #pragma once
 
@@ -25,7 +27,9 @@
 
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/comm/rank_agreement.hpp>
 #include <chunkstar/comm/single_process.hpp>
+#include <chunkstar/comm/staged_communicator.hpp>
 
 #include <chunkstar/tracer/null_tracer.hpp>
 #include <chunkstar/tracer/tracer.hpp>
@@ -49,14 +53,24 @@
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/checkpoint/safetensors.hpp>
 
+#include <chunkstar/disk/disk_copy_engine.hpp>
+#include <chunkstar/disk/disk_space.hpp>
+#include <chunkstar/disk/disk_tier.hpp>
+
+#include <chunkstar/runtime/assemblies.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_id.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
+#include <chunkstar/runtime/data_parallel.hpp>
 #include <chunkstar/runtime/runtime_stats.hpp>
 #include <chunkstar/runtime/timeline.hpp>
+
+#include <chunkstar/rtp/buffer_ops.hpp>
+#include <chunkstar/rtp/chunk_shard_store.hpp>
 #include <chunkstar/rtp/counter_init.hpp>
 #include <chunkstar/rtp/partition.hpp>
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/ring_order.hpp>
 #include <chunkstar/rtp/rotation.hpp>
+#include <chunkstar/rtp/shard_store.hpp>
 #include <chunkstar/rtp/transit_buffers.hpp>

@@ -6,6 +6,7 @@
 #include <chunkstar/eviction/lru.hpp>
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
 #include <chunkstar/placement/static_placement.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
 #include <chunkstar/runtime/disk_planner.hpp>
 
@@ -291,6 +292,40 @@ TEST_CASE("disk faults: a full disk is a typed error with the memory report; the
   CHECK(r.params == reference.params);
   CHECK(entries_while_training == 0);
   CHECK(dir.entries() == 0);
+}
+
+TEST_CASE("disk tier: a host too small to pass chunks through says so, naming the disk's room, not 'host and device are both full'") {
+  chunkstar::test::scratch_dir dir;
+  simulated_device_space dev({.capacity = 16 << 10});
+  host_space host({.capacity = 8 << 10});  // one chunk: a host-side step needs several at once
+  host_copy_engine copier;
+  disk_space disk({.directory = dir.path(), .capacity = 1 << 20, .name = "roomy-disk"});
+  disk_copy_engine io(disk);
+  belady_rt rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 2048, .align_elems = 32}));
+  rt.attach_disk({disk, io});
+  std::vector<param_id> ids;
+  for (int l = 0; l < 8; ++l) ids.push_back(rt.register_param({"w" + std::to_string(l), {32, 32}, dtype::f32, tensor_role::weight}));
+  std::string what;
+  try {
+    rt.finalize();
+    chunk_adam<> adam;
+    for (int step = 0; step < 2; ++step) {
+      for (auto id : ids) (void)rt.forward("f" + std::to_string(id.value), {id});
+      for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+        auto sc = rt.backward("b" + std::to_string(it->value), {*it});
+        for (float& g : sc.grad<float>(*it)) g = 0.5f;
+      }
+      adam.step(rt, 1e-2f);
+    }
+    FAIL("a one-chunk host with a disk tier trained");
+  } catch (const out_of_memory_error& e) {
+    what = e.what();
+  }
+  INFO(what);
+  CHECK(what.find("both full") == std::string::npos);
+  CHECK(what.find("none of which can go to the disk now") != std::string::npos);
+  CHECK(what.find("raise the host space's capacity") != std::string::npos);
+  CHECK(what.find("roomy-disk") != std::string::npos);  // the memory report
 }
 
 TEST_CASE("disk tier: attach before finalize, once") {

@@ -214,7 +214,7 @@ void write_index(const R& rt, const std::filesystem::path& path, int world) {
  *  A sharded runtime (ZeRO, N ranks; or any runtime with `shards()`, `communicator()` and
  *  `tensor_owner(t)`, the rank that saves tensor t, as RTP's checkpoint view) saves collectively —
  *  call it on every rank: each rank writes the tensors it owns as `model-<r>-of-<N>.safetensors`
- *  and `optimizer-<r>-of-<N>.safetensors` into rank 0's temporary directory (a file system every rank sees), rank 0 adds
+ *  and `optimizer-<r>-of-<N>.safetensors` (r from 1, both five digits: `model-00001-of-00003`) into rank 0's temporary directory (a file system every rank sees), rank 0 adds
  *  `model.safetensors.index.json` and swaps the directory in once every rank succeeded.
  *  After a throw (on every rank alike): @p dir is as it was and this save's temporary is gone.
  *  @throws checkpoint_error for a reserved key in @p extra, a @p dir that may not be replaced, a

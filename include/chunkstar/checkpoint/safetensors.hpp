@@ -120,7 +120,10 @@ struct safetensors_tensor_info {
   /** @brief "[2, 3]". */
   [[nodiscard]] std::string shape_string() const {
     std::string s = "[";
-    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      if (i) s += ", ";  // not (i ? ", " : "") + ...: GCC 12 warns -Wrestrict on that at -O3
+      s += std::to_string(shape[i]);
+    }
     return s + "]";
   }
 };
@@ -365,12 +368,18 @@ class safetensors_writer {
 
   static std::string shape_json(std::span<const std::int64_t> shape) {
     std::string s = "[";
-    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(shape[i]);
+    }
     return s + "]";
   }
   static std::string shape_text(std::span<const std::int64_t> shape) {
     std::string s = "[";
-    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      if (i) s += ", ";  // not (i ? ", " : "") + ...: GCC 12 warns -Wrestrict on that at -O3
+      s += std::to_string(shape[i]);
+    }
     return s + "]";
   }
 

@@ -48,7 +48,10 @@ struct tensor_spec {
   /** @brief "[768, 3072]". */
   [[nodiscard]] std::string shape_string() const {
     std::string s = "[";
-    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      if (i) s += ", ";  // not (i ? ", " : "") + ...: GCC 12 warns -Wrestrict on that at -O3
+      s += std::to_string(shape[i]);
+    }
     return s + "]";
   }
 };

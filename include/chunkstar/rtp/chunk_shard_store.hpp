@@ -142,7 +142,18 @@ class chunk_shard_store {
       rt_.write_tensor(sh.ids[i], kind, in.subspan(sh.segments[i].offset, sh.segments[i].elems));
   }
 
-  [[nodiscard]] float* allocate(std::size_t n) { return static_cast<float*>(rt_.allocate_non_model(n * sizeof(float))); }
+  /** @brief @p n zeroed floats of non-model memory on the runtime's compute tier (as the
+   *  `ShardStore` contract asks: transit buffers rely on it), zeroed by its copy engine. */
+  [[nodiscard]] float* allocate(std::size_t n) {
+    auto* p = static_cast<float*>(rt_.allocate_non_model(n * sizeof(float)));
+    try {
+      rt_.copy_engine().zero_async(p, n * sizeof(float)).wait();
+    } catch (...) {
+      rt_.deallocate_non_model(p, n * sizeof(float));
+      throw;
+    }
+    return p;
+  }
   void deallocate(float* p, std::size_t n) noexcept { rt_.deallocate_non_model(p, n * sizeof(float)); }
   [[nodiscard]] auto untraced() { return rt_.untraced(); }
 

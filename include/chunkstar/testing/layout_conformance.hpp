@@ -208,7 +208,10 @@ inline bool names_token(std::string_view text, std::string_view word) {
 
 inline std::string describe_sizes(std::span<const std::size_t> sizes) {
   std::string s = "[";
-  for (std::size_t i = 0; i < sizes.size(); ++i) s += (i ? " " : "") + std::to_string(sizes[i]);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (i) s += ' ';
+    s += std::to_string(sizes[i]);
+  }
   return s + "]";
 }
 

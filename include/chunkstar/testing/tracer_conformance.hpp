@@ -123,7 +123,8 @@ struct trace_reference {
 inline std::string describe_script(const trace_script& s) {
   std::string out = "[";
   for (std::size_t m = 0; m < s.size(); ++m) {
-    out += (m ? "; " : "") + std::to_string(m) + ":" + std::string(moment_kind_name(s[m].kind)) + " '" + s[m].name + "'";
+    if (m) out += "; ";
+    out += std::to_string(m) + ":" + std::string(moment_kind_name(s[m].kind)) + " '" + s[m].name + "'";
     for (const auto& e : s[m].events)
       out += e.access ? " use " + to_string(e.id) : " level " + std::to_string(e.bytes);
   }

@@ -8,8 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -99,6 +102,26 @@ int main() {
     auto s = rt.forward(rt.spec(layers[0]).name, {layers[0]});
     const auto w = s.param<float>(layers[0]);
     check(std::isfinite(w[0]) && w[0] < 0.5f, "two Adam steps on positive gradients lowered the weights");
+  }
+
+  // A checkpoint saved and loaded into a fresh runtime: instantiates the safetensors writer and
+  // reader under this consumer's -O3 -Wall -Wextra -Werror (GCC 12 once warned inside them).
+  {
+    const auto dir = std::filesystem::temp_directory_path() / ("chunkstar_native_ck_" + std::to_string(::getpid()));
+    save_checkpoint(rt, dir);
+    simulated_device_space device2({.capacity = std::size_t{64} << 20});
+    patrickstar_runtime back(device2, host, copier);
+    for (int l = 0; l < 4; ++l)
+      (void)back.register_param({"layer" + std::to_string(l), {64, 64}, dtype::f32, tensor_role::weight},
+                                [](std::span<float> w) { for (float& x : w) x = 0.0f; });
+    back.finalize();
+    (void)load_checkpoint(back, dir);
+    std::filesystem::remove_all(dir);
+    auto a = rt.forward(rt.spec(layers[3]).name, {layers[3]});
+    auto b = back.forward(back.spec(layers[3]).name, {layers[3]});
+    const auto wa = a.param<float>(layers[3]);
+    const auto wb = b.param<float>(layers[3]);
+    check(std::memcmp(wa.data(), wb.data(), wa.size_bytes()) == 0, "a checkpoint saved and loaded gives the same weights");
   }
 
   std::printf("isa: %s (kernels: %s)\n", std::string(cpu_isa_name(native_cpu_isa)).c_str(), cpu_isa_report().c_str());
