@@ -2,7 +2,7 @@
 // -Wall -Wextra -Werror, built by the package_native test (tests/package/native/). The SIMD Adam
 // kernels are header-only, so these are the flags they are compiled with here: the program checks
 // that the fast path was chosen where the CPU has it, that it gives the portable path's bits, and
-// runs a small Adam step through the runtime.
+// runs a small Adam step through the runtime, then saves and loads it as a checkpoint.
 #include <chunkstar/chunkstar.hpp>
 
 #include <cmath>
