@@ -432,7 +432,10 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   // The runtime and the model: every parameter registered in execution order.
   Runtime rt(device, memory.host, memory.copier, comm,
              {.param_type = type, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty(),
-              .sharding = {.enabled = o.parallel == "zero", .keep_gathered = o.keep_gathered, .memory_saving = o.memory_saving}},
+              .sharding = {.enabled = o.parallel == "zero",
+                           .keep_gathered = o.keep_gathered,
+                           .memory_saving = o.memory_saving,
+                           .micro_batches = static_cast<int>(o.accum)}},
              layout, placement);
   if (disk) rt.attach_disk(disk->tier());
   const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};

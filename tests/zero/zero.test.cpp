@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/mlp_replica.hpp"
@@ -156,6 +157,76 @@ TEST_CASE("ZeRO over 1-4 in-process ranks: losses and owned parameters after 10 
       }
     }
   }
+}
+
+/** One process: rank r's @p micro micro-batches accumulated in the gradient chunks as its backward
+ *  runs, the ranks' sums added in rank order, then one step: what ZeRO with accumulation computes. */
+params_by_name accumulated_per_rank(int ranks, int micro, int n_steps) {
+  mlp_replica<single_process_communicator> r({}, 1 << 20);
+  auto opt = mlp_adam();
+  for (int step = 1; step <= n_steps; ++step) {
+    std::vector<float> sum;
+    for (int rank = 0; rank < ranks; ++rank) {
+      r.rt.zero_grad();
+      for (int a = 0; a < micro; ++a) r.forward_backward(step, rank * micro + a, [] {});
+      const auto g = r.all(chunk_kind::grad);
+      if (rank == 0) sum = g;
+      else
+        for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+    }
+    r.rt.zero_grad();
+    r.write_all(chunk_kind::grad, sum);
+    REQUIRE(opt.step(r.rt, 2e-2f, ranks * micro).stepped);
+  }
+  return owned_params(r);
+}
+
+TEST_CASE("ZeRO with gradient accumulation: the reference's bits from the first step (sharding.micro_batches), in both modes") {
+  for (const auto& [ranks, micro] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}}) {
+    for (int n_steps : {1, 3}) {  // the first step alone, and the steps after it
+      const auto expected = accumulated_per_rank(ranks, micro, n_steps);
+      for (bool memory_saving : {false, true}) {
+        CAPTURE(ranks);
+        CAPTURE(micro);
+        CAPTURE(n_steps);
+        CAPTURE(memory_saving);
+        std::vector<params_by_name> owned(static_cast<std::size_t>(ranks));
+        run_ranks(ranks, [&](in_process_communicator& comm) {
+          mlp_replica<in_process_communicator> r({.sharding = {.enabled = true, .memory_saving = memory_saving, .micro_batches = micro}},
+                                                 1 << 20, comm);
+          auto opt = mlp_adam();
+          for (int step = 1; step <= n_steps; ++step) {
+            for (int a = 0; a < micro; ++a) r.forward_backward(step, comm.rank() * micro + a, [] {});
+            REQUIRE(opt.step(r.rt, 2e-2f, ranks * micro).stepped);
+          }
+          owned[static_cast<std::size_t>(comm.rank())] = owned_params(r);
+        });
+        params_by_name all;
+        for (const auto& p : owned) all.insert(p.begin(), p.end());
+        CHECK(all.size() == expected.size());
+        std::size_t differ = 0;
+        for (const auto& [name, values] : expected) differ += all[name] != values;
+        CHECK(differ == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeRO with gradient accumulation: a step with more micro-batches per rank than sharding.micro_batches is refused, naming the fix") {
+  run_ranks(2, [&](in_process_communicator& comm) {
+    mlp_replica<in_process_communicator> r({.sharding = {.enabled = true}}, 1 << 20, comm);
+    auto opt = mlp_adam();
+    for (int a = 0; a < 2; ++a) r.forward_backward(1, comm.rank() * 2 + a, [] {});
+    try {
+      (void)opt.step(r.rt, 2e-2f, 4);
+      FAIL_CHECK("accepted");
+    } catch (const config_error& e) {
+      const std::string what = e.what();
+      CHECK_MESSAGE(what.find("runtime_options::sharding.micro_batches 1") != std::string::npos, what);
+      CHECK_MESSAGE(what.find("each rank accumulates per step (2)") != std::string::npos, what);
+    }
+  });
+  CHECK_THROWS_AS((mlp_replica<single_process_communicator>({.sharding = {.micro_batches = 0}}, 1 << 20)), config_error);
 }
 
 TEST_CASE("ZeRO over 2-4 ranks is within 1e-6 (relative, over all parameters) of plain gradient accumulation on one rank") {

@@ -131,6 +131,18 @@ class chunk_adam {
   template <class Runtime>
   optimizer_step_result step(Runtime& rt, float lr, int micro_batches = 1) {
     if (micro_batches < 1) throw config_error("chunk_adam::step: micro_batches must be >= 1, got " + std::to_string(micro_batches));
+    if constexpr (requires { rt.options().sharding; }) {
+      // micro_batches counts every rank's (docs/zero.md); each rank's own must not exceed what the
+      // runtime was told, or ZeRO's first iteration would reduce after each instead of the last.
+      const auto& sh = rt.options().sharding;
+      const int world = rt.communicator().size();
+      if (sh.enabled && micro_batches > sh.micro_batches * world)
+        throw config_error("chunk_adam::step: " + std::to_string(micro_batches) + " micro-batches over " + std::to_string(world) +
+                           " ranks, but the runtime was built with runtime_options::sharding.micro_batches " +
+                           std::to_string(sh.micro_batches) + ": set it to the micro-batches each rank accumulates per step (" +
+                           std::to_string((micro_batches + world - 1) / world) +
+                           "), so ZeRO's first iteration reduces each gradient once, after the last, as later ones do");
+    }
     if (!agreed_) {  // before the step's first collective: ranks that would step differently stop here, all of them
       require_agreement(rt.communicator(), configuration(micro_batches), "chunk_adam::step");
       agreed_ = true;

@@ -300,6 +300,9 @@ CHUNKSTAR_RUNTIME::chunk_runtime(device_space_type& device, host_space_type& hos
                  options.disk_prefetch_horizon, options.disk_staging_chunks),
       non_model_(device, level_), pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth),
       shard_(store_, residency_, tracer_, comm_, options.sharding, stats_, level_) {
+  if (options_.sharding.micro_batches < 1)
+    throw config_error("runtime_options::sharding.micro_batches must be >= 1 (the backward passes per optimizer step), got " +
+                       std::to_string(options_.sharding.micro_batches));
   if (options_.timeline) observer_ = own_timeline_;
   store_.clock = [this] { return observer_.now_us(); };
   store_.on_copy_retired = [this](double submitted, tier from, tier to) { observer_.copy(from, to, submitted, observer_.now_us()); };

@@ -115,7 +115,7 @@ class param_registry {
       {"optimizer state", "master " + flag(o.optimizer_state.master) + ", " + std::to_string(o.optimizer_state.moments) + " moment lists"},
       {"sharding", flag(o.sharding.enabled) + ", keep_gathered " + flag(o.sharding.keep_gathered) + ", reduce_in_fp32 " +
                        flag(o.sharding.reduce_in_fp32) + ", gather_ahead " + flag(o.sharding.gather_ahead) + ", memory_saving " +
-                       flag(o.sharding.memory_saving)},
+                       flag(o.sharding.memory_saving) + ", micro_batches " + std::to_string(o.sharding.micro_batches)},
       {"gradient mode", o.gradients == gradient_mode::local ? "local" : o.gradients == gradient_mode::replicated ? "replicated" : "sharded"},
       {"chunk layout", std::string(layout) + ": " + std::to_string(plan.num_chunks) + " chunks of " +
                            std::to_string(plan.chunk_elems) + " elements"},

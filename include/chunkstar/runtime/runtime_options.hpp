@@ -33,6 +33,11 @@ struct sharding_options {
   /// resident, never whole groups of N (for models where N-1 gather buffers do not fit). More
   /// collectives, smaller ones; the same bits. Gathers ahead are not made in this mode.
   bool memory_saving = false;
+  /// Backward passes each rank accumulates per optimizer step (gradient accumulation: chunk_adam::
+  /// step's micro_batches / world size, which it checks). The first iteration has no trace to say
+  /// when a gradient is final; with this it reduces each gradient group after the last micro-batch's
+  /// backward, as every later iteration does, so the first step has the reference's bits too.
+  int micro_batches = 1;
 };
 
 /** @brief Numeric knobs of a runtime (values, not types). */

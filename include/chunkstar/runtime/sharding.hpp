@@ -49,7 +49,10 @@ template <Tracer T>
  *  in this iteration (and at least once). Exact whenever backward mirrors forward, as autograd's
  *  does (a tied weight used by two forward scopes is final after its second backward use); if a
  *  later backward scope still adds to it, the owner adds that second reduction into its chunk: the
- *  same gradient in a different summation order, never a lost contribution. */
+ *  same gradient in a different summation order, never a lost contribution. With gradient
+ *  accumulation (sharding_options::micro_batches M > 1; a forward after a backward begins the next
+ *  micro-batch) nothing is final before the M-th micro-batch, and there a chunk is final once
+ *  backward has used it M times as often as in the first micro-batch (shard_manager::all_final). */
 [[nodiscard]] constexpr bool gradient_final_untraced(std::uint32_t forward_uses, std::uint32_t backward_uses) noexcept {
   return backward_uses > 0 && backward_uses >= forward_uses;
 }
@@ -244,6 +247,9 @@ class shard_manager {
     std::uint32_t forward = 0, backward = 0;
   };
   std::vector<use_count> uses_;  // per chunk, the first iteration only (emptied when it ends)
+  int micro_batch_ = 0;          // the first iteration: micro-batches begun before this one (a forward after a backward begins one)
+  bool after_backward_ = false;  // the first iteration: the last traced scope was a backward one
+  std::vector<std::uint32_t> first_backward_;  // the first iteration: each chunk's backward uses in its first micro-batch
   std::vector<reduction_in_flight> in_flight_;  // in the order started
   std::vector<gather_in_flight> gathering_;     // gathers started ahead, in the order started
   gather_plan plan_;                            // the gathers ahead of the adopted trace
@@ -261,6 +267,11 @@ std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(st
   // chunk the scope needs: every rank runs this scope, so every rank takes part in the collective.
   if (!tracer_.ready() && !level_.untraced) {  // the first iteration: count uses (gradient_final_untraced)
     uses_.resize(store_.num_chunks());
+    if (kind == moment_kind::forward && after_backward_ && micro_batch_++ == 0) {  // the first micro-batch ended
+      first_backward_.resize(uses_.size());
+      for (std::size_t c = 0; c < uses_.size(); ++c) first_backward_[c] = uses_[c].backward;
+    }
+    after_backward_ = kind == moment_kind::backward;
     for (auto id : ids)
       if ((kind == moment_kind::forward) == (id.kind == chunk_kind::param)) ++(kind == moment_kind::forward ? uses_[id.index].forward : uses_[id.index].backward);
   }
@@ -323,6 +334,9 @@ template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::before_step() {
   if (!active()) return;
   uses_.clear();
+  first_backward_.clear();
+  micro_batch_ = 0;
+  after_backward_ = false;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g].accumulating && !groups_[g].reducing) start_reduction(g);
     if (groups_[g].gathered) release(g);
@@ -334,6 +348,9 @@ template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::drop() noexcept {
   closed_at_ = never;
   uses_.clear();
+  first_backward_.clear();
+  micro_batch_ = 0;
+  after_backward_ = false;
   discard_in_flight();
   discard_gathers();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -375,6 +392,10 @@ bool shard_manager<Store, Residency, TracerT, Comm>::all_final(std::size_t g, st
     const std::size_t c = first_of(g) + k;
     if (tracer_.ready()) {
       if (!gradient_final(tracer_, {chunk_kind::grad, static_cast<std::uint32_t>(c)}, m)) return false;
+    } else if (micro_batch_ + 1 < options_.micro_batches) {  // more micro-batches add to it before the step
+      return false;
+    } else if (c < first_backward_.size() && first_backward_[c] > 0) {  // the last micro-batch adds as the first did
+      if (uses_[c].backward < static_cast<std::uint32_t>(options_.micro_batches) * first_backward_[c]) return false;
     } else if (c < uses_.size() && (uses_[c].forward > 0 || uses_[c].backward > 0) &&
                !gradient_final_untraced(uses_[c].forward, uses_[c].backward)) {
       return false;
