@@ -113,7 +113,7 @@ struct rtp_part {
  *  (zero them before the next step). `step` communicates only for the clipping norm, before it
  *  writes anything.
  */
-template <chunkstar::Communicator Comm, class Store = chunkstar::rtp::host_shard_store, RtpBackend Backend = cpu_backend>
+template <chunkstar::Communicator Comm, chunkstar::rtp::ShardStore Store = chunkstar::rtp::host_shard_store, RtpBackend Backend = cpu_backend>
 class rtp_gpt {
  public:
   using backend_type = Backend;

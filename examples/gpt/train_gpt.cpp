@@ -656,7 +656,7 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
   Runtime rt(device, memory.host, memory.copier, one_ref,
              {.param_type = dtype::f32, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty()}, layout,
              placement);
-  store_type store(rt, {.beta1 = 0.9f, .beta2 = 0.95f}, gpt::backend_buffer_ops<backend_type>{&backend});
+  store_type store(rt, gpt::backend_buffer_ops<backend_type>{&backend});
   model_type model(comm, store, cfg, shape.batch, shape.seq, &backend);
   model.init(o.seed);
   const std::size_t whole = 16 * gpt::param_count(cfg);  // weights, gradients, two Adam moments, fp32

@@ -81,7 +81,7 @@ std::vector<chunked_record> run_chunked(int n, double device_share, float clip, 
     chunkstar::host_copy_engine copier;
     chunkstar::single_process_communicator one;
     Runtime rt(device, host, copier, one, {}, chunkstar::searched_chunk_layout(), placement);
-    chunkstar::rtp::chunk_shard_store<Runtime> store(rt, adamw);
+    chunkstar::rtp::chunk_shard_store<Runtime> store(rt);
     gpt::rtp_gpt<in_process_communicator, chunkstar::rtp::chunk_shard_store<Runtime>> model(comm, store, config, B, Tn);
     train(model, comm, clip, rec);
     const auto& s = rt.stats();
@@ -147,7 +147,7 @@ TEST_CASE("rtp with chunk offload: a device too small for a stage beside the non
     chunkstar::host_copy_engine copier;
     chunkstar::single_process_communicator one;
     belady_rt rt(device, host, copier, one, {}, chunkstar::searched_chunk_layout());
-    chunkstar::rtp::chunk_shard_store<belady_rt> store(rt, adamw);
+    chunkstar::rtp::chunk_shard_store<belady_rt> store(rt);
     CHECK_THROWS_AS((gpt::rtp_gpt<in_process_communicator, chunkstar::rtp::chunk_shard_store<belady_rt>>(comm, store, config, B, Tn)),
                     chunkstar::out_of_memory_error);
   });
@@ -192,7 +192,7 @@ TEST_CASE("rtp chunk store: every stage closes its scope on the ops' stream, and
   single_process_communicator one, comm;
   Runtime rt(device, host, engine, one, {}, searched_chunk_layout(), static_placement::all_device());
   int copies = 0;
-  rtp::chunk_shard_store<Runtime, scripted_shard_ops> store(rt, adamw, scripted_shard_ops{&copies});
+  rtp::chunk_shard_store<Runtime, scripted_shard_ops> store(rt, scripted_shard_ops{&copies});
   gpt::rtp_gpt<single_process_communicator, rtp::chunk_shard_store<Runtime, scripted_shard_ops>> model(comm, store, config, B, Tn);
   model.init(seed);
   const micro_batch mb = make_batch(false, 0, 0);

@@ -59,9 +59,9 @@ template <class Runtime, ShardOps<Runtime> Ops = host_shard_ops, class Kernels =
 class chunk_shard_store {
  public:
   /** @brief A store over @p rt, which must not be finalized yet and must hold fp32 parameters
-   *  (`config_error` otherwise). @p adam sets betas, eps and threads (lr, weight decay and clipping
-   *  come with each `step`); @p ops moves floats on the compute tier. */
-  explicit chunk_shard_store(Runtime& rt, adam_hyper adam = {}, Ops ops = Ops{}) : rt_(rt), adam_(adam), ops_(std::move(ops)) {
+   *  (`config_error` otherwise); @p ops moves floats on the compute tier. Adam's hyper-parameters
+   *  and clipping come with each `step`, as for every ShardStore. */
+  explicit chunk_shard_store(Runtime& rt, Ops ops = Ops{}) : rt_(rt), ops_(std::move(ops)) {
     if (rt.options().param_type != dtype::f32)
       throw config_error("rtp::chunk_shard_store: the runtime holds " + std::string(dtype_name(rt.options().param_type)) +
                          " parameters; RTP's shards are fp32: build the runtime with param_type f32");
@@ -111,15 +111,15 @@ class chunk_shard_store {
   shard_step_result step(const adam_hyper& base, const param_groups& groups, int micro_batches, float max_norm,
                          const std::function<double(double)>& global_sum_sq) {
     sum_sq_ = global_sum_sq;  // read by the optimizer's hook during this step only
-    if (!opt_ || max_norm != max_norm_) {
+    const adam_hyper& h = base;  // its lr goes with each chunk_adam::step; the rest makes the optimizer
+    if (!opt_ || max_norm != max_norm_ || !same_hyper(h, hyper_)) {
       const std::int64_t steps = opt_ ? opt_->step_count() : restored_;
-      adam_hyper h = adam_;
-      h.weight_decay = base.weight_decay;
       opt_.emplace(chunk_adam_options{.hyper = h, .max_grad_norm = max_norm, .report_norm = false,
                                       .global_sum_sq = [this](double local) { return sum_sq_ ? sum_sq_(local) : local; }},
                    groups);
       opt_->restore_step_count(steps);
       max_norm_ = max_norm;
+      hyper_ = h;
     }
     const auto r = opt_->step(rt_, base.lr, micro_batches);
     return {.grad_norm = r.grad_norm, .clip_coefficient = r.clip_coefficient,
@@ -173,8 +173,12 @@ class chunk_shard_store {
     return shards_.at(k);
   }
 
+  static bool same_hyper(const adam_hyper& a, const adam_hyper& b) noexcept {
+    return a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps && a.weight_decay == b.weight_decay && a.mode == b.mode;
+  }
+
   Runtime& rt_;
-  adam_hyper adam_;
+  adam_hyper hyper_;  // the optimizer's (its lr aside)
   Ops ops_;
   std::vector<shard> shards_;
   typename Runtime::scope* scope_ = nullptr;

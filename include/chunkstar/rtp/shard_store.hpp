@@ -40,6 +40,7 @@
 #include <chunkstar/optim/param_groups.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -80,6 +81,33 @@ inline void check_segments(std::size_t elems, const std::vector<shard_segment>& 
   if (at != elems)
     throw config_error("rtp shard store: segments cover " + std::to_string(at) + " of the shard's " + std::to_string(elems) + " elements");
 }
+
+/** @brief Where a rank keeps the shards it owns under RTP: the interface the file comment
+ *  describes (`add_shard`, `finalize`, `stage`, `load`, `add_grad`, `zero_grad`, `step`,
+ *  `step_count`, `restore_step_count`, `read`, `write`, `allocate`, `deallocate`, `untraced`).
+ *  Models: `basic_host_shard_store` (below) and `chunk_shard_store` (rtp/chunk_shard_store.hpp);
+ *  chunkstar/testing/shard_store_conformance.hpp checks a model's laws. */
+template <class S>
+concept ShardStore = requires(S& s, const S& cs, std::size_t k, std::size_t n, std::vector<shard_segment> segments,
+                              std::string_view name, std::span<const std::size_t> shards, void (*body)(), std::span<float> out,
+                              std::span<const float> in, const adam_hyper& hyper, const param_groups& groups, int micro_batches,
+                              float max_norm, const std::function<double(double)>& global_sum_sq, std::int64_t steps,
+                              chunk_kind kind, float* p) {
+  { s.add_shard(n, std::move(segments)) } -> std::same_as<std::size_t>;
+  s.finalize();
+  s.stage(name, true, shards, body);
+  s.load(k, out);
+  s.add_grad(k, in);
+  s.zero_grad();
+  { s.step(hyper, groups, micro_batches, max_norm, global_sum_sq) } -> std::same_as<shard_step_result>;
+  { cs.step_count() } -> std::convertible_to<std::int64_t>;
+  s.restore_step_count(steps);
+  cs.read(k, kind, out);
+  s.write(k, kind, in);
+  { s.allocate(n) } -> std::same_as<float*>;
+  s.deallocate(p, n);
+  s.untraced();
+};
 
 /** @brief Where a host shard store's compute-tier buffers live and how bytes move there:
  *  `allocate(n)` zeroed floats (or throws) and `deallocate(p, n)` (never throws; after the work
@@ -231,5 +259,6 @@ class basic_host_shard_store {
 
 /** @brief Shards and compute-tier buffers in host memory. */
 using host_shard_store = basic_host_shard_store<>;
+static_assert(ShardStore<host_shard_store>);
 
 }  // namespace chunkstar::rtp
