@@ -43,6 +43,7 @@
 #include <chunkstar/rtp/partition.hpp>
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/rotation.hpp>
+#include <chunkstar/rtp/weight_pair.hpp>
 
 #include <algorithm>
 #include <array>
@@ -130,11 +131,13 @@ constexpr std::size_t block_tensor_elems(block_tensor t, std::size_t C) noexcept
 /** @brief Which elements of a block each of N shards holds, and where in the shard buffer.
  *
  *  A pure description (no communication); `partition_block` builds it and checks divisibility.
- *  Layouts, row-major, Cs = C/N channels (H/N heads), M = 4C/N hidden units:
+ *  Both sharded halves are `chunkstar::rtp::weight_pair`s (rtp/weight_pair.hpp), row-major,
+ *  Cs = C/N channels (H/N heads), M = 4C/N hidden units:
  *  - attention shard: [q rows | k rows | v rows] of qkv.w (3 Cs x C) | the same rows of qkv.b
- *    (3 Cs) | proj.w's columns (C x Cs). The q|k|v order per row is what `attention_forward`
- *    expects of a qkv tensor of width Cs, so the shard is a self-contained Cs-wide attention.
- *  - MLP shard: fc.w's rows (M x C) | fc.b's (M) | fcproj.w's columns (C x M).
+ *    (3 Cs) | proj.w's columns (C x Cs): the pair qkv (3 blocks of C rows) then proj. The q|k|v
+ *    order per row is what `attention_forward` expects of a qkv tensor of width Cs, so the shard
+ *    is a self-contained Cs-wide attention.
+ *  - MLP shard: fc.w's rows (M x C) | fc.b's (M) | fcproj.w's columns (C x M): the pair fc then fcproj.
  *  - replicated (every rank): ln1.w | ln1.b | proj.b | ln2.w | ln2.b | fcproj.b, C each.
  */
 struct rtp_block_partition {
@@ -145,23 +148,25 @@ struct rtp_block_partition {
   std::size_t shard_heads = 0;     ///< H / N
   std::size_t shard_channels = 0;  ///< Cs = C / N = shard_heads * head_size
   std::size_t shard_units = 0;     ///< M = 4C / N
+  chunkstar::rtp::weight_pair attention;  ///< qkv (3 blocks of C rows, biased) then proj
+  chunkstar::rtp::weight_pair mlp;        ///< fc (4C rows, biased) then fcproj
 
   /** @brief The replicated tensors, in their order in the replicated buffer. */
   static constexpr std::array<block_tensor, 6> replicated_tensors{block_tensor::ln1_w, block_tensor::ln1_b,
                                                                   block_tensor::proj_b, block_tensor::ln2_w,
                                                                   block_tensor::ln2_b, block_tensor::fcproj_b};
 
-  [[nodiscard]] constexpr std::size_t attn_qkv_w() const noexcept { return 0; }
-  [[nodiscard]] constexpr std::size_t attn_qkv_b() const noexcept { return 3 * shard_channels * width; }
-  [[nodiscard]] constexpr std::size_t attn_proj_w() const noexcept { return attn_qkv_b() + 3 * shard_channels; }
+  [[nodiscard]] constexpr std::size_t attn_qkv_w() const noexcept { return attention.a_weight_offset(); }
+  [[nodiscard]] constexpr std::size_t attn_qkv_b() const noexcept { return attention.a_bias_offset(); }
+  [[nodiscard]] constexpr std::size_t attn_proj_w() const noexcept { return attention.b_weight_offset(); }
   /** @brief Elements of an attention shard: Cs (4C + 3). */
-  [[nodiscard]] constexpr std::size_t attn_elems() const noexcept { return attn_proj_w() + width * shard_channels; }
+  [[nodiscard]] constexpr std::size_t attn_elems() const noexcept { return attention.shard_elems(); }
 
-  [[nodiscard]] constexpr std::size_t mlp_fc_w() const noexcept { return 0; }
-  [[nodiscard]] constexpr std::size_t mlp_fc_b() const noexcept { return shard_units * width; }
-  [[nodiscard]] constexpr std::size_t mlp_proj_w() const noexcept { return mlp_fc_b() + shard_units; }
+  [[nodiscard]] constexpr std::size_t mlp_fc_w() const noexcept { return mlp.a_weight_offset(); }
+  [[nodiscard]] constexpr std::size_t mlp_fc_b() const noexcept { return mlp.a_bias_offset(); }
+  [[nodiscard]] constexpr std::size_t mlp_proj_w() const noexcept { return mlp.b_weight_offset(); }
   /** @brief Elements of an MLP shard: M (2C + 1). */
-  [[nodiscard]] constexpr std::size_t mlp_elems() const noexcept { return mlp_proj_w() + width * shard_units; }
+  [[nodiscard]] constexpr std::size_t mlp_elems() const noexcept { return mlp.shard_elems(); }
 
   /** @brief Elements of the replicated buffer: 6C. */
   [[nodiscard]] constexpr std::size_t replicated_elems() const noexcept { return 6 * width; }
@@ -176,27 +181,19 @@ struct rtp_block_partition {
    *  element `global_index` of the full `tensor` lives at `offset` in the shard. */
   template <class F>
   void for_each_attention(int shard, F&& f) const {
-    const std::size_t C = width, Cs = shard_channels, c0 = static_cast<std::size_t>(shard) * Cs;
-    for (std::size_t part = 0; part < 3; ++part)  // q, k, v
-      for (std::size_t r = 0; r < Cs; ++r) {
-        const std::size_t row = part * C + c0 + r, local = part * Cs + r;
-        for (std::size_t col = 0; col < C; ++col) f(block_tensor::qkv_w, row * C + col, attn_qkv_w() + local * C + col);
-        f(block_tensor::qkv_b, row, attn_qkv_b() + local);
-      }
-    for (std::size_t o = 0; o < C; ++o)
-      for (std::size_t r = 0; r < Cs; ++r) f(block_tensor::proj_w, o * C + c0 + r, attn_proj_w() + o * Cs + r);
+    using part = chunkstar::rtp::weight_pair::part;
+    attention.for_each(static_cast<std::size_t>(shard), [&](part p, std::size_t i, std::size_t at) {
+      f(p == part::a_weight ? block_tensor::qkv_w : p == part::a_bias ? block_tensor::qkv_b : block_tensor::proj_w, i, at);
+    });
   }
 
   /** @brief The same for MLP shard @p shard. */
   template <class F>
   void for_each_mlp(int shard, F&& f) const {
-    const std::size_t C = width, M = shard_units, u0 = static_cast<std::size_t>(shard) * M;
-    for (std::size_t r = 0; r < M; ++r) {
-      for (std::size_t col = 0; col < C; ++col) f(block_tensor::fc_w, (u0 + r) * C + col, mlp_fc_w() + r * C + col);
-      f(block_tensor::fc_b, u0 + r, mlp_fc_b() + r);
-    }
-    for (std::size_t o = 0; o < C; ++o)
-      for (std::size_t r = 0; r < M; ++r) f(block_tensor::fcproj_w, o * 4 * C + u0 + r, mlp_proj_w() + o * M + r);
+    using part = chunkstar::rtp::weight_pair::part;
+    mlp.for_each(static_cast<std::size_t>(shard), [&](part p, std::size_t i, std::size_t at) {
+      f(p == part::a_weight ? block_tensor::fc_w : p == part::a_bias ? block_tensor::fc_b : block_tensor::fcproj_w, i, at);
+    });
   }
 
   /** @brief The same for the replicated buffer. */
@@ -215,7 +212,6 @@ inline rtp_block_partition partition_block(const gpt_config& c, int world) {
   validate(c);
   const auto H = static_cast<std::size_t>(c.heads), C = static_cast<std::size_t>(c.width);
   chunkstar::rtp::require_divisible("heads", H, world);
-  chunkstar::rtp::require_divisible("mlp hidden units (4 * width)", 4 * C, world);
   rtp_block_partition p;
   p.width = C;
   p.heads = H;
@@ -223,7 +219,10 @@ inline rtp_block_partition partition_block(const gpt_config& c, int world) {
   p.head_size = C / H;
   p.shard_heads = chunkstar::rtp::shard_range(H, world, 0, "heads").size();
   p.shard_channels = p.shard_heads * p.head_size;
-  p.shard_units = chunkstar::rtp::shard_range(4 * C, world, 0, "mlp hidden units (4 * width)").size();
+  // Whole heads per shard (checked above), so the C channels split too.
+  p.attention = chunkstar::rtp::make_weight_pair(C, C, C, world, "attention channels (width)", 3);
+  p.mlp = chunkstar::rtp::make_weight_pair(C, 4 * C, C, world, "mlp hidden units (4 * width)");
+  p.shard_units = p.mlp.shard_units();
   return p;
 }
 

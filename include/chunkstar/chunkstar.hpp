@@ -74,3 +74,4 @@
 #include <chunkstar/rtp/rotation.hpp>
 #include <chunkstar/rtp/shard_store.hpp>
 #include <chunkstar/rtp/transit_buffers.hpp>
+#include <chunkstar/rtp/weight_pair.hpp>

@@ -1,9 +1,11 @@
 // RTP's partition of a dimension (rtp/partition.hpp) and its counter-based initialisation
 // (rtp/counter_init.hpp): shards tile the dimension, a dimension the world size does not divide is
 // a config_error naming it and the world sizes that work, every rank materialises exactly its
-// slice of the tensor one rank would build, and the values are distributed as asked.
+// slice of the tensor one rank would build, and the values are distributed as asked; and the
+// weight pair's shard layout (rtp/weight_pair.hpp).
 #include <chunkstar/rtp/counter_init.hpp>
 #include <chunkstar/rtp/partition.hpp>
+#include <chunkstar/rtp/weight_pair.hpp>
 
 #include <doctest/doctest.h>
 
@@ -167,6 +169,45 @@ TEST_CASE("counter_init: uniform and normal values have the asked mean and varia
   double cross = 0;
   for (std::size_t i = 0; i < n; ++i) cross += static_cast<double>(u[i]) * h.uniform<float>(i, -1.0f, 1.0f);
   CHECK(std::abs(cross / n / (1.0 / 3.0)) < 5 / sn);
+}
+
+TEST_CASE("weight_pair: the shards hold every element of A, its bias and B exactly once, each shard a permutation of its buffer") {
+  for (const std::size_t groups : {std::size_t{1}, std::size_t{3}})
+    for (const bool bias : {true, false})
+      for (int n = 1; n <= 4; ++n) {
+        CAPTURE(groups);
+        CAPTURE(bias);
+        CAPTURE(n);
+        const weight_pair p = make_weight_pair(5, 12, 7, n, "units", groups, bias);
+        CHECK(p.shard_units() == 12 / static_cast<std::size_t>(n));
+        CHECK(p.shard_elems() * static_cast<std::size_t>(n) == p.a_weight_elems() + p.a_bias_elems() + p.b_weight_elems());
+        std::vector<int> a(p.a_weight_elems()), ab(p.a_bias_elems()), b(p.b_weight_elems());
+        for (std::size_t s = 0; s < static_cast<std::size_t>(n); ++s) {
+          std::vector<int> at(p.shard_elems());
+          p.for_each(s, [&](weight_pair::part part, std::size_t i, std::size_t off) {
+            REQUIRE(off < at.size());
+            ++at[off];
+            auto& whole = part == weight_pair::part::a_weight ? a : part == weight_pair::part::a_bias ? ab : b;
+            REQUIRE(i < whole.size());
+            ++whole[i];
+            // A's rows of this shard's units, B's columns of the same units.
+            const std::size_t unit = part == weight_pair::part::b_weight ? i % p.units : (part == weight_pair::part::a_weight ? i / p.in : i) % p.units;
+            CHECK(unit / p.shard_units() == s);
+            // Offsets by part: A's rows, then the bias, then B's columns.
+            if (part == weight_pair::part::a_weight) CHECK(off < p.a_bias_offset());
+            if (part == weight_pair::part::a_bias) CHECK((off >= p.a_bias_offset() && off < p.b_weight_offset()));
+            if (part == weight_pair::part::b_weight) CHECK(off >= p.b_weight_offset());
+          });
+          CHECK(std::all_of(at.begin(), at.end(), [](int c) { return c == 1; }));
+        }
+        for (const auto* v : {&a, &ab, &b}) CHECK(std::all_of(v->begin(), v->end(), [](int c) { return c == 1; }));
+      }
+  CHECK_THROWS_AS((void)make_weight_pair(5, 12, 7, 5, "units"), config_error);
+  try {
+    (void)make_weight_pair(5, 12, 7, 5, "hidden units");
+  } catch (const config_error& e) {
+    CHECK(std::string(e.what()).find("hidden units") != std::string::npos);
+  }
 }
 
 }  // namespace rtp_partition_test

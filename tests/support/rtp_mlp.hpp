@@ -25,6 +25,7 @@
 #include <chunkstar/rtp/partition.hpp>
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/rotation.hpp>
+#include <chunkstar/rtp/weight_pair.hpp>
 
 #include <doctest/doctest.h>
 
@@ -127,15 +128,16 @@ T gelu_grad(T z) {
   return T(0.5) * (T(1) + th) + T(0.5) * z * (T(1) - th * th) * c * (T(1) + T(3) * a * z * z);
 }
 
-/** One shard: [W1 rows k x d | b1 k | W2 columns dout x k], k = hidden / N units. */
+/** One shard: [W1 rows k x d | b1 k | W2 columns dout x k], k = hidden / N units: the weight pair
+ *  W1 then W2 (rtp/weight_pair.hpp), which the GPT block's attention and MLP shards also use. */
 struct shard_layout {
-  std::size_t k;
-  [[nodiscard]] std::size_t w1() const { return 0; }
-  [[nodiscard]] std::size_t b1() const { return k * d; }
-  [[nodiscard]] std::size_t w2() const { return k * d + k; }
-  [[nodiscard]] std::size_t elems() const { return k * d + k + dout * k; }
+  rtp::weight_pair pair;
+  explicit shard_layout(int n) : pair(rtp::make_weight_pair(d, hidden, dout, n, "hidden")) {}
+  [[nodiscard]] std::size_t w1() const { return pair.a_weight_offset(); }
+  [[nodiscard]] std::size_t b1() const { return pair.a_bias_offset(); }
+  [[nodiscard]] std::size_t w2() const { return pair.b_weight_offset(); }
+  [[nodiscard]] std::size_t elems() const { return pair.shard_elems(); }
 };
-
 
 /** Where a kernel runs, for `kernel_hook`. */
 enum class pass { train_forward, backward, eval_forward };
@@ -161,8 +163,8 @@ template <Communicator Comm>
 rank_record train_rank(Comm& comm, const kernel_hook& hook = {}) {
   const int n = comm.size();
   const int me = comm.rank();
-  const std::size_t k = rtp::shard_range(hidden, n, 0, "hidden").size();
-  const shard_layout L{k};
+  const shard_layout L(n);
+  const std::size_t k = L.pair.shard_units();
   const double scale = 1.0 / static_cast<double>(static_cast<std::size_t>(n) * batch);  // mean over the global batch
   rank_record rec;
   rec.shard_before.resize(iterations), rec.shard_grad.resize(iterations), rec.shard_after.resize(iterations);
@@ -291,8 +293,8 @@ struct run_record {
 /** The whole run from its N ranks' records (rank 0's losses; owner j holds units [j k, (j + 1) k)). */
 inline run_record assemble(const std::vector<rank_record>& ranks) {
   const int n = static_cast<int>(ranks.size());
-  const std::size_t k = rtp::shard_range(hidden, n, 0, "hidden").size();
-  const shard_layout L{k};
+  const shard_layout L(n);
+  const std::size_t k = L.pair.shard_units();
   run_record rec;
   rec.before.resize(iterations), rec.grads.resize(iterations), rec.after.resize(iterations);
   rec.train_loss = ranks[0].train_loss, rec.eval_loss = ranks[0].eval_loss;
