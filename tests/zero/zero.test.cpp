@@ -642,6 +642,27 @@ TEST_CASE("ZeRO memory-saving mode: chunk by chunk, the reference's bits at N = 
   CHECK_THROWS_AS(train_zero(4, act_bytes + 6 * chunk_bytes, false), out_of_memory_error);
 }
 
+TEST_CASE("ZeRO out of memory names the user's scope, also where backward's gradient buffers do not fit") {
+  // Budgets from too small for forward's gathers up to enough: each failure names a scope of the
+  // model ('l0'..'l3'), never a pseudo-scope; at least one fails in backward.
+  int in_backward = 0, failures = 0;
+  for (std::size_t chunks = 4; chunks <= 12; ++chunks) {
+    try {
+      (void)train_zero(4, act_bytes + chunks * chunk_bytes, false);
+    } catch (const out_of_memory_error& e) {
+      ++failures;
+      const std::string what = e.what();
+      CAPTURE(what);
+      CHECK(what.find("'gradients'") == std::string::npos);
+      CHECK(what.find("scope 'l") != std::string::npos);
+      in_backward += what.find("its gradient buffers") != std::string::npos;
+    }
+  }
+  CHECK(failures > 0);
+  CHECK(in_backward > 0);
+  MESSAGE(failures << " budgets failed, " << in_backward << " of them for backward's gradient buffers");
+}
+
 TEST_CASE("ZeRO memory-saving mode: each chunk's reduction to its owner runs while the next backward scope computes") {
   // One chunk per layer, so in this mode one reduction per layer and iteration; all but layer 0's
   // (no scope after it) have a backward scope computed between their start and their wait.

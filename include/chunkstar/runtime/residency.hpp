@@ -118,7 +118,7 @@ class residency_manager {
 
   /** @brief Evicts victims until @p bytes more chunk bytes fit the budget (or the device's room),
    *  for a group buffer about to be allocated (ZeRO); @p who names the scope in errors. */
-  void make_room(std::size_t bytes, std::string_view who);
+  void make_room(std::size_t bytes, std::string_view who, std::string_view what = "a group of chunks (ZeRO gather or reduce)");
 
   /** @brief Makes room for @p bytes of non-model memory: finished copies retire first, then one
    *  victim goes. False when nothing more can be freed. */
@@ -401,15 +401,14 @@ bool residency_manager<P, Placement, Eviction, TracerT>::evict_one(const std::un
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
-void residency_manager<P, Placement, Eviction, TracerT>::make_room(std::size_t bytes, std::string_view who) {
+void residency_manager<P, Placement, Eviction, TracerT>::make_room(std::size_t bytes, std::string_view who, std::string_view what) {
   const std::size_t budget = budget_now();
   while (store_.device_in_use() + bytes > budget && evict_one({}, tracer_.current_moment())) {
   }
   const std::size_t hard = room_after(store_.device().capacity(), level_.non_model);
   if (store_.device_in_use() + bytes > hard && !evict_one({}, never))
-    throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(bytes) +
-                                  " more on the compute tier for a group of chunks (ZeRO gather or reduce) and nothing more can be evicted: "
-                                  "raise the device space's capacity, or use smaller chunks",
+    throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(bytes) + " more on the compute tier for " +
+                                  std::string(what) + " and nothing more can be evicted: raise the device space's capacity, or use smaller chunks",
                               bytes, report());
 }
 

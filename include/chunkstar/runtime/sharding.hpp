@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <string>
 #include <vector>
 
 namespace chunkstar {
@@ -155,7 +156,7 @@ class shard_manager {
   /** Room for @p bytes more on the compute tier. Reductions in flight hold their buffers; rather
    *  than evict chunks for room they would give back, they are completed first (waiting issues no
    *  collective, so the ranks' sequences of collectives stay the same). */
-  void room(std::size_t bytes, std::string_view who);
+  void room(std::size_t bytes, std::string_view who, std::string_view what);
 
   [[nodiscard]] bool memory_saving() const noexcept { return options_.memory_saving; }
   /** The unit chunk @p c is gathered and reduced with: its group; itself in the memory-saving mode. */
@@ -194,7 +195,7 @@ class shard_manager {
 
   /** Gives the gradients of group @p g a zeroed group buffer (the owned one too, unless an earlier
    *  reduction this iteration left it a payload: new contributions then add into that). */
-  void attach_gradients(std::size_t g);
+  void attach_gradients(std::size_t g, std::string_view who);
 
   /** Starts the reduce-scatter of group @p g's gradients: the owner of each chunk will receive the
    *  rank-order sum of every rank's contribution (completed by finish_reductions()). */
@@ -219,7 +220,7 @@ class shard_manager {
 
   /** Gives gradient chunk @p id a zeroed one-chunk buffer on every rank (its owner's too, unless
    *  an earlier reduction this iteration left it a payload: contributions then add into that). */
-  void attach_gradient(chunk_id id);
+  void attach_gradient(chunk_id id, std::string_view who);
 
   /** Waits (on the host) for the user's work still writing unit @p u's gradients: a scope closed
    *  on a stream hands back kernels that may still run, and the communicator reads the buffer on
@@ -246,6 +247,7 @@ class shard_manager {
   struct use_count {
     std::uint32_t forward = 0, backward = 0;
   };
+  std::string last_scope_;       // the last scope prepared: what a reduction started after it is named by
   std::vector<use_count> uses_;  // per chunk, the first iteration only (emptied when it ends)
   int micro_batch_ = 0;          // the first iteration: micro-batches begun before this one (a forward after a backward begins one)
   bool after_backward_ = false;  // the first iteration: the last traced scope was a backward one
@@ -262,6 +264,7 @@ template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(std::span<const chunk_id> ids, moment_kind kind, std::string_view who, std::size_t m) {
   std::vector<chunk_id> owned;
   if (!active()) return {ids.begin(), ids.end()};
+  last_scope_.assign(who);
   groups_.resize(unit_of(store_.num_chunks() - 1) + 1);
   // Per unit (a group; one chunk in the memory-saving mode), even where this rank owns the
   // chunk the scope needs: every rank runs this scope, so every rank takes part in the collective.
@@ -280,7 +283,7 @@ std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(st
     if (groups_[g].gathering && id.kind == chunk_kind::param) finish_gather(g);  // started a moment ago
     if (id.kind == chunk_kind::grad) {
       if (groups_[g].reducing) finish_reductions();  // gradients again after their reduction (a divergent iteration)
-      if (!groups_[g].accumulating) memory_saving() ? attach_gradient(id) : attach_gradients(g);
+      if (!groups_[g].accumulating) memory_saving() ? attach_gradient(id, who) : attach_gradients(g, who);
       if (groups_[g].grads == nullptr) owned.push_back(id);  // its own payload, from an earlier reduction
     } else {
       if (!groups_[g].gathered) memory_saving() ? fetch(id, who, m) : gather(g, who, m);
@@ -361,9 +364,9 @@ void shard_manager<Store, Residency, TracerT, Comm>::drop() noexcept {
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-void shard_manager<Store, Residency, TracerT, Comm>::room(std::size_t bytes, std::string_view who) {
+void shard_manager<Store, Residency, TracerT, Comm>::room(std::size_t bytes, std::string_view who, std::string_view what) {
   if (!in_flight_.empty() && store_.device_in_use() + bytes > residency_.budget_now()) finish_reductions();
-  residency_.make_room(bytes, who);
+  residency_.make_room(bytes, who, what);
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
@@ -430,7 +433,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::start_gather(std::size_t g,
   const chunk_id own_ids[] = {own};
   residency_.make_resident_on_device(own_ids, who, m);
   gather_in_flight r{.group = g, .own = typename Store::pin_set(store_, {own}), .done = {}};
-  room(n * b, who);
+  room(n * b, who, "its gathered parameters (a ZeRO group of one chunk per rank)");
   const auto members = remote_members(g);
   std::vector<std::size_t> at;
   for (auto id : members) at.push_back(id.index - map().first(g));
@@ -477,7 +480,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::gather(std::size_t g, std::
   const chunk_id own_ids[] = {own};
   residency_.make_resident_on_device(own_ids, who, m);
   typename Store::pin_set pin(store_, {own});
-  room(n * b, who);
+  room(n * b, who, "its gathered parameters (a ZeRO group of one chunk per rank)");
   const auto members = remote_members(g);
   std::vector<std::size_t> at;
   for (auto id : members) at.push_back(id.index - map().first(g));
@@ -509,7 +512,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::release(std::size_t g) noex
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-void shard_manager<Store, Residency, TracerT, Comm>::attach_gradients(std::size_t g) {
+void shard_manager<Store, Residency, TracerT, Comm>::attach_gradients(std::size_t g, std::string_view who) {
   const std::size_t n = static_cast<std::size_t>(comm_.size());
   std::vector<chunk_id> members;
   std::vector<std::size_t> at;
@@ -519,7 +522,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::attach_gradients(std::size_
     members.push_back(id);
     at.push_back(k);
   }
-  room(n * store_.bytes_of(chunk_kind::grad), "gradients");
+  room(n * store_.bytes_of(chunk_kind::grad), who, "its gradient buffers (a ZeRO group of one chunk per rank, summed over the ranks after backward)");
   groups_[g].grads = store_.attach_group(members, at, n, /*zero=*/true);
   groups_[g].accumulating = true;
 }
@@ -534,7 +537,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::start_reduction(std::size_t
   // reduces in the gradient dtype through its communicator (NCCL accumulates in it).
   const bool widen = Store::device_is_host_accessible && t != dtype::f32 && options_.reduce_in_fp32;
   wait_for_user(g);
-  room(b, "gradient reduction");
+  room(b, last_scope_, "the result of a gradient group's reduction (ZeRO), after its backward");
   reduction_in_flight r;
   r.group = g;
   r.result = store_.allocate_scratch(b);
@@ -618,7 +621,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::fetch(chunk_id id, std::str
     typename Store::pin_set pin(store_, {id});
     comm_.broadcast(store_.at(id).data, b, root);
   } else {
-    room(b, who);
+    room(b, who, "a parameter chunk broadcast from its owner (ZeRO memory-saving mode)");
     const chunk_id ids[] = {id};
     const std::size_t at[] = {0};
     void* buf = store_.attach_group(ids, at, 1, /*zero=*/false);
@@ -636,11 +639,11 @@ void shard_manager<Store, Residency, TracerT, Comm>::fetch(chunk_id id, std::str
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-void shard_manager<Store, Residency, TracerT, Comm>::attach_gradient(chunk_id id) {
+void shard_manager<Store, Residency, TracerT, Comm>::attach_gradient(chunk_id id, std::string_view who) {
   auto& unit = groups_[id.index];
   unit.accumulating = true;
   if (holds_payload(store_.at(id).where)) return;  // the owner's, reduced once already
-  room(store_.bytes_of(chunk_kind::grad), "gradients");
+  room(store_.bytes_of(chunk_kind::grad), who, "a gradient chunk reduced to its owner (ZeRO memory-saving mode)");
   const chunk_id ids[] = {id};
   const std::size_t at[] = {0};
   unit.grads = store_.attach_group(ids, at, 1, /*zero=*/true);
