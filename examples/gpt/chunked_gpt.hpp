@@ -18,7 +18,7 @@
 #include "gpt_backend.hpp"
 
 #include <chunkstar/runtime/chunk_runtime.hpp>
-#include <chunkstar/runtime/gather_plan.hpp>
+#include <chunkstar/runtime/memory_plan.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -37,38 +37,21 @@ struct batch_shape {
   std::size_t seq = 128;
 };
 
-/** @brief The scopes chunked_gpt opens in one training iteration, as ZeRO's planner sees them
- *  (runtime/gather_plan.hpp): the trace the warm-up will record, known before training, so a
- *  trainer can size the device for the gather and reduce buffers
- *  (`plan_gathers(scope_trace(c, plan), ...).peak_buffer_bytes`). @p plan: the runtime's chunk
- *  plan of @p c's parameters (registration order = execution order). */
-inline chunkstar::sharding_trace scope_trace(const gpt_config& c, const chunkstar::chunk_plan& plan) {
-  using chunkstar::moment_kind;
-  std::vector<std::vector<std::uint32_t>> stage;  // the chunks of each stage's tensors
+/** @brief The forward scopes chunked_gpt opens in one training iteration, as tensor indices in
+ *  registration order (chunkstar::forward_scopes): the embedding, each block, then the head (the
+ *  final norm and the tied wte); backward opens them in reverse. What `chunkstar::plan_memory`
+ *  needs to size a run before it starts. */
+inline chunkstar::forward_scopes forward_scopes(const gpt_config& c) {
+  std::vector<std::vector<std::size_t>> stage;  // the tensors of each stage
   std::size_t index = 0;
   for (const auto& layer : param_layers(c)) {
     stage.emplace_back();
-    for (std::size_t k = 0; k < layer.tensors.size(); ++k) stage.back().push_back(static_cast<std::uint32_t>(plan.slots[index++].chunk));
+    for (std::size_t k = 0; k < layer.tensors.size(); ++k) stage.back().push_back(index++);
   }
-  std::vector<std::uint32_t> head{stage.back()[0], stage.back()[1], stage[0][0]};  // the final norm and the tied wte
-  chunkstar::sharding_trace t;
-  const auto scope = [&](moment_kind k, std::vector<std::uint32_t> chunks) {
-    std::sort(chunks.begin(), chunks.end());
-    chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
-    t.kinds.push_back(k);
-    t.grads.push_back(k == moment_kind::backward ? chunks : std::vector<std::uint32_t>{});
-    t.params.push_back(std::move(chunks));
-  };
-  scope(moment_kind::forward, stage[0]);
-  for (int l = 0; l < c.layers; ++l) scope(moment_kind::forward, stage[static_cast<std::size_t>(l) + 1]);
-  scope(moment_kind::forward, head);
-  scope(moment_kind::backward, head);
-  for (int l = c.layers; l-- > 0;) scope(moment_kind::backward, stage[static_cast<std::size_t>(l) + 1]);
-  scope(moment_kind::backward, stage[0]);
-  t.kinds.push_back(moment_kind::optimizer);
-  t.params.emplace_back();
-  t.grads.emplace_back();
-  return t;
+  chunkstar::forward_scopes f;
+  for (int l = 0; l <= c.layers; ++l) f.push_back(stage[static_cast<std::size_t>(l)]);
+  f.push_back({stage.back()[0], stage.back()[1], stage[0][0]});  // the final norm and the tied wte
+  return f;
 }
 
 /** @brief Compute-tier bytes one micro-batch needs beside the model data, at most: activations,

@@ -349,37 +349,14 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   // Memory: a simulated device with a hard capacity, the host, and the link between them.
   const dtype type = gpt::precision_type(o.precision);
   const auto layout = make_layout(o, cfg);
-  std::size_t model_bytes = 0, collective = 0;
-  {  // the model data a runtime of this shape holds (this rank's share), to size the default budget
-    auto chunks = layout.plan(gpt::param_specs(cfg, type));
-    const shard_map shards{ranks, 0};
-    chunks.num_chunks = shards.padded(chunks.num_chunks);  // ZeRO: whole groups, as the runtime pads
-    chunks.chunk_tensors.resize(chunks.num_chunks);
-    for (const auto& l : make_chunk_lists(chunks, {.param_type = type})) model_bytes += l.chunk_bytes * l.num_chunks;
-    model_bytes = model_bytes / static_cast<std::size_t>(ranks);
-    if (ranks > 1 && o.parallel == "zero") {
-      // ZeRO's gather and reduce buffers at their peak: the sharding rules replayed over the
-      // scopes the model opens, every gather ahead accepted (runtime/gather_plan.hpp).
-      const std::size_t chunk_bytes = chunks.chunk_elems * dtype_size(type);
-      const auto trace = gpt::scope_trace(cfg, chunks);
-      if (o.memory_saving) {  // a scope's own chunks and the previous scope's gradients still reducing
-        std::size_t most = 0, kept = 0;
-        for (std::size_t m = 0; m < trace.size(); ++m) {
-          const std::size_t before = m > 0 ? trace.grads[m - 1].size() : 0;
-          most = std::max(most, (o.keep_gathered ? 0 : trace.params[m].size()) + trace.grads[m].size() + before);
-          kept += o.keep_gathered && trace.kinds[m] == moment_kind::forward ? trace.params[m].size() : 0;
-        }
-        collective = (most + kept) * chunk_bytes;
-      } else {
-        collective = plan_gathers(trace, {.map = shards,
-                                        .param_chunk_bytes = chunk_bytes,
-                                        .grad_chunk_bytes = chunk_bytes,
-                                        .keep_gathered = o.keep_gathered,
-                                        .budget = std::vector<std::size_t>(trace.size(), SIZE_MAX)})
-                         .peak_buffer_bytes;
-      }
-    }
-  }
+  // What this rank's runtime will hold (its share of the model data under ZeRO, and ZeRO's gather
+  // and reduce buffers at their peak), from the library's planner, to size the budgets.
+  const memory_plan need = plan_memory(
+      gpt::param_specs(cfg, type), layout,
+      {.param_type = type,
+       .sharding = {.enabled = o.parallel == "zero", .keep_gathered = o.keep_gathered, .memory_saving = o.memory_saving}},
+      ranks, gpt::forward_scopes(cfg));
+  const std::size_t model_bytes = need.model_bytes_per_rank, collective = need.collective_bytes;
   const std::size_t act = activation_bytes<typename parts::backend>(cfg, o);
   // A real device's automatic budget is its free memory; the simulated device's holds all of the
   // model data (this rank's share of it under ZeRO) with --policy resident, and a share of it
