@@ -62,6 +62,7 @@
 #include <chunkstar/runtime/chunk_id.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
 #include <chunkstar/runtime/data_parallel.hpp>
+#include <chunkstar/runtime/memory_plan.hpp>
 #include <chunkstar/runtime/runtime_stats.hpp>
 #include <chunkstar/runtime/timeline.hpp>
 
