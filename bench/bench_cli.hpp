@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Command-line helpers shared by the benchmarks.
 #pragma once
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # FindNCCL: locate the NVIDIA Collective Communications Library (CMake ships no module for it).
 #
 # Result variables: NCCL_FOUND, NCCL_INCLUDE_DIRS, NCCL_LIBRARIES, NCCL_VERSION.

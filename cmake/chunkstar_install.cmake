@@ -1,6 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
 # Install rules, the package config and version file, and a build-tree export.
 
 install(DIRECTORY include/chunkstar DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/chunkstar)
 install(FILES "${_chunkstar_gen_dir}/chunkstar/config_generated.hpp"
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/chunkstar)
 install(TARGETS ${_chunkstar_export_targets} EXPORT chunkstarTargets)

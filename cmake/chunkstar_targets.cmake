@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The interface targets, one per tier. Included from the top-level CMakeLists.txt.
 
 # Tier 0: plain C++20, no CUDA.

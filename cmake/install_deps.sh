@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # Sourced by tests/run.sh and examples/run.sh: installs the Debian packages chunkstar's build,
 # tests and examples need, but only those missing (dpkg -s first), so a prepared machine never

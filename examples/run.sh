@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # THE main-job command: bash examples/run.sh [example arguments...]
 #
 # Installs missing Debian packages (cmake/install_deps.sh), configures a Release build of the

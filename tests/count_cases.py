@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Counts what a ctest selection runs: CTest tests, and doctest cases (each doctest command asked
 for its --count with the same filters; a script test counts as one case).
 usage: count_cases.py <build dir> [ctest selection args...]   e.g. count_cases.py build/tests-main -LE slow

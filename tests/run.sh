@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # THE test command: bash tests/run.sh [--quick] [--with-slow] [--jobs N]
 #
 # Installs missing Debian packages (cmake/install_deps.sh), then runs three stages, each in its own
@@ -27,7 +28,7 @@ while (($#)); do
     --quick) quick=1 ;;
     --with-slow) with_slow=1 ;;
     --jobs) jobs=$2; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '3,16p' "$0"; exit 0 ;;
     *) echo "tests/run.sh: unknown option '$1' (--quick, --with-slow, --jobs N)" >&2; exit 2 ;;
   esac
   shift

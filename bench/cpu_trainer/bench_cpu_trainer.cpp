@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_cpu_trainer: how close the CPU trainer comes to this machine's GEMM speed, measured in one run.
 //
 //   sgemm rate:  every GEMM one training step of the model performs (forward, input and weight

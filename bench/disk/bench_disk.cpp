@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_disk: the disk tier against the disk's own limits, side by side in one run.
 //
 //  1. The limit: the disk's sequential O_DIRECT write and read bandwidth for chunk-sized blocks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_e2e: the GPT trainer end to end.
 //
 //   overhead: one iteration (forward, backward, AdamW step) with every chunk resident in chunkstar,

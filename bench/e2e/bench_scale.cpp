@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_scale: the largest GPT-shaped model that trains within given device and host budgets.
 //
 // For each (device budget, host budget) pair, searches models of the preset's family (its head

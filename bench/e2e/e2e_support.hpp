@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief What bench_e2e and bench_scale share: the GPT trainer over chunkstar assembled once (model,
  *         runtime, AdamW), sizing helpers, timing, JSON and gnuplot plumbing.

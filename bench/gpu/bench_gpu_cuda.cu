@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_gpu_cuda: what one GPU reaches, each measurement beside its limit, in one run.
 //
 //   hbm_copy      a grid-stride float4 copy of --size-mib MiB into a second buffer. Bytes = read +

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """torch_gpt: a plain PyTorch GPT of train_gpt's shape and math, as a baseline for chunkstar.
 
 The model is examples/gpt's: byte-level vocabulary (256), learned positions, pre-LayerNorm blocks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_optim: throughput of the fused CPU Adam step, per gradient dtype and thread count, as a
 // fraction of the memory-bandwidth limit measured in the same run.
 //

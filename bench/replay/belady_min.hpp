@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Offline references for a chunk-access trace, computed independently of the runtime:
  *         Belady's MIN (`belady_min`) and the exact optimum (`optimal_moves`, a min-cost flow)

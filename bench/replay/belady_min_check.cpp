@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checks bench/replay's offline references against an exhaustive search over every schedule
 // (including ones that load early or evict voluntarily) on thousands of small random problems with
 // varying capacities, droppable chunks and drops: `optimal_moves` must equal the true minimum on

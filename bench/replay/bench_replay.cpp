@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_replay: records the chunk-access trace of a transformer-shaped model training through a
 // chunk_runtime on a simulated device, then replays training at budgets from 100% down to 10% of
 // the model data, for LRU and Belady eviction with prefetch on and off, over a modelled link.

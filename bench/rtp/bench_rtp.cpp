@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_rtp: Rotated Tensor Parallelism of the GPT example (gpt::rtp_gpt) on N = 1..4 in-process
 // ranks (one thread each, OpenMP at one thread per rank), beside plain data parallelism and ZeRO on
 // the same model, the same data and the same optimizer (AdamW, decay 0.1 except on biases and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_check_latency: what the collective-sequence check adds to one collective when the ranks
 // arrive together (no skew to absorb): K back-to-back 8-byte allreduces through an
 // mpi_communicator with the check on, then K with it off, in alternating rounds; the medians' difference

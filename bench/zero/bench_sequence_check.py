@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """bench_sequence_check: what the MPI collective-sequence check costs the main job's ZeRO run.
 
 The check (mpi_options::check_sequence, on by default) exchanges every rank's description of its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_zero: ZeRO data parallelism over chunks, N = 1..4 in-process ranks (one thread each).
 //
 // The trainer is train_gpt's assembly (chunked_gpt over a chunk runtime, fp32, AdamW with clipping)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `modelled_link<Comm>`: a Communicator adaptor that gives an in-process (or any) rank group
  *         the timing of a network link: every collective takes at least latency + bytes / bandwidth.

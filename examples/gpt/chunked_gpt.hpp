@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The GPT model with all of its model data in a chunkstar runtime: parameters registered
  *         stage by stage, every stage's forward and backward inside an access scope, activations

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Byte-level text data: loading (a file, or the embedded default corpus), a train /
  *         validation split, and batches that are a pure function of (seed, step, micro-batch), so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DIN=file -DOUT=file.cpp -DNAME=symbol -P embed.cmake: writes a C++ source holding IN's bytes.
 file(READ "${IN}" hex HEX)
 string(LENGTH "${hex}" n)

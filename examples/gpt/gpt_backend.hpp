@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Where chunked_gpt's layers run: a kernel backend. `cpu_backend` (here) runs the CPU
  *         kernels of gpt_model.hpp on host memory; `cuda_backend` (gpt_backend_cuda.hpp) runs the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpt::cuda_backend and gpt::cuda_adam_kernels (declared in gpt_backend_cuda.hpp): the GPT's
 // stages composed from kernels_cuda.cuh exactly as gpt_model.hpp composes the CPU kernels, so the
 // two paths compute the same mathematics in the same order of operations per stage.

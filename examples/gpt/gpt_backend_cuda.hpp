@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `gpt::cuda_backend`: chunked_gpt's layers on a GPU — the CUDA kernels of kernels_cuda.cuh
  *         and cuBLAS on one non-blocking stream — and `gpt::cuda_adam_kernels`, chunk_adam's device

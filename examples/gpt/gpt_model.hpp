@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The GPT model's forward and backward on the CPU, stage by stage, over caller-owned
  *         parameters, activations and workspace. Written for float (training) and double (the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `gpt::nccl_module`: train_gpt's NCCL communicator, loaded from libgpt_nccl.so (beside the
  *         trainer) when a run asks for it, bootstrapped over the MPI ranks. The module is built

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libgpt_nccl.so: train_gpt's NCCL communicator, in a module of its own that the trainer loads
 // (gpt_nccl.hpp) only when a run asks for NCCL; linking NCCL into the trainer would map its
 // ~220 MB into every run, and a CPU run under `ulimit -v` would fail to start.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief CPU forward and backward of every layer of the GPT model, for float (training) and
  *         double (the reference path of the tests).

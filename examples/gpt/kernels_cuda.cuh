@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief CUDA forward and backward of every layer of the GPT model (float), the same layers and
  *         conventions as kernels_cpu.hpp: row-major tensors, linear weights [out, in], forward

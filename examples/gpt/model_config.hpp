@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Shape of the flagship GPT-2-style model: the config, named presets, and the list of its
  *         parameter tensors in execution order (what the trainer registers with chunkstar).

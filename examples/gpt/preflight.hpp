@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Checks train_gpt runs before any work starts, so that a run that cannot finish fails at
  *         once with a clear error instead of after hours of training (or never): output files

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `gpt::rtp_block`: one GPT transformer block under Rotated Tensor Parallelism (RTP) on
  *         N ranks, and `gpt::rtp_block_partition`, which of the block's weights each shard holds.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Checkpoints of `gpt::rtp_gpt` in chunkstar's per-tensor safetensors format, the same
  *         files whatever the mode: a checkpoint saved under RTP loads in one process and under

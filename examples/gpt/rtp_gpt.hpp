@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `gpt::rtp_gpt`: the whole GPT example under Rotated Tensor Parallelism on the ranks of a
  *         `Communicator` — the tied token embedding and LM head by vocabulary rows, the blocks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief What train_gpt stores in a checkpoint beside the tensors, and what it checks on resume:
  *         the training state (step, optimizer steps, loss scale), parsed with range checks, and

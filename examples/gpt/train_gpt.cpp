@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // train_gpt: a byte-level GPT trained with all of its model data in chunkstar.
 //
 // Read it top to bottom: options, data, memory, model, optimizer, then the training loop. With

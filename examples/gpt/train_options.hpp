@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief train_gpt's options, and every check on them that can run before any work starts: ranges
  *         of numbers (nothing wraps or overflows), names, the model's shape, the schedule, and the

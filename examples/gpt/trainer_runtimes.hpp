@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer's runtime assemblies (one communicator type for one process and MPI ranks alike: the
 // transport is a run-time choice), compiled once in trainer_runtimes.cpp and, on CUDA builds,
 // trainer_runtimes_cuda.cpp, beside train_gpt.cpp instead of inside it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // quickstart: chunkstar in one page, no GPU needed.
 //
 // A small MLP learns to halve its input. Every parameter, gradient and Adam moment lives in

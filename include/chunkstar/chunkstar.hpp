@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Everything in Tier 0 (plain C++20): the concepts, their models, the runtime, its
  *         assemblies and the optimizer, data parallelism (ZeRO and replicated), RTP with its

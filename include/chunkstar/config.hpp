@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Build configuration: which back-ends exist, and the few portability macros.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Runtime checkpoints: resume = continue (bit-identical losses and parameters), reload into a
 // different chunk layout, exact fp16/bf16 round trips, typed errors for mismatched, corrupt or mixed
 // checkpoints, and atomic replacement (a failed save leaves the previous checkpoint intact).

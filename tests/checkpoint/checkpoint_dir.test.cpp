@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The checkpoint directory's guarantees: a save deletes nothing it did not create (an unrelated
 // `<dir>.tmp`, a foreign directory that happens to hold a model.safetensors, a checkpoint with
 // notes beside it), concurrent writers take turns under the lock and the previous checkpoint always

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Safetensors writer and reader: XXH64 against libxxhash's values, the strict JSON subset, round
 // trips of every dtype and shape, the byte layout against hand-built files, and a corruption fuzzer
 // (every truncation, every byte flipped, garbage headers) that must end in data or checkpoint_error.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sharded checkpoints: N ZeRO ranks save collectively (each rank its own tensors, rank 0 the index
 // and the swap), and the checkpoint loads at any M ranks — or in one process without sharding, and
 // the reverse — with parameters and optimizer state bit-identical to those saved; a resume at the

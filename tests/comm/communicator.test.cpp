@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Communicator concept (both ways), the installed conformance checks for single_process,
 // in_process_group (1..4 ranks) and staged_communicator (1 and 3 ranks) as doctest cases, and
 // framework-free (rank reports combined), a broken model they must reject, and in_process_group's

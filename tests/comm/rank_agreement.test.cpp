@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ranks configured differently (another model, layout or option) are a config_error on every rank
 // at finalize(), naming the first difference and both ranks' values — never a hang or a silently
 // different model later.

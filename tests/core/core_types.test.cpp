@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Core value types: tensor_spec, byte-size parsing and printing, and the error hierarchy.
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/memory_report.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Run-time ISA dispatch: detection agrees with the CPU, force_cpu_isa / scoped_cpu_isa / the
 // CHUNKSTAR_CPU_ISA variable choose the path, and the choice is reported. This file is compiled
 // with the default flags (no -m options): every path is in the binary anyway. optim_isa.cmake also

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // dtype: every fp16 and bf16 bit pattern against references computed independently in double
 // (value from the sign/exponent/mantissa fields with ldexp; rounding by finding the nearest
 // representable value with ties to even), cross-checked with the F16C instructions where the CPU

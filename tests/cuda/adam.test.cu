@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device Adam/AdamW and gradient checks against the host kernels. Skips (exit 77) without a GPU.
 #include <chunkstar/cuda/adam.cuh>
 #include <chunkstar/optim/grad_check.hpp>

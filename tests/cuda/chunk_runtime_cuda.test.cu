@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The chunk runtime on the CUDA platform: chunks move between device and pinned host memory on
 // copy streams; chunk_adam steps chunks on the device with the CUDA kernel. Results must equal the
 // simulated platform's bit for bit (the CUDA Adam kernel matches the host kernel exactly).

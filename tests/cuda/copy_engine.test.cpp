@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CopyEngine conformance for cuda_copy_engine: device memory on the device side, pinned memory on
 // the host side, data put and read back through cudaMemcpy. Tier 1: compiled by the host compiler.
 #include <chunkstar/cuda/cuda_copy_engine.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // doctest main for CUDA tests: without a usable GPU, say why and exit 77 (CTest's "skipped").
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MemorySpace conformance for the CUDA spaces (device memory checked through cudaMemcpy), their
 // rows of the trait table, and CHUNKSTAR_CUDA_CHECK. Tier 1: compiled by the host compiler.
 #include <chunkstar/cuda/cuda_error.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nccl_communicator: the Communicator conformance suite on one rank with device buffers
 // (bootstrapped over single_process_communicator, as production bootstraps over MPI).
 // Skips (exit 77) without a GPU, through the shared CUDA test main.

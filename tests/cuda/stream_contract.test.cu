@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The stream contract on the CUDA platform (docs style entry 18): a scope hands device memory to
 // the user's own stream; `close(stream)` hands it back without synchronising, and every later use
 // of that memory by the runtime — an eviction, an offload, a read — is ordered after the user's

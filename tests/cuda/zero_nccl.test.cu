@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ZeRO over NCCL: one rank per GPU (threads of this process, one NCCL communicator each), the
 // sharded runtime on the CUDA platform (group buffers and gradients in device memory, gathers and
 // reduce-scatters on the communicator's stream, Adam on the device). With two ranks a sum of two

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ZeRO on the CUDA platform for the multi-rank CUDA tests (zero_nccl, zero_staged): one rank's
 // training of 6 one-chunk weights, whose gradients depend on the rank, the layer and the step; Adam
 // on the device (or the host kernel on the simulated platform, for the reference).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ZeRO on one GPU: 3 ranks (threads of this process) share GPU 0, each with its own device space,
 // pinned host space and copy engine, and a staged_communicator over the in-process group with
 // cuda::host_stager (pinned buffers, cudaMemcpy): what `train_gpt --parallel zero --device cuda`

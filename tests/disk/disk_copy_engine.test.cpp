@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // disk_copy_engine: the disk engine suite (round trips, order, concurrency, zero fill) and the
 // faults: short transfers (max_io_bytes), a lost descriptor (EBADF), a corrupted file (checksums),
 // a destructor with work queued.

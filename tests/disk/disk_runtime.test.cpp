@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The runtime with a third tier on disk: same bits at any device, host and disk budget and policy,
 // the cascade (what is needed latest goes furthest down), disk prefetch, the disk planner alone,
 // faults (a failed or corrupted read or write, a full disk, a file that has no name) and checkpoints.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // disk_space: the MemorySpace conformance suite (O_DIRECT and buffered), capacity and block
 // rounding, first fit and coalescing, pointers that only map to offsets, construction errors, a
 // file without a name (nothing left after SIGKILL).

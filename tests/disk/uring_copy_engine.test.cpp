@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // uring_copy_engine: the disk engine suite on io_uring, its error mapping, and the fallback.
 // Skips (with a MESSAGE) where the build has no liburing or the kernel refuses io_uring.
 #include <chunkstar/config.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ZeRO with a disk tier (ZeRO-Infinity's combination): each rank's own share of the model data
 // spills to its own disk when device and host cannot hold it, and N ranks still give the bits of
 // N ranks without a disk (which tests/mpi/zero.test.cpp ties to the one-process reference).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # GPU check: bash tests/gpu/run.sh OUT_DIR    (about 8 minutes on one H200)
 #
 # Builds chunkstar (Release, CUDA tests and the GPT example on; CUDA architecture of the local GPU

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Collects one GPU check's figures (tests/gpu/run.sh OUT_DIR) into OUT_DIR/results.json and prints
 the table run.sh appends to summary.txt: train_gpt on CUDA per precision and budget (tokens/s,
 memory, bytes moved, optimizer steps per tier) beside the PyTorch baseline of the same shape, and

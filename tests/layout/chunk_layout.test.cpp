@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ChunkLayout: the installed conformance check (chunkstar/testing/layout_conformance.hpp) for both
 // models, for a layout written here as a user would, and against broken layouts it must reject;
 // then what is particular to each model: the next-fit rule, option validation, messages, and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // plan_violation / validate_plan (chunkstar/layout/plan_validation.hpp): each law on a targeted
 // corruption of a valid plan, the message validate_plan throws, and a fuzz of randomly corrupted
 // plans checked against an independent element-by-element oracle (and, under ASan, for reads out

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CopyEngine: the conformance suite for host_copy_engine (unmodelled and modelled), the concepts
 // checked both ways, the modelled link's lower bound, errors, ordering, duplex and draining.
 #include <chunkstar/memory/copy_engine.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MemorySpace: the conformance suite for host_space (uncapped, capped) and simulated_device_space,
 // the concept checked both ways, the trait table, host_space's large-block cache, memory_space_ref.
 #include <chunkstar/memory/host_space.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The scripted copy engine (tests/support/scripted_copy_engine.hpp) is itself a model of the
 // CopyEngine concept that the component tests lean on, so its own contract is proved first:
 // nothing runs until released, lanes are FIFO and independent, barriers hold a lane, waits never

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mpi_communicator: the installed Communicator conformance checks on every MPI rank (as doctest
 // cases, and framework-free with the ranks' verdicts allreduced), bit-identity with
 // in_process_group, and MPI failures surfacing as communication_error.

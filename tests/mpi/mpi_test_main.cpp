@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // doctest main for MPI tests: every rank runs the same suite (so collectives line up); rank 0
 // reports in full, the others only their failures; the exit code fails if any rank failed.
 #define DOCTEST_CONFIG_IMPLEMENT

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RTP over MPI ranks (processes): every rank trains the RTP test MLP (tests/support/rtp_mlp.hpp,
 // the code tests/rtp/rtp_mlp.test.cpp runs on in-process ranks) with the world as its ring. Its
 // owned shards, their gradients, the replicated parameters and their gradients, and the losses

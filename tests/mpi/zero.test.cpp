@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ZeRO over MPI ranks (processes): each rank keeps its own chunks and trains the test MLP; its
 // owned parameters must be bit-identical to the same rank of an in-process group (threads) run in
 // this process — in-process and MPI ranks give the same bits — and to the rank-order reference.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // chunk_adam over the runtime: float64 reference, same bits across placements, overflow skipping,
 // clipping, parameter groups, gradient accumulation.
 #include <chunkstar/layout/fixed_chunk_layout.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Adam/AdamW kernels: against a float64 reference over many steps, SIMD against portable bit for
 // bit, thread counts bit for bit, the run-time-typed entry point, and argument checking.
 #include <chunkstar/optim/adam.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The AVX-512 Adam path from a translation unit built with -mavx512f (through the
 // chunkstar::isa_avx512 helper target, see optim_isa.cmake): the helper still works, and such a TU
 // gets the same bits as the portable path. Every build compiles the AVX-512 path (run-time

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Global-norm clipping: N ranks of an in-process group, each owning some of the gradient chunks,
 // get the same norm and coefficient as one rank owning all of them.
 #include <chunkstar/comm/in_process_group.hpp>

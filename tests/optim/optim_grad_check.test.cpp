@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Gradient scans: inf/NaN detection anywhere, sum of squares against a long double reference,
 // identical bits across ISAs and thread counts, and the fused scan.
 #include <chunkstar/optim/grad_check.hpp>

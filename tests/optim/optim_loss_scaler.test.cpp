@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Loss scaling: the dynamic scaler's schedule under injected overflows, and an fp16 training loop
 // that skips exactly the overflowed steps.
 #include <chunkstar/optim/adam.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Learning-rate schedules and parameter groups.
 #include <chunkstar/optim/lr_schedule.hpp>
 #include <chunkstar/optim/param_groups.hpp>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The package_clang test: chunkstar with clang++ (CI compiles everything else with g++).
 #   cmake -DCLANGXX=<clang++> -DSOURCE_DIR=<chunkstar source> -DGEN_DIR=<generated include dir>
 #         -DSNIPPET=<readme_snippet.cpp> -DWORK_DIR=<scratch dir> -P clang_check.cmake

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Eviction through the runtime: budgets hold under random access sequences; Belady never moves more
 // than LRU; Belady's loads equal a brute-force offline optimum on small traces.
 #include <chunkstar/eviction/lru.hpp>

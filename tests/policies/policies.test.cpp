@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The runtime's policy concepts: the installed conformance checks (chunkstar/testing/) run on every
 // model, on a FIFO strategy written here as a user would, and on deliberately broken models (which
 // they must reject); what is particular to each model; and types that must not satisfy a concept.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // plan_prefetch alone: a pure function of a hand-built snapshot, a hand-fed warmup_tracer, the
 // eviction strategy and the budgets. Small cases are checked against op lists computed by hand
 // (in the comments); a property test checks, for random small traces, states and budgets, that

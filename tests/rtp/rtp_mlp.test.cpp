@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RTP trains a 2-layer MLP exactly as one process would: y = s * (W2 gelu(W1 x + b1)) + b2 on
 // 1-4 in-process ranks, each with its own micro-batch, SGD for 12 iterations with an evaluation
 // pass after every one, against an independent serial float64 reference (plain loops over the full

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RTP's partition of a dimension (rtp/partition.hpp) and its counter-based initialisation
 // (rtp/counter_init.hpp): shards tile the dimension, a dimension the world size does not divide is
 // a config_error naming it and the world sizes that work, every rank materialises exactly its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The RTP schedule (rtp/ring_order.hpp, rtp/rotation.hpp, rtp/replicated.hpp) as a user sees it:
 // the ring order's laws checked exhaustively; on 1-4 in-process ranks, which shard each kernel
 // sees, that an evaluation pass leaves the owned shard bit-unchanged, and that a shard's gradient

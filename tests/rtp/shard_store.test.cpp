@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ShardStore laws (chunkstar/testing/shard_store_conformance.hpp) on both stores: the host one,
 // and a chunk runtime's at a roomy and at a tight device budget (chunks moving between the device
 // and the host as the stages run); and chunk_shard_store's buffers zeroed where the runtime hands

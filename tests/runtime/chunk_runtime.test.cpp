@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The chunk runtime: state machine, budgets, divergence, errors, and the same-bits invariant.
 #include <chunkstar/eviction/lru.hpp>
 #include <chunkstar/layout/fixed_chunk_layout.hpp>

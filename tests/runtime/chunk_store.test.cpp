@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // chunk_store on its own, over the scripted copy engine: every copy completes only when the test
 // releases it, so "the logical tier changes at once, the buffer retires when the copy lands", the
 // buffer takeover of an in-flight eviction, the strong guarantee under faults and the stream

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The runtime's components, each on its own: tensor_state_table, param_registry (with broken user
 // layouts), the model-byte estimates, the non-model allocator and its RAII buffer, the
 // optimizer-state lists a step sees, the Platform concept both ways, the observer, and the stats

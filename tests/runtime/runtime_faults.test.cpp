@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Exception safety of the runtime: a throw injected from the copy engine, the eviction strategy,
 // the placement policy or a memory allocation, at each stage of a scope and of step(), leaves no
 // chunk pinned and the bookkeeping consistent, and training that retries the failed call continues

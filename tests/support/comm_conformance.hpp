@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Communicator conformance suite as doctest test cases: a thin adapter over the installed,
 // framework-free checks (chunkstar/testing/communicator_conformance.hpp), one test case per group.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A communicator that, like NCCL, accepts only device memory in its void* collectives: a test
 // double that proves on the CPU that the runtime hands a device communicator nothing else.
 //

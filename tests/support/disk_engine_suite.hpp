@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The round-trip, ordering, concurrency and zero-fill suite every disk copy engine runs
  *         (disk_copy_engine, uring_copy_engine). A fixture `F` provides

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief A scratch directory under /tmp for the disk-tier tests, removed with everything in it.
  */

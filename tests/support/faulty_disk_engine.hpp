@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief A disk copy engine for fault tests: the real thread-pool engine, except that chosen
  *         copies fail (the n-th read or write, counted from 0) or land and are then corrupted on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Conformance suites for `MemorySpace` and `CopyEngine`, instantiated for every model,
  *         CPU and CUDA alike (doctest TEST_CASE_TEMPLATE_DEFINE; invoke with TEST_CASE_TEMPLATE_INVOKE).

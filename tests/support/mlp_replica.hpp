@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A tanh MLP for multi-rank tests: one rank's (or a reference's) spaces, runtime and parameters,
 // and a forward/backward of micro-batch `mb` of step `step` whose data depend on both, so N ranks
 // each computing their own micro-batch can be compared with one process computing all of them.

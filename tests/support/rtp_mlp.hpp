@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The RTP test MLP, shared by the in-process test (tests/rtp/rtp_mlp.test.cpp) and the MPI test
 // (tests/mpi/rtp.test.cpp): y = s * (W2 gelu(W1 x + b1)) + b2, W1 sharded by rows and W2 by
 // columns over the same hidden units, so one shard is [W1 rows | b1 slice | W2 columns] and needs

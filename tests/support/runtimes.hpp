@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The runtime assemblies most tests use, their parts and the host's SIMD kernels, compiled once in
 // the test support library (support/runtimes/*.cpp) instead of again in every test file that uses
 // them: a test file that includes this header calls their compiled members

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A CopyEngine test double that steps by hand (docs style entry 19, after stdexec's
 // impulse_scheduler): nothing it is asked to do happens until the test says so, so ordering and
 // overlap bugs are reproduced deterministically instead of by timing.

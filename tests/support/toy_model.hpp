@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A small layered model (tanh MLP, MSE loss, scalar Adam) trained through a chunk runtime, so tests
 // can compare runs under different budgets and policies bit for bit.
 #pragma once

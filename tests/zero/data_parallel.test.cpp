@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Replicated data parallelism: N in-process ranks, each its own runtime over a communicator held by
 // reference, each computing its own micro-batch; gradient chunks all-reduced as soon as they are
 // final (overlapped with the rest of backward). With clipping on, every rank's parameters are

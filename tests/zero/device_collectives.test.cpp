@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the runtime gives a device communicator (NCCL): model data in device memory for every void*
 // collective, and everything about the run (rank agreement, gradient norms, a checkpoint's
 // directory) as host doubles through allreduce(span<double>). Checked on the CPU with a test double

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // plan_memory (runtime/memory_plan.hpp) against what the runtime measures: the model data per
 // rank and ZeRO's collective buffers at their peak, for the tests' MLP on 1-4 in-process ranks in
 // the group mode (with and without keep_gathered) and the memory-saving mode; and scope_trace.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // chunk_runtime over a communicator it cannot copy or create: two in-process ranks (threads), each
 // with its own spaces, copy engine and runtime built with the Comm& constructor, train with
 // chunk_adam under a device budget that makes chunks move, and end with the same parameters —

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ZeRO over N in-process ranks: each rank keeps 1/N of the model data (its own chunks), gathers the
 // others' parameter chunks before use and reduce-scatters gradients to their owners. Every rank's
 // owned parameters must be bit-identical to one process that computes the N micro-batches'

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // chunked_gpt's side of the stream contract, checked on the CPU with test doubles, so that a GPU
 // run only has to check what needs the hardware (gpt_backend.hpp states the contract):
 //  * a backend whose kernels "run" on a numbered stream of the scripted platform (the CPU kernels

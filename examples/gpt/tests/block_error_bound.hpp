@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A float64 reference of one GPT transformer block (forward and backward, plain loops over the
 // full weights, independent of kernels_cpu.hpp) that carries, beside every value, a first-order
 // bound on the error of an fp32 evaluation of that value in any summation order: a running error

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tiny GPT as chunked_gpt's tests lay it out: one batch shape, chunks the size of the largest
 // tensor, and device capacities that hold a backend's non-model memory plus a share of the model data.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A test double of a device backend, for the CPU: the CPU kernels on a "stream" that runs nothing
 // until it is waited for. Every kernel, fill, sum and copy is queued and runs in order at quiesce()
 // (or when a result is read back with from_compute), as a CUDA stream's work may run any time

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # train_gpt under bad input, faults and concurrent writers, end to end: every case ends promptly
 # with its documented exit code and a message on stderr, and nothing on disk is lost.
 #   bash faults.sh <train_gpt> <work dir>

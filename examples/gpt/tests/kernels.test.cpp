@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the GPT model math: every layer's backward against central finite differences of the
 // float64 forward, the whole model likewise, float against double, the loss at initialisation,
 // a few SGD steps, and bit-identical results whatever the OpenMP thread count.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # train_gpt --parallel rtp on MPI ranks, end to end:
 #  1. 2 and 4 ranks train the same model on the same data as one process: losses within fp32
 #     rounding (the ring adds the shards' partial sums in its own order, so bits may differ); and

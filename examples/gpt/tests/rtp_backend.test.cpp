@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RTP on a device-like backend, checked on the CPU: what a GPU run relies on (which buffer, which
 // order, when to wait) without the GPU. `deferred_backend` (deferred_backend.hpp) runs the CPU
 // kernels only when waited for, so a rotation that shifted a buffer before settling the stream

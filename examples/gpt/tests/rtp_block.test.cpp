@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPT transformer block under RTP (rtp_block.hpp) on 1-4 in-process ranks against the serial
 // block (gpt_model.hpp block_forward / block_backward on the full weights, fp32) and against an
 // independent float64 reference that carries a running error bound for every value

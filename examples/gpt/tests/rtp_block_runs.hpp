@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One rank's run of rtp_block with its shards outside the block (external_shard, the way rtp_gpt
 // holds them) on any LayerBackend: shards, replicas, transit buffers, activations and workspace in
 // the backend's compute-tier memory, the host touching them only through to_compute and

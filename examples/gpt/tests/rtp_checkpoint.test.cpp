@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints across modes (rtp_checkpoint.hpp): a checkpoint saved under RTP at N ranks holds the
 // whole model in chunkstar's per-tensor format, loads under RTP at another N and in one process's
 // chunk runtime, and the reverse; weights and both Adam moments arrive bit for bit, and a resume

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RTP composed with chunk offload: each rank's shards (weights, gradients, Adam moments) live in
 // that rank's chunk runtime (rtp::chunk_shard_store) under a device budget, the transit buffers
 // and activations are non-model memory the runtime accounts for, and the optimizer step is local,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The whole GPT under RTP (rtp_gpt.hpp) on 1-4 in-process ranks against the serial model
 // (gpt_model.hpp on the full weights, fp32, the N micro-batches of a step one after another) and
 // the same serial model in float64. Ten SGD iterations with an evaluation pass after each; the

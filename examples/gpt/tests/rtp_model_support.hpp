@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The whole-GPT RTP test's pieces, shared by the in-process test (rtp_model.test.cpp) and the MPI
 // test (mpi/rtp_gpt.test.cpp): the config, the micro-batches, one rank's training (generic over
 // the Communicator, so in-process ranks (threads) and MPI ranks (processes) run the very same

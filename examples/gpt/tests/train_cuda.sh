@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # train_gpt on a GPU, end to end (CTest gpt_train_cuda, label cuda; exit 77 = skipped without one):
 #  1. --device cuda's losses over 20 steps agree with --device sim's (the CPU kernels) within fp32
 #     tolerance (relative 2e-3: the GEMMs sum in another order);

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # train_gpt with a disk tier, end to end: model data beyond device + host trains to exactly the
 # losses of a run without the disk, on both disk engines; a run saved from the disk tier resumes
 # on the same trajectory; a run killed by any signal leaves no file; bad disk options end at once

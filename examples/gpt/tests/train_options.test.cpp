@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // train_gpt's checks before any work: every bad option is a config_error naming it, nothing wraps;
 // the data loader refuses what it could never read to an end; resume metadata is parsed with range
 // checks and the configuration compared field by field; output paths and memory are probed.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Runs train_gpt briefly and checks, from its output, that (1) the loss falls and (2) resuming from
 # a checkpoint continues the exact trajectory of an uninterrupted run.
 #   cmake -DTRAIN=<train_gpt> -DWORK=<dir> -P train_short.cmake

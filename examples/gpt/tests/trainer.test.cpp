@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPT trainer's model over chunkstar: same bits whatever the budget and eviction policy, for
 // fp32 and bf16, and the same losses as the plain model with flat arrays.
 #include "chunked_gpt.hpp"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # train_gpt --parallel zero on MPI ranks, end to end:
 #  1. 3 ranks train the same model on the same data as one process (losses equal as printed), also
 #     with every collective staged through host buffers (--comm staged);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Checkpoints of a chunk runtime: parameters and optimizer state as per-tensor safetensors
  *         records, independent of chunk size, layout, placement and world size.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Safetensors files: a streaming, atomic writer and a strict, validating reader.
  *

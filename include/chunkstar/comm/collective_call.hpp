@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `detail::collective_call`: what one collective call asked for (kind, size, dtype, op,
  *         root), the unit of the collective-sequence checks of the in-process and MPI

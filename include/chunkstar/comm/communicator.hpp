@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The `Communicator` concept, `reduce_op`, and `comm_handle`, the type-erased completion
  *         of an asynchronous collective.

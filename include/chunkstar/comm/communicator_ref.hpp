@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `communicator_ref`: a non-owning, type-erased reference to any `Communicator`, itself a
  *         `Communicator`. For the edges of a program where the transport is a run-time choice (one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Control-plane collectives on host memory built on `allreduce(std::span<double>)` alone:
  *         `broadcast_scalars` and `broadcast_string`.

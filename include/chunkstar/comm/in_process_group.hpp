@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `in_process_group`: N ranks as threads of one process, each with an
  *         `in_process_communicator`; for tests and for simulating multi-rank runs without MPI.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `require_agreement`: checks that every rank of a communicator was configured alike (the
  *         same model, layout and options) before any rank relies on it, and names the first

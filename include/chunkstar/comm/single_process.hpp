@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `single_process_communicator`: the `Communicator` of a run with one rank.
  */

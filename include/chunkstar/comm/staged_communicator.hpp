@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `staged_communicator`: a `Communicator` on device memory built from one that takes host
  *         memory only (MPI without CUDA support, in-process rank groups), by staging every `void*`

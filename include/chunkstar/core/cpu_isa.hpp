@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Which SIMD instruction set the CPU kernels run, chosen once at run time from the CPU.
  *

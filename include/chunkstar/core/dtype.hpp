@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Element types of model data: fp32, fp16 and bf16, with round-to-nearest-even
  *         conversions that behave identically on every host (no FPU mode dependence).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Typed errors. Every message says what was wrong and what would fix it.
  */

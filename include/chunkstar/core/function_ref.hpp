@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `function_ref`: a non-owning reference to a callable (C++26's `std::function_ref`, cut
  *         down). The runtime takes the user's per-chunk callbacks through it, so its own code is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief A snapshot of every memory space's capacity, use and largest free block.
  */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Includes a kernel file once per compiled ISA, each time inside that ISA's target region.
  *

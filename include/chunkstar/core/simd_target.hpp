@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Compiling SIMD kernels for several instruction sets in one translation unit, whatever its
  *         flags: target regions and a per-ISA include of a kernel file.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief What a registered tensor is: name, shape, element type and role.
  */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Byte quantities: parsing "256MiB"-style strings and printing sizes for people.
  */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Tier 2 (nvcc): the fused Adam/AdamW step on device memory, and device-wide gradient
  *         checks (inf/NaN, sum of squares) with CUB.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Device kernels for `chunk_adam` on the CUDA platform (Tier 2, nvcc only): the fused
  *         gradient scan and the Adam step of chunks that live in device memory.

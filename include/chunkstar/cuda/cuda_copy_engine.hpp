@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `cuda::cuda_copy_engine`: one non-blocking CUDA stream per copy direction, copies with
  *         cudaMemcpyAsync, completion tracked by events (Tier 1). Models `CopyEngine`.

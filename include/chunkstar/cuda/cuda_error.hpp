@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `CHUNKSTAR_CUDA_CHECK`: turns a failed CUDA runtime call into a typed chunkstar error
  *         naming the call, the CUDA error and where it happened (Tier 1: CUDA runtime host API).

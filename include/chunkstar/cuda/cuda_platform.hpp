@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The CUDA platform for `chunk_runtime`: a CUDA device space, pinned host memory and a
  *         stream-per-direction copy engine (Tier 1: host compiler and cudart only).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `cuda::device_space`: memory of one CUDA device (cudaMalloc/cudaFree), optionally capped
  *         below the device's size, and the device rows of the trait table (Tier 1).

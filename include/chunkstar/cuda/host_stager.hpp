@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `cuda::host_stager`: the `Stager` of a `staged_communicator` on CUDA devices — pinned
  *         host buffers and synchronous copies — so a host-only transport (an MPI without CUDA

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `cuda::pinned_host_space`: page-locked host memory (cudaHostAlloc), reachable from host
  *         code and CUDA kernels, the source and target of truly asynchronous device copies (Tier 1).

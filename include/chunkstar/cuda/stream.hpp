@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Small RAII helpers over the CUDA runtime: a current-device guard, an owned non-blocking
  *         stream and an owned event (Tier 1).

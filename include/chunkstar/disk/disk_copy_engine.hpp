@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `disk_copy_engine`: moves bytes between host memory and a `disk_space` with pread/pwrite
  *         on a small thread pool per direction. The portable disk engine; `uring_copy_engine`

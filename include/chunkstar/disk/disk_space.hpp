@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `disk_space`: a `MemorySpace` over one preallocated file in a directory the user names,
  *         the storage of a disk tier (issue #14). Linux/POSIX only.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `disk_tier`: what a runtime needs of a third tier on local disk — a file-backed memory
  *         space and the copy engine that moves chunks between host memory and it — as one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `uring_copy_engine`: the disk engine contract of disk_copy_engine.hpp on io_uring.
  *         Only where this build found liburing (`CHUNKSTAR_HAS_URING()`; link `chunkstar::uring`,

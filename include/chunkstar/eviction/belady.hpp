@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Belady's MIN: evict the chunk whose next use (from the recorded trace) is furthest away.
  */

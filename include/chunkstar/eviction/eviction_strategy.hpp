@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The `EvictionStrategy` concept: which chunk leaves a tier when room is needed.
  *

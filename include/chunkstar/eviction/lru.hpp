@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Least-recently-used eviction: the chunk whose last access is oldest leaves first.
  */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The `ChunkLayout` concept and `chunk_plan`, the value every layout produces: where each
  *         registered tensor lives (chunk, offset), and the parallel chunk lists built from it.

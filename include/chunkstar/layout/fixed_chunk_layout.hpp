@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `fixed_chunk_layout`: every chunk holds exactly `chunk_elems` elements; tensors are packed
  *         next-fit in registration order. The `ChunkLayout` model to use when the chunk size is known.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `plan_violation` and `validate_plan`: is a `chunk_plan` (from any layout, including a
  *         user's) one the runtime can use for these tensors? Safe on any plan, however corrupt.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `searched_chunk_layout`: tries every chunk size on a grid within bounds, packs next-fit
  *         at each, and keeps the size that wastes the fewest elements (as Gemini's chunk search).

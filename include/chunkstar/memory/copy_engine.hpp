@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The `CopyEngine` concept (and its `CopyHandle`), copy directions, the modelled link
  *         `copy_model` and the per-direction `copy_stats` every engine reports.

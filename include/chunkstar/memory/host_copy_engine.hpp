@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `host_copy_engine`: memcpy on one worker thread per direction, optionally paced to a
  *         modelled link, so a CPU-only run sees the same overlap (or stalls) a PCIe link would give.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `host_space`: aligned pageable host memory, unlimited or capped, with pre-faulted,
  *         huge-page-backed, cached large blocks.

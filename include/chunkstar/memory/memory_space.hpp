@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The `MemorySpace` concept, the trait table of which space can reach and copy to which,
  *         and `memory_space_ref`, a non-owning type-erased reference for API boundaries.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `simulated_device_space`: host memory posing as a device with a hard capacity and an
  *         optional modelled link, so CPU-only runs exercise memory pressure, eviction and overlap.

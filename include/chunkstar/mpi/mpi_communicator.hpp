@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `mpi_communicator`: the `Communicator` over an MPI communicator (target chunkstar::mpi),
  *         and `mpi_session`, an RAII MPI_Init/MPI_Finalize.

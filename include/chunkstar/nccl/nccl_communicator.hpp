@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `nccl::nccl_communicator`: the `Communicator` over NCCL, on device buffers (Tier 1:
  *         host compiler + nccl.h + cudart; target chunkstar::nccl).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Adam and AdamW over one chunk (or any contiguous range): fp32 master weights, momentum
  *         and variance updated in one fused pass that reads the gradient in its own dtype and

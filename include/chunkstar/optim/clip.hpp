@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Global-norm gradient clipping over all chunks of all ranks.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The SIMD instruction sets of the CPU optimizer kernels (Adam, gradient scans): every path
  *         is compiled into every build and the widest the CPU has is chosen at run time (see

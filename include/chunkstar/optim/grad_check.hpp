@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Gradient scans for mixed precision and clipping: an inf/NaN check and a sum of squares,
  *         SIMD, OpenMP-parallel and deterministic whatever the thread count or ISA.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The LossScaler concept and its models: dynamic loss scaling for fp16 and a static
  *         (by default unit) scaler for bf16 and fp32.

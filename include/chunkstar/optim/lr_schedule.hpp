@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The LrSchedule concept and its models: constant, and linear warm-up then cosine decay.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Parameter groups: per-role optimizer settings (by default no weight decay on biases and
  *         norms). A group overrides the base hyper-parameters of a step; the runtime applies the

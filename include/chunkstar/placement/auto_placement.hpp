@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief PatrickStar's automatic placement: per-moment chunk budgets from the traced non-model
  *         peaks, and optimizer steps on the compute tier for as many chunks as the margin allows.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The `PlacementPolicy` concept: how many bytes of chunks the compute tier may hold at each
  *         moment, and on which tier each chunk's optimizer step runs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Static placement: a fixed share of the chunks on the compute tier (all, none, or a fraction).
  */

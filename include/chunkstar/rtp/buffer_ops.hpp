@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `rtp::BufferOps`: how a rotation touches the memory of its shard buffers, and
  *         `rtp::host_buffer_ops`, for buffers in host memory.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `rtp::chunk_shard_store`: a rank's RTP shards kept in that rank's chunk runtime — weights,
  *         gradients and Adam moments in chunks that the placement puts on the device or the host

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `counter_init`: counter-based ("flyweight") initialisation. The initial value of
  *         element i of a tensor is a pure function of (seed, tensor key, i), so a rank

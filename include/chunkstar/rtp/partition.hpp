@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief How Rotated Tensor Parallelism splits one dimension of a layer over N ranks:
  *         `shard_range`, `valid_world_sizes`, `require_divisible`.

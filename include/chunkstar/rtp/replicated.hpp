@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `reduce_replicated_grads`: the gradients of the parameters RTP does not shard (norm
  *         gains and biases, an output bias) summed over all ranks, so the replicas stay equal.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The ring order of Rotated Tensor Parallelism as pure functions: which shard a rank
  *         holds at each step of a forward and a backward pass, in which order the ranks add to a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `rtp::rotation`: the Rotated Tensor Parallelism schedule of one layer sharded N ways.
  *         Each rank owns one shard of the layer's weights and its gradient; a pass rotates the

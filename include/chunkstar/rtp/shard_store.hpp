@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Where a rank keeps the shards it owns under RTP — weights, accumulated gradients and Adam
  *         moments — and `rtp::host_shard_store`, which keeps them in host memory.

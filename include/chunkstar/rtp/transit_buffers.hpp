@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `rtp::transit_buffers`: the buffers a rotation uses only while a pass runs — two weight
  *         shards (one resident, one arriving), two gradient shards (one sent on, one arriving) and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `rtp::weight_pair`: the shard layout of two linear layers in a row, the first split by
  *         its output rows and the second by its input columns over the same units (Megatron's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The RAII handles a runtime gives out: `access_scope` (a layer's forward or backward:
  *         its chunks resident, pinned and in COMPUTE until it closes, with the stream contract for

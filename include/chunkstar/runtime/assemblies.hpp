@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Named assemblies of `chunk_runtime`: the policy choices people ask for by name.
  */

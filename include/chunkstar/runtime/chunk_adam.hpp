@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `chunk_adam`: mixed-precision Adam/AdamW over a chunk runtime — one fused scan of the
  *         gradients (overflow flag and norm), global-norm clipping across ranks, loss scaling, then

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Vocabulary shared by the runtime and its policies: chunk ids, tiers, moments, tensor states.
  */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `chunk_runtime`: PatrickStar's runtime, a short façade over its components (registry,
  *         tensor states, chunk store, residency manager and prefetch planner, non-model allocator,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `chunk_store`: the chunks themselves — one slot per chunk of every list, its payload, the
  *         tier it lives in, the copy in flight into it, its pins — and the mechanics that change

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `replicated_gradients`: plain data parallelism over a chunk runtime — every rank holds all
  *         the model data, computes the gradients of its own micro-batch, and the gradient chunks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The disk prefetch planner: a pure function from a snapshot of the chunks and the trace
  *         to the disk reads (and the writes that make host room for them) to start now, so chunks

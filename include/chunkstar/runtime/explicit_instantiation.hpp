@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Compiling a runtime assembly once per program instead of once per source file.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `plan_gathers`: which ZeRO allgathers start one moment ahead of their use, decided from
  *         the trace. A pure function: it replays shard_manager's rules (gather before use,

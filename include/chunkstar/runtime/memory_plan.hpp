@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `plan_memory`: what a run needs per rank, before any memory space exists — the model
  *         data as the runtime pads and shards it, ZeRO's gather and reduction buffers at their

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Non-model memory on the compute tier — activations, workspaces, staging — allocated
  *         through the runtime so that its accounting and the tracer see it (the "tide" the

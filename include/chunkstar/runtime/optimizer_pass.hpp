@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The optimizer pass: one moment per chunk index, every list of that index made resident
  *         on the tier the placement chose, the user's update run on it, the gradient released

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `param_registry`: the registered parameters (specs and initialisers, unique names), laid
  *         out into a validated chunk plan; and the model-data estimates a user can compute before

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The `Platform` concept: the memory back-end a runtime runs on — its compute (device)
  *         space, its host space, the copy engine between them, and the stream type through which

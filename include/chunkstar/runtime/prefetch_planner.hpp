@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The prefetch planner: a pure function from a snapshot of the chunks and the trace to the
  *         list of transfers to start now. It replays what the demand path will do at the coming

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `residency_manager`: which chunks are on the compute tier at each moment. It asks the
  *         placement for budgets and the eviction strategy for victims (among candidates it

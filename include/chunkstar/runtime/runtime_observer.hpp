@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The `RuntimeObserver` concept — what a runtime reports as it goes (scopes, copies, the
  *         optimizer step, memory levels) — its non-owning type-erased reference `observer_ref`

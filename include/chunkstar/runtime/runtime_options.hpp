@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `runtime_options`: the numeric knobs of a chunk runtime (values, not types), and
  *         `gradient_mode`, how the gradients of several ranks relate.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief What the chunk runtime did: bytes moved per direction, loads (demand and ahead),
  *         evictions, prefetch hits, stalls, and peaks that agree with the spaces' own accounting.

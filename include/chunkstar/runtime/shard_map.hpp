@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `shard_map`: which rank owns which chunk under ZeRO sharding, and the groups of N
  *         consecutive chunks that are gathered and reduced together.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief ZeRO sharding of the chunks over the ranks of a communicator (PatrickStar's "symbiosis
  *         with ZeRO"): consecutive chunks of each list form groups of N; chunk k is owned by rank

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `tensor_state_table`: the state of every registered tensor (PatrickStar's FREE / COMPUTE /
  *         HOLD / HOLD_AFTER_FWD / HOLD_AFTER_BWD), with every change made through `transition()`,

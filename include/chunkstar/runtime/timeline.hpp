@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief A memory and transfer timeline, exported as Chrome trace JSON (loads in Perfetto and
  *         chrome://tracing): scopes and transfers as spans, per-space use as counters.

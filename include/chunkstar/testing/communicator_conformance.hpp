@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `check_communicator`: the requirements of the `Communicator` concept
  *         (chunkstar/comm/communicator.hpp), checked on any model, one rank at a time.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief What every conformance check returns, `conformance_report`, and the small deterministic
  *         generator the checks draw their inputs from.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `check_eviction_strategy`: the laws of the `EvictionStrategy` concept
  *         (chunkstar/eviction/eviction_strategy.hpp), checked on any model.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `check_chunk_layout`: the laws of the `ChunkLayout` concept
  *         (chunkstar/layout/chunk_layout.hpp), checked exhaustively on a small domain and on larger

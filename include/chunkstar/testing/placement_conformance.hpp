@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `check_placement_policy`: the laws of the `PlacementPolicy` concept
  *         (chunkstar/placement/placement_policy.hpp), checked on any model.

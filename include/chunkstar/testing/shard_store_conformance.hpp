@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `check_shard_store`: the laws of the `ShardStore` concept (chunkstar/rtp/shard_store.hpp)
  *         on a store you build, whose compute-tier buffers are host memory.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `check_tracer`: the numbered requirements of the `Tracer` concept
  *         (chunkstar/tracer/tracer.hpp), checked on any model.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief A tracer that records nothing: the runtime then budgets from current use and evicts LRU.
  */

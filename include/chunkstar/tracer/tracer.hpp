@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The `Tracer` concept: observes moments, chunk accesses and non-model memory, and, once it
  *         has a trace, answers the questions placement, eviction and prefetch ask of the future.

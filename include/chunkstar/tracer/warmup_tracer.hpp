@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief PatrickStar's warm-up tracer, made robust: it records one iteration (moments, chunk use
  *         order, non-model peak per moment), then serves that trace, detects when an iteration

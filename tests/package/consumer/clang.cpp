@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Built and run with clang++ by the package_clang test (tests/package/clang_check.cmake), with
 // -Wall -Wextra -Werror, once with the default flags (the AVX2 and AVX-512 kernels then exist only
 // through chunkstar's target regions: the run-time dispatch under clang) and once with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A program as a user of chunkstar would write it, built by the package tests against an installed
 // tree, the build tree and a FetchContent checkout. It checks a few results against values
 // computed here by hand and prints which tiers the package brought along; the driver script

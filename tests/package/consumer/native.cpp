@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A CPU-only consumer compiled for this machine's ISA (chunkstar::isa_native: -march=native) with
 // -Wall -Wextra -Werror, built by the package_native test (tests/package/native/). The SIMD Adam
 // kernels are header-only, so these are the flags they are compiled with here: the program checks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "support/runtimes.hpp"
 
 CHUNKSTAR_TEST_RUNTIMES(, chunkstar::testing::fixed_lru_runtime, chunkstar::testing::fixed_lru_group_runtime,

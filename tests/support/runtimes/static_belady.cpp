@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "support/runtimes.hpp"
 
 CHUNKSTAR_TEST_RUNTIMES(, chunkstar::testing::fixed_static_runtime, chunkstar::testing::fixed_static_group_runtime,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPT in chunks on a GPU (label cuda; without a GPU it exits 77, skipped): the CUDA backend on
 // the CUDA platform (device and pinned host memory, the stream copy engine, device Adam).
 //  * Same bits on the device whatever the budget, eviction policy and prefetch depth, in fp32 and

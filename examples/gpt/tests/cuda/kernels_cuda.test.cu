@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every CUDA layer against the CPU float path (itself checked against finite differences in
 // tests/kernels.test.cpp). Without a GPU the shared main exits 77 (skipped).
 #include "kernels_cpu.hpp"

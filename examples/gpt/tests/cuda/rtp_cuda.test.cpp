@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RTP on a GPU (label cuda; without a GPU it exits 77, skipped): 1-3 ranks (threads of this
 // process) share GPU 0, each with its own cuda_backend (stream, cuBLAS) and a staged_communicator
 // over the in-process group (cuda::host_stager: the shifts and the replicated all-reduces go

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The whole GPT under RTP (rtp_gpt.hpp) over MPI ranks (processes), the world as the ring, with
 // the collective-sequence check on: 10 SGD iterations and 3 clipped AdamW steps (`rtp_gpt::step`),
 // an evaluation after each, then the next-token probabilities. The code is rtp_model.test.cpp's

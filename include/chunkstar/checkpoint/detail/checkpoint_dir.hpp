@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The checkpoint directory's life cycle, kept apart from the tensors: recognising a
  *         chunkstar checkpoint by its own metadata, the advisory lock that serialises writers, a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief A strict, bounds-checked reader for the JSON subset a safetensors header uses: objects,
  *         arrays, strings (all escapes, UTF-8 validated) and integers. Anything else — floats,

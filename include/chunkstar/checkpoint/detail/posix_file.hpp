@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The few POSIX file operations checkpoints need, with complete reads and writes (EINTR and
  *         short transfers retried) and errors that name the file: durability needs fsync on the

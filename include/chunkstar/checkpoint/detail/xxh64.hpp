@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief XXH64 (the 64-bit xxHash of Yann Collet's public specification), streaming, for the
  *         checkpoint checksums: several GB/s on one core, so verifying a checkpoint costs about as

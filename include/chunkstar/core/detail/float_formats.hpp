@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Private: the 16-bit float formats (binary16, bfloat16) and their exact, round-to-nearest-even
  *         conversions to and from binary32. Part of core/dtype.hpp's API (include that); here so that

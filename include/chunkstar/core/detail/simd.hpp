@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Private: thin per-ISA float vector wrappers for the CPU kernels (Adam, gradient scans,
  *         dtype conversions), each ISA's inside its target region (core/simd_target.hpp).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief CRC32C (Castagnoli), table-driven, for the disk engines' optional checksums. Portable
  *         and slow-ish (about 0.5-1 GB/s): checksums are a debug-build safety net, off with NDEBUG.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief The next-fit packing rule shared by every chunk layout, and the checks and messages
  *         both layouts give for bad options and oversized tensors. Private: include the layouts.

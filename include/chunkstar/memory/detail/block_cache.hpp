@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Private: mapped, pre-faulted large blocks and a size-bucketed cache of freed ones, shared
  *         by host_space and simulated_device_space (see host_space.hpp for the measurements that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief Private helpers shared by every memory space: used/peak accounting against a hard
  *         capacity, alignment validation and the out-of-memory error they all throw.
