@@ -141,8 +141,8 @@ struct mpi_options {
    *  size, dtype, op or root is a `communication_error` on every rank naming the call and both
    *  descriptions, instead of a hang, a crash inside MPI or a corrupted buffer. Every rank must
    *  give the same value (the constructor checks). Its own latency is under a microsecond per
-   *  collective; what it costs a training step (about 1% on train_gpt's ZeRO run, where a rank
-   *  ahead now waits at the check instead of starting its part of the transfer) is measured by
+   *  collective; what it costs a training step (about 1% on train_gpt's ZeRO run, most likely a
+   *  rank that is ahead waiting at the check rather than inside the transfer) is measured by
    *  bench/zero/bench_sequence_check.py, and `sequence_check()` reports its calls and time. */
   bool check_sequence = true;
 };
