@@ -44,10 +44,12 @@
 
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/comm/rank_agreement.hpp>
+#include <chunkstar/comm/single_process.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/optim/adam.hpp>
 #include <chunkstar/optim/clip.hpp>
 #include <chunkstar/optim/param_groups.hpp>
+#include <chunkstar/rtp/checkpoint_view.hpp>
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/rotation.hpp>
 #include <chunkstar/rtp/shard_store.hpp>
@@ -79,18 +81,7 @@ constexpr std::size_t rtp_padded_vocab(std::size_t V, int world) noexcept {
 
 /** @brief One buffer of this rank's model data: a shard of a rotation (in the shard store) or a
  *  replica (in host memory, the same on every rank), and where its elements come from. */
-struct rtp_part {
-  std::size_t elems = 0;
-  bool replicated = false;
-  /** @brief Calls `f(tensor, global_index, offset)` for every element of the buffer: element
-   *  `global_index` of tensor `tensor` (an index into param_specs) is at `offset`. */
-  std::function<void(const std::function<void(std::size_t, std::size_t, std::size_t)>&)> for_each;
-  /** @brief Contiguous runs of one tensor in the buffer: [begin, end) and the tensor. */
-  struct segment {
-    std::size_t begin, end, tensor;
-  };
-  std::vector<segment> segments;
-};
+using rtp_part = chunkstar::rtp::model_part;
 
 /** @brief The whole GPT of config @p c under RTP on the ranks of @p Comm, its shards in a shard
  *  store @p Store (rtp/shard_store.hpp: host memory by default, or a chunk runtime with
@@ -807,5 +798,7 @@ class rtp_gpt {
   bool pending_ = false;                 // a forward's activations wait for its backward
   std::vector<int> tokens_, targets_;    // that forward's micro-batch
 };
+
+static_assert(chunkstar::rtp::ShardedModel<rtp_gpt<chunkstar::single_process_communicator>>);
 
 }  // namespace gpt

@@ -68,6 +68,7 @@
 #include <chunkstar/runtime/timeline.hpp>
 
 #include <chunkstar/rtp/buffer_ops.hpp>
+#include <chunkstar/rtp/checkpoint_view.hpp>
 #include <chunkstar/rtp/chunk_shard_store.hpp>
 #include <chunkstar/rtp/counter_init.hpp>
 #include <chunkstar/rtp/partition.hpp>
