@@ -52,24 +52,28 @@ params_by_name owned_params(const Replica& r) {
   return out;
 }
 
-/** One process: each micro-batch's gradient on its own, summed in rank order, then one step. */
-trained reference(int ranks) {
+/** One process: each rank's micro-batch gradient on its own — with @p micro micro-batches per
+ *  rank, accumulated in the gradient chunks as its backward runs, as ZeRO with accumulation does —
+ *  the ranks' gradients summed in rank order, then one step; @p n_steps steps. Losses per step, one
+ *  per micro-batch. */
+trained reference(int ranks, int micro = 1, int n_steps = steps) {
   mlp_replica<single_process_communicator> r({}, 1 << 20);
   auto opt = mlp_adam();
-  losses_by_step losses(steps);
-  for (int step = 1; step <= steps; ++step) {
+  losses_by_step losses(static_cast<std::size_t>(n_steps));
+  for (int step = 1; step <= n_steps; ++step) {
     std::vector<float> sum;
-    for (int mb = 0; mb < ranks; ++mb) {
+    for (int rank = 0; rank < ranks; ++rank) {
       r.rt.zero_grad();
-      losses[static_cast<std::size_t>(step - 1)].push_back(r.forward_backward(step, mb, [] {}));
+      for (int a = 0; a < micro; ++a)
+        losses[static_cast<std::size_t>(step - 1)].push_back(r.forward_backward(step, rank * micro + a, [] {}));
       const auto g = r.all(chunk_kind::grad);
-      if (mb == 0) sum = g;
+      if (rank == 0) sum = g;
       else
         for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
     }
     r.rt.zero_grad();
     r.write_all(chunk_kind::grad, sum);
-    REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+    REQUIRE(opt.step(r.rt, 2e-2f, ranks * micro).stepped);
   }
   return {owned_params(r), losses};
 }
@@ -160,32 +164,10 @@ TEST_CASE("ZeRO over 1-4 in-process ranks: losses and owned parameters after 10 
   }
 }
 
-/** One process: rank r's @p micro micro-batches accumulated in the gradient chunks as its backward
- *  runs, the ranks' sums added in rank order, then one step: what ZeRO with accumulation computes. */
-params_by_name accumulated_per_rank(int ranks, int micro, int n_steps) {
-  mlp_replica<single_process_communicator> r({}, 1 << 20);
-  auto opt = mlp_adam();
-  for (int step = 1; step <= n_steps; ++step) {
-    std::vector<float> sum;
-    for (int rank = 0; rank < ranks; ++rank) {
-      r.rt.zero_grad();
-      for (int a = 0; a < micro; ++a) r.forward_backward(step, rank * micro + a, [] {});
-      const auto g = r.all(chunk_kind::grad);
-      if (rank == 0) sum = g;
-      else
-        for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
-    }
-    r.rt.zero_grad();
-    r.write_all(chunk_kind::grad, sum);
-    REQUIRE(opt.step(r.rt, 2e-2f, ranks * micro).stepped);
-  }
-  return owned_params(r);
-}
-
 TEST_CASE("ZeRO with gradient accumulation: the reference's bits from the first step (sharding.micro_batches), in both modes") {
   for (const auto& [ranks, micro] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}}) {
     for (int n_steps : {1, 3}) {  // the first step alone, and the steps after it
-      const auto expected = accumulated_per_rank(ranks, micro, n_steps);
+      const auto expected = reference(ranks, micro, n_steps).params;
       for (bool memory_saving : {false, true}) {
         CAPTURE(ranks);
         CAPTURE(micro);

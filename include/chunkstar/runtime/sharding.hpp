@@ -248,11 +248,15 @@ class shard_manager {
   struct use_count {
     std::uint32_t forward = 0, backward = 0;
   };
-  std::string last_scope_;       // the last scope prepared: what a reduction started after it is named by
-  std::vector<use_count> uses_;  // per chunk, the first iteration only (emptied when it ends)
-  int micro_batch_ = 0;          // the first iteration: micro-batches begun before this one (a forward after a backward begins one)
-  bool after_backward_ = false;  // the first iteration: the last traced scope was a backward one
-  std::vector<std::uint32_t> first_backward_;  // the first iteration: each chunk's backward uses in its first micro-batch
+  /** What the first iteration counts while it has no trace (gradient_final_untraced); reset when it ends. */
+  struct untraced_counts {
+    std::vector<use_count> uses;                // per chunk
+    int micro_batch = 0;                        // micro-batches begun before this one (a forward after a backward begins one)
+    bool after_backward = false;                // the last traced scope was a backward one
+    std::vector<std::uint32_t> first_backward;  // each chunk's backward uses in the first micro-batch
+  };
+  std::string last_scope_;  // the last scope prepared: what a reduction started after it is named by
+  untraced_counts first_;
   std::vector<reduction_in_flight> in_flight_;  // in the order started
   std::vector<gather_in_flight> gathering_;     // gathers started ahead, in the order started
   gather_plan plan_;                            // the gathers ahead of the adopted trace
@@ -270,14 +274,14 @@ std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(st
   // Per unit (a group; one chunk in the memory-saving mode), even where this rank owns the
   // chunk the scope needs: every rank runs this scope, so every rank takes part in the collective.
   if (!tracer_.ready() && !level_.untraced) {  // the first iteration: count uses (gradient_final_untraced)
-    uses_.resize(store_.num_chunks());
-    if (kind == moment_kind::forward && after_backward_ && micro_batch_++ == 0) {  // the first micro-batch ended
-      first_backward_.resize(uses_.size());
-      for (std::size_t c = 0; c < uses_.size(); ++c) first_backward_[c] = uses_[c].backward;
+    first_.uses.resize(store_.num_chunks());
+    if (kind == moment_kind::forward && first_.after_backward && first_.micro_batch++ == 0) {  // the first micro-batch ended
+      first_.first_backward.resize(first_.uses.size());
+      for (std::size_t c = 0; c < first_.uses.size(); ++c) first_.first_backward[c] = first_.uses[c].backward;
     }
-    after_backward_ = kind == moment_kind::backward;
+    first_.after_backward = kind == moment_kind::backward;
     for (auto id : ids)
-      if ((kind == moment_kind::forward) == (id.kind == chunk_kind::param)) ++(kind == moment_kind::forward ? uses_[id.index].forward : uses_[id.index].backward);
+      if ((kind == moment_kind::forward) == (id.kind == chunk_kind::param)) ++(kind == moment_kind::forward ? first_.uses[id.index].forward : first_.uses[id.index].backward);
   }
   for (auto id : ids) {
     const std::size_t g = unit_of(id.index);
@@ -337,10 +341,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::after_close(std::size_t m, 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::before_step() {
   if (!active()) return;
-  uses_.clear();
-  first_backward_.clear();
-  micro_batch_ = 0;
-  after_backward_ = false;
+  first_ = {};
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g].accumulating && !groups_[g].reducing) start_reduction(g);
     if (groups_[g].gathered) release(g);
@@ -351,10 +352,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::before_step() {
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::drop() noexcept {
   closed_at_ = never;
-  uses_.clear();
-  first_backward_.clear();
-  micro_batch_ = 0;
-  after_backward_ = false;
+  first_ = {};
   discard_in_flight();
   discard_gathers();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -396,12 +394,12 @@ bool shard_manager<Store, Residency, TracerT, Comm>::all_final(std::size_t g, st
     const std::size_t c = first_of(g) + k;
     if (tracer_.ready()) {
       if (!gradient_final(tracer_, {chunk_kind::grad, static_cast<std::uint32_t>(c)}, m)) return false;
-    } else if (micro_batch_ + 1 < options_.micro_batches) {  // more micro-batches add to it before the step
+    } else if (first_.micro_batch + 1 < options_.micro_batches) {  // more micro-batches add to it before the step
       return false;
-    } else if (c < first_backward_.size() && first_backward_[c] > 0) {  // the last micro-batch adds as the first did
-      if (uses_[c].backward < static_cast<std::uint32_t>(options_.micro_batches) * first_backward_[c]) return false;
-    } else if (c < uses_.size() && (uses_[c].forward > 0 || uses_[c].backward > 0) &&
-               !gradient_final_untraced(uses_[c].forward, uses_[c].backward)) {
+    } else if (c < first_.first_backward.size() && first_.first_backward[c] > 0) {  // the last micro-batch adds as the first did
+      if (first_.uses[c].backward < static_cast<std::uint32_t>(options_.micro_batches) * first_.first_backward[c]) return false;
+    } else if (c < first_.uses.size() && (first_.uses[c].forward > 0 || first_.uses[c].backward > 0) &&
+               !gradient_final_untraced(first_.uses[c].forward, first_.uses[c].backward)) {
       return false;
     }
   }
