@@ -70,10 +70,16 @@ class chunk_shard_store {
   chunk_shard_store(const chunk_shard_store&) = delete;
   chunk_shard_store& operator=(const chunk_shard_store&) = delete;
 
-  std::size_t add_shard(std::size_t elems, std::vector<shard_segment> segments) {
+  std::size_t add_shard(std::size_t elems, std::vector<shard_segment> segments, bool counted_in_norm = true) {
     check_segments(elems, segments);
     std::vector<param_id> ids;
-    for (const auto& s : segments) ids.push_back(rt_.register_param({s.name, {static_cast<std::int64_t>(s.elems)}, dtype::f32, s.role}));
+    for (const auto& s : segments) {
+      ids.push_back(rt_.register_param({s.name, {static_cast<std::int64_t>(s.elems)}, dtype::f32, s.role}));
+      const std::size_t t = ids.back().value;
+      if (counted_.size() <= t) counted_.resize(t + 1, true);
+      counted_[t] = counted_in_norm;
+      all_counted_ = all_counted_ && counted_in_norm;
+    }
     shards_.push_back({std::move(segments), std::move(ids)});
     return shards_.size() - 1;
   }
@@ -116,7 +122,9 @@ class chunk_shard_store {
     if (!opt_ || max_norm != max_norm_ || !same_hyper(h, hyper_)) {
       const std::int64_t steps = opt_ ? opt_->step_count() : restored_;
       opt_.emplace(chunk_adam_options{.hyper = h, .max_grad_norm = max_norm, .report_norm = false,
-                                      .global_sum_sq = [this](double local) { return sum_sq_ ? sum_sq_(local) : local; }},
+                                      .global_sum_sq = [this](double local) { return sum_sq_ ? sum_sq_(local) : local; },
+                                      .counts_in_norm = all_counted_ ? std::function<bool(std::size_t)>()
+                                                                     : [this](std::size_t t) { return t >= counted_.size() || counted_[t]; }},
                    groups);
       opt_->restore_step_count(steps);
       max_norm_ = max_norm;
@@ -185,6 +193,8 @@ class chunk_shard_store {
   typename Runtime::scope* scope_ = nullptr;
   std::optional<chunk_adam<static_loss_scaler, Kernels>> opt_;
   std::function<double(double)> sum_sq_;
+  std::vector<bool> counted_;  // by parameter: in this store's sum of squares (add_shard's counted_in_norm)
+  bool all_counted_ = true;    // then the optimizer scans by chunk, as for any runtime
   float max_norm_ = 0;
   std::int64_t restored_ = 0;
 };

@@ -8,9 +8,11 @@
  *  plain host vectors (`host_shard_store`) or in a chunk runtime under a device budget
  *  (`chunk_shard_store`, rtp/chunk_shard_store.hpp), with the same arithmetic:
  *
- *  - `add_shard(elems, segments)` before `finalize()`: one shard buffer of a rotation, made of
- *    contiguous `shard_segment`s (each a run of one tensor of the model, with its role, which
- *    decides its weight decay). Returns the shard's index.
+ *  - `add_shard(elems, segments, counted_in_norm = true)` before `finalize()`: one buffer of the
+ *    model's data (a shard of a rotation, or a replica every rank holds alike), made of contiguous
+ *    `shard_segment`s (each a run of one tensor of the model, with its role, which decides its
+ *    weight decay). Returns the buffer's index. A buffer not `counted_in_norm` is stepped like
+ *    the others but left out of this store's sum of squares (a replica counts on one rank only).
  *  - `stage(name, backward, shards, f)`: runs `f()` with @p shards accessible (a chunk runtime
  *    opens a scope on them, so the tracer sees the model's stages in order); inside it,
  *    `load(k, dst)` copies shard k's weights into a transit buffer and `add_grad(k, g)` adds a
@@ -83,7 +85,7 @@ inline void check_segments(std::size_t elems, const std::vector<shard_segment>& 
     throw config_error("rtp shard store: segments cover " + std::to_string(at) + " of the shard's " + std::to_string(elems) + " elements");
 }
 
-/** @brief Where a rank keeps the shards it owns under RTP: the interface the file comment
+/** @brief Where a rank keeps the buffers it owns under RTP: the interface the file comment
  *  describes (`add_shard`, `finalize`, `stage`, `load`, `add_grad`, `zero_grad`, `step`,
  *  `step_count`, `restore_step_count`, `read`, `write`, `allocate`, `deallocate`, `untraced`).
  *  Models: `basic_host_shard_store` (below) and `chunk_shard_store` (rtp/chunk_shard_store.hpp);
@@ -95,6 +97,7 @@ concept ShardStore = requires(S& s, const S& cs, std::size_t k, std::size_t n, s
                               float max_norm, const std::function<double(double)>& global_sum_sq, std::int64_t steps,
                               chunk_kind kind, float* p) {
   { s.add_shard(n, std::move(segments)) } -> std::same_as<std::size_t>;
+  { s.add_shard(n, std::move(segments), false) } -> std::same_as<std::size_t>;
   s.finalize();
   s.stage(name, true, shards, body);
   s.load(k, out);
@@ -141,11 +144,12 @@ class basic_host_shard_store {
   basic_host_shard_store() = default;
   explicit basic_host_shard_store(Tier tier) : tier_(std::move(tier)) {}
 
-  std::size_t add_shard(std::size_t elems, std::vector<shard_segment> segments) {
+  std::size_t add_shard(std::size_t elems, std::vector<shard_segment> segments, bool counted_in_norm = true) {
     if (finalized_) throw state_error("host_shard_store::add_shard after finalize(): add every shard first");
     check_segments(elems, segments);
-    shards_.push_back({std::move(segments), {std::vector<float>(elems), std::vector<float>(elems), std::vector<float>(elems),
-                                             std::vector<float>(elems)}});
+    shards_.push_back({std::move(segments),
+                       {std::vector<float>(elems), std::vector<float>(elems), std::vector<float>(elems), std::vector<float>(elems)},
+                       counted_in_norm});
     return shards_.size() - 1;
   }
   void finalize() { finalized_ = true; }
@@ -181,7 +185,7 @@ class basic_host_shard_store {
     if (max_norm > 0.0f) {
       double sq = 0;
       for (const auto& s : shards_)
-        for (const float x : s.lists[grad_slot]) {
+        for (const float x : s.counted ? std::span<const float>(s.lists[grad_slot]) : std::span<const float>()) {
           const double y = static_cast<double>(x * unscale);
           sq += y * y;
         }
@@ -250,6 +254,7 @@ class basic_host_shard_store {
   struct shard {
     std::vector<shard_segment> segments;
     std::vector<float> lists[4];  // weights, gradient, momentum, variance
+    bool counted = true;          // in this store's sum of squares
   };
   Tier tier_{};
   std::vector<shard> shards_;

@@ -57,6 +57,10 @@ struct chunk_adam_options {
    *  elsewhere), the trainer adds what the runtime does not see and sums over its ranks. Every
    *  rank's step must call it alike if it communicates. */
   std::function<double(double)> global_sum_sq{};
+  /** When set, only the tensors (by parameter index) for which it returns true count in this
+   *  rank's sum, scanned tensor by tensor: a tensor held alike by every rank (an RTP replica)
+   *  counts on one rank only, so the global norm counts it once. Unset: every tensor, by chunk. */
+  std::function<bool(std::size_t)> counts_in_norm{};
 };
 
 /** @brief What one call to chunk_adam::step did. */
@@ -162,7 +166,15 @@ class chunk_adam {
         // inf/NaN makes the global sum non-finite.
         std::vector<double> per_chunk(rt.plan().num_chunks, 0.0);
         rt.for_each_grad_chunk([&](const step_chunk& c) {
-          per_chunk[c.index] = scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where).sum_sq;
+          if (!options_.counts_in_norm) {
+            per_chunk[c.index] = scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where).sum_sq;
+            return;
+          }
+          const std::size_t ps = dtype_size(c.param_type);
+          for (const std::size_t t : c.tensors)
+            if (c.slots[t].numel > 0 && options_.counts_in_norm(t))
+              per_chunk[c.index] += scan_chunk<Runtime>(static_cast<const std::byte*>(c.grad) + c.slots[t].offset * ps, c.param_type,
+                                                        c.slots[t].numel, unscale, c.where).sum_sq;
         });
         if (rt.gradients() == gradient_mode::sharded && !options_.global_sum_sq)
           rt.communicator().allreduce(std::span<double>(per_chunk), reduce_op::sum);

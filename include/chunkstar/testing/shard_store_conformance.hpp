@@ -20,6 +20,8 @@
  *    gradients and clips by the square root of what it returns (norm, coefficient and grad_scale
  *    within 1e-6 of the law; the weights within 1e-6 of AdamW at that coefficient), and two fresh
  *    stores given the same inputs end with the same bits;
+ *  - a shard added with `counted_in_norm` false is stepped like the others (the same bits) but left
+ *    out of the sum of squares `global_sum_sq` is given;
  *  - `allocate(n)` returns zeroed floats, also where memory was just freed dirty;
  *  - `untraced()` returns a guard.
  */
@@ -86,11 +88,12 @@ template <rtp::ShardStore S, class WithStore>
 
   // Builds the two shards, writes weights, moments and gradients (salt picks the values), runs
   // f(store) and returns nothing: f records what it checks.
+  bool second_counted = true;  // shard 1's counted_in_norm
   auto run = [&](int salt, auto&& f) {
     try {
       with_store([&](S& s) {
         for (std::size_t k = 0; k < layout.size(); ++k) {
-          const std::size_t got = s.add_shard(d::elems(layout[k]), layout[k]);
+          const std::size_t got = k == 1 ? s.add_shard(d::elems(layout[k]), layout[k], second_counted) : s.add_shard(d::elems(layout[k]), layout[k]);
           r.expect(got == k, [&] { return "add_shard returned " + std::to_string(got) + " for shard " + std::to_string(k); });
         }
         s.finalize();
@@ -235,12 +238,13 @@ template <rtp::ShardStore S, class WithStore>
 
   // A step with clipping: the global sum of squares decides, and the same inputs give the same bits.
   std::vector<std::vector<float>> first_result;
-  for (int trial = 0; trial < 2; ++trial) {
+  for (int trial = 0; trial < 3; ++trial) {
+    second_counted = trial < 2;  // the third: shard 1 out of the sum, stepped alike
     run(4, [&](S& s) {
       const auto grads = add_grads(s, 4);
       double local = 0;
-      for (const auto& g : grads)
-        for (const float x : g) {
+      for (std::size_t k = 0; k < grads.size(); ++k)
+        for (const float x : k == 1 && !second_counted ? std::vector<float>() : grads[k]) {
           const double y = static_cast<double>(x * (1.0f / micro));
           local += y * y;
         }
@@ -255,7 +259,8 @@ template <rtp::ShardStore S, class WithStore>
       const clip_result want = clip_coefficient(4.0 * local, max_norm);
       r.expect(calls == 1 && d::close(seen, local, 1e-6), [&] {
         return "global_sum_sq was called " + std::to_string(calls) + " times with " + std::to_string(seen) + ", expected once with " +
-               std::to_string(local) + " (the sum of squares of the gradients / micro_batches)";
+               std::to_string(local) + " (the sum of squares of the gradients / micro_batches" +
+               (second_counted ? ")" : ", shard 1 left out: it was added with counted_in_norm false)");
       });
       r.expect(d::close(res.grad_norm, want.norm, 1e-6) && d::close(res.clip_coefficient, want.coefficient, 1e-6) &&
                    d::close(res.grad_scale, want.coefficient / micro, 1e-6),
@@ -273,11 +278,13 @@ template <rtp::ShardStore S, class WithStore>
         now.push_back(w);
       }
       if (trial == 0) first_result = now;
-      else
+      else if (trial == 1)
         for (std::size_t k = 0; k < now.size(); ++k)
           r.expect(d::same_bits(now[k], first_result[k]), "two stores given the same inputs ended with different bits");
     });
   }
+
+  second_counted = true;
 
   // Zeroed buffers, also in memory just freed dirty; and the untraced guard.
   run(5, [&](S& s) {
