@@ -25,6 +25,7 @@
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
+#include <chunkstar/rtp/model_part.hpp>
 #include <chunkstar/runtime/param_registry.hpp>
 #include <chunkstar/runtime/shard_map.hpp>
 
@@ -38,21 +39,6 @@
 #include <vector>
 
 namespace chunkstar::rtp {
-
-/** @brief One buffer of a rank's model data under RTP: a shard of a rotation (in its shard store)
- *  or a replica (the same on every rank), and where its elements come from. */
-struct model_part {
-  std::size_t elems = 0;
-  bool replicated = false;
-  /** @brief Calls `f(tensor, global_index, offset)` for every element of the buffer: element
-   *  `global_index` of tensor `tensor` (an index into the model's specs) is at `offset`. */
-  std::function<void(const std::function<void(std::size_t, std::size_t, std::size_t)>&)> for_each;
-  /** @brief Contiguous runs of one tensor in the buffer: [begin, end) and the tensor. */
-  struct segment {
-    std::size_t begin, end, tensor;
-  };
-  std::vector<segment> segments;
-};
 
 /** @brief A model under RTP as its checkpoints see it: its tensors (`specs()`, registration
  *  order), its buffers (`parts()`), and each buffer's lists read and written whole

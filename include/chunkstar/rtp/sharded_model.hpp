@@ -1,0 +1,321 @@
+// SPDX-License-Identifier: Apache-2.0
+/** @file
+ *  @brief `rtp::sharded_model`: a rank's whole model state under RTP for any model — its rotated
+ *         shards and its replicas in one shard store, the rotations reading and writing that store
+ *         directly, the replicas' gradients summed over the ranks, and one optimizer step with a
+ *         global norm that counts every replica once.
+ *
+ *  What a user's own model adds is its math: which buffers it has (`add_rotated`,
+ *  `add_replicated`, with the parts of rtp/model_part.hpp) and a kernel per shard in each pass.
+ *  The pieces:
+ *  - **Parts.** Every buffer is a `model_part` registered in the store (`ShardStore`, host memory
+ *    by default or a chunk runtime under a device budget: rtp/chunk_shard_store.hpp). Rotated
+ *    parts get one `rotation` each, sharing one set of transit buffers from the store's compute
+ *    tier; replicas are registered `counted_in_norm` on rank 0 only, so the store's step sums a
+ *    replica's squares once over the ranks. Replicas therefore live under the same budget, and in
+ *    the same checkpoints, as the shards.
+ *  - **Passes.** `stage(name, backward, {parts}, f)` opens the store's stage (a chunk runtime's
+ *    scope, which the tracer sees) and inside it `forward(k, f)` / `backward(k, g)` run rotation
+ *    k, loading this rank's shard from the store and adding the gradient sum into it.
+ *  - **Replicas.** The kernels read a replica's working copy, `replica(k)` (compute-tier memory,
+ *    refreshed after every step and write), and add their gradient contributions into
+ *    `replica_grad(k)`; `reduce_replica_grads()` after a backward sums those over the ranks (rank
+ *    order: the same bits everywhere) and adds them to the accumulated gradients in the store.
+ *  - **Step.** `step(hyper, groups, micro_batches, max_norm)`: the store's Adam(W) over every part,
+ *    clipped by the norm of the sum over ranks (one all-reduce of a double when clipping).
+ *  - **Checkpoints.** It models `ShardedModel`, so `checkpoint_save_view` / `checkpoint_load_view`
+ *    (rtp/checkpoint_view.hpp) save it at N ranks and load it at any M the model divides, one
+ *    process included.
+ *
+ *  Every rank builds one from the same specs and parts of the same sizes (`finalize` checks that
+ *  the ranks agree: `config_error` on every rank otherwise) and makes the same sequence of calls.
+ *
+ *  **Exception safety.** A pass that throws leaves the weights, the optimizer state and the owned
+ *  gradients as they were (the rotations' guarantee); `step` communicates only before it writes.
+ */
+#pragma once
+
+#include <chunkstar/comm/communicator.hpp>
+#include <chunkstar/comm/rank_agreement.hpp>
+#include <chunkstar/core/error.hpp>
+#include <chunkstar/core/tensor_spec.hpp>
+#include <chunkstar/optim/adam.hpp>
+#include <chunkstar/optim/param_groups.hpp>
+#include <chunkstar/rtp/buffer_ops.hpp>
+#include <chunkstar/rtp/model_part.hpp>
+#include <chunkstar/rtp/replicated.hpp>
+#include <chunkstar/rtp/rotation.hpp>
+#include <chunkstar/rtp/shard_store.hpp>
+#include <chunkstar/rtp/transit_buffers.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace chunkstar::rtp {
+
+/** @brief See the file comment. @p Ops works on the store's compute-tier memory (host loops by
+ *  default; a device's kernels on its stream with a device store). */
+template <Communicator Comm, ShardStore Store = host_shard_store, BufferOps<float> Ops = host_buffer_ops<float>>
+class sharded_model {
+ public:
+  using rotation_type = rotation<Comm, float, Ops>;
+
+  /** @brief What `step` did. */
+  struct step_result {
+    double grad_norm = 0;        ///< global norm of the averaged gradients, every replica once (NaN without clipping)
+    float clip_coefficient = 1;  ///< the factor clipping applied
+  };
+
+  /** @brief A model of tensors @p specs on the ranks of @p comm, its buffers in @p store (not
+   *  finalized yet; both held by reference and must outlive this object). */
+  sharded_model(Comm& comm, Store& store, std::vector<tensor_spec> specs, Ops ops = Ops{})
+      : comm_(comm), store_(store), specs_(std::move(specs)), ops_(std::move(ops)) {}
+  sharded_model(const sharded_model&) = delete;
+  sharded_model& operator=(const sharded_model&) = delete;
+  ~sharded_model() {
+    rotations_.clear();  // before the transit buffers they use
+    transit_.reset();
+    for (auto& b : buffers_) store_.deallocate(b.p, b.n);
+  }
+
+  /** @brief Registers this rank's shard of a rotated layer (every rank a part of the same size, in
+   *  the same order). Returns the part's index. */
+  std::size_t add_rotated(model_part part) { return add(std::move(part), false); }
+  /** @brief Registers a replica (the same tensors on every rank). Returns the part's index. */
+  std::size_t add_replicated(model_part part) { return add(std::move(part), true); }
+
+  /** @brief Checks that every rank registered the same parts, finalizes the store, then builds the
+   *  rotations, their shared transit buffers and the replicas' working copies and gradient buffers
+   *  on the store's compute tier. */
+  void finalize() {
+    if (finalized_) throw state_error("rtp::sharded_model::finalize called twice");
+    std::string shape;
+    for (const auto& p : parts_) shape += (p.replicated ? "r" : "s") + std::to_string(p.elems) + " ";
+    std::vector<config_field> fields{{"tensors", std::to_string(specs_.size())}, {"parts", shape}};
+    for (const auto& s : specs_) fields.push_back({s.name, std::to_string(s.numel())});
+    require_agreement(comm_, fields, "rtp::sharded_model");
+    store_.finalize();
+    transit_ = std::make_unique<transit_buffers<float>>([this](std::size_t n) { return store_.allocate(n); },
+                                                        [this](float* p, std::size_t n) noexcept { store_.deallocate(p, n); });
+    rotations_.resize(parts_.size());
+    for (std::size_t k = 0; k < parts_.size(); ++k) {
+      if (parts_[k].replicated) {
+        replica_w_.push_back(take(parts_[k].elems));
+        replica_g_.push_back(take(parts_[k].elems));
+        replica_index_.push_back(k);
+        slot_of_.push_back(replica_index_.size() - 1);
+      } else {
+        rotations_[k] = std::make_unique<rotation_type>(comm_, parts_[k].elems, *transit_, external_shard, ops_);
+        slot_of_.push_back(SIZE_MAX);
+      }
+    }
+    finalized_ = true;
+    stale_ = true;
+  }
+
+  // ---- passes ----------------------------------------------------------------------------------
+
+  /** @brief Runs @p f as store stage @p name over parts @p parts (the rotated parts whose passes it
+   *  runs; a chunk runtime opens one scope on them). Replicas refreshed by a write are published
+   *  first. */
+  template <class F>
+  void stage(std::string_view name, bool backward, std::span<const std::size_t> parts, F&& f) {
+    require_final("stage");
+    if (stale_) publish();
+    store_.stage(name, backward, parts, f);
+  }
+  template <class F>
+  void stage(std::string_view name, bool backward, std::initializer_list<std::size_t> parts, F&& f) {
+    stage(name, backward, std::span<const std::size_t>(parts.begin(), parts.size()), std::forward<F>(f));
+  }
+
+  /** @brief Rotation @p k's forward inside a stage holding part k: `f(shard_index, shard)` once per
+   *  shard (rtp/rotation.hpp). */
+  template <class F>
+  void forward(std::size_t k, F&& f) {
+    rotation_of(k).forward([&](std::span<float> dst) { store_.load(k, dst); }, f);
+  }
+  /** @brief Rotation @p k's backward inside a stage holding part k: `g(shard_index, shard, grad)`
+   *  adds this rank's contribution into `grad`; the sum over the ranks is added to part k's
+   *  accumulated gradient. */
+  template <class G>
+  void backward(std::size_t k, G&& g) {
+    rotation_of(k).backward([&](std::span<float> dst) { store_.load(k, dst); }, g,
+                            [&](std::span<const float> sum) { store_.add_grad(k, sum); });
+  }
+
+  /** @brief Replica @p k's working copy on the compute tier, for the kernels to read. */
+  [[nodiscard]] const float* replica(std::size_t k) const { return replica_w_.at(slot(k)).p; }
+  /** @brief Replica @p k's gradient buffer for this backward on the compute tier: the kernels add
+   *  into it; `reduce_replica_grads` sums it over the ranks into the accumulated gradient and
+   *  zeroes it. */
+  [[nodiscard]] float* replica_grad(std::size_t k) { return replica_g_.at(slot(k)).p; }
+  /** @brief After a backward: each replica's gradient buffer summed over the ranks (in rank order,
+   *  the same bits on every rank, as the rotations' sums), added to its accumulated gradient in the
+   *  store (a backward stage "replica grads"), then zeroed. Collective. */
+  void reduce_replica_grads() {
+    require_final("reduce_replica_grads");
+    ops_.settle();  // the kernels' contributions are written
+    for (std::size_t r = 0; r < replica_g_.size(); ++r) reduce_replicated_grads(comm_, std::span<float>(replica_g_[r].p, replica_g_[r].n));
+    store_.stage("replica grads", true, std::span<const std::size_t>(replica_index_), [&] {
+      for (std::size_t r = 0; r < replica_g_.size(); ++r) {
+        store_.add_grad(replica_index_[r], std::span<const float>(replica_g_[r].p, replica_g_[r].n));
+        ops_.zero(replica_g_[r].p, replica_g_[r].n);
+      }
+    });
+  }
+
+  // ---- the optimizer ---------------------------------------------------------------------------
+
+  /** @brief One Adam(W) step of every part (where the store placed it): gradients averaged over
+   *  @p micro_batches and clipped to @p max_norm (0: off) by the global norm, each replica counted
+   *  once; then the gradients are cleared and the replicas' working copies refreshed. */
+  step_result step(const adam_hyper& hyper, const param_groups& groups, int micro_batches, float max_norm = 0.0f) {
+    require_final("step");
+    const auto r = store_.step(hyper, groups, micro_batches, max_norm, [this](double local) {
+      if (comm_.size() > 1) comm_.allreduce(std::span<double>(&local, 1), reduce_op::sum);
+      return local;
+    });
+    publish();
+    return {r.grad_norm, r.clip_coefficient};
+  }
+  /** @brief Drops the accumulated gradients. */
+  void zero_grad() {
+    store_.zero_grad();
+    for (auto& b : replica_g_) ops_.zero(b.p, b.n);
+  }
+  [[nodiscard]] std::int64_t step_count() const { return store_.step_count(); }
+  void restore_step_count(std::int64_t n) { store_.restore_step_count(n); }
+
+  // ---- state -----------------------------------------------------------------------------------
+
+  /** @brief Flyweight initialisation: every element this rank holds set to
+   *  `value(tensor, global_index)` (a pure function, e.g. a `counter_init`), so every world size
+   *  starts from the same model. */
+  void init(const std::function<float(std::size_t, std::size_t)>& value) {
+    std::vector<float> v;
+    for (std::size_t k = 0; k < parts_.size(); ++k) {
+      v.assign(parts_[k].elems, 0.0f);
+      parts_[k].for_each([&](std::size_t t, std::size_t i, std::size_t off) { v[off] = value(t, i); });
+      write(k, chunk_kind::param, v);
+    }
+  }
+  [[nodiscard]] std::span<const tensor_spec> specs() const noexcept { return specs_; }
+  [[nodiscard]] std::span<const model_part> parts() const noexcept { return parts_; }
+  /** @brief List @p kind of part @p k, whole, into @p out (outside a pass). */
+  void read(std::size_t k, chunk_kind kind, std::span<float> out) const {
+    check_size(k, out.size(), "read");
+    store_.read(k, kind, out);
+  }
+  /** @brief Sets list @p kind of part @p k from @p in (outside a pass; a replica alike on every rank). */
+  void write(std::size_t k, chunk_kind kind, std::span<const float> in) {
+    check_size(k, in.size(), "write");
+    store_.write(k, kind, in);
+    if (kind == chunk_kind::param && parts_.at(k).replicated) stale_ = true;
+  }
+
+  [[nodiscard]] int rank() const noexcept { return comm_.rank(); }
+  [[nodiscard]] int world() const noexcept { return comm_.size(); }
+  [[nodiscard]] Comm& communicator() const noexcept { return comm_; }
+  [[nodiscard]] Store& store() const noexcept { return store_; }
+  [[nodiscard]] const Ops& ops() const noexcept { return ops_; }
+  [[nodiscard]] rotation_type& rotation_of(std::size_t k) {
+    if (!finalized_ || k >= rotations_.size() || !rotations_[k])
+      throw state_error("rtp::sharded_model: part " + std::to_string(k) + " is not a rotated part of a finalized model");
+    return *rotations_[k];
+  }
+  /** @brief The rotations' shifts, bytes and exposed waits, summed. */
+  [[nodiscard]] rotation_stats ring_stats() const noexcept {
+    rotation_stats s;
+    for (const auto& r : rotations_)
+      if (r) s.shifts += r->stats().shifts, s.bytes_sent += r->stats().bytes_sent, s.wait_s += r->stats().wait_s;
+    return s;
+  }
+  void reset_ring_stats() noexcept {
+    for (auto& r : rotations_)
+      if (r) r->reset_stats();
+  }
+  /** @brief Bytes this object takes from the store's compute tier: the shared transit buffers and
+   *  the replicas' working copies and gradient buffers (the model data is the store's). */
+  [[nodiscard]] std::size_t transient_bytes() const noexcept {
+    std::size_t n = transit_ ? transit_->bytes() : 0;
+    for (const auto& b : buffers_) n += b.n * sizeof(float);
+    return n;
+  }
+
+ private:
+  struct buffer {
+    float* p = nullptr;
+    std::size_t n = 0;
+  };
+
+  std::size_t add(model_part part, bool replicated) {
+    if (finalized_) throw state_error("rtp::sharded_model: a part added after finalize(); add every part first");
+    part.replicated = replicated;
+    if (part.segments.empty() || part.elems == 0) throw config_error("rtp::sharded_model: an empty part; build parts with rtp::make_part");
+    std::vector<shard_segment> segs;
+    for (const auto& s : part.segments) {
+      if (s.tensor >= specs_.size()) throw config_error("rtp::sharded_model: a part names tensor " + std::to_string(s.tensor) + ", which the specs do not have");
+      const auto& spec = specs_[s.tensor];
+      segs.push_back({replicated ? spec.name : spec.name + "@" + std::to_string(comm_.rank()), s.begin, s.end - s.begin, spec.role});
+    }
+    const std::size_t k = store_.add_shard(part.elems, std::move(segs), !replicated || comm_.rank() == 0);
+    if (k != parts_.size()) throw state_error("rtp::sharded_model: the store holds buffers of its own; give the model a store of its own");
+    parts_.push_back(std::move(part));
+    return k;
+  }
+  buffer take(std::size_t n) {
+    buffers_.reserve(buffers_.size() + 1);  // no throw between allocate and push_back
+    buffers_.push_back({store_.allocate(n), n});
+    return buffers_.back();
+  }
+  std::size_t slot(std::size_t k) const {
+    if (k >= slot_of_.size() || slot_of_[k] == SIZE_MAX)
+      throw state_error("rtp::sharded_model: part " + std::to_string(k) + " is not a replica of a finalized model");
+    return slot_of_[k];
+  }
+  void check_size(std::size_t k, std::size_t n, const char* what) const {
+    if (k >= parts_.size() || parts_[k].elems != n)
+      throw config_error(std::string("rtp::sharded_model::") + what + ": part " + std::to_string(k) + " with " + std::to_string(n) +
+                         " elements, but " + (k >= parts_.size() ? "the model has " + std::to_string(parts_.size()) + " parts"
+                                                                  : "it holds " + std::to_string(parts_[k].elems)) +
+                         "; size the buffer by parts()[k].elems");
+  }
+  void require_final(const char* what) const {
+    if (!finalized_) throw state_error(std::string("rtp::sharded_model::") + what + " before finalize(): register the parts, then finalize");
+  }
+  /** The replicas' working copies from their weights in the store (untraced: not a model stage). */
+  void publish() {
+    if (replica_index_.empty()) return (void)(stale_ = false);
+    [[maybe_unused]] auto guard = store_.untraced();
+    store_.stage("replicas", false, std::span<const std::size_t>(replica_index_), [&] {
+      for (std::size_t r = 0; r < replica_w_.size(); ++r) store_.load(replica_index_[r], std::span<float>(replica_w_[r].p, replica_w_[r].n));
+    });
+    ops_.settle();
+    stale_ = false;
+  }
+
+  Comm& comm_;
+  Store& store_;
+  std::vector<tensor_spec> specs_;
+  Ops ops_;
+  std::vector<model_part> parts_;
+  std::unique_ptr<transit_buffers<float>> transit_;
+  std::vector<std::unique_ptr<rotation_type>> rotations_;  // by part; null for a replica
+  std::vector<buffer> buffers_;                            // every compute-tier buffer this object took
+  std::vector<buffer> replica_w_, replica_g_;              // by replica: working copy, this backward's gradient
+  std::vector<std::size_t> replica_index_;                 // the replicas' part indices
+  std::vector<std::size_t> slot_of_;                       // by part: its replica slot, SIZE_MAX for a rotated part
+  bool finalized_ = false, stale_ = false;                 // stale: a replica's weights changed since its working copy
+};
+
+}  // namespace chunkstar::rtp
