@@ -18,7 +18,7 @@
  *    scope, which the tracer sees) and inside it `forward(k, f)` / `backward(k, g)` run rotation
  *    k, loading this rank's shard from the store and adding the gradient sum into it.
  *  - **Replicas.** The kernels read a replica's working copy, `replica(k)` (compute-tier memory,
- *    refreshed after every step and write), and add their gradient contributions into
+ *    refreshed after every step and every write of its weights), and add their gradient contributions into
  *    `replica_grad(k)`; `reduce_replica_grads()` after a backward sums those over the ranks (rank
  *    order: the same bits everywhere) and adds them to the accumulated gradients in the store.
  *  - **Step.** `step(hyper, groups, micro_batches, max_norm)`: the store's Adam(W) over every part,
@@ -119,18 +119,15 @@ class sharded_model {
       }
     }
     finalized_ = true;
-    stale_ = true;
   }
 
   // ---- passes ----------------------------------------------------------------------------------
 
   /** @brief Runs @p f as store stage @p name over parts @p parts (the rotated parts whose passes it
-   *  runs; a chunk runtime opens one scope on them). Replicas refreshed by a write are published
-   *  first. */
+   *  runs; a chunk runtime opens one scope on them). */
   template <class F>
   void stage(std::string_view name, bool backward, std::span<const std::size_t> parts, F&& f) {
     require_final("stage");
-    if (stale_) publish();
     store_.stage(name, backward, parts, f);
   }
   template <class F>
@@ -185,7 +182,7 @@ class sharded_model {
       if (comm_.size() > 1) comm_.allreduce(std::span<double>(&local, 1), reduce_op::sum);
       return local;
     });
-    publish();
+    publish(replica_index_);
     return {r.grad_norm, r.clip_coefficient};
   }
   /** @brief Drops the accumulated gradients. */
@@ -216,11 +213,12 @@ class sharded_model {
     check_size(k, out.size(), "read");
     store_.read(k, kind, out);
   }
-  /** @brief Sets list @p kind of part @p k from @p in (outside a pass; a replica alike on every rank). */
+  /** @brief Sets list @p kind of part @p k from @p in (outside passes and untraced sections; a
+   *  replica alike on every rank, its working copy refreshed). */
   void write(std::size_t k, chunk_kind kind, std::span<const float> in) {
     check_size(k, in.size(), "write");
     store_.write(k, kind, in);
-    if (kind == chunk_kind::param && parts_.at(k).replicated) stale_ = true;
+    if (kind == chunk_kind::param && parts_[k].replicated && finalized_) publish(std::span<const std::size_t>(&k, 1));
   }
 
   [[nodiscard]] int rank() const noexcept { return comm_.rank(); }
@@ -293,15 +291,15 @@ class sharded_model {
   void require_final(const char* what) const {
     if (!finalized_) throw state_error(std::string("rtp::sharded_model::") + what + " before finalize(): register the parts, then finalize");
   }
-  /** The replicas' working copies from their weights in the store (untraced: not a model stage). */
-  void publish() {
-    if (replica_index_.empty()) return (void)(stale_ = false);
+  /** Replicas @p parts' working copies from their weights in the store (untraced: not a stage of
+   *  the model's iteration). */
+  void publish(std::span<const std::size_t> parts) {
+    if (parts.empty()) return;
     [[maybe_unused]] auto guard = store_.untraced();
-    store_.stage("replicas", false, std::span<const std::size_t>(replica_index_), [&] {
-      for (std::size_t r = 0; r < replica_w_.size(); ++r) store_.load(replica_index_[r], std::span<float>(replica_w_[r].p, replica_w_[r].n));
+    store_.stage("replicas", false, parts, [&] {
+      for (const std::size_t k : parts) store_.load(k, std::span<float>(replica_w_[slot(k)].p, replica_w_[slot(k)].n));
     });
     ops_.settle();
-    stale_ = false;
   }
 
   Comm& comm_;
@@ -315,7 +313,7 @@ class sharded_model {
   std::vector<buffer> replica_w_, replica_g_;              // by replica: working copy, this backward's gradient
   std::vector<std::size_t> replica_index_;                 // the replicas' part indices
   std::vector<std::size_t> slot_of_;                       // by part: its replica slot, SIZE_MAX for a rotated part
-  bool finalized_ = false, stale_ = false;                 // stale: a replica's weights changed since its working copy
+  bool finalized_ = false;
 };
 
 }  // namespace chunkstar::rtp

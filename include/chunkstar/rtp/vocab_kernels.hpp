@@ -7,8 +7,9 @@
  *  first `valid` are real words (the rest pad V to a multiple of the world size). Rows of the batch
  *  are tokens, `N` of them, with a width of `C`. Pointers are compute-tier memory (the kernels'
  *  own), `tokens` and `targets` ints there. Semantics:
- *  - `gather_rows(out, tokens, shard, v0, vs, N, C)`: out[i] = shard[tokens[i] - v0] for every i
- *    whose token is in the shard (other rows untouched).
+ *  - `gather_rows(out, tokens, shard, v0, vs, positions, N, T, C)`: out[i] = shard[tokens[i] - v0]
+ *    for every i whose token is in the shard (other rows untouched), plus positions[i mod T] when
+ *    @p positions is not null (learned absolute positions, one rounding: the serial sum's bits).
  *  - `scatter_add_rows(gshard, tokens, dout, v0, vs, N, C)`: gshard[tokens[i] - v0] += dout[i] for
  *    those i, in increasing i (the order fixes the bits).
  *  - `logits(z, x, shard, N, C, vs)`: z [N, vs] = x [N, C] shard^T.
@@ -16,10 +17,10 @@
  *  - `softmax_fold(mx, sum, zt, z, targets, v0, valid, N, vs)`: the online softmax's step over one
  *    shard's logits: per row, the running maximum `mx` and the sum `sum` of exp(z - mx) take in
  *    columns [0, valid); `zt` takes the target's logit if the target is in the shard.
- *  - `finish_losses(mx, sum, zt, N)`: mx becomes the log-sum-exp, mx + log(sum), and sum the loss,
- *    log-sum-exp - zt.
- *  - `softmax_grad(z, lse, targets, scale, v0, valid, N, vs)`: z becomes
- *    (exp(z - lse) - [target]) x scale in columns [0, valid) and 0 in the padding.
+ *  - `finish_losses(mx, sum, zt, N)`: with l = log(sum), mx becomes the log-sum-exp mx + l and
+ *    sum the loss l + (mx - zt).
+ *  - `softmax_grad(z, lse, targets, scale, v0, valid, N, vs)`: z becomes scale exp(z - lse) in
+ *    columns [0, valid), less scale at the target's, and 0 in the padding.
  *  - `fill(p, n, value)`; `from_compute(dst, src, bytes)` (to host memory, after the work that
  *    wrote it).
  *  Kernels may return before they finish if their memory's `BufferOps::settle` waits for them.
@@ -45,7 +46,7 @@ namespace chunkstar::rtp {
 /** @brief The kernels the vocabulary-parallel embedding and loss run on (see the file comment). */
 template <class K>
 concept VocabKernels = std::copy_constructible<K> && requires(K& k, float* p, const float* c, const int* t, std::size_t n, float s) {
-  k.gather_rows(p, t, c, n, n, n, n);
+  k.gather_rows(p, t, c, n, n, c, n, n, n);
   k.scatter_add_rows(p, t, c, n, n, n, n);
   k.logits(p, c, c, n, n, n);
   k.logits_backward(p, p, c, c, c, n, n, n);
@@ -59,10 +60,17 @@ concept VocabKernels = std::copy_constructible<K> && requires(K& k, float* p, co
 /** @brief The host's kernels: loops over rows, OpenMP-parallel over independent rows or columns,
  *  each sum in a fixed order (the same bits with any number of threads). */
 struct cpu_vocab_kernels {
-  void gather_rows(float* out, const int* tokens, const float* shard, std::size_t v0, std::size_t vs, std::size_t N, std::size_t C) const {
+  void gather_rows(float* out, const int* tokens, const float* shard, std::size_t v0, std::size_t vs, const float* positions,
+                   std::size_t N, std::size_t T, std::size_t C) const {
     for (std::size_t i = 0; i < N; ++i) {
       const std::size_t r = row_of(tokens[i], v0, vs);
-      if (r < vs) std::memcpy(out + i * C, shard + r * C, C * sizeof(float));
+      if (r >= vs) continue;
+      if (!positions) {
+        std::memcpy(out + i * C, shard + r * C, C * sizeof(float));
+        continue;
+      }
+      const float *row = shard + r * C, *pos = positions + (i % T) * C;
+      for (std::size_t k = 0; k < C; ++k) out[i * C + k] = row[k] + pos[k];
     }
   }
   void scatter_add_rows(float* gshard, const int* tokens, const float* dout, std::size_t v0, std::size_t vs, std::size_t N,
@@ -116,8 +124,9 @@ struct cpu_vocab_kernels {
   }
   void finish_losses(float* mx, float* sum, const float* zt, std::size_t N) const {
     for (std::size_t i = 0; i < N; ++i) {
-      mx[i] = mx[i] + std::log(sum[i]);
-      sum[i] = mx[i] - zt[i];
+      const float m = mx[i], l = std::log(sum[i]);
+      mx[i] = m + l;
+      sum[i] = l + (m - zt[i]);
     }
   }
   void softmax_grad(float* z, const float* lse, const int* targets, float scale, std::size_t v0, std::size_t valid, std::size_t N,
@@ -125,8 +134,9 @@ struct cpu_vocab_kernels {
     rows(N, [&](std::size_t i) {
       float* zi = z + i * vs;
       const std::size_t r = row_of(targets[i], v0, valid);
-      for (std::size_t v = 0; v < valid; ++v) zi[v] = (std::exp(zi[v] - lse[i]) - (v == r ? 1.0f : 0.0f)) * scale;
+      for (std::size_t v = 0; v < valid; ++v) zi[v] = scale * std::exp(zi[v] - lse[i]);
       std::fill(zi + valid, zi + vs, 0.0f);
+      if (r < valid) zi[r] -= scale;
     });
   }
   void fill(float* p, std::size_t n, float value) const { std::fill(p, p + n, value); }

@@ -31,6 +31,7 @@
 #include <chunkstar/rtp/vocab_kernels.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <string>
@@ -94,11 +95,15 @@ class vocab_parallel {
   /** @brief Rows of E per shard (the padded vocabulary / world). */
   [[nodiscard]] std::size_t shard_rows() const noexcept { return vs_; }
 
-  /** @brief out [rows, C] = E[tokens]: stage @p stage (forward). Collective. */
-  void embed(const int* tokens, std::size_t rows, float* out, std::string_view stage = "embedding") {
+  /** @brief out [rows, C] = E[tokens], plus @p positions [period, C] row i mod period when given
+   *  (learned absolute positions): stage @p stage (forward). Collective. */
+  void embed(const int* tokens, std::size_t rows, float* out, const float* positions = nullptr, std::size_t period = 1,
+             std::string_view stage = "embedding") {
     check(rows);
     m_.stage(stage, false, {part_}, [&] {
-      m_.forward(part_, [&](int j, std::span<const float> s) { k_.gather_rows(out, tokens, s.data(), v0(j), vs_, rows, C_); });
+      m_.forward(part_, [&](int j, std::span<const float> s) {
+        k_.gather_rows(out, tokens, s.data(), v0(j), vs_, positions, rows, period, C_);
+      });
     });
   }
   /** @brief Adds the gradient @p dout [rows, C] of `embed`'s output into E's gradient: stage
@@ -115,7 +120,13 @@ class vocab_parallel {
    *  (forward). Keeps the log-sum-exp per row for `loss_backward` and the per-row losses
    *  (`losses()`). Collective. */
   double loss(const float* x, const int* targets, std::size_t rows, std::string_view stage = "head") {
+    return loss(x, targets, rows, SIZE_MAX, nullptr, stage);
+  }
+  /** @brief The same, also writing row @p row's logits over the whole vocabulary into @p logits
+   *  (V floats, host memory; e.g. to sample the next token). */
+  double loss(const float* x, const int* targets, std::size_t rows, std::size_t row, float* logits, std::string_view stage = "head") {
     check(rows);
+    if (logits && row >= rows) throw config_error("rtp::vocab_parallel::loss: row " + std::to_string(row) + " of " + std::to_string(rows));
     m_.stage(stage, false, {part_}, [&] {
       k_.fill(mx_, rows, -std::numeric_limits<float>::infinity());
       k_.fill(sum_, rows, 0.0f);
@@ -124,6 +135,7 @@ class vocab_parallel {
         if (valid(j) == 0) return;
         k_.logits(z_, x, s.data(), rows, C_, vs_);
         k_.softmax_fold(mx_, sum_, zt_, z_, targets, v0(j), valid(j), rows, vs_);
+        if (logits) k_.from_compute(logits + v0(j), z_ + row * vs_, valid(j) * sizeof(float));
       });
     });
     k_.finish_losses(mx_, sum_, zt_, rows);
