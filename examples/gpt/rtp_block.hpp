@@ -49,6 +49,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -276,10 +277,14 @@ class rtp_block {
         config_(c),
         part_(partition_block(c, comm.size())),
         b_(&local_),
-        attn_(comm, part_.attn_elems(), backend_buffer_ops<Backend>{b_}),
-        mlp_(comm, part_.mlp_elems(), backend_buffer_ops<Backend>{b_}),
+        own_attn_(std::in_place, comm, part_.attn_elems(), backend_buffer_ops<Backend>{b_}),
+        own_mlp_(std::in_place, comm, part_.mlp_elems(), backend_buffer_ops<Backend>{b_}),
+        attn_(&*own_attn_),
+        mlp_(&*own_mlp_),
         rep_(*b_, part_.replicated_elems()),
-        rep_grad_(*b_, part_.replicated_elems()) {}
+        rep_grad_(*b_, part_.replicated_elems()),
+        rep_p_(rep_.data()),
+        rep_grad_p_(rep_grad_.data()) {}
 
   /** @brief A block whose shards live elsewhere: both rotations are built with `external_shard`
    *  on the transit buffers @p shared (a model's blocks share one set: rtp/transit_buffers.hpp),
@@ -293,10 +298,37 @@ class rtp_block {
         config_(c),
         part_(partition_block(c, comm.size())),
         b_(backend ? backend : &local_),
-        attn_(comm, part_.attn_elems(), shared, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{b_}),
-        mlp_(comm, part_.mlp_elems(), shared, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{b_}),
+        own_attn_(std::in_place, comm, part_.attn_elems(), shared, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{b_}),
+        own_mlp_(std::in_place, comm, part_.mlp_elems(), shared, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{b_}),
+        attn_(&*own_attn_),
+        mlp_(&*own_mlp_),
         rep_(*b_, part_.replicated_elems()),
-        rep_grad_(*b_, part_.replicated_elems()) {}
+        rep_grad_(*b_, part_.replicated_elems()),
+        rep_p_(rep_.data()),
+        rep_grad_p_(rep_grad_.data()) {}
+
+  /** @brief A block on a model's state (`chunkstar::rtp::sharded_model`): its two rotations
+   *  @p attn and @p mlp (built with `external_shard` by the model, which loads the shards and takes
+   *  their gradients through the `rtp_block_io` of each pass), and its replicas' working copy
+   *  @p replicas and gradient buffer @p replica_grads (6C floats each, compute-tier memory of the
+   *  model's): `backward` adds into the buffer and leaves the sum over the ranks to the model
+   *  (`sharded_model::reduce_replica_grads`). Everything is held by reference. */
+  rtp_block(Comm& comm, const gpt_config& c, rotation_type& attn, rotation_type& mlp, const float* replicas, float* replica_grads,
+            Backend* backend = nullptr)
+      : comm_(comm),
+        config_(c),
+        part_(partition_block(c, comm.size())),
+        b_(backend ? backend : &local_),
+        attn_(&attn),
+        mlp_(&mlp),
+        rep_p_(const_cast<float*>(replicas)),  // written only through write_replicated, which a model's block does not use
+        rep_grad_p_(replica_grads),
+        model_replicas_(true) {
+    if (attn.shard_elems() != part_.attn_elems() || mlp.shard_elems() != part_.mlp_elems())
+      throw chunkstar::config_error("gpt::rtp_block: the model's rotations are not this block's shards (" +
+                                    std::to_string(attn.shard_elems()) + " and " + std::to_string(mlp.shard_elems()) + " elements, expected " +
+                                    std::to_string(part_.attn_elems()) + " and " + std::to_string(part_.mlp_elems()) + ")");
+  }
 
   rtp_block(const rtp_block&) = delete;
   rtp_block& operator=(const rtp_block&) = delete;
@@ -304,29 +336,31 @@ class rtp_block {
   [[nodiscard]] const rtp_block_partition& partition() const noexcept { return part_; }
   [[nodiscard]] const gpt_config& config() const noexcept { return config_; }
   /** @brief The attention sub-layer's rotation: `owned()` is this rank's attention shard. */
-  [[nodiscard]] rotation_type& attention() noexcept { return attn_; }
-  [[nodiscard]] const rotation_type& attention() const noexcept { return attn_; }
+  [[nodiscard]] rotation_type& attention() noexcept { return *attn_; }
+  [[nodiscard]] const rotation_type& attention() const noexcept { return *attn_; }
   /** @brief The MLP sub-layer's rotation. */
-  [[nodiscard]] rotation_type& mlp() noexcept { return mlp_; }
-  [[nodiscard]] const rotation_type& mlp() const noexcept { return mlp_; }
+  [[nodiscard]] rotation_type& mlp() noexcept { return *mlp_; }
+  [[nodiscard]] const rotation_type& mlp() const noexcept { return *mlp_; }
   /** @brief The replicated tensors (`rtp_block_partition::replicated_tensors` order), the same on
    *  every rank as long as every rank applies the same update to them. Compute-tier memory (the
    *  host's with the CPU backend; otherwise use `write_replicated` and `read_replicated`). */
-  [[nodiscard]] std::span<float> replicated() noexcept { return rep_.span(); }
-  [[nodiscard]] std::span<const float> replicated() const noexcept { return rep_.span(); }
+  [[nodiscard]] std::span<float> replicated() noexcept { return {rep_p_, part_.replicated_elems()}; }
+  [[nodiscard]] std::span<const float> replicated() const noexcept { return {rep_p_, part_.replicated_elems()}; }
   /** @brief Their gradients, summed over the ranks by the last `backward`. */
-  [[nodiscard]] std::span<float> replicated_grad() noexcept { return rep_grad_.span(); }
-  [[nodiscard]] std::span<const float> replicated_grad() const noexcept { return rep_grad_.span(); }
+  [[nodiscard]] std::span<float> replicated_grad() noexcept { return {rep_grad_p_, part_.replicated_elems()}; }
+  [[nodiscard]] std::span<const float> replicated_grad() const noexcept { return {rep_grad_p_, part_.replicated_elems()}; }
   /** @brief Copies host values @p in (`replicated().size()` of them) into the replicas. */
   void write_replicated(std::span<const float> in) {
     require_replicated_size(in.size(), "write_replicated");
-    b_->to_compute(rep_.data(), in.data(), in.size_bytes());
+    if (model_replicas_)
+      throw chunkstar::state_error("gpt::rtp_block::write_replicated: the replicas are the model's; write them through the model");
+    b_->to_compute(rep_p_, in.data(), in.size_bytes());
   }
   /** @brief Copies the replicas (@p grad false) or their gradients into host memory @p out;
    *  returns once the bytes are there (after the kernels that wrote them). */
   void read_replicated(std::span<float> out, bool grad = false) const {
     require_replicated_size(out.size(), "read_replicated");
-    b_->from_compute(out.data(), grad ? rep_grad_.data() : rep_.data(), out.size_bytes());
+    b_->from_compute(out.data(), grad ? rep_grad_p_ : rep_p_, out.size_bytes());
   }
   /** @brief The backend the kernels run on. */
   [[nodiscard]] Backend& backend() const noexcept { return *b_; }
@@ -336,7 +370,7 @@ class rtp_block {
     return 2 * (part_.attn_elems() + part_.mlp_elems() + part_.replicated_elems()) * sizeof(float);
   }
   /** @brief Bytes per rank the rotations add (their transit buffers; shared ones are the model's to count). */
-  [[nodiscard]] std::size_t transient_bytes() const noexcept { return attn_.transient_bytes() + mlp_.transient_bytes(); }
+  [[nodiscard]] std::size_t transient_bytes() const noexcept { return attn_->transient_bytes() + mlp_->transient_bytes(); }
 
   /** @brief Materialises this rank's shards and the replicas only: element i of tensor t is
    *  `value(t, i)` (i the index in the full tensor; e.g. a `counter_init` draw). */
@@ -345,9 +379,9 @@ class rtp_block {
     requires(Backend::host_memory)
   {
     const int me = comm_.rank();
-    auto a = attn_.owned();
+    auto a = attn_->owned();
     part_.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { a[off] = value(t, i); });
-    auto m = mlp_.owned();
+    auto m = mlp_->owned();
     part_.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { m[off] = value(t, i); });
     auto r = replicated();
     part_.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { r[off] = value(t, i); });
@@ -366,13 +400,13 @@ class rtp_block {
   void store(const block_params<float>& full) const
     requires(Backend::host_memory)
   {
-    store_from(full, attn_.owned(), mlp_.owned(), replicated());
+    store_from(full, attn_->owned(), mlp_->owned(), replicated());
   }
   /** @brief The same for the gradients. */
   void store_grads(const block_params<float>& full) const
     requires(Backend::host_memory)
   {
-    store_from(full, attn_.owned_grad(), mlp_.owned_grad(), replicated_grad());
+    store_from(full, attn_->owned_grad(), mlp_->owned_grad(), replicated_grad());
   }
 
   /** @brief The block's forward on this rank's micro-batch of @p B sequences of @p Tn tokens:
@@ -399,7 +433,7 @@ class rtp_block {
     b.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, rep(block_tensor::ln1_w), rep(block_tensor::ln1_b), N, C);
     // res2 first collects the head groups' partial projections, in ring order.
     b.zero(a.res2, N * C);
-    forward_pass(attn_, 0, io, [&](int j, std::span<const float> s) {
+    forward_pass(*attn_, 0, io, [&](int j, std::span<const float> s) {
       const auto jj = static_cast<std::size_t>(j);
       float* qkv = a.qkv + jj * N * 3 * Cs;
       float* atty = a.atty + jj * N * Cs;
@@ -412,7 +446,7 @@ class rtp_block {
     b.bias_residual(a.res2, x, rep(block_tensor::proj_b), N, C);  // res2 = x + (sum + proj.b)
     b.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, rep(block_tensor::ln2_w), rep(block_tensor::ln2_b), N, C);
     b.zero(a.res3, N * C);
-    forward_pass(mlp_, 1, io, [&](int j, std::span<const float> s) {
+    forward_pass(*mlp_, 1, io, [&](int j, std::span<const float> s) {
       const auto jj = static_cast<std::size_t>(j);
       float* fch = a.fch + jj * N * M;
       float* fch_gelu = a.fch_gelu + jj * N * M;
@@ -439,11 +473,11 @@ class rtp_block {
     const std::size_t G = part_.shard_heads;
     Backend& b = *b_;
     float* const scratch = attention_scratch ? attention_scratch : own_scratch(B, Tn);
-    b.zero(rep_grad_.data(), rep_grad_.size());
+    b.zero(rep_grad_p_, part_.replicated_elems());
     // MLP branch: every shard adds its units' share into dln.
     b.add_column_sums(rep_grad(block_tensor::fcproj_b), w.dres, N, C);
     b.zero(w.dln, N * C);
-    backward_pass(mlp_, 1, io, [&](int j, std::span<const float> s, std::span<float> g) {
+    backward_pass(*mlp_, 1, io, [&](int j, std::span<const float> s, std::span<float> g) {
       const auto jj = static_cast<std::size_t>(j);
       const float* fch = a.fch + jj * N * M;
       const float* fch_gelu = a.fch_gelu + jj * N * M;
@@ -460,7 +494,7 @@ class rtp_block {
     // Attention branch: every head group adds its share into dln.
     b.add_column_sums(rep_grad(block_tensor::proj_b), w.dres, N, C);
     b.zero(w.dln, N * C);
-    backward_pass(attn_, 0, io, [&](int j, std::span<const float> s, std::span<float> g) {
+    backward_pass(*attn_, 0, io, [&](int j, std::span<const float> s, std::span<float> g) {
       const auto jj = static_cast<std::size_t>(j);
       const float* qkv = a.qkv + jj * N * 3 * Cs;
       const float* atty = a.atty + jj * N * Cs;
@@ -475,8 +509,9 @@ class rtp_block {
     });
     b.layernorm_backward(w.dres, rep_grad(block_tensor::ln1_w), rep_grad(block_tensor::ln1_b), w.dln, x,
                          rep(block_tensor::ln1_w), a.ln1_mean, a.ln1_rstd, N, C);
+    if (model_replicas_) return;  // the model sums them with its other replicas'
     b.quiesce();  // the all-reduce reads the replicas' gradients the kernels wrote
-    chunkstar::rtp::reduce_replicated_grads(comm_, rep_grad_.span());
+    chunkstar::rtp::reduce_replicated_grads(comm_, replicated_grad());
   }
 
  private:
@@ -492,8 +527,8 @@ class rtp_block {
     r.backward([&](std::span<float> d) { io->load(which, d); }, g, [&](std::span<const float> sum) { io->store_grad(which, sum); });
   }
 
-  const float* rep(block_tensor t) const noexcept { return rep_.data() + part_.replicated_offset(t); }
-  float* rep_grad(block_tensor t) noexcept { return rep_grad_.data() + part_.replicated_offset(t); }
+  const float* rep(block_tensor t) const noexcept { return rep_p_ + part_.replicated_offset(t); }
+  float* rep_grad(block_tensor t) noexcept { return rep_grad_p_ + part_.replicated_offset(t); }
 
   /** Attention's scratch for micro-batches of B x Tn on the shard's heads, kept between passes. */
   float* own_scratch(std::size_t B, std::size_t Tn) {
@@ -502,9 +537,9 @@ class rtp_block {
     return scratch_.data();
   }
   void require_replicated_size(std::size_t n, const char* what) const {
-    if (n != rep_.size())
+    if (n != part_.replicated_elems())
       throw chunkstar::config_error("gpt::rtp_block::" + std::string(what) + ": " + std::to_string(n) +
-                                    " elements given; the replicated tensors hold " + std::to_string(rep_.size()) +
+                                    " elements given; the replicated tensors hold " + std::to_string(part_.replicated_elems()) +
                                     " (6 x width): pass a buffer of replicated().size()");
   }
 
@@ -521,9 +556,13 @@ class rtp_block {
   rtp_block_partition part_;
   Backend local_{};  // the kernels, when the caller gives no backend
   Backend* b_;
-  rotation_type attn_;
-  rotation_type mlp_;
-  compute_buffer<Backend> rep_, rep_grad_, scratch_;
+  std::optional<rotation_type> own_attn_, own_mlp_;  // none on a model's state
+  rotation_type* attn_;
+  rotation_type* mlp_;
+  compute_buffer<Backend> rep_, rep_grad_, scratch_;  // the replicas' own buffers, empty on a model's state
+  float* rep_p_;
+  float* rep_grad_p_;
+  bool model_replicas_ = false;
 };
 
 }  // namespace gpt

@@ -28,11 +28,15 @@
  *  docs/rtp.md ("The whole model") has the stages, the memory and bytes per rank and why
  *  vocabulary rows.
  *
+ *  The model is built on the library's pieces for any model under RTP: its state is an
+ *  `rtp::sharded_model` (the shards and the replicas — (T + 2)C and 6C per block — in one shard
+ *  store, so under the same budget and in the same checkpoints; one step, one global norm counting
+ *  each replica once), the tied embedding and head an `rtp::vocab_parallel` on the backend's
+ *  kernels (`backend_vocab_kernels`), the blocks `rtp_block`s on the model's rotations.
+ *
  *  The kernels run on an `RtpBackend` (gpt_backend.hpp): the CPU's by default, or a GPU's
- *  (`cuda_backend`), where activations, transit buffers and the replicas' working copies are device
- *  memory from the store's compute tier. The replicas' master copies, their gradients and Adam
- *  moments stay in host memory (they are small: 6C per block and (T + 2)C); the working copies
- *  are refreshed after every write and step.
+ *  (`cuda_backend`), where activations, transit buffers and the replicas' working copies and
+ *  gradient buffers are device memory from the store's compute tier.
  */
 #pragma once
 
@@ -47,26 +51,23 @@
 #include <chunkstar/comm/single_process.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/optim/adam.hpp>
-#include <chunkstar/optim/clip.hpp>
 #include <chunkstar/optim/param_groups.hpp>
 #include <chunkstar/rtp/checkpoint_view.hpp>
-#include <chunkstar/rtp/replicated.hpp>
+#include <chunkstar/rtp/model_part.hpp>
 #include <chunkstar/rtp/rotation.hpp>
 #include <chunkstar/rtp/shard_store.hpp>
-#include <chunkstar/rtp/transit_buffers.hpp>
+#include <chunkstar/rtp/sharded_model.hpp>
+#include <chunkstar/rtp/vocab_parallel.hpp>
+#include <chunkstar/runtime/memory_plan.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -74,10 +75,38 @@ namespace gpt {
 
 /** @brief Rows of the tied embedding after padding the vocabulary @p V to a multiple of @p world
  *  (the padding rows are never looked up and their logits are masked). */
-constexpr std::size_t rtp_padded_vocab(std::size_t V, int world) noexcept {
-  const auto n = static_cast<std::size_t>(world);
-  return (V + n - 1) / n * n;
-}
+constexpr std::size_t rtp_padded_vocab(std::size_t V, int world) noexcept { return chunkstar::rtp::padded_vocab(V, world); }
+
+/** @brief An `RtpBackend`'s embedding and head kernels as the library's `rtp::VocabKernels`. */
+template <class Backend>
+struct backend_vocab_kernels {
+  Backend* b;
+  void gather_rows(float* out, const int* tok, const float* shard, std::size_t v0, std::size_t vs, const float* pos, std::size_t N,
+                   std::size_t T, std::size_t C) const {
+    b->embedding_shard_forward(out, tok, shard, v0, vs, pos, N, T, C);
+  }
+  void scatter_add_rows(float* g, const int* tok, const float* d, std::size_t v0, std::size_t vs, std::size_t N, std::size_t C) const {
+    b->embedding_shard_backward(g, tok, d, v0, vs, N, C);
+  }
+  void logits(float* z, const float* x, const float* shard, std::size_t N, std::size_t C, std::size_t vs) const {
+    b->matmul_forward(z, x, shard, nullptr, N, C, vs);
+  }
+  void logits_backward(float* dx, float* dshard, const float* dz, const float* x, const float* shard, std::size_t N, std::size_t C,
+                       std::size_t vs) const {
+    b->matmul_backward(dx, dshard, nullptr, dz, x, shard, N, C, vs);
+  }
+  void softmax_fold(float* mx, float* sum, float* zt, const float* z, const int* t, std::size_t v0, std::size_t valid, std::size_t N,
+                    std::size_t vs) const {
+    b->head_shard_forward(mx, sum, zt, z, t, v0, valid, N, vs);
+  }
+  void finish_losses(float* mx, float* sum, const float* zt, std::size_t N) const { b->head_losses(mx, sum, zt, N); }
+  void softmax_grad(float* z, const float* lse, const int* t, float scale, std::size_t v0, std::size_t valid, std::size_t N,
+                    std::size_t vs) const {
+    b->head_shard_backward(z, lse, t, scale, v0, valid, N, vs);
+  }
+  void fill(float* p, std::size_t n, float v) const { b->fill(p, n, v); }
+  void from_compute(void* dst, const void* src, std::size_t bytes) const { b->from_compute(dst, src, bytes); }
+};
 
 /** @brief One buffer of this rank's model data: a shard of a rotation (in the shard store) or a
  *  replica (in host memory, the same on every rank), and where its elements come from. */
@@ -111,6 +140,9 @@ class rtp_gpt {
   using backend_type = Backend;
   using block_type = rtp_block<Comm, Backend>;
   using rotation_type = chunkstar::rtp::rotation<Comm, float, backend_buffer_ops<Backend>>;
+  /** @brief The model's state: its shards and replicas in the store, its rotations. */
+  using state_type = chunkstar::rtp::sharded_model<Comm, Store, backend_buffer_ops<Backend>>;
+  using vocab_type = chunkstar::rtp::vocab_parallel<state_type, backend_vocab_kernels<Backend>>;
 
   /** @brief Partitions @p c over `comm.size()` ranks for micro-batches of @p B sequences of @p Tn
    *  tokens (`config_error` on every rank, naming the field, if the ranks were given different
@@ -147,27 +179,42 @@ class rtp_gpt {
   [[nodiscard]] Store& store() noexcept { return *store_; }
   /** @brief This rank's buffers of model data (see `rtp_part`): the shards first, in store order,
    *  then the replicas. */
-  [[nodiscard]] std::span<const rtp_part> parts() const noexcept { return parts_; }
+  [[nodiscard]] std::span<const rtp_part> parts() const noexcept { return m_->parts(); }
+  /** @brief The model's state (parts, rotations, replicas, the step). */
+  [[nodiscard]] state_type& state() noexcept { return *m_; }
 
-  /** @brief The shard segments rank @p rank registers for part @p p (one tensor of the store
-   *  each: "<tensor>@<rank>", its run of the shard, the tensor's role). */
-  static std::vector<chunkstar::rtp::shard_segment> segments_of(const rtp_part& p, std::span<const chunkstar::tensor_spec> specs,
-                                                                int rank) {
-    std::vector<chunkstar::rtp::shard_segment> segs;
-    for (const auto& s : p.segments)
-      segs.push_back({specs[s.tensor].name + "@" + std::to_string(rank), s.begin, s.end - s.begin, specs[s.tensor].role});
-    return segs;
-  }
-  /** @brief The tensors rank @p rank of @p world registers in its store, in order (what a chunk
+  /** @brief The tensors rank @p rank of @p world registers in its store, in order: one per segment
+   *  of each part, the shards' named "<tensor>@<rank>", the replicas' by their tensor (what a chunk
    *  layout plans: a trainer sizes the device from them before it builds anything). */
   static std::vector<chunkstar::tensor_spec> shard_tensors(const gpt_config& c, int world, int rank) {
     const auto specs = param_specs(c);
     std::vector<chunkstar::tensor_spec> out;
     for (const auto& p : describe(c, world, rank))
-      if (!p.replicated)
-        for (const auto& s : segments_of(p, specs, rank))
-          out.push_back({s.name, {static_cast<std::int64_t>(s.elems)}, chunkstar::dtype::f32, s.role});
+      for (const auto& s : p.segments)
+        out.push_back({p.replicated ? specs[s.tensor].name : specs[s.tensor].name + "@" + std::to_string(rank),
+                       {static_cast<std::int64_t>(s.end - s.begin)}, chunkstar::dtype::f32, specs[s.tensor].role});
     return out;
+  }
+  /** @brief The stages rank @p rank of @p world opens, as scopes over `shard_tensors`' indices
+   *  (chunkstar::forward_scopes, what `plan_memory` takes): the embedding, each block, the head,
+   *  then each replica alone (its gradients' stage, and its working copy's). */
+  static chunkstar::forward_scopes stage_scopes(const gpt_config& c, int world, int rank) {
+    std::vector<std::vector<std::size_t>> of_part;
+    std::size_t t = 0;
+    for (const auto& p : describe(c, world, rank)) {
+      of_part.emplace_back();
+      for (std::size_t s = 0; s < p.segments.size(); ++s) of_part.back().push_back(t++);
+    }
+    chunkstar::forward_scopes f{of_part[0]};
+    for (int l = 0; l < c.layers; ++l) {
+      auto blk = of_part[1 + 2 * static_cast<std::size_t>(l)];
+      const auto& mlp = of_part[2 + 2 * static_cast<std::size_t>(l)];
+      blk.insert(blk.end(), mlp.begin(), mlp.end());
+      f.push_back(std::move(blk));
+    }
+    f.push_back(of_part[0]);
+    for (std::size_t k = 1 + 2 * static_cast<std::size_t>(c.layers); k < of_part.size(); ++k) f.push_back(of_part[k]);
+    return f;
   }
   /** @brief Elements of activations a model of @p c on @p world ranks keeps for [B, Tn] batches:
    *  the serial model's, without the [rows, V] logits and probabilities (the head keeps the final
@@ -186,11 +233,12 @@ class rtp_gpt {
     return compute_activation_sizes(c, B, Tn).workspace - N * static_cast<std::size_t>(c.vocab) + N * vs;
   }
   /** @brief Bytes the model takes from its store's compute tier for [B, Tn] batches: activations,
-   *  workspace, the rotations' transit buffers, attention's scratch, the working copy and one
-   *  pass's gradients of wpe | lnf, and (off host memory) the micro-batch's tokens. */
+   *  workspace, the rotations' transit buffers, attention's scratch, the replicas' working copies
+   *  and one pass's gradients of them, and (off host memory) the micro-batch's tokens. */
   static std::size_t compute_tier_bytes(const gpt_config& c, int world, std::size_t B, std::size_t Tn) {
+    const std::size_t replicas = top_elems(c) + static_cast<std::size_t>(c.layers) * partition_block(c, world).replicated_elems();
     const std::size_t floats = activation_elems(c, world, B, Tn) + workspace_elems(c, world, B, Tn) +
-                               scratch_elems(c, world, B, Tn) + 2 * top_elems(c) + (Backend::host_memory ? 0 : 2 * B * Tn);
+                               scratch_elems(c, world, B, Tn) + 2 * replicas + (Backend::host_memory ? 0 : 2 * B * Tn);
     return floats * sizeof(float) + transit_bytes(c, world);
   }
   /** @brief Bytes of the transit buffers: five shards of the largest rotation. */
@@ -202,41 +250,25 @@ class rtp_gpt {
 
   /** @brief List @p kind (param, grad, momentum, variance) of part @p k, whole, into @p out
    *  (outside a pass). */
-  void read(std::size_t k, chunkstar::chunk_kind kind, std::span<float> out) const {
-    if (!parts_.at(k).replicated) return store_->read(k, kind, out);
-    const auto l = list_of(replica_at(k), kind);
-    std::copy(l.begin(), l.end(), out.begin());
-  }
+  void read(std::size_t k, chunkstar::chunk_kind kind, std::span<float> out) const { m_->read(k, kind, out); }
   /** @brief Sets list @p kind of part @p k from @p in (outside a pass). Replicas must be written
    *  alike on every rank. */
-  void write(std::size_t k, chunkstar::chunk_kind kind, std::span<const float> in) {
-    if (!parts_.at(k).replicated) return store_->write(k, kind, in);
-    const auto l = list_of(replica_at(k), kind);
-    std::copy(in.begin(), in.end(), l.begin());
-    if (kind == chunkstar::chunk_kind::param) publish(k - first_replica());
-  }
+  void write(std::size_t k, chunkstar::chunk_kind kind, std::span<const float> in) { m_->write(k, kind, in); }
   /** @brief Clears the accumulated gradients (`step` does it too). */
-  void zero_grad() {
-    store_->zero_grad();
-    for (auto& r : replicas_) std::fill(r.g.begin(), r.g.end(), 0.0f);
-  }
+  void zero_grad() { m_->zero_grad(); }
 
   /** @brief Bytes of model data this rank holds: weights, gradients and both Adam moments of its
-   *  shards (in the store: a chunk runtime counts its chunks) and of the replicas. */
-  [[nodiscard]] std::size_t model_bytes() const noexcept {
-    std::size_t n = 0;
-    for (const auto& r : replicas_) n += 4 * r.elems;
-    return store_->bytes() + n * sizeof(float);
-  }
+   *  shards and replicas (in the store: a chunk runtime counts its chunks). */
+  [[nodiscard]] std::size_t model_bytes() const noexcept { return store_->bytes(); }
   /** @brief Bytes of the rotations' transit buffers on this rank: one set, shared by every
    *  rotation (they run one at a time), of five shards of the largest. */
-  [[nodiscard]] std::size_t transient_bytes() const noexcept { return transit_->bytes(); }
+  [[nodiscard]] std::size_t transient_bytes() const noexcept { return m_->transit_bytes(); }
   /** @brief Bytes of activations and the backward workspace on this rank. */
   [[nodiscard]] std::size_t activation_bytes() const noexcept { return (act_elems_ + work_elems_) * sizeof(float); }
   /** @brief Bytes of the largest shard of one rotation (what one shift sends). */
   [[nodiscard]] std::size_t largest_shard_bytes() const noexcept {
-    std::size_t n = wte_->shard_bytes();
-    for (const auto& b : blocks_) n = std::max({n, b->attention().shard_bytes(), b->mlp().shard_bytes()});
+    std::size_t n = 0;
+    for (std::size_t k = 0; k < first_replica(); ++k) n = std::max(n, m_->rotation_of(k).shard_bytes());
     return n;
   }
   /** @brief Bytes one rank sends in one training iteration (forward, backward): three passes of
@@ -245,7 +277,7 @@ class rtp_gpt {
    *  (the in-process model's (N - 1) x bytes). */
   [[nodiscard]] std::size_t iteration_bytes_theory() const noexcept {
     const std::size_t n1 = static_cast<std::size_t>(world_ - 1);
-    std::size_t b = 6 * n1 * wte_->shard_bytes();
+    std::size_t b = 6 * n1 * m_->rotation_of(0).shard_bytes();
     for (const auto& blk : blocks_) b += 3 * n1 * (blk->attention().shard_bytes() + blk->mlp().shard_bytes()) +
                                          n1 * blk->replicated().size() * sizeof(float);
     return b + n1 * top_elems() * sizeof(float);
@@ -326,49 +358,25 @@ class rtp_gpt {
     Backend& be = *be_;
     const int* tok = compute_tokens(tokens, false);
     const int* tgt = compute_tokens(targets, true);
-    float* const top_pass = top_pass_.data();
+    const std::size_t top = first_replica();
+    float* const top_pass = m_->replica_grad(top);  // this backward's gradients of wpe | lnf.w | lnf.b
     be.zero(top_pass, top_elems());
     float* g_lnf_w = top_pass + lnf_offset();
     float* g_lnf_b = g_lnf_w + C;
     // Head: logits per shard recomputed, softmax minus one-hot, into the shard's gradient and dln.
-    const float dloss = loss_scale / static_cast<float>(N);
-    const std::size_t wte_part = 0;
-    stage("head", true, {wte_part}, [&] {
-      be.zero(w.dln, N * C);
-      wte_->backward(loader(wte_part), [&](int j, std::span<const float> s, std::span<float> g) {
-        const std::size_t v0 = static_cast<std::size_t>(j) * vs_, valid = valid_rows(j);
-        if (valid == 0) return;
-        float* z = a.logits;  // [N, vs]
-        be.matmul_forward(z, a.lnf, s.data(), nullptr, N, C, vs_);
-        be.head_shard_backward(z, a.lse, tgt, dloss, v0, valid, N, vs_);
-        be.matmul_backward(w.dln, g.data(), nullptr, z, a.lnf, s.data(), N, C, vs_);
-      }, storer(wte_part));
-      be.zero(w.dres, N * C);
-      be.layernorm_backward(w.dres, g_lnf_w, g_lnf_b, w.dln, a.block_out(c_.layers), rep(lnf_offset()), a.lnf_mean, a.lnf_rstd, N, C);
-    });
-    std::vector<float> pass;  // one backward's replica gradients, copied down
-    for (int l = c_.layers - 1; l >= 0; --l) {
-      const std::size_t ia = 1 + 2 * static_cast<std::size_t>(l);
-      block_stage(l, ia, true, [&](rtp_block_io& io) {
+    be.zero(w.dln, N * C);
+    vocab_->loss_backward(a.lnf, tgt, N, loss_scale, w.dln);
+    be.zero(w.dres, N * C);
+    be.layernorm_backward(w.dres, g_lnf_w, g_lnf_b, w.dln, a.block_out(c_.layers), rep(lnf_offset()), a.lnf_mean, a.lnf_rstd, N, C);
+    for (int l = c_.layers - 1; l >= 0; --l)
+      block_stage(l, true, [&](rtp_block_io& io) {
         block(l).backward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], w, &io, scratch_.data());
       });
-      pass.resize(block(l).replicated().size());
-      block(l).read_replicated(pass, true);
-      add_replica_grads(1 + static_cast<std::size_t>(l), pass);
-    }
     // Embedding: each token's row gradient goes to the shard holding its id (the head's share of
-    // the tied weight was added by the head's stage); the positions' rows are replicas.
+    // the tied weight was added by the head's pass); the positions' rows are replicas.
     be.position_backward(top_pass, w.dres, N, Tn, C);
-    stage("embedding", true, {wte_part}, [&] {
-      wte_->backward(loader(wte_part), [&](int j, std::span<const float>, std::span<float> g) {
-        be.embedding_shard_backward(g.data(), tok, w.dres, static_cast<std::size_t>(j) * vs_, vs_, N, C);
-      }, storer(wte_part));
-    });
-    be.quiesce();  // the all-reduce reads what the kernels wrote
-    chunkstar::rtp::reduce_replicated_grads(comm_, std::span<float>(top_pass, top_elems()));
-    pass.resize(top_elems());
-    be.from_compute(pass.data(), top_pass, pass.size() * sizeof(float));
-    add_replica_grads(0, pass);
+    vocab_->embed_backward(tok, N, w.dres);
+    m_->reduce_replica_grads();  // every replica's gradient summed over the ranks into the store
   }
 
   /** @brief What `step` did. */
@@ -383,32 +391,7 @@ class rtp_gpt {
    *  by @p groups; then the gradients are cleared. `optimizer_steps()` counts the steps. */
   step_result step(const chunkstar::adam_hyper& base, const chunkstar::param_groups& groups, int micro_batches, float max_norm = 0.0f) {
     if (micro_batches < 1) throw chunkstar::config_error("rtp_gpt::step: micro_batches must be >= 1");
-    const float unscale = 1.0f / static_cast<float>(micro_batches);  // as chunk_adam
-    const auto global = [&](double shards) {
-      double sq = shards;
-      if (rank_ == 0)  // each replica once
-        for (const auto& r : replicas_)
-          for (const float x : r.g) {
-            const double y = static_cast<double>(x * unscale);
-            sq += y * y;
-          }
-      comm_.allreduce(std::span<double>(&sq, 1), chunkstar::reduce_op::sum);
-      return sq;
-    };
-    const auto r = store_->step(base, groups, micro_batches, max_norm, global);
-    const chunkstar::adam_step_args args{.step = store_->step_count(), .grad_scale = r.grad_scale};
-    for (auto& rp : replicas_) {
-      const auto& part = parts_[rp.part];
-      for (const auto& s : part.segments) {
-        const auto h = groups.hyper_for(specs_[s.tensor], base);
-        const std::size_t n = s.end - s.begin;
-        chunkstar::adam_update(std::span<float>(rp.w).subspan(s.begin, n), std::span<float>(rp.m).subspan(s.begin, n),
-                               std::span<float>(rp.v).subspan(s.begin, n), std::span<const float>(rp.g).subspan(s.begin, n),
-                               std::span<float>(), h, args);
-      }
-      std::fill(rp.g.begin(), rp.g.end(), 0.0f);
-    }
-    for (std::size_t i = 0; i < replicas_.size(); ++i) publish(i);
+    const auto r = m_->step(base, groups, micro_batches, max_norm);
     return {r.grad_norm, r.clip_coefficient};
   }
   /** @brief Adam steps taken (restored from a checkpoint with `restore_step_count`). */
@@ -417,29 +400,11 @@ class rtp_gpt {
 
   /** @brief Wall seconds this rank waited for ring shifts (`rtp::rotation_stats::wait_s`), summed
    *  over the embedding's and every block's rotations since construction or `reset_ring_stats()`. */
-  [[nodiscard]] double ring_wait_s() const noexcept {
-    double s = wte_->stats().wait_s;
-    for (const auto& b : blocks_) s += b->attention().stats().wait_s + b->mlp().stats().wait_s;
-    return s;
-  }
+  [[nodiscard]] double ring_wait_s() const noexcept { return m_->ring_stats().wait_s; }
   /** @brief Zeroes every rotation's stats. */
-  void reset_ring_stats() noexcept {
-    wte_->reset_stats();
-    for (auto& b : blocks_) {
-      b->attention().reset_stats();
-      b->mlp().reset_stats();
-    }
-  }
+  void reset_ring_stats() noexcept { m_->reset_ring_stats(); }
 
  private:
-  /** A replica in host memory: the weights (the master copy; `publish` refreshes the working copy
-   *  the kernels read: the model's top_c_ or the block's replicated()), the gradient accumulated
-   *  over backward passes, the Adam moments. */
-  struct replica {
-    std::size_t part = 0, elems = 0;
-    std::vector<float> w, g, m, v;
-  };
-
   /** @p n floats of the store's compute tier, freed with it. */
   class store_buffer {
    public:
@@ -482,29 +447,30 @@ class rtp_gpt {
         {"heads", std::to_string(c.heads)}, {"width", std::to_string(c.width)},  {"batch", std::to_string(B)},
         {"seq", std::to_string(Tn)}};
     chunkstar::require_agreement(comm, shape, "rtp_gpt");
-    parts_ = describe(c, world_, rank_);
-    for (std::size_t k = 0; k < parts_.size(); ++k)
-      if (!parts_[k].replicated) store_->add_shard(parts_[k].elems, segments_of(parts_[k], specs_, rank_));
-    store_->finalize();
-    // The rotations (their transit buffers from the store: non-model memory on the compute tier),
-    // after the store is final.
-    transit_.emplace([this](std::size_t n) { return store_->allocate(n); }, [this](float* p, std::size_t n) { store_->deallocate(p, n); });
-    const std::size_t C = static_cast<std::size_t>(c.width);
-    wte_.emplace(comm, vs_ * C, *transit_, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{be_});
-    for (int l = 0; l < c.layers; ++l)
-      blocks_.push_back(std::make_unique<block_type>(comm, c, *transit_, chunkstar::rtp::external_shard, be_));
-    bind_replicas();
+    // The state: every part in the store (shards, then replicas), the rotations on the store's
+    // compute tier; the embedding and head on the vocabulary rotation; the blocks on theirs.
+    m_.emplace(comm, *store_, specs_, backend_buffer_ops<Backend>{be_});
+    for (auto& p : describe(c, world_, rank_)) {
+      if (p.replicated) m_->add_replicated(std::move(p));
+      else m_->add_rotated(std::move(p));
+    }
+    m_->finalize();
+    vocab_.emplace(*m_, 0, B * Tn, backend_vocab_kernels<Backend>{be_});
+    for (int l = 0; l < c.layers; ++l) {
+      const std::size_t ia = 1 + 2 * static_cast<std::size_t>(l), rep = first_replica() + 1 + static_cast<std::size_t>(l);
+      blocks_.push_back(std::make_unique<block_type>(comm, c, m_->rotation_of(ia), m_->rotation_of(ia + 1), m_->replica(rep),
+                                                     m_->replica_grad(rep), be_));
+    }
     // Activations: the serial model's, without the [rows, V] logits and probabilities (the head
-    // keeps the final LayerNorm, the log-sum-exp, the losses and the target's logit per token; one
-    // [rows, V/N] slice of logits is the scratch of a step). The workspace likewise ends in a
-    // [rows, V/N] slice. Attention's scratch is shared by the blocks (they run one at a time).
+    // keeps the final LayerNorm here, and in the vocabulary pass's buffers the log-sum-exp, the
+    // losses and the target's logit per token and one [rows, V/N] slice of logits). The workspace
+    // likewise ends in a [rows, V/N] slice. Attention's scratch is shared by the blocks (they run
+    // one at a time).
     act_elems_ = activation_elems(c, world_, B, Tn);
     work_elems_ = workspace_elems(c, world_, B, Tn);
-    acts_ = store_buffer(*store_, act_elems_);
+    acts_ = store_buffer(*store_, act_elems_ - vocab_elems(B * Tn));
     work_ = store_buffer(*store_, work_elems_);
     scratch_ = store_buffer(*store_, scratch_elems(c, world_, B, Tn));
-    top_c_ = store_buffer(*store_, top_elems());
-    top_pass_ = store_buffer(*store_, top_elems());
     if constexpr (!Backend::host_memory) {  // the kernels' copies of the micro-batch (ints in float-sized slots)
       tokens_c_ = store_buffer(*store_, B * Tn);
       targets_c_ = store_buffer(*store_, B * Tn);
@@ -515,7 +481,7 @@ class rtp_gpt {
   struct acts_view {
     float* encoded;
     std::vector<block_activations<float>> blocks;
-    float *lnf, *lnf_mean, *lnf_rstd, *lse, *losses, *zt, *proj, *logits;
+    float *lnf, *lnf_mean, *lnf_rstd, *proj;
     [[nodiscard]] const float* block_out(int l) const { return l == 0 ? encoded : blocks[static_cast<std::size_t>(l) - 1].res3; }
   };
 
@@ -529,11 +495,7 @@ class rtp_gpt {
     a.lnf = detail::take(p, N * C);
     a.lnf_mean = detail::take(p, N);
     a.lnf_rstd = detail::take(p, N);
-    a.lse = detail::take(p, N);
-    a.losses = detail::take(p, N);
-    a.zt = detail::take(p, N);
     a.proj = detail::take(p, N * C);
-    a.logits = detail::take(p, N * vs_);
     return a;
   }
 
@@ -544,9 +506,12 @@ class rtp_gpt {
                                    "run backward (and the step) first");
   }
 
+  /** Floats of the vocabulary pass's buffers for @p rows tokens: a [rows, V/N] slice of logits and
+   *  three per token (max or log-sum-exp, sum or loss, the target's logit). */
+  [[nodiscard]] std::size_t vocab_elems(std::size_t rows) const noexcept { return rows * vs_ + 3 * rows; }
   [[nodiscard]] std::size_t lnf_offset() const noexcept { return static_cast<std::size_t>(c_.context) * static_cast<std::size_t>(c_.width); }
   /** The working copy of wpe | lnf.w | lnf.b the kernels read. */
-  [[nodiscard]] const float* rep(std::size_t off) const noexcept { return top_c_.data() + off; }
+  [[nodiscard]] const float* rep(std::size_t off) const noexcept { return m_->replica(first_replica()) + off; }
   /** Elements of wpe | lnf.w | lnf.b. */
   static std::size_t top_elems(const gpt_config& c) noexcept {
     return static_cast<std::size_t>(c.context + 2) * static_cast<std::size_t>(c.width);
@@ -558,12 +523,6 @@ class rtp_gpt {
     return std::max<std::size_t>(1, Backend::attention_scratch_elems(B, Tn, bp.shard_channels, bp.shard_heads));
   }
   [[nodiscard]] std::size_t first_replica() const noexcept { return 1 + 2 * static_cast<std::size_t>(c_.layers); }
-  /** Refreshes replica @p i's working copy from its master. */
-  void publish(std::size_t i) {
-    const auto& w = replicas_[i].w;
-    if (i == 0) be_->to_compute(top_c_.data(), w.data(), w.size() * sizeof(float));
-    else block(static_cast<int>(i - 1)).write_replicated(w);
-  }
   /** @p host (the caller's tokens or targets) where the kernels read them: in place on host
    *  memory; otherwise copied up when @p upload (a forward), or the forward's copy. */
   const int* compute_tokens(const int* host, bool targets, std::size_t N = 0, bool upload = false) {
@@ -575,36 +534,20 @@ class rtp_gpt {
       return reinterpret_cast<const int*>(dst);
     }
   }
-  /** Rows of shard @p j that are real words (not padding). */
-  [[nodiscard]] std::size_t valid_rows(int j) const noexcept {
-    const std::size_t v0 = static_cast<std::size_t>(j) * vs_, V = static_cast<std::size_t>(c_.vocab);
-    return v0 >= V ? 0 : std::min(vs_, V - v0);
-  }
-
-  /** Runs @p f as store stage @p name on the shards @p parts. */
+  /** Block @p l's stage (its attention shard is part 1 + 2l, its MLP shard the next): @p f gets
+   *  the io through which the block's rotations load the shards and hand over their gradients. */
   template <class F>
-  void stage(std::string_view name, bool backward, std::initializer_list<std::size_t> parts, F&& f) {
-    store_->stage(name, backward, std::span<const std::size_t>(parts.begin(), parts.size()), f);
-  }
-  /** Block @p l's stage (its attention shard is part @p ia, its MLP shard ia + 1): @p f gets the io
-   *  that loads them and takes their gradients. */
-  template <class F>
-  void block_stage(int l, std::size_t ia, bool backward, F&& f) {
+  void block_stage(int l, bool backward, F&& f) {
     struct io final : rtp_block_io {
       Store* s;
       std::size_t first;
       io(Store* st, std::size_t k) : s(st), first(k) {}
       void load(int which, std::span<float> dst) override { s->load(first + static_cast<std::size_t>(which), dst); }
       void store_grad(int which, std::span<const float> sum) override { s->add_grad(first + static_cast<std::size_t>(which), sum); }
-    } shards(store_, ia);
-    const std::string name = "h" + std::to_string(l);
-    stage(name, backward, {ia, ia + 1}, [&] { f(shards); });
-  }
-  auto loader(std::size_t k) {
-    return [this, k](std::span<float> d) { store_->load(k, d); };
-  }
-  auto storer(std::size_t k) {
-    return [this, k](std::span<const float> g) { store_->add_grad(k, g); };
+    };
+    const std::size_t ia = 1 + 2 * static_cast<std::size_t>(l);
+    io shards(store_, ia);
+    m_->stage("h" + std::to_string(l), backward, {ia, ia + 1}, [&] { f(shards); });
   }
 
   /** The forward of a [B, Tn] batch; with @p last_logits, also the full logits of the last token
@@ -617,140 +560,50 @@ class rtp_gpt {
     detail::check_tokens(c_, tokens, N, "tokens");
     detail::check_tokens(c_, targets, N, "targets");
     const auto a = bind(B, Tn);
-    Backend& be = *be_;
     const int* tok = compute_tokens(tokens, false, N, true);
     const int* tgt = compute_tokens(targets, true, N, true);
-    const std::size_t wte_part = 0;
     // Embedding: a token's row from the shard that holds its id, plus its position's row.
-    stage("embedding", false, {wte_part}, [&] {
-      wte_->forward(loader(wte_part), [&](int j, std::span<const float> s) {
-        be.embedding_shard_forward(a.encoded, tok, s.data(), static_cast<std::size_t>(j) * vs_, vs_, rep(0), N, Tn, C);
-      });
-    });
+    vocab_->embed(tok, N, a.encoded, rep(0), Tn);
     for (int l = 0; l < c_.layers; ++l)
-      block_stage(l, 1 + 2 * static_cast<std::size_t>(l), false, [&](rtp_block_io& io) {
+      block_stage(l, false, [&](rtp_block_io& io) {
         block(l).forward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], a.proj, &io, scratch_.data());
       });
-    // Head: each shard's logits, folded into a running max (in lse) and sum (in losses) per token,
-    // the online softmax; the target's logit into zt.
-    stage("head", false, {wte_part}, [&] {
-      be.fill(a.lse, N, -std::numeric_limits<float>::infinity());
-      be.fill(a.losses, N, 0.0f);
-      be.fill(a.zt, N, 0.0f);
-      be.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.block_out(c_.layers), rep(lnf_offset()), rep(lnf_offset() + C), N, C);
-      wte_->forward(loader(wte_part), [&](int j, std::span<const float> s) {
-        const std::size_t v0 = static_cast<std::size_t>(j) * vs_, valid = valid_rows(j);
-        if (valid == 0) return;
-        be.matmul_forward(a.logits, a.lnf, s.data(), nullptr, N, C, vs_);
-        be.head_shard_forward(a.lse, a.losses, a.zt, a.logits, tgt, v0, valid, N, vs_);
-        if (last_logits) be.from_compute(last_logits + v0, a.logits + (Tn - 1) * vs_, valid * sizeof(float));
-      });
-    });
-    be.head_losses(a.lse, a.losses, a.zt, N);
-    losses_.resize(N);
-    be.from_compute(losses_.data(), a.losses, N * sizeof(float));
-    double total = 0;
-    for (const float l : losses_) total += l;
-    return total / static_cast<double>(N);
+    // Head: the final LayerNorm, then each shard's logits folded into the online softmax.
+    be_->layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.block_out(c_.layers), rep(lnf_offset()), rep(lnf_offset() + C), N, C);
+    return vocab_->loss(a.lnf, tgt, N, Tn - 1, last_logits);
   }
 
   /** The parts of rank @p me of @p world, in store order: wte's shard, then per block its
    *  attention and MLP shards; then the replicas: the model's (wpe | lnf.w | lnf.b), then each
    *  block's. A pure function of the shapes (the element visitors hold copies of them). */
   static std::vector<rtp_part> describe(const gpt_config& c, int world, int me) {
+    using chunkstar::rtp::make_part;
     const auto specs = param_specs(c);
     const auto bp = partition_block(c, world);  // config_error for a world size the heads do not split over
-    const std::size_t C = static_cast<std::size_t>(c.width), V = static_cast<std::size_t>(c.vocab);
-    const std::size_t vs = rtp_padded_vocab(V, world) / static_cast<std::size_t>(world);
+    using visit = rtp_part::element_fn;
     std::vector<rtp_part> parts;
-    using visit = std::function<void(std::size_t, std::size_t, std::size_t)>;
-    const auto add = [&](std::size_t elems, bool replicated, std::function<void(const visit&)> each) {
-      rtp_part p;
-      p.elems = elems;
-      p.replicated = replicated;
-      p.for_each = std::move(each);
-      // Every tensor occupies one contiguous run of the buffer (the layouts are built so).
-      std::vector<std::size_t> lo(specs.size(), SIZE_MAX), hi(specs.size(), 0), count(specs.size(), 0);
-      p.for_each([&](std::size_t t, std::size_t, std::size_t off) {
-        lo[t] = std::min(lo[t], off);
-        hi[t] = std::max(hi[t], off + 1);
-        ++count[t];
-      });
-      for (std::size_t t = 0; t < specs.size(); ++t)
-        if (count[t] > 0) {
-          if (count[t] != hi[t] - lo[t]) throw chunkstar::state_error("rtp_gpt: tensor " + specs[t].name + " is not contiguous in its shard");
-          p.segments.push_back({lo[t], hi[t], t});
-        }
-      std::sort(p.segments.begin(), p.segments.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
-      // A shard's padding (wte's rows past the vocabulary, zero and never looked up) belongs to
-      // the last segment, so the store's segments tile the shard.
-      if (p.segments.empty()) p.segments.push_back({0, elems, 0});
-      p.segments.back().end = std::max(p.segments.back().end, elems);
-      parts.push_back(std::move(p));
-    };
     // The tied embedding: vocabulary rows [me vs, (me + 1) vs), the padding rows never looked up.
-    add(vs * C, false, [vs, me, C, V](const visit& f) {
-      const std::size_t v0 = static_cast<std::size_t>(me) * vs;
-      for (std::size_t r = 0; r < vs && v0 + r < V; ++r)
-        for (std::size_t k = 0; k < C; ++k) f(0, (v0 + r) * C + k, r * C + k);
-    });
+    parts.push_back(vocab_type::part(0, world, me, specs));
     for (int l = 0; l < c.layers; ++l) {
       const std::size_t base = 2 + tensors_per_block * static_cast<std::size_t>(l);
-      add(bp.attn_elems(), false, [bp, base, me](const visit& f) {
+      parts.push_back(make_part(bp.attn_elems(), false, [bp, base, me](const visit& f) {
         bp.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
-      });
-      add(bp.mlp_elems(), false, [bp, base, me](const visit& f) {
+      }, specs));
+      parts.push_back(make_part(bp.mlp_elems(), false, [bp, base, me](const visit& f) {
         bp.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
-      });
+      }, specs));
     }
-    // wpe | lnf.w | lnf.b, replicated.
-    const std::size_t T = static_cast<std::size_t>(c.context), last = specs.size();
-    add((T + 2) * C, true, [C, T, last](const visit& f) {
-      for (std::size_t i = 0; i < T * C; ++i) f(1, i, i);
-      for (std::size_t i = 0; i < C; ++i) f(last - 2, i, T * C + i);
-      for (std::size_t i = 0; i < C; ++i) f(last - 1, i, T * C + C + i);
-    });
+    // wpe | lnf.w | lnf.b, replicated; then each block's replicas.
+    const std::size_t last = specs.size();
+    const std::vector<std::size_t> top{1, last - 2, last - 1};
+    parts.push_back(chunkstar::rtp::replicated_part(top, specs));
     for (int l = 0; l < c.layers; ++l) {
       const std::size_t base = 2 + tensors_per_block * static_cast<std::size_t>(l);
-      add(bp.replicated_elems(), true, [bp, base](const visit& f) {
+      parts.push_back(make_part(bp.replicated_elems(), true, [bp, base](const visit& f) {
         bp.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
-      });
+      }, specs));
     }
     return parts;
-  }
-
-  /** The replicas: the model's (wpe | lnf.w | lnf.b), then each block's. */
-  void bind_replicas() {
-    for (std::size_t k = first_replica(); k < parts_.size(); ++k) {
-      replica r;
-      r.part = k;
-      r.elems = parts_[k].elems;
-      r.w.assign(r.elems, 0.0f);
-      r.g.assign(r.elems, 0.0f);
-      r.m.assign(r.elems, 0.0f);
-      r.v.assign(r.elems, 0.0f);
-      replicas_.push_back(std::move(r));
-    }
-  }
-  /** Adds one backward's (all-reduced) replica gradients to replica @p i's accumulated ones. */
-  void add_replica_grads(std::size_t i, std::span<const float> pass) {
-    auto& g = replicas_[i].g;
-    for (std::size_t e = 0; e < g.size(); ++e) g[e] += pass[e];
-  }
-  /** The replica that is part @p k (the parts after the shards). */
-  replica& replica_at(std::size_t k) { return replicas_.at(k - first_replica()); }
-  const replica& replica_at(std::size_t k) const { return replicas_.at(k - first_replica()); }
-  /** List @p kind of replica @p r (const or not). */
-  template <class R>
-  static auto list_of(R& r, chunkstar::chunk_kind kind) {
-    using span = std::conditional_t<std::is_const_v<R>, std::span<const float>, std::span<float>>;
-    switch (kind) {
-      case chunkstar::chunk_kind::param: return span(r.w);
-      case chunkstar::chunk_kind::grad: return span(r.g);
-      case chunkstar::chunk_kind::momentum: return span(r.m);
-      case chunkstar::chunk_kind::variance: return span(r.v);
-      default: throw chunkstar::config_error("rtp_gpt: no fp32 master list (the weights are fp32)");
-    }
   }
 
   /** Calls f(tensor, global, value&) for every element of list @p kind of every part, then writes
@@ -758,20 +611,22 @@ class rtp_gpt {
   template <class F>
   void for_each_part_list(chunkstar::chunk_kind kind, F&& f) {
     std::vector<float> v;
-    for (std::size_t k = 0; k < parts_.size(); ++k) {
-      v.resize(parts_[k].elems);
+    const auto parts = m_->parts();
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      v.resize(parts[k].elems);
       read(k, kind, v);
-      parts_[k].for_each([&](std::size_t t, std::size_t i, std::size_t off) { f(t, i, v[off]); });
+      parts[k].for_each([&](std::size_t t, std::size_t i, std::size_t off) { f(t, i, v[off]); });
       write(k, kind, v);
     }
   }
   void store_list(const gpt_params<float>& full, chunkstar::chunk_kind kind) const {
     const auto ptrs = param_list(full);
     std::vector<float> v;
-    for (std::size_t k = 0; k < parts_.size(); ++k) {
-      v.resize(parts_[k].elems);
+    const auto parts = m_->parts();
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      v.resize(parts[k].elems);
       read(k, kind, v);
-      parts_[k].for_each([&](std::size_t t, std::size_t i, std::size_t off) { ptrs[t][i] = v[off]; });
+      parts[k].for_each([&](std::size_t t, std::size_t i, std::size_t off) { ptrs[t][i] = v[off]; });
     }
   }
 
@@ -783,18 +638,14 @@ class rtp_gpt {
   std::unique_ptr<Store> own_store_;
   Store* store_;
   std::vector<chunkstar::tensor_spec> specs_;
-  std::vector<rtp_part> parts_;
   Backend local_backend_{};  // the kernels, when the caller gives no backend
   Backend* be_;
-  std::optional<chunkstar::rtp::transit_buffers<float>> transit_;
-  std::optional<rotation_type> wte_;
-  std::vector<std::unique_ptr<block_type>> blocks_;
-  std::vector<replica> replicas_;
+  std::optional<state_type> m_;                      // parts, rotations, replicas, the step
+  std::optional<vocab_type> vocab_;                  // the tied embedding and head on part 0
+  std::vector<std::unique_ptr<block_type>> blocks_;  // on m_'s rotations and replicas
   std::size_t act_elems_ = 0, work_elems_ = 0;
   store_buffer acts_, work_, scratch_;
-  store_buffer top_c_, top_pass_;  // wpe [T_max, C] | lnf.w | lnf.b for the kernels, and one backward's gradients of them
   store_buffer tokens_c_, targets_c_;  // the micro-batch on a compute tier that is not host memory
-  std::vector<float> losses_;  // the head's per-token losses, summed on the host
   bool pending_ = false;                 // a forward's activations wait for its backward
   std::vector<int> tokens_, targets_;    // that forward's micro-batch
 };

@@ -356,21 +356,18 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
       gpt::param_specs(cfg, type), layout,
       {.param_type = type,
        .sharding = {.enabled = o.parallel == "zero", .keep_gathered = o.keep_gathered, .memory_saving = o.memory_saving}},
-      ranks, gpt::forward_scopes(cfg));
+      ranks, gpt::forward_scopes(cfg), activation_bytes<typename parts::backend>(cfg, o));
   const std::size_t model_bytes = need.model_bytes_per_rank, collective = need.collective_bytes;
-  const std::size_t act = activation_bytes<typename parts::backend>(cfg, o);
+  const std::size_t act = need.non_model_bytes;
   // A real device's automatic budget is its free memory; the simulated device's holds all of the
   // model data (this rank's share of it under ZeRO) with --policy resident, and a share of it
   // otherwise, so that chunks move.
   const bool resident = o.policy == "resident";
   const std::size_t device_free = shared_device_free<parts>(plan, comm);
-  const std::size_t device_capacity =
-      gpt::device_budget_bytes(o, {.non_model = act, .collective = collective, .model = model_bytes, .device_free = device_free});
+  const std::size_t device_capacity = gpt::device_budget_bytes(
+      o, {.non_model = act, .collective = collective, .model = model_bytes, .device_free = device_free, .floor = need.device_floor()});
   require_within_free(device_capacity, device_free);
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
-  if (device_capacity <= act)
-    throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations (" +
-                       format_bytes(act) + "): raise it, or lower --batch or --seq");
   if (resident && device_capacity < act + collective + model_bytes)
     throw config_error("--policy resident keeps all model data on the device, which needs --device-budget of at least " +
                        format_bytes(act + collective + model_bytes) + " (activations " + format_bytes(act) + " + model data " +
@@ -384,12 +381,8 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     throw config_error("--host-budget " + format_bytes(host_capacity) + " is too small for a disk tier: a host-side step holds up to five chunks (" +
                        format_bytes(largest_chunk) + " each) and chunks pass through the host on their way to and from the disk; give it at least " +
                        format_bytes(8 * largest_chunk));
-  if (host_capacity != SIZE_MAX && model_bytes > host_capacity + (device_capacity - act) + disk_capacity)
-    throw config_error("the model data (" + format_bytes(model_bytes) + ") does not fit in --host-budget " + format_bytes(host_capacity) +
-                       " plus the device's room beside the activations (" + format_bytes(device_capacity - act) + ")" +
-                       (with_disk ? " plus --disk-budget " + format_bytes(disk_capacity) : std::string()) +
-                       ": raise --host-budget or --device-budget" + (with_disk ? " or --disk-budget" : ", add a disk tier (--disk-dir)") +
-                       ", or train a smaller model");
+  // Admitted before anything is built: the device holds the floor, the tiers together everything.
+  gpt::require_admitted(need, {.device = device_capacity, .host = host_capacity, .disk = disk_capacity});
   // With a disk tier only what the device and the host budgets hold is in memory.
   const std::size_t in_memory = with_disk ? std::min(model_bytes, host_capacity == SIZE_MAX ? model_bytes : host_capacity + device_capacity) : model_bytes;
   gpt::check_memory(gpt::host_memory_need(in_memory + collective, act, device_capacity, device_free == 0));
@@ -606,18 +599,17 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
   // Memory: this rank's shards in chunks (all four lists), beside the activations and the rotations'
   // transit buffers (non-model memory on the device), sized before anything is built.
   const auto layout = make_layout(o, cfg);
-  std::size_t model_bytes = 0;
-  for (const auto& l : make_chunk_lists(layout.plan(model_type::shard_tensors(cfg, ranks, comm.rank())), {.param_type = dtype::f32}))
-    model_bytes += l.chunk_bytes * l.num_chunks;
-  const std::size_t act = model_type::compute_tier_bytes(cfg, ranks, shape.batch, shape.seq) + activation_slack_bytes;
+  const memory_plan need = plan_memory(model_type::shard_tensors(cfg, ranks, comm.rank()), layout, {.param_type = dtype::f32}, 1,
+                                       model_type::stage_scopes(cfg, ranks, comm.rank()),
+                                       model_type::compute_tier_bytes(cfg, ranks, shape.batch, shape.seq) + activation_slack_bytes);
+  const std::size_t model_bytes = need.model_bytes, act = need.non_model_bytes;
   const bool resident = o.policy == "resident";
   const std::size_t device_free = shared_device_free<parts>(plan, comm);
-  const std::size_t device_capacity = gpt::device_budget_bytes(o, {.non_model = act, .model = model_bytes, .device_free = device_free});
+  const std::size_t device_capacity =
+      gpt::device_budget_bytes(o, {.non_model = act, .model = model_bytes, .device_free = device_free, .floor = need.device_floor()});
   require_within_free(device_capacity, device_free);
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
-  if (device_capacity <= act)
-    throw config_error("--device-budget " + format_bytes(device_capacity) + " does not even hold one micro-batch's activations and the "
-                       "rotations' buffers (" + format_bytes(act) + "): raise it, or lower --batch or --seq");
+  gpt::require_admitted(need, {.device = device_capacity, .host = host_capacity});
   if (resident && device_capacity < act + model_bytes)
     throw config_error("--policy resident keeps all of this rank's shards on the device, which needs --device-budget of at least " +
                        format_bytes(act + model_bytes) + ", not " + format_bytes(device_capacity) +

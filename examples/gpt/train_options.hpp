@@ -15,6 +15,7 @@
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/units.hpp>
 #include <chunkstar/optim/lr_schedule.hpp>
+#include <chunkstar/runtime/memory_plan.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -149,6 +150,7 @@ struct budget_inputs {
   std::size_t collective = 0;  ///< ZeRO's gather and reduce buffers at their peak
   std::size_t model = 0;       ///< this rank's model data
   std::size_t device_free = 0; ///< a real device's free memory now; 0 on the simulated device
+  std::size_t floor = 0;       ///< the least device the run can use (memory_plan::device_floor); 0: unknown
 };
 
 /** @brief Memory a real device keeps beside the budget (CUDA context growth, cuBLAS, allocation
@@ -169,7 +171,20 @@ inline std::size_t device_budget_bytes(const train_options& o, const budget_inpu
     case budget_value::automatic: break;
   }
   if (in.device_free > 0) return in.device_free > device_reserve(in.device_free) ? in.device_free - device_reserve(in.device_free) : 0;
-  return o.policy == "resident" ? base + in.model : share(o.device_fraction);
+  return o.policy == "resident" ? base + in.model : std::max(share(o.device_fraction), in.floor);
+}
+
+/** @brief Throws `config_error` unless the run of plan @p need fits budgets @p b
+ *  (`chunkstar::admit`): each tier's shortfall in bytes, and the options that would fix it. */
+inline void require_admitted(const chunkstar::memory_plan& need, const chunkstar::tier_budgets& b) {
+  const chunkstar::admission a = chunkstar::admit(need, b);
+  if (a.fits()) return;
+  std::string fix;
+  if (a.device_short > 0) fix += "raise --device-budget by " + chunkstar::format_bytes(a.device_short) + ", lower --batch or --seq, or set a smaller --chunk-elems";
+  if (a.total_short > 0)
+    fix += std::string(fix.empty() ? "" : "; and ") + "give --host-budget" + (b.disk > 0 ? " or --disk-budget " : " ") +
+           chunkstar::format_bytes(a.total_short) + " more" + (b.disk > 0 ? "" : ", or add a disk tier (--disk-dir)") + ", or train a smaller model";
+  throw chunkstar::config_error("the memory this run needs does not fit its budgets: " + a.message + " In options: " + fix);
 }
 
 /** @brief Which device a run trains on, and why (the trainer's first line says it). */

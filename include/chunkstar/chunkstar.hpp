@@ -71,10 +71,14 @@
 #include <chunkstar/rtp/checkpoint_view.hpp>
 #include <chunkstar/rtp/chunk_shard_store.hpp>
 #include <chunkstar/rtp/counter_init.hpp>
+#include <chunkstar/rtp/model_part.hpp>
 #include <chunkstar/rtp/partition.hpp>
 #include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/ring_order.hpp>
 #include <chunkstar/rtp/rotation.hpp>
 #include <chunkstar/rtp/shard_store.hpp>
+#include <chunkstar/rtp/sharded_model.hpp>
 #include <chunkstar/rtp/transit_buffers.hpp>
+#include <chunkstar/rtp/vocab_kernels.hpp>
+#include <chunkstar/rtp/vocab_parallel.hpp>
 #include <chunkstar/rtp/weight_pair.hpp>

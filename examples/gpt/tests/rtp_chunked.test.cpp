@@ -195,14 +195,17 @@ TEST_CASE("rtp chunk store: every stage closes its scope on the ops' stream, and
   int copies = 0;
   rtp::chunk_shard_store<Runtime, scripted_shard_ops> store(rt, scripted_shard_ops{&copies});
   gpt::rtp_gpt<single_process_communicator, rtp::chunk_shard_store<Runtime, scripted_shard_ops>> model(comm, store, config, B, Tn);
-  model.init(seed);
+  model.init(seed);  // each replica's working copy loaded in a stage of its own
+  const std::size_t L = static_cast<std::size_t>(config.layers);
+  const std::size_t at_init = engine.ops_of(testing::scripted_op_kind::record).size();
+  CHECK(at_init == L + 1);
   const micro_batch mb = make_batch(false, 0, 0);
   (void)model.forward(mb.tokens.data(), mb.targets.data());
   model.backward(mb.tokens.data(), mb.targets.data());
-  // Forward: embedding, L blocks, head; backward: head, L blocks, embedding. One record each, on the ops' stream.
+  // Forward: embedding, L blocks, head; backward: head, L blocks, embedding, then each replica's
+  // gradients (wpe | lnf, each block's). One record each, on the ops' stream.
   const auto records = engine.ops_of(testing::scripted_op_kind::record);
-  const std::size_t L = static_cast<std::size_t>(config.layers);
-  CHECK(records.size() == 2 * (L + 2));
+  CHECK(records.size() - at_init == 2 * (L + 2) + L + 1);
   for (const auto& op : records) CHECK(op.stream == scripted_shard_ops::stream_id);
   CHECK(copies > 0);  // the shards were loaded through the ops (on a GPU: device copies on the stream)
 }

@@ -458,6 +458,12 @@ TEST_CASE("--device-budget: a size, a share of the model data, or auto (a GPU's 
   CHECK(gpt::device_budget_bytes(o, sim) == 1200 + 1250);
   o.device_budget = "auto";  // the simulated device: --device-fraction (0.4) of the model data, all of it when resident
   CHECK(gpt::device_budget_bytes(o, sim) == 1200 + 4000);
+  auto floored = sim;  // ... but never below the least the run can use (memory_plan::device_floor)
+  floored.floor = 7000;
+  CHECK(gpt::device_budget_bytes(o, floored) == 7000);
+  o.device_budget = "25%";  // an explicit share is what it says (the trainer refuses it below the floor)
+  CHECK(gpt::device_budget_bytes(o, floored) == 1200 + 2500);
+  o.device_budget = "auto";
   o.policy = "resident";
   CHECK(gpt::device_budget_bytes(o, sim) == 1200 + 10000);
   // A real device: its free memory less 1/16 of it and 256 MiB, whatever the policy.

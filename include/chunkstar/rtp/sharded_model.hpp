@@ -158,17 +158,17 @@ class sharded_model {
   [[nodiscard]] float* replica_grad(std::size_t k) { return replica_g_.at(slot(k)).p; }
   /** @brief After a backward: each replica's gradient buffer summed over the ranks (in rank order,
    *  the same bits on every rank, as the rotations' sums), added to its accumulated gradient in the
-   *  store (a backward stage "replica grads"), then zeroed. Collective. */
+   *  store (a backward stage "replica grads" per replica, so the compute tier holds one replica's
+   *  chunks at a time), then zeroed. Collective. */
   void reduce_replica_grads() {
     require_final("reduce_replica_grads");
     ops_.settle();  // the kernels' contributions are written
     for (std::size_t r = 0; r < replica_g_.size(); ++r) reduce_replicated_grads(comm_, std::span<float>(replica_g_[r].p, replica_g_[r].n));
-    store_.stage("replica grads", true, std::span<const std::size_t>(replica_index_), [&] {
-      for (std::size_t r = 0; r < replica_g_.size(); ++r) {
+    for (std::size_t r = 0; r < replica_g_.size(); ++r)
+      store_.stage("replica grads", true, std::span<const std::size_t>(&replica_index_[r], 1), [&] {
         store_.add_grad(replica_index_[r], std::span<const float>(replica_g_[r].p, replica_g_[r].n));
         ops_.zero(replica_g_[r].p, replica_g_[r].n);
-      }
-    });
+      });
   }
 
   // ---- the optimizer ---------------------------------------------------------------------------
@@ -226,11 +226,9 @@ class sharded_model {
   [[nodiscard]] Comm& communicator() const noexcept { return comm_; }
   [[nodiscard]] Store& store() const noexcept { return store_; }
   [[nodiscard]] const Ops& ops() const noexcept { return ops_; }
-  [[nodiscard]] rotation_type& rotation_of(std::size_t k) {
-    if (!finalized_ || k >= rotations_.size() || !rotations_[k])
-      throw state_error("rtp::sharded_model: part " + std::to_string(k) + " is not a rotated part of a finalized model");
-    return *rotations_[k];
-  }
+  /** @brief Rotated part @p k's rotation (`state_error` for a replica or before `finalize`). */
+  [[nodiscard]] rotation_type& rotation_of(std::size_t k) { return *rotation_ptr(k); }
+  [[nodiscard]] const rotation_type& rotation_of(std::size_t k) const { return *rotation_ptr(k); }
   /** @brief The rotations' shifts, bytes and exposed waits, summed. */
   [[nodiscard]] rotation_stats ring_stats() const noexcept {
     rotation_stats s;
@@ -242,10 +240,12 @@ class sharded_model {
     for (auto& r : rotations_)
       if (r) r->reset_stats();
   }
-  /** @brief Bytes this object takes from the store's compute tier: the shared transit buffers and
-   *  the replicas' working copies and gradient buffers (the model data is the store's). */
+  /** @brief Bytes of the rotations' transit buffers: one set of five shards of the largest. */
+  [[nodiscard]] std::size_t transit_bytes() const noexcept { return transit_ ? transit_->bytes() : 0; }
+  /** @brief Bytes this object takes from the store's compute tier: the transit buffers and the
+   *  replicas' working copies and gradient buffers (the model data is the store's). */
   [[nodiscard]] std::size_t transient_bytes() const noexcept {
-    std::size_t n = transit_ ? transit_->bytes() : 0;
+    std::size_t n = transit_bytes();
     for (const auto& b : buffers_) n += b.n * sizeof(float);
     return n;
   }
@@ -276,6 +276,11 @@ class sharded_model {
     buffers_.push_back({store_.allocate(n), n});
     return buffers_.back();
   }
+  rotation_type* rotation_ptr(std::size_t k) const {
+    if (!finalized_ || k >= rotations_.size() || !rotations_[k])
+      throw state_error("rtp::sharded_model: part " + std::to_string(k) + " is not a rotated part of a finalized model");
+    return rotations_[k].get();
+  }
   std::size_t slot(std::size_t k) const {
     if (k >= slot_of_.size() || slot_of_[k] == SIZE_MAX)
       throw state_error("rtp::sharded_model: part " + std::to_string(k) + " is not a replica of a finalized model");
@@ -291,14 +296,14 @@ class sharded_model {
   void require_final(const char* what) const {
     if (!finalized_) throw state_error(std::string("rtp::sharded_model::") + what + " before finalize(): register the parts, then finalize");
   }
-  /** Replicas @p parts' working copies from their weights in the store (untraced: not a stage of
-   *  the model's iteration). */
+  /** Replicas @p parts' working copies from their weights in the store, one stage each (untraced:
+   *  not a stage of the model's iteration). */
   void publish(std::span<const std::size_t> parts) {
     if (parts.empty()) return;
     [[maybe_unused]] auto guard = store_.untraced();
-    store_.stage("replicas", false, parts, [&] {
-      for (const std::size_t k : parts) store_.load(k, std::span<float>(replica_w_[slot(k)].p, replica_w_[slot(k)].n));
-    });
+    for (const std::size_t& k : parts)
+      store_.stage("replicas", false, std::span<const std::size_t>(&k, 1),
+                   [&] { store_.load(k, std::span<float>(replica_w_[slot(k)].p, replica_w_[slot(k)].n)); });
     ops_.settle();
   }
 

@@ -14,6 +14,7 @@
 
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
+#include <chunkstar/core/units.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/runtime/gather_plan.hpp>
 #include <chunkstar/runtime/runtime_options.hpp>
@@ -25,6 +26,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace chunkstar {
@@ -66,6 +68,28 @@ using forward_scopes = std::vector<std::vector<std::size_t>>;
   return t;
 }
 
+/** @brief A warm-up's non-model bytes per moment (@p tracer: a `Tracer` with a trace, e.g. the
+ *  runtime's `warmup_tracer`), one entry per moment of `scope_trace`: each forward and backward
+ *  scope's peak, then the optimizer step's (the runtime records a moment per chunk it steps: their
+ *  peak). Empty before a trace exists. */
+template <class T>
+[[nodiscard]] std::vector<std::size_t> traced_non_model(const T& tracer) {
+  std::vector<std::size_t> out;
+  bool step = false;
+  for (std::size_t m = 0; m < tracer.num_moments(); ++m) {
+    const std::size_t b = tracer.non_model_peak(m);
+    if (tracer.kind_of(m) != moment_kind::optimizer) {
+      out.push_back(b);
+    } else if (!step) {
+      out.push_back(b);
+      step = true;
+    } else {
+      out.back() = std::max(out.back(), b);
+    }
+  }
+  return out;
+}
+
 /** @brief What one rank of a run needs (see plan_memory). */
 struct memory_plan {
   chunk_plan chunks;                     ///< the layout's plan, padded to whole groups of N chunks under ZeRO (as the runtime pads)
@@ -74,12 +98,27 @@ struct memory_plan {
   std::size_t model_bytes_per_rank = 0;  ///< this rank's: model_bytes / N under ZeRO, all of it otherwise
   std::size_t collective_bytes = 0;      ///< ZeRO: gather and reduction buffers at their peak on the compute tier, the first iteration included (0 otherwise)
   std::size_t non_model_bytes = 0;       ///< as given: the compute tier's non-model peak (activations, workspace)
+  /** Unsharded (one process, or a rank's RTP store): the most parameter and gradient chunks one
+   *  scope opens, which must be on the compute tier at once (the optimizer state may stay below;
+   *  0 under ZeRO, whose scopes open gathered buffers: collective_bytes). */
+  std::size_t largest_scope_bytes = 0;
+  /** The compute tier's peak beside the rank's own chunks: the collective buffers and the
+   *  non-model bytes at their highest together — moment by moment when a non-model profile was
+   *  given (a warm-up's trace), else the sum of the two peaks (an upper bound). */
+  std::size_t transient_peak_bytes = 0;
+  /** A resident run's compute tier at its peak, moment by moment: the rank's own chunks (a
+   *  gradient chunk only from its first use in backward, under ZeRO its reduction, to the step),
+   *  the collective buffers and the non-model bytes of that moment. */
+  std::size_t resident_peak_bytes = 0;
   int world = 1;
   bool sharded = false;
 
   /** @brief The compute tier that holds everything at once (a resident run): this rank's model
    *  data, the collective buffers and the non-model peak. */
-  [[nodiscard]] std::size_t device_for_resident() const noexcept { return model_bytes_per_rank + collective_bytes + non_model_bytes; }
+  [[nodiscard]] std::size_t device_for_resident() const noexcept { return resident_peak_bytes; }
+  /** @brief The least compute tier a run that moves chunks can use: the non-model peak, the
+   *  collective buffers and the largest scope's chunks (below it some scope cannot open). */
+  [[nodiscard]] std::size_t device_floor() const noexcept { return transient_peak_bytes + largest_scope_bytes; }
   /** @brief Device + host (+ disk) a rank needs in all for its model data and buffers. */
   [[nodiscard]] std::size_t total_per_rank() const noexcept { return model_bytes_per_rank + collective_bytes; }
 };
@@ -89,7 +128,8 @@ struct memory_plan {
  *  the model opening @p scopes, and @p non_model_bytes of non-model memory at its peak on the
  *  compute tier. Pure: no memory space, no communication; callable before anything is built.
  *
- *  The collective buffers are the runtime's rules replayed over the scopes (`plan_gathers`, every
+ *  Unsharded, the largest scope's parameter and gradient chunks give the least device a run that
+ *  moves chunks needs (`device_floor`: tested to be exact). The collective buffers are the runtime's rules replayed over the scopes (`plan_gathers`, every
  *  gather ahead accepted, which is their most), and with `keep_gathered` over the first iteration
  *  too, which keeps every gathered group until the step; in the memory-saving mode, the most
  *  chunks one scope holds at once (its parameters, its gradients, and the previous scope's
@@ -100,39 +140,80 @@ struct memory_plan {
 template <ChunkLayout Layout>
 [[nodiscard]] memory_plan plan_memory(std::span<const tensor_spec> specs, const Layout& layout, const runtime_options& o, int world,
                                       const forward_scopes& scopes, std::size_t non_model_bytes = 0) {
+  return plan_memory(specs, layout, o, world, scopes, std::span<const std::size_t>(&non_model_bytes, 1));
+}
+
+/** @brief The same with the non-model bytes per moment of the iteration (@p non_model_profile:
+ *  one entry per moment of `scope_trace(plan, scopes)` — its forward scopes, backward scopes and
+ *  the step — e.g. a warm-up's `warmup_tracer::non_model_peak(m)`; one entry: a peak at every
+ *  moment), so the compute tier's peak is the largest sum moment by moment, not the sum of the
+ *  peaks. */
+template <ChunkLayout Layout>
+[[nodiscard]] memory_plan plan_memory(std::span<const tensor_spec> specs, const Layout& layout, const runtime_options& o, int world,
+                                      const forward_scopes& scopes, std::span<const std::size_t> non_model_profile) {
   if (world < 1) throw config_error("plan_memory: world " + std::to_string(world) + " is not a rank count; pass >= 1");
   memory_plan p;
   p.world = world;
   p.sharded = o.sharding.enabled && world > 1;
-  p.non_model_bytes = non_model_bytes;
+  for (const std::size_t b : non_model_profile) p.non_model_bytes = std::max(p.non_model_bytes, b);
   p.chunks = layout.plan(specs);
-  const shard_map map{o.sharding.enabled ? world : 1, 0};
-  p.chunks.num_chunks = map.padded(p.chunks.num_chunks);  // whole groups, as the runtime pads
+  p.chunks.num_chunks = shard_map{o.sharding.enabled ? world : 1, 0}.padded(p.chunks.num_chunks);  // whole groups, as the runtime pads
   p.chunks.chunk_tensors.resize(p.chunks.num_chunks);
   for (const auto& l : make_chunk_lists(p.chunks, {.param_type = o.param_type, .optimizer_state = o.optimizer_state}))
     if (!l.aliases_param) p.model_bytes += l.chunk_bytes * l.num_chunks;
   p.model_bytes_per_rank = o.sharding.enabled ? p.model_bytes / static_cast<std::size_t>(world) : p.model_bytes;
   p.param_chunk_bytes = p.chunks.chunk_elems * dtype_size(o.param_type);
-  if (!p.sharded) return p;
   const sharding_trace trace = scope_trace(p.chunks, scopes);
+  if (non_model_profile.size() > 1 && non_model_profile.size() != trace.size())
+    throw config_error("plan_memory: a non-model profile of " + std::to_string(non_model_profile.size()) + " moments for an iteration of " +
+                       std::to_string(trace.size()) + " (forward scopes, backward scopes, the step): give one entry per moment, or one peak");
+  const auto non_model_at = [&](std::size_t m) { return non_model_profile.size() > 1 ? non_model_profile[m] : p.non_model_bytes; };
+  std::vector<std::size_t> buffers(trace.size(), 0);  // collective buffers per moment
+  const shard_map map{o.sharding.enabled ? world : 1, 0};
+  const auto finish = [&] {
+    p.transient_peak_bytes = p.collective_bytes + (non_model_profile.size() > 1 ? 0 : p.non_model_bytes);
+    for (std::size_t m = 0; m < trace.size(); ++m) p.transient_peak_bytes = std::max(p.transient_peak_bytes, buffers[m] + non_model_at(m));
+    // Rank 0's own chunks (every rank owns as many: the plan is padded to whole groups); their
+    // gradient chunks hold a payload from their first backward use to the step.
+    const std::size_t gb = p.param_chunk_bytes;
+    std::size_t own = 0, live = 0;
+    for (std::uint32_t c = 0; c < p.chunks.num_chunks; ++c) own += map.owner(c) == 0;
+    const std::size_t base = p.model_bytes_per_rank - own * gb;
+    std::vector<char> seen(p.chunks.num_chunks, 0);
+    for (std::size_t m = 0; m < trace.size(); ++m) {
+      if (trace.kinds[m] == moment_kind::optimizer) live = own;
+      for (const std::uint32_t c : trace.grads[m])
+        if (map.owner(c) == 0 && !std::exchange(seen[c], 1)) ++live;
+      p.resident_peak_bytes = std::max(p.resident_peak_bytes, base + live * gb + buffers[m] + non_model_at(m));
+    }
+    return p;
+  };
+  if (!p.sharded) {
+    for (const auto& c : trace.params) p.largest_scope_bytes = std::max(p.largest_scope_bytes, c.size() * 2 * p.param_chunk_bytes);
+    return finish();
+  }
   const std::size_t b = p.param_chunk_bytes;
   if (o.sharding.memory_saving) {
     // Every chunk a scope opens counted as a buffer (its own too: an upper bound per rank).
     std::size_t most = 0, kept = 0;
     for (std::size_t m = 0; m < trace.size(); ++m) {
       const std::size_t before = m > 0 ? trace.grads[m - 1].size() : 0;
-      most = std::max(most, (o.sharding.keep_gathered ? 0 : trace.params[m].size()) + trace.grads[m].size() + before);
+      const std::size_t now = (o.sharding.keep_gathered ? 0 : trace.params[m].size()) + trace.grads[m].size() + before;
+      most = std::max(most, now);
       kept += o.sharding.keep_gathered && trace.kinds[m] == moment_kind::forward ? trace.params[m].size() : 0;
+      buffers[m] = now * b;
     }
     p.collective_bytes = (most + kept) * b;
+    if (kept > 0) std::fill(buffers.begin(), buffers.end(), p.collective_bytes);  // kept chunks: no profile
   } else {
     const auto peak = [&](const sharding_trace& t) {
-      return plan_gathers(t, {.map = map,
-                              .param_chunk_bytes = b,
-                              .grad_chunk_bytes = b,
-                              .keep_gathered = o.sharding.keep_gathered,
-                              .budget = std::vector<std::size_t>(t.size(), std::numeric_limits<std::size_t>::max())})
-          .peak_buffer_bytes;
+      const gather_plan g = plan_gathers(t, {.map = map,
+                                             .param_chunk_bytes = b,
+                                             .grad_chunk_bytes = b,
+                                             .keep_gathered = o.sharding.keep_gathered,
+                                             .budget = std::vector<std::size_t>(t.size(), std::numeric_limits<std::size_t>::max())});
+      for (std::size_t m = 0; m < std::min(buffers.size(), g.buffers.size()); ++m) buffers[m] = std::max(buffers[m], g.buffers[m]);
+      return g.peak_buffer_bytes;
     };
     p.collective_bytes = peak(trace);
     if (o.sharding.keep_gathered && trace.size() >= 2) {
@@ -146,7 +227,47 @@ template <ChunkLayout Layout>
       p.collective_bytes = std::max(p.collective_bytes, peak(first));
     }
   }
-  return p;
+  return finish();
+}
+
+/** @brief The memory one rank of a run is given, per tier (`unbounded` for no limit). */
+struct tier_budgets {
+  static constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
+  std::size_t device = 0;         ///< the compute tier
+  std::size_t host = unbounded;   ///< host memory for chunks
+  std::size_t disk = 0;           ///< a disk tier's file (0: none)
+};
+
+/** @brief Whether a plan fits its budgets (see `admit`). */
+struct admission {
+  std::size_t device_short = 0;  ///< bytes the compute tier lacks below `device_floor()`
+  std::size_t total_short = 0;   ///< bytes all tiers together lack for the rank's model data, buffers and non-model peak
+  [[nodiscard]] bool fits() const noexcept { return device_short == 0 && total_short == 0; }
+  /** @brief Each shortfall in bytes and what would fix it; empty when it fits. */
+  std::string message;
+};
+
+/** @brief Decides, before anything is built, whether a run of plan @p p fits @p b: the compute tier
+ *  must hold `p.device_floor()` (the non-model peak, the collective buffers and the largest
+ *  scope's chunks), and the tiers together everything the rank holds (a chunk lives in one tier
+ *  at a time). Pure. */
+[[nodiscard]] inline admission admit(const memory_plan& p, const tier_budgets& b) {
+  admission a;
+  const auto add = [](std::size_t x, std::size_t y) { return x > tier_budgets::unbounded - y ? tier_budgets::unbounded : x + y; };
+  const std::size_t floor = p.device_floor(), need = p.model_bytes_per_rank + p.transient_peak_bytes;
+  const std::size_t have = add(add(b.device, b.host), b.disk);
+  a.device_short = b.device < floor ? floor - b.device : 0;
+  a.total_short = have < need ? need - have : 0;
+  if (a.device_short > 0)
+    a.message += "the device is " + format_bytes(a.device_short) + " short of the least this run can use, " + format_bytes(floor) +
+                 " (non-model memory and collective buffers at their peak " + format_bytes(p.transient_peak_bytes) +
+                 ", the largest scope's parameter and gradient chunks " + format_bytes(p.largest_scope_bytes) +
+                 "): give the device more memory, lower the non-model peak (a smaller batch) or use smaller chunks. ";
+  if (a.total_short > 0)
+    a.message += "device, host and disk together are " + format_bytes(a.total_short) + " short of the " + format_bytes(need) +
+                 " this rank holds (model data " + format_bytes(p.model_bytes_per_rank) + " with buffers and the non-model peak): " +
+                 "give the host or a disk tier more room, or shard the model over more ranks.";
+  return a;
 }
 
 }  // namespace chunkstar
