@@ -732,6 +732,7 @@ struct scale_trial {
   std::size_t params = 0;
   scale_chunks chunks;
   bool fits = false;
+  bool memory_saving = false;  // the mode it ran in: given, or chosen because only it fits (choose_sharding)
   std::string error;
   std::vector<rank_out> ranks;
   double seconds = 0;
@@ -749,10 +750,28 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
   t.config = c;
   t.params = gpt::param_count(c);
   t.chunks = scale_layout(o, c, ranks);
+  t.memory_saving = o.memory_saving;
+  // ZeRO's mode as train_gpt picks it (choose_sharding): the group mode unless only the
+  // memory-saving mode fits the budgets; here each mode with the chunk cap chosen for it.
+  if (!o.memory_saving && ranks > 1) {
+    const std::size_t act = e2e::activation_bytes(c, o.scale_batch, o.scale_seq);
+    const tier_budgets budgets{.device = o.device_budget, .host = o.host_budget};
+    const auto plan = [&](const scale_chunks& ch, bool saving) {
+      return plan_memory(gpt::param_specs(c), searched_chunk_layout(ch.layout),
+                         {.sharding = {.enabled = true, .keep_gathered = o.keep_gathered, .memory_saving = saving}}, ranks,
+                         gpt::forward_scopes(c), passes_non_model(gpt::forward_scopes(c), act));
+    };
+    if (!admit(plan(t.chunks, false), budgets).fits()) {
+      options saving = o;
+      saving.memory_saving = true;
+      const scale_chunks ch = scale_layout(saving, c, ranks);
+      if (admit(plan(ch, true), budgets).fits()) t.chunks = ch, t.memory_saving = true;
+    }
+  }
   train_setup s{.config = c, .batch_per_rank = o.scale_batch, .seq = o.scale_seq, .steps = o.scale_steps,
                 .warmup = o.scale_steps >= 2 ? 1 : 0,
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
-                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .memory_saving = o.memory_saving, .device_capacity = o.device_budget, .host_capacity = o.host_budget,
+                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .memory_saving = t.memory_saving, .device_capacity = o.device_budget, .host_capacity = o.host_budget,
                 .scale = true, .layout = t.chunks.layout};
   const auto t0 = e2e::clock::now();
   try {
@@ -796,6 +815,7 @@ scale_result search_scale(const options& o, const scale_family& family, const gp
                 static_cast<double>(t.params) / 1e6, 100 * static_cast<double>(t.params) / r.limit_params, ch.num_chunks,
                 e2e::mib(double(ch.chunk_elems * sizeof(float))).c_str(), ch.capped ? " (capped)" : "",
                 e2e::mib(double(ch.buffers)).c_str(), ch.within ? "" : " (above the fraction)");
+    if (t.memory_saving && !o.memory_saving) std::printf("memory-saving mode (only it fits), ");
     if (t.fits)
       std::printf("trains, peak model data %s MiB per rank, %s MiB of it gather/reduce buffers (%.1f s)\n",
                   e2e::mib(max_over_ranks(t.ranks, whole_peak_model)).c_str(), e2e::mib(max_over_ranks(t.ranks, whole_peak_collective)).c_str(),

@@ -352,28 +352,28 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   const auto layout = make_layout(o, cfg);
   // What this rank's runtime will hold (its share of the model data under ZeRO, and ZeRO's gather
   // and reduce buffers at their peak), from the library's planner, to size the budgets.
-  const memory_plan need = plan_memory(
-      gpt::param_specs(cfg, type), layout,
-      {.param_type = type,
-       .sharding = {.enabled = o.parallel == "zero", .keep_gathered = o.keep_gathered, .memory_saving = o.memory_saving}},
-      ranks, gpt::forward_scopes(cfg), activation_bytes<typename parts::backend>(cfg, o));
-  const std::size_t model_bytes = need.model_bytes_per_rank, collective = need.collective_bytes;
-  const std::size_t act = need.non_model_bytes;
+  const auto specs = gpt::param_specs(cfg, type);
+  runtime_options ro{.param_type = type,
+                     .prefetch_depth = static_cast<std::size_t>(o.prefetch),
+                     .timeline = !o.trace.empty(),
+                     .sharding = {.enabled = o.parallel == "zero",
+                                  .keep_gathered = o.keep_gathered,
+                                  .memory_saving = o.memory_saving,
+                                  .micro_batches = static_cast<int>(o.accum)}};
+  const std::size_t act = activation_bytes<typename parts::backend>(cfg, o);
+  const auto scopes = gpt::forward_scopes(cfg);
+  const auto profile = passes_non_model(scopes, act);  // the activations live in the passes, not the step
+  memory_plan need = plan_memory(specs, layout, ro, ranks, scopes, profile);
+  const std::size_t model_bytes = need.model_bytes_per_rank;
   // A real device's automatic budget is its free memory; the simulated device's holds all of the
   // model data (this rank's share of it under ZeRO) with --policy resident, and a share of it
   // otherwise, so that chunks move.
   const bool resident = o.policy == "resident";
   const std::size_t device_free = shared_device_free<parts>(plan, comm);
   const std::size_t device_capacity = gpt::device_budget_bytes(
-      o, {.non_model = act, .collective = collective, .model = model_bytes, .device_free = device_free, .floor = need.device_floor()});
+      o, {.non_model = act, .collective = need.collective_bytes, .model = model_bytes, .device_free = device_free, .floor = need.device_floor()});
   require_within_free(device_capacity, device_free);
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
-  if (resident && device_capacity < act + collective + model_bytes)
-    throw config_error("--policy resident keeps all model data on the device, which needs --device-budget of at least " +
-                       format_bytes(act + collective + model_bytes) + " (activations " + format_bytes(act) + " + model data " +
-                       format_bytes(model_bytes) + (collective ? " + ZeRO buffers " + format_bytes(collective) : std::string()) +
-                       "), not " + format_bytes(device_capacity) +
-                       ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
   const bool with_disk = !o.disk_dir.empty();
   const std::size_t largest_chunk = layout.plan(gpt::param_specs(cfg, type)).chunk_elems * sizeof(float);
   const std::size_t disk_capacity = with_disk ? gpt::disk_budget_bytes(o, model_bytes, 2 * (8 + 4) * largest_chunk) : 0;
@@ -381,8 +381,24 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
     throw config_error("--host-budget " + format_bytes(host_capacity) + " is too small for a disk tier: a host-side step holds up to five chunks (" +
                        format_bytes(largest_chunk) + " each) and chunks pass through the host on their way to and from the disk; give it at least " +
                        format_bytes(8 * largest_chunk));
-  // Admitted before anything is built: the device holds the floor, the tiers together everything.
-  gpt::require_admitted(need, {.device = device_capacity, .host = host_capacity, .disk = disk_capacity});
+  // ZeRO's mode: the group mode unless only the memory-saving mode fits these budgets (then it,
+  // said here); admitted before anything is built: the device holds the floor, the tiers together
+  // everything.
+  const tier_budgets budgets{.device = device_capacity, .host = host_capacity, .disk = disk_capacity};
+  if (const auto choice = choose_sharding(specs, layout, ro, ranks, scopes, profile, budgets);
+      choice.switched) {
+    std::printf("ZeRO: the memory-saving mode (as --memory-saving), because %s\n", choice.why.c_str());
+    ro = choice.options;
+    need = choice.plan;
+  }
+  const std::size_t collective = need.collective_bytes;
+  if (resident && device_capacity < act + collective + model_bytes)
+    throw config_error("--policy resident keeps all model data on the device, which needs --device-budget of at least " +
+                       format_bytes(act + collective + model_bytes) + " (activations " + format_bytes(act) + " + model data " +
+                       format_bytes(model_bytes) + (collective ? " + ZeRO buffers " + format_bytes(collective) : std::string()) +
+                       "), not " + format_bytes(device_capacity) +
+                       ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
+  gpt::require_admitted(need, budgets);
   // With a disk tier only what the device and the host budgets hold is in memory.
   const std::size_t in_memory = with_disk ? std::min(model_bytes, host_capacity == SIZE_MAX ? model_bytes : host_capacity + device_capacity) : model_bytes;
   gpt::check_memory(gpt::host_memory_need(in_memory + collective, act, device_capacity, device_free == 0));
@@ -401,13 +417,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   }
 
   // The runtime and the model: every parameter registered in execution order.
-  Runtime rt(device, memory.host, memory.copier, comm,
-             {.param_type = type, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty(),
-              .sharding = {.enabled = o.parallel == "zero",
-                           .keep_gathered = o.keep_gathered,
-                           .memory_saving = o.memory_saving,
-                           .micro_batches = static_cast<int>(o.accum)}},
-             layout, placement);
+  Runtime rt(device, memory.host, memory.copier, comm, ro, layout, placement);
   if (disk) rt.attach_disk(disk->tier());
   const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};
   const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());  // this rank's slice of the global batch
@@ -599,9 +609,10 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
   // Memory: this rank's shards in chunks (all four lists), beside the activations and the rotations'
   // transit buffers (non-model memory on the device), sized before anything is built.
   const auto layout = make_layout(o, cfg);
-  const memory_plan need = plan_memory(model_type::shard_tensors(cfg, ranks, comm.rank()), layout, {.param_type = dtype::f32}, 1,
-                                       model_type::stage_scopes(cfg, ranks, comm.rank()),
-                                       model_type::compute_tier_bytes(cfg, ranks, shape.batch, shape.seq) + activation_slack_bytes);
+  const auto scopes = model_type::stage_scopes(cfg, ranks, comm.rank());
+  const memory_plan need = plan_memory(
+      model_type::shard_tensors(cfg, ranks, comm.rank()), layout, {.param_type = dtype::f32}, 1, scopes,
+      passes_non_model(scopes, model_type::compute_tier_bytes(cfg, ranks, shape.batch, shape.seq) + activation_slack_bytes));
   const std::size_t model_bytes = need.model_bytes, act = need.non_model_bytes;
   const bool resident = o.policy == "resident";
   const std::size_t device_free = shared_device_free<parts>(plan, comm);
@@ -937,7 +948,8 @@ int main(int argc, char** argv) {
   app.add_flag("--keep-gathered", o.keep_gathered, "--parallel zero: keep gathered parameters from forward to backward (more memory, fewer gathers)");
   app.add_flag("--memory-saving", o.memory_saving,
                "--parallel zero: gather and reduce chunk by chunk (broadcast from and reduce to the owner) instead of in groups of N: "
-               "less device memory, more collectives (PatrickStar's MSC)");
+               "less device memory, more collectives (PatrickStar's MSC). Without it the group mode, unless only this mode fits "
+               "the budgets: then this one, and the run says so");
   app.add_flag("!--no-sequence-check", o.sequence_check,
                "--parallel zero or rtp: skip the check that every rank makes the same collective call before each one (on by default: "
                "a divergence is then an error naming both calls instead of a hang; its cost is printed at the end, docs/zero.md)");

@@ -184,7 +184,7 @@ inline void require_admitted(const chunkstar::memory_plan& need, const chunkstar
   if (a.total_short > 0)
     fix += std::string(fix.empty() ? "" : "; and ") + "give --host-budget" + (b.disk > 0 ? " or --disk-budget " : " ") +
            chunkstar::format_bytes(a.total_short) + " more" + (b.disk > 0 ? "" : ", or add a disk tier (--disk-dir)") + ", or train a smaller model";
-  throw chunkstar::config_error("the memory this run needs does not fit its budgets: " + a.message + " In options: " + fix);
+  throw chunkstar::config_error("the memory this run needs does not fit its budgets: " + a.message + " In options: " + fix + ".");
 }
 
 /** @brief Which device a run trains on, and why (the trainer's first line says it). */

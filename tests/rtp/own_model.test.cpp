@@ -117,6 +117,7 @@ void train(Comm& comm, Store& store, int world, int from, int to, float clip, ru
   }
   for (int s = from; s < to; ++s) {
     const auto us = static_cast<std::size_t>(s - from);
+    comm.barrier();  // every rank is done writing the last step's records before rank 0 grows them
     if (comm.rank() == 0) rec.params.push_back(empty_tensors()), rec.grads.push_back(empty_tensors()), rec.losses.emplace_back(world);
     comm.barrier();
     gather(m, chunk_kind::param, rec.params[us]);
@@ -129,6 +130,7 @@ void train(Comm& comm, Store& store, int world, int from, int to, float clip, ru
     const auto r = m.step(adamw, groups, world, clip);
     if (comm.rank() == 0) rec.norms.push_back(r.grad_norm);
   }
+  comm.barrier();
   if (comm.rank() == 0) rec.final_params = empty_tensors(), rec.final_m = empty_tensors(), rec.final_v = empty_tensors();
   comm.barrier();
   gather(m, chunk_kind::param, rec.final_params);

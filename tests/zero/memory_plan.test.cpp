@@ -134,6 +134,7 @@ TEST_CASE("admit: a plan fits its budgets, or each tier's shortfall is named in 
   memory_plan p;
   p.model_bytes_per_rank = 1000, p.collective_bytes = 100, p.non_model_bytes = 50, p.largest_scope_bytes = 200;
   p.transient_peak_bytes = 150;  // the two peaks at once
+  p.resident_peak_bytes = 1150;  // and everything the rank holds at its peak moment
   CHECK(admit(p, {.device = 350}).fits());                       // the floor on the device, the rest on an unbounded host
   CHECK(admit(p, {.device = 1150, .host = 0}).fits());           // resident
   const admission small = admit(p, {.device = 349});
@@ -145,6 +146,45 @@ TEST_CASE("admit: a plan fits its budgets, or each tier's shortfall is named in 
   CHECK(tight.total_short == 100);
   CHECK(tight.message.find("100 B short of the 1.12 KiB") != std::string::npos);
   CHECK(admit(p, {.device = 350, .host = 300, .disk = 500}).fits());  // a disk tier makes up the rest
+}
+
+TEST_CASE("choose_sharding: the group mode when it fits, the memory-saving mode when only it does, saying why") {
+  const auto specs = mlp_specs();
+  const fixed_chunk_layout layout({.chunk_elems = testing::mlp_chunk_elems, .align_elems = 32});
+  const runtime_options zero{.sharding = {.enabled = true}};
+  const std::size_t act = testing::mlp_act_bytes;
+  const std::span<const std::size_t> nm(&act, 1);
+  for (int ranks = 2; ranks <= 4; ++ranks) {
+    CAPTURE(ranks);
+    const memory_plan group = plan_memory(specs, layout, zero, ranks, mlp_scopes(), act);
+    runtime_options ms = zero;
+    ms.sharding.memory_saving = true;
+    const memory_plan saving = plan_memory(specs, layout, ms, ranks, mlp_scopes(), act);
+    REQUIRE(saving.device_floor() < group.device_floor());
+    // Room for the group mode: it stays.
+    const auto roomy = choose_sharding(specs, layout, zero, ranks, mlp_scopes(), nm, {.device = group.device_floor()});
+    CHECK_FALSE(roomy.switched);
+    CHECK_FALSE(roomy.options.sharding.memory_saving);
+    // Room for the memory-saving mode only: chosen, and said why.
+    const auto tight = choose_sharding(specs, layout, zero, ranks, mlp_scopes(), nm, {.device = saving.device_floor()});
+    CHECK(tight.switched);
+    CHECK(tight.options.sharding.memory_saving);
+    CHECK(tight.plan.collective_bytes == saving.collective_bytes);
+    CHECK(tight.why.find("the group mode needs at least") != std::string::npos);
+    // Room for neither: the options as given, which admit refuses.
+    const auto none = choose_sharding(specs, layout, zero, ranks, mlp_scopes(), nm, {.device = saving.device_floor() - 1});
+    CHECK_FALSE(none.switched);
+    CHECK_FALSE(admit(none.plan, {.device = saving.device_floor() - 1}).fits());
+    // And the memory-saving mode the plan chose trains on that device.
+    run_ranks(ranks, [&](in_process_communicator& comm) {
+      mlp_replica<in_process_communicator> r(tight.options, saving.device_floor(), comm);
+      auto opt = mlp_adam();
+      for (int step = 1; step <= 2; ++step) {
+        r.forward_backward(step, comm.rank(), [] {});
+        REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+      }
+    });
+  }
 }
 
 }  // namespace memory_plan_test

@@ -5,6 +5,7 @@
 #     with every collective staged through host buffers (--comm staged);
 #  2. a checkpoint saved at 3 ranks resumes at 2 ranks and in one process, continuing the trajectory;
 #     3 ranks with a disk tier each (hosts too small for a rank's share) train as one process too;
+#     a device only ZeRO's memory-saving mode fits chooses it; one too small for both is exit 2;
 #  3. ranks given different options (MPMD, one rank's option changed) end with exit 2 naming the
 #     option and both values, before any step; mpirun without --parallel is refused;
 #  4. a rank killed (SIGKILL) mid-run ends the whole job, non-zero, within 30 s — never a hang.
@@ -35,6 +36,16 @@ grep -q "MPI through host staging buffers" staged.txt || fail "the staged run do
 timeout 60 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel zero --device sim --comm nccl >nccl.txt 2>&1
 rc=$?
 ((rc == 2)) && grep -q "NCCL needs --device cuda" nccl.txt || fail "--comm nccl on the simulated device: rc $rc, $(grep -m1 error nccl.txt)"
+
+# ZeRO's mode from the budget: the group mode unless only the memory-saving mode fits (then it, said
+# so, with the losses of one process); below both, exit 2 naming the shortfall before any step.
+timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero --device-budget 5900KiB >auto_ms.txt 2>&1 || fail "3 ranks at 5900KiB: rc $?"
+grep -q "^ZeRO: the memory-saving mode" auto_ms.txt || fail "a budget only the memory-saving mode fits did not choose it: $(grep -m1 -E '^(ZeRO|error)' auto_ms.txt)"
+if diff <(losses one.txt) <(losses auto_ms.txt) >/dev/null; then echo "ok: the memory-saving mode chosen for a tight device trains as one process"
+else fail "the chosen memory-saving mode differs from one process:"; diff <(losses one.txt) <(losses auto_ms.txt) | head; fi
+timeout 60 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero --device-budget 4MiB >too_small.txt 2>&1
+rc=$?
+((rc == 2)) && grep -q "short of the least this run can use" too_small.txt || fail "a device below both modes: rc $rc, $(grep -m1 error too_small.txt)"
 
 mkdir -p disk
 timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero --device-budget 20% --host-budget 540KiB --disk-dir "$work/disk" >disk.txt 2>&1 ||

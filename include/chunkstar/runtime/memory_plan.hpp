@@ -90,6 +90,14 @@ template <class T>
   return out;
 }
 
+/** @brief A non-model profile for `plan_memory` without a trace: @p peak during every forward and
+ *  backward scope of @p scopes, nothing during the optimizer step (activations live in the passes). */
+[[nodiscard]] inline std::vector<std::size_t> passes_non_model(const forward_scopes& scopes, std::size_t peak) {
+  std::vector<std::size_t> p(2 * scopes.size() + 1, peak);
+  p.back() = 0;
+  return p;
+}
+
 /** @brief What one rank of a run needs (see plan_memory). */
 struct memory_plan {
   chunk_plan chunks;                     ///< the layout's plan, padded to whole groups of N chunks under ZeRO (as the runtime pads)
@@ -98,9 +106,10 @@ struct memory_plan {
   std::size_t model_bytes_per_rank = 0;  ///< this rank's: model_bytes / N under ZeRO, all of it otherwise
   std::size_t collective_bytes = 0;      ///< ZeRO: gather and reduction buffers at their peak on the compute tier, the first iteration included (0 otherwise)
   std::size_t non_model_bytes = 0;       ///< as given: the compute tier's non-model peak (activations, workspace)
-  /** Unsharded (one process, or a rank's RTP store): the most parameter and gradient chunks one
-   *  scope opens, which must be on the compute tier at once (the optimizer state may stay below;
-   *  0 under ZeRO, whose scopes open gathered buffers: collective_bytes). */
+  /** The most parameter and gradient chunks of its own one scope opens, which must be on the
+   *  compute tier at once (the optimizer state may stay below; under ZeRO the rank's own chunks of
+   *  the scope's groups, the rest being collective buffers; 0 in the memory-saving mode, whose
+   *  buffers count them). */
   std::size_t largest_scope_bytes = 0;
   /** The compute tier's peak beside the rank's own chunks: the collective buffers and the
    *  non-model bytes at their highest together — moment by moment when a non-model profile was
@@ -112,6 +121,7 @@ struct memory_plan {
   std::size_t resident_peak_bytes = 0;
   int world = 1;
   bool sharded = false;
+  bool memory_saving = false;  ///< ZeRO's memory-saving mode
 
   /** @brief The compute tier that holds everything at once (a resident run): this rank's model
    *  data, the collective buffers and the non-model peak. */
@@ -128,8 +138,8 @@ struct memory_plan {
  *  the model opening @p scopes, and @p non_model_bytes of non-model memory at its peak on the
  *  compute tier. Pure: no memory space, no communication; callable before anything is built.
  *
- *  Unsharded, the largest scope's parameter and gradient chunks give the least device a run that
- *  moves chunks needs (`device_floor`: tested to be exact). The collective buffers are the runtime's rules replayed over the scopes (`plan_gathers`, every
+ *  The largest scope's own parameter and gradient chunks beside that peak give the least device a
+ *  run that moves chunks needs (`device_floor`: tested to be exact unsharded). The collective buffers are the runtime's rules replayed over the scopes (`plan_gathers`, every
  *  gather ahead accepted, which is their most), and with `keep_gathered` over the first iteration
  *  too, which keeps every gathered group until the step; in the memory-saving mode, the most
  *  chunks one scope holds at once (its parameters, its gradients, and the previous scope's
@@ -155,6 +165,7 @@ template <ChunkLayout Layout>
   memory_plan p;
   p.world = world;
   p.sharded = o.sharding.enabled && world > 1;
+  p.memory_saving = p.sharded && o.sharding.memory_saving;
   for (const std::size_t b : non_model_profile) p.non_model_bytes = std::max(p.non_model_bytes, b);
   p.chunks = layout.plan(specs);
   p.chunks.num_chunks = shard_map{o.sharding.enabled ? world : 1, 0}.padded(p.chunks.num_chunks);  // whole groups, as the runtime pads
@@ -188,10 +199,12 @@ template <ChunkLayout Layout>
     }
     return p;
   };
-  if (!p.sharded) {
-    for (const auto& c : trace.params) p.largest_scope_bytes = std::max(p.largest_scope_bytes, c.size() * 2 * p.param_chunk_bytes);
-    return finish();
+  for (const auto& cs : trace.params) {  // (the memory-saving mode's buffers count a scope's own chunks already)
+    std::size_t own = 0;
+    for (const std::uint32_t c : cs) own += map.owner(c) == 0 && !p.memory_saving;
+    p.largest_scope_bytes = std::max(p.largest_scope_bytes, own * 2 * p.param_chunk_bytes);
   }
+  if (!p.sharded) return finish();
   const std::size_t b = p.param_chunk_bytes;
   if (o.sharding.memory_saving) {
     // Every chunk a scope opens counted as a buffer (its own too: an upper bound per rank).
@@ -249,25 +262,59 @@ struct admission {
 
 /** @brief Decides, before anything is built, whether a run of plan @p p fits @p b: the compute tier
  *  must hold `p.device_floor()` (the non-model peak, the collective buffers and the largest
- *  scope's chunks), and the tiers together everything the rank holds (a chunk lives in one tier
- *  at a time). Pure. */
+ *  scope's chunks), and the tiers together what the rank holds at its peak moment
+ *  (`resident_peak_bytes`: a chunk lives in one tier at a time). Pure. */
 [[nodiscard]] inline admission admit(const memory_plan& p, const tier_budgets& b) {
   admission a;
   const auto add = [](std::size_t x, std::size_t y) { return x > tier_budgets::unbounded - y ? tier_budgets::unbounded : x + y; };
-  const std::size_t floor = p.device_floor(), need = p.model_bytes_per_rank + p.transient_peak_bytes;
+  const std::size_t floor = p.device_floor(), need = p.resident_peak_bytes;
   const std::size_t have = add(add(b.device, b.host), b.disk);
   a.device_short = b.device < floor ? floor - b.device : 0;
   a.total_short = have < need ? need - have : 0;
   if (a.device_short > 0)
     a.message += "the device is " + format_bytes(a.device_short) + " short of the least this run can use, " + format_bytes(floor) +
                  " (non-model memory and collective buffers at their peak " + format_bytes(p.transient_peak_bytes) +
-                 ", the largest scope's parameter and gradient chunks " + format_bytes(p.largest_scope_bytes) +
-                 "): give the device more memory, lower the non-model peak (a smaller batch) or use smaller chunks. ";
+                 (p.largest_scope_bytes ? ", the largest scope's parameter and gradient chunks " + format_bytes(p.largest_scope_bytes) : "") +
+                 "): give the device more memory, lower the non-model peak (a smaller batch) or use smaller chunks" +
+                 (p.sharded && !p.memory_saving ? " (or ZeRO's memory-saving mode, if its plan fits)" : "") + ".";
   if (a.total_short > 0)
-    a.message += "device, host and disk together are " + format_bytes(a.total_short) + " short of the " + format_bytes(need) +
-                 " this rank holds (model data " + format_bytes(p.model_bytes_per_rank) + " with buffers and the non-model peak): " +
+    a.message += std::string(a.message.empty() ? "" : " ") + "device, host and disk together are " + format_bytes(a.total_short) + " short of the " + format_bytes(need) +
+                 " this rank holds at its peak (model data " + format_bytes(p.model_bytes_per_rank) + ", buffers and non-model memory): " +
                  "give the host or a disk tier more room, or shard the model over more ranks.";
   return a;
+}
+
+/** @brief ZeRO's mode chosen for budgets (see `choose_sharding`). */
+struct sharding_choice {
+  runtime_options options;  ///< the options given, memory_saving set when it was chosen
+  memory_plan plan;         ///< the chosen mode's plan
+  bool switched = false;    ///< the memory-saving mode was chosen because the group mode does not fit
+  std::string why;          ///< when switched: what the group mode lacked
+};
+
+/** @brief ZeRO's mode for budgets @p b: the group mode (fewer, larger collectives) when `admit`
+ *  takes its plan; otherwise the memory-saving mode (chunk by chunk: smaller buffers, more
+ *  collectives) when it takes that one, saying why; otherwise the options as given, whose plan
+ *  `admit` refuses with its shortfalls. Options without ZeRO, or already in the memory-saving mode,
+ *  come back as given. Pure. */
+template <ChunkLayout Layout>
+[[nodiscard]] sharding_choice choose_sharding(std::span<const tensor_spec> specs, const Layout& layout, runtime_options o, int world,
+                                              const forward_scopes& scopes, std::span<const std::size_t> non_model, const tier_budgets& b) {
+  sharding_choice c{o, plan_memory(specs, layout, o, world, scopes, non_model), false, {}};
+  if (!o.sharding.enabled || world < 2 || o.sharding.memory_saving) return c;
+  const admission group = admit(c.plan, b);
+  if (group.fits()) return c;
+  runtime_options saving = o;
+  saving.sharding.memory_saving = true;
+  memory_plan p = plan_memory(specs, layout, saving, world, scopes, non_model);
+  if (!admit(p, b).fits()) return c;
+  c.why = "the group mode needs at least " + format_bytes(c.plan.device_floor()) + " of device memory (gather and reduction buffers " +
+          format_bytes(c.plan.collective_bytes) + ") and the device has " + format_bytes(b.device) + "; the memory-saving mode needs " +
+          format_bytes(p.device_floor()) + " (buffers " + format_bytes(p.collective_bytes) + ")";
+  c.options = saving;
+  c.plan = std::move(p);
+  c.switched = true;
+  return c;
 }
 
 }  // namespace chunkstar
