@@ -53,7 +53,6 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -95,7 +94,8 @@ class sharded_model {
 
   /** @brief Checks that every rank registered the same parts, finalizes the store, then builds the
    *  rotations, their shared transit buffers and the replicas' working copies and gradient buffers
-   *  on the store's compute tier. */
+   *  on the store's compute tier. If it throws (ranks that disagree, a compute tier too small),
+   *  the object can only be destroyed. */
   void finalize() {
     if (finalized_) throw state_error("rtp::sharded_model::finalize called twice");
     std::string shape;

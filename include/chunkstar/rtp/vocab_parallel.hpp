@@ -126,7 +126,8 @@ class vocab_parallel {
    *  (V floats, host memory; e.g. to sample the next token). */
   double loss(const float* x, const int* targets, std::size_t rows, std::size_t row, float* logits, std::string_view stage = "head") {
     check(rows);
-    if (logits && row >= rows) throw config_error("rtp::vocab_parallel::loss: row " + std::to_string(row) + " of " + std::to_string(rows));
+    if (logits && row >= rows)
+      throw config_error("rtp::vocab_parallel::loss: logits asked of row " + std::to_string(row) + " of a batch of " + std::to_string(rows) + " rows; pass a row below it");
     m_.stage(stage, false, {part_}, [&] {
       k_.fill(mx_, rows, -std::numeric_limits<float>::infinity());
       k_.fill(sum_, rows, 0.0f);
