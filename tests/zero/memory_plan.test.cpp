@@ -187,4 +187,32 @@ TEST_CASE("choose_sharding: the group mode when it fits, the memory-saving mode 
   }
 }
 
+TEST_CASE("largest_admitted: the largest model whose plan fits, where fitting is not monotone in the size (chunk packing)") {
+  // A family of MLP-like models by width w: per layer a w x w weight and a w bias, one scope each.
+  const auto plan_for = [](std::int64_t w) {
+    std::vector<tensor_spec> specs;
+    forward_scopes scopes;
+    for (std::size_t l = 0; l < 4; ++l) {
+      specs.push_back({"w" + std::to_string(l), {w, w}, dtype::f32, tensor_role::weight});
+      specs.push_back({"b" + std::to_string(l), {w}, dtype::f32, tensor_role::bias});
+      scopes.push_back({2 * l, 2 * l + 1});
+    }
+    const auto largest = static_cast<std::size_t>(w * w + w);
+    return plan_memory(specs, fixed_chunk_layout({.chunk_elems = (largest + 31) / 32 * 32, .align_elems = 32}), {}, 1, scopes,
+                       std::size_t{4096});
+  };
+  for (const tier_budgets b : {tier_budgets{.device = 64 << 10, .host = 256 << 10}, tier_budgets{.device = 20 << 10, .host = 1 << 20},
+                               tier_budgets{.device = 8 << 10, .host = 8 << 10}}) {
+    std::int64_t brute = 0;
+    for (std::int64_t w = 1; w <= 400; ++w)
+      if (admit(plan_for(w), b).fits()) brute = w;
+    CHECK(largest_admitted(1, 400, plan_for, b) == brute);
+    if (brute > 0) CHECK_FALSE(admit(plan_for(brute + 1), b).fits());
+    std::int64_t first_miss = 1;
+    while (admit(plan_for(first_miss), b).fits()) ++first_miss;
+    CHECK(first_miss < brute);  // a smaller model that does not fit: bisection would stop there
+  }
+  CHECK(largest_admitted(1, 400, plan_for, {.device = 100, .host = 100}) == 0);  // not even the smallest
+}
+
 }  // namespace memory_plan_test

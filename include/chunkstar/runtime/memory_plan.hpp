@@ -284,6 +284,17 @@ struct admission {
   return a;
 }
 
+/** @brief The largest size in [@p lo, @p hi] whose plan fits: `plan_for(size)` returns the
+ *  `memory_plan` of a model of that size (a width, a depth), tried from @p hi down with `admit`
+ *  (not by bisection: chunk packing makes fitting non-monotone — a wider model can pack into
+ *  fewer chunks). Returns @p lo - 1 when none fits. Pure when `plan_for` is. */
+template <class PlanFor>
+[[nodiscard]] std::int64_t largest_admitted(std::int64_t lo, std::int64_t hi, PlanFor&& plan_for, const tier_budgets& b) {
+  for (std::int64_t k = hi; k >= lo; --k)
+    if (admit(plan_for(k), b).fits()) return k;
+  return lo - 1;
+}
+
 /** @brief ZeRO's mode chosen for budgets (see `choose_sharding`). */
 struct sharding_choice {
   runtime_options options;  ///< the options given, memory_saving set when it was chosen
