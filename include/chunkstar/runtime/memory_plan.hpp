@@ -105,7 +105,7 @@ struct memory_plan {
   std::size_t model_bytes = 0;           ///< every chunk of every list, all ranks together
   std::size_t model_bytes_per_rank = 0;  ///< this rank's: model_bytes / N under ZeRO, all of it otherwise
   std::size_t collective_bytes = 0;      ///< ZeRO: gather and reduction buffers at their peak on the compute tier, the first iteration included (0 otherwise)
-  std::size_t non_model_bytes = 0;       ///< as given: the compute tier's non-model peak (activations, workspace)
+  std::size_t non_model_bytes = 0;       ///< as given: the compute tier's non-model peak (activations, workspace; a profile's highest)
   /** The most parameter and gradient chunks of its own one scope opens, which must be on the
    *  compute tier at once (the optimizer state may stay below; under ZeRO the rank's own chunks of
    *  the scope's groups, the rest being collective buffers; 0 in the memory-saving mode, whose
@@ -113,7 +113,7 @@ struct memory_plan {
   std::size_t largest_scope_bytes = 0;
   /** The compute tier's peak beside the rank's own chunks: the collective buffers and the
    *  non-model bytes at their highest together — moment by moment when a non-model profile was
-   *  given (a warm-up's trace), else the sum of the two peaks (an upper bound). */
+   *  given (a warm-up's trace, `passes_non_model`), else the sum of the two peaks (an upper bound). */
   std::size_t transient_peak_bytes = 0;
   /** A resident run's compute tier at its peak, moment by moment: the rank's own chunks (a
    *  gradient chunk only from its first use in backward, under ZeRO its reduction, to the step),
@@ -123,8 +123,8 @@ struct memory_plan {
   bool sharded = false;
   bool memory_saving = false;  ///< ZeRO's memory-saving mode
 
-  /** @brief The compute tier that holds everything at once (a resident run): this rank's model
-   *  data, the collective buffers and the non-model peak. */
+  /** @brief The compute tier that holds everything at once (a resident run): `resident_peak_bytes`,
+   *  this rank's model data, the collective buffers and the non-model bytes at their peak moment. */
   [[nodiscard]] std::size_t device_for_resident() const noexcept { return resident_peak_bytes; }
   /** @brief The least compute tier a run that moves chunks can use: the non-model peak, the
    *  collective buffers and the largest scope's chunks (below it some scope cannot open). */
