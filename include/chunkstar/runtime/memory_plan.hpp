@@ -182,8 +182,19 @@ template <ChunkLayout Layout>
   std::vector<std::size_t> buffers(trace.size(), 0);  // collective buffers per moment
   const shard_map map{o.sharding.enabled ? world : 1, 0};
   const auto finish = [&] {
-    p.transient_peak_bytes = p.collective_bytes + (non_model_profile.size() > 1 ? 0 : p.non_model_bytes);
-    for (std::size_t m = 0; m < trace.size(); ++m) p.transient_peak_bytes = std::max(p.transient_peak_bytes, buffers[m] + non_model_at(m));
+    // The compute tier's transient bytes. In backward a scope frees activations as it goes and
+    // starts its reductions when its gradients are final, so its peaks fall at its two ends: at its
+    // opening its own non-model peak beside the previous moment's buffers, at its close its buffers
+    // (and its new gradient chunks) beside what the next backward moment opens with.
+    const std::size_t M = trace.size();
+    const bool profiled = non_model_profile.size() > 1;
+    const auto backward = [&](std::size_t m) { return m < M && trace.kinds[m] == moment_kind::backward; };
+    const auto opening = [&](std::size_t m) { return (m > 0 ? buffers[m - 1] : 0) + non_model_at(m); };
+    const auto closing = [&](std::size_t m) { return buffers[m] + (backward(m + 1) ? non_model_at(m + 1) : 0); };
+    p.transient_peak_bytes = p.collective_bytes + (profiled ? 0 : p.non_model_bytes);
+    for (std::size_t m = 0; m < M; ++m)
+      p.transient_peak_bytes = std::max(p.transient_peak_bytes, profiled && backward(m) ? std::max(opening(m), closing(m))
+                                                                                        : buffers[m] + non_model_at(m));
     // Rank 0's own chunks (every rank owns as many: the plan is padded to whole groups); their
     // gradient chunks hold a payload from their first backward use to the step.
     const std::size_t gb = p.param_chunk_bytes;
@@ -191,11 +202,14 @@ template <ChunkLayout Layout>
     for (std::uint32_t c = 0; c < p.chunks.num_chunks; ++c) own += map.owner(c) == 0;
     const std::size_t base = p.model_bytes_per_rank - own * gb;
     std::vector<char> seen(p.chunks.num_chunks, 0);
-    for (std::size_t m = 0; m < trace.size(); ++m) {
+    for (std::size_t m = 0; m < M; ++m) {
+      const std::size_t before = base + live * gb;
       if (trace.kinds[m] == moment_kind::optimizer) live = own;
       for (const std::uint32_t c : trace.grads[m])
         if (map.owner(c) == 0 && !std::exchange(seen[c], 1)) ++live;
-      p.resident_peak_bytes = std::max(p.resident_peak_bytes, base + live * gb + buffers[m] + non_model_at(m));
+      const std::size_t after = base + live * gb;
+      p.resident_peak_bytes = std::max(p.resident_peak_bytes, profiled && backward(m) ? std::max(before + opening(m), after + closing(m))
+                                                                                      : after + buffers[m] + non_model_at(m));
     }
     return p;
   };
@@ -214,7 +228,11 @@ template <ChunkLayout Layout>
       const std::size_t now = (o.sharding.keep_gathered ? 0 : trace.params[m].size()) + trace.grads[m].size() + before;
       most = std::max(most, now);
       kept += o.sharding.keep_gathered && trace.kinds[m] == moment_kind::forward ? trace.params[m].size() : 0;
-      buffers[m] = now * b;
+      // This moment's buffers beside rank 0's own chunks: its own parameter chunks are their own
+      // send buffers (already in the model data), every gradient chunk is accumulated in one.
+      std::size_t own_params = 0;
+      for (const std::uint32_t c : trace.params[m]) own_params += map.owner(c) == 0;
+      buffers[m] = (now - (o.sharding.keep_gathered ? 0 : own_params)) * b;
     }
     p.collective_bytes = (most + kept) * b;
     if (kept > 0) std::fill(buffers.begin(), buffers.end(), p.collective_bytes);  // kept chunks: no profile
