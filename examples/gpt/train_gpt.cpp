@@ -375,12 +375,8 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   require_within_free(device_capacity, device_free);
   const std::size_t host_capacity = gpt::bytes_option("--host-budget", o.host_budget);
   const bool with_disk = !o.disk_dir.empty();
-  const std::size_t largest_chunk = layout.plan(gpt::param_specs(cfg, type)).chunk_elems * sizeof(float);
+  const std::size_t largest_chunk = need.chunks.chunk_elems * sizeof(float);
   const std::size_t disk_capacity = with_disk ? gpt::disk_budget_bytes(o, model_bytes, 2 * (8 + 4) * largest_chunk) : 0;
-  if (with_disk && host_capacity != SIZE_MAX && host_capacity < 8 * largest_chunk)
-    throw config_error("--host-budget " + format_bytes(host_capacity) + " is too small for a disk tier: a host-side step holds up to five chunks (" +
-                       format_bytes(largest_chunk) + " each) and chunks pass through the host on their way to and from the disk; give it at least " +
-                       format_bytes(8 * largest_chunk));
   // ZeRO's mode: the group mode unless only the memory-saving mode fits these budgets (then it,
   // said here); admitted before anything is built: the device holds the floor, the tiers together
   // everything.

@@ -181,6 +181,9 @@ inline void require_admitted(const chunkstar::memory_plan& need, const chunkstar
   if (a.fits()) return;
   std::string fix;
   if (a.device_short > 0) fix += "raise --device-budget by " + chunkstar::format_bytes(a.device_short) + ", lower --batch or --seq, or set a smaller --chunk-elems";
+  if (a.host_short > 0)
+    fix += std::string(fix.empty() ? "" : "; and ") + "give --host-budget at least " + chunkstar::format_bytes(need.host_floor_with_disk()) +
+           " for the disk tier";
   if (a.total_short > 0)
     fix += std::string(fix.empty() ? "" : "; and ") + "give --host-budget" + (b.disk > 0 ? " or --disk-budget " : " ") +
            chunkstar::format_bytes(a.total_short) + " more" + (b.disk > 0 ? "" : ", or add a disk tier (--disk-dir)") + ", or train a smaller model";

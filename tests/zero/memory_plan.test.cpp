@@ -146,6 +146,13 @@ TEST_CASE("admit: a plan fits its budgets, or each tier's shortfall is named in 
   CHECK(tight.total_short == 100);
   CHECK(tight.message.find("100 B short of the 1.12 KiB") != std::string::npos);
   CHECK(admit(p, {.device = 350, .host = 300, .disk = 500}).fits());  // a disk tier makes up the rest
+  // With a disk tier the host holds at least eight fp32 chunks (a host-side step, the disk's traffic).
+  p.chunks.chunk_elems = 16;  // 64 B chunks: 512 B
+  CHECK(admit(p, {.device = 350, .host = 512, .disk = 1000}).fits());
+  const admission thin = admit(p, {.device = 350, .host = 500, .disk = 1000});
+  CHECK(thin.host_short == 12);
+  CHECK(thin.message.find("with a disk tier the host is 12 B short of the 512 B") != std::string::npos);
+  CHECK(admit(p, {.device = 350, .host = 500}).host_short == 0);  // no disk: no such floor
 }
 
 TEST_CASE("choose_sharding: the group mode when it fits, the memory-saving mode when only it does, saying why") {

@@ -246,7 +246,7 @@ TEST_CASE("rank agreement: every option that decides the math, the collectives o
   // Other data, another transport, another device kind.
   CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "def"), o, 1, mpi, sim) != base);
   CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, {gpt::transport_choice::staged, ""}, sim) != base);
-  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, mpi, {.cuda = true}) != base);
+  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, mpi, {.cuda = true, .gpu = 0, .sharing = 1, .why = ""}) != base);
 }
 
 TEST_CASE("resume: the entries loaded with the tensors must be those checked before; another save in between is refused") {

@@ -129,6 +129,9 @@ struct memory_plan {
   /** @brief The least compute tier a run that moves chunks can use: the non-model peak, the
    *  collective buffers and the largest scope's chunks (below it some scope cannot open). */
   [[nodiscard]] std::size_t device_floor() const noexcept { return transient_peak_bytes + largest_scope_bytes; }
+  /** @brief The host a disk tier needs: a host-side optimizer step holds up to five chunks of a
+   *  list and chunks pass through the host on their way to and from the disk — eight fp32 chunks. */
+  [[nodiscard]] std::size_t host_floor_with_disk() const noexcept { return 8 * chunks.chunk_elems * sizeof(float); }
   /** @brief Device + host (+ disk) a rank needs in all for its model data and buffers. */
   [[nodiscard]] std::size_t total_per_rank() const noexcept { return model_bytes_per_rank + collective_bytes; }
 };
@@ -272,22 +275,25 @@ struct tier_budgets {
 /** @brief Whether a plan fits its budgets (see `admit`). */
 struct admission {
   std::size_t device_short = 0;  ///< bytes the compute tier lacks below `device_floor()`
+  std::size_t host_short = 0;    ///< with a disk tier: bytes the host lacks below `host_floor_with_disk()`
   std::size_t total_short = 0;   ///< bytes all tiers together lack for the rank's model data, buffers and non-model peak
-  [[nodiscard]] bool fits() const noexcept { return device_short == 0 && total_short == 0; }
+  [[nodiscard]] bool fits() const noexcept { return device_short == 0 && host_short == 0 && total_short == 0; }
   /** @brief Each shortfall in bytes and what would fix it; empty when it fits. */
   std::string message;
 };
 
 /** @brief Decides, before anything is built, whether a run of plan @p p fits @p b: the compute tier
  *  must hold `p.device_floor()` (the non-model peak, the collective buffers and the largest
- *  scope's chunks), and the tiers together what the rank holds at its peak moment
- *  (`resident_peak_bytes`: a chunk lives in one tier at a time). Pure. */
+ *  scope's chunks), the host with a disk tier `p.host_floor_with_disk()`, and the tiers together
+ *  what the rank holds at its peak moment (`resident_peak_bytes`: a chunk lives in one tier at a
+ *  time). Pure. */
 [[nodiscard]] inline admission admit(const memory_plan& p, const tier_budgets& b) {
   admission a;
   const auto add = [](std::size_t x, std::size_t y) { return x > tier_budgets::unbounded - y ? tier_budgets::unbounded : x + y; };
   const std::size_t floor = p.device_floor(), need = p.resident_peak_bytes;
   const std::size_t have = add(add(b.device, b.host), b.disk);
   a.device_short = b.device < floor ? floor - b.device : 0;
+  a.host_short = b.disk > 0 && b.host < p.host_floor_with_disk() ? p.host_floor_with_disk() - b.host : 0;
   a.total_short = have < need ? need - have : 0;
   if (a.device_short > 0)
     a.message += "the device is " + format_bytes(a.device_short) + " short of the least this run can use, " + format_bytes(floor) +
@@ -295,6 +301,10 @@ struct admission {
                  (p.largest_scope_bytes ? ", the largest scope's parameter and gradient chunks " + format_bytes(p.largest_scope_bytes) : "") +
                  "): give the device more memory, lower the non-model peak (a smaller batch) or use smaller chunks" +
                  (p.sharded && !p.memory_saving ? " (or ZeRO's memory-saving mode, if its plan fits)" : "") + ".";
+  if (a.host_short > 0)
+    a.message += std::string(a.message.empty() ? "" : " ") + "with a disk tier the host is " + format_bytes(a.host_short) +
+                 " short of the " + format_bytes(p.host_floor_with_disk()) + " a host-side step and the chunks passing to and from the disk " +
+                 "need (eight chunks of " + format_bytes(p.host_floor_with_disk() / 8) + "): give the host more room or use smaller chunks.";
   if (a.total_short > 0)
     a.message += std::string(a.message.empty() ? "" : " ") + "device, host and disk together are " + format_bytes(a.total_short) + " short of the " + format_bytes(need) +
                  " this rank holds at its peak (model data " + format_bytes(p.model_bytes_per_rank) + ", buffers and non-model memory): " +
