@@ -415,6 +415,7 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
   // The runtime and the model: every parameter registered in execution order.
   Runtime rt(device, memory.host, memory.copier, comm, ro, layout, placement);
   if (disk) rt.attach_disk(disk->tier());
+  rt.require_admitted(need);  // the runtime's own spaces take the plan, before the first step
   const gpt::batch_shape shape{static_cast<std::size_t>(o.batch / ranks), static_cast<std::size_t>(o.seq)};
   const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());  // this rank's slice of the global batch
   gpt::chunked_gpt<Runtime, typename parts::backend> model(rt, cfg, shape, o.seed, memory.make_backend());
@@ -633,6 +634,7 @@ int train_rtp(const train_options& o, const run_plan& plan, typename Runtime::pl
   Runtime rt(device, memory.host, memory.copier, one_ref,
              {.param_type = dtype::f32, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty()}, layout,
              placement);
+  rt.require_admitted(need);
   store_type store(rt, gpt::backend_buffer_ops<backend_type>{&backend});
   model_type model(comm, store, cfg, shape.batch, shape.seq, &backend);
   model.init(o.seed);

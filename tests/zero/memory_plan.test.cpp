@@ -128,6 +128,12 @@ TEST_CASE("plan_memory: one process trains on a device of device_floor() (chunks
   CHECK(p.device_floor() < p.device_for_resident());
   CHECK(run(p.device_floor()) > 0);
   CHECK_THROWS_AS(run(p.device_floor() - 64), out_of_memory_error);
+  // The runtime itself admits the plan on that device, and refuses it, named, on a smaller one.
+  mlp_replica<single_process_communicator> fits({}, p.device_floor(), one), short_of({}, p.device_floor() - 64, one);
+  CHECK(fits.rt.admit(p).fits());
+  CHECK_NOTHROW(fits.rt.require_admitted(p));
+  CHECK(short_of.rt.admit(p).device_short == 64);
+  CHECK_THROWS_WITH_AS(short_of.rt.require_admitted(p), doctest::Contains("the device is 64 B short"), config_error);
 }
 
 TEST_CASE("admit: a plan fits its budgets, or each tier's shortfall is named in bytes") {

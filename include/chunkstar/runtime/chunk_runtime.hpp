@@ -22,6 +22,7 @@
 #include <chunkstar/placement/auto_placement.hpp>
 #include <chunkstar/runtime/access_scope.hpp>
 #include <chunkstar/runtime/chunk_store.hpp>
+#include <chunkstar/runtime/memory_plan.hpp>
 #include <chunkstar/runtime/non_model.hpp>
 #include <chunkstar/runtime/optimizer_pass.hpp>
 #include <chunkstar/runtime/param_registry.hpp>
@@ -188,6 +189,17 @@ class chunk_runtime {
   [[nodiscard]] timeline& timeline_recorder() noexcept { return own_timeline_.recorded(); }
   [[nodiscard]] device_space_type& device_space() noexcept { return store_.device(); }
   [[nodiscard]] host_space_type& host_space() noexcept { return store_.host(); }
+  /** @brief Whether @p plan (runtime/memory_plan.hpp) fits this runtime: `chunkstar::admit` against
+   *  its device space's, its host space's and its disk tier's capacities. */
+  [[nodiscard]] admission admit(const memory_plan& plan) {
+    return chunkstar::admit(plan, {.device = store_.device().capacity(), .host = store_.host().capacity(), .disk = store_.disk_capacity()});
+  }
+  /** @brief Refuses @p plan before the first step: `config_error` naming each tier's
+   *  shortfall in bytes and what to change, unless `admit(plan)` fits. */
+  void require_admitted(const memory_plan& plan) {
+    const admission a = admit(plan);
+    if (!a.fits()) throw config_error("the runtime refuses this run before its first step: " + a.message);
+  }
   [[nodiscard]] copy_engine_type& copy_engine() noexcept { return store_.copier(); }
   /** @brief Chunk bytes the compute tier may hold now (placement budget, capped by what non-model data leaves). */
   [[nodiscard]] std::size_t chunk_budget() const;

@@ -104,6 +104,8 @@ class chunk_store {
    *  read-modify-write); what resident() counts. */
   [[nodiscard]] std::size_t footprint(tier t, std::size_t bytes) const noexcept;
   [[nodiscard]] bool has_disk() const noexcept { return disk_.has_value(); }
+  /** @brief The disk tier's capacity in bytes (0 without one). */
+  [[nodiscard]] std::size_t disk_capacity() const { return disk_ ? disk_->space().capacity() : 0; }
   [[nodiscard]] bool has(chunk_kind k) const noexcept { return lists_[static_cast<std::size_t>(k)].present; }
   [[nodiscard]] const chunk_list_desc& desc(chunk_kind k) const { return lists_[static_cast<std::size_t>(k)].desc; }
   [[nodiscard]] std::size_t bytes_of(chunk_kind k) const { return desc(k).chunk_bytes; }
