@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,9 +55,9 @@ inline std::vector<chunkstar::tensor_spec> specs(const config& c) {
 inline std::size_t w1(std::size_t l) { return 1 + 4 * l; }
 inline std::size_t b2(std::size_t l) { return 4 + 4 * l; }
 
-/** Element @p i of tensor @p t at initialisation: a pure function of (seed, tensor, index). */
-inline float init_value(const config& c, std::size_t t, std::size_t i) {
-  const auto sp = specs(c);
+/** Element @p i of tensor @p t of @p sp (`specs(c)`) at initialisation: a pure function of (seed,
+ *  tensor, index). */
+inline float init_value(const config& c, std::span<const chunkstar::tensor_spec> sp, std::size_t t, std::size_t i) {
   const chunkstar::rtp::counter_init r{.seed = c.seed, .key = chunkstar::rtp::tensor_key(sp[t].name)};
   if (t + 1 == sp.size()) return r.uniform<float>(i, 0.9f, 1.1f);                 // gain
   if (sp[t].shape.size() == 1) return r.uniform<float>(i, -0.05f, 0.05f);         // biases
@@ -98,7 +99,7 @@ class residual_mlp {
   }
 
   /** Every element from `init_value` (flyweight: this rank's only). */
-  void init() { m_.init([this](std::size_t t, std::size_t i) { return init_value(c_, t, i); }); }
+  void init() { m_.init([this](std::size_t t, std::size_t i) { return init_value(c_, specs_, t, i); }); }
 
   /** This rank's micro-batch of `rows` tokens: its mean loss; keeps the activations. Collective. */
   double forward(const int* tokens, const int* targets) {

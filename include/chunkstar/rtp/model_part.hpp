@@ -87,18 +87,19 @@ inline model_part weight_pair_part(const weight_pair& pair, std::size_t shard, s
 
 /** @brief Whole tensors @p tensors, one after another, as a replica every rank holds. */
 inline model_part replicated_part(std::span<const std::size_t> tensors, std::span<const tensor_spec> specs) {
-  std::vector<std::pair<std::size_t, std::size_t>> runs;  // (tensor, first offset)
+  struct run {
+    std::size_t tensor, offset, elems;
+  };
+  std::vector<run> runs;
   std::size_t at = 0;
   for (const std::size_t t : tensors) {
     if (t >= specs.size()) throw config_error("rtp::replicated_part: tensor " + std::to_string(t) + " is not one of the model's");
-    runs.emplace_back(t, at);
-    at += static_cast<std::size_t>(specs[t].numel());
+    runs.push_back({t, at, specs[t].numel()});
+    at += specs[t].numel();
   }
-  std::vector<std::size_t> sizes;
-  for (const auto& [t, off] : runs) sizes.push_back(static_cast<std::size_t>(specs[t].numel()));
-  return make_part(at, true, [runs, sizes](const model_part::element_fn& f) {
-    for (std::size_t r = 0; r < runs.size(); ++r)
-      for (std::size_t i = 0; i < sizes[r]; ++i) f(runs[r].first, i, runs[r].second + i);
+  return make_part(at, true, [runs](const model_part::element_fn& f) {
+    for (const run& r : runs)
+      for (std::size_t i = 0; i < r.elems; ++i) f(r.tensor, i, r.offset + i);
   }, specs);
 }
 

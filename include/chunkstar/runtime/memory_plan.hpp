@@ -216,11 +216,12 @@ template <ChunkLayout Layout>
     }
     return p;
   };
-  for (const auto& cs : trace.params) {  // (the memory-saving mode's buffers count a scope's own chunks already)
-    std::size_t own = 0;
-    for (const std::uint32_t c : cs) own += map.owner(c) == 0 && !p.memory_saving;
-    p.largest_scope_bytes = std::max(p.largest_scope_bytes, own * 2 * p.param_chunk_bytes);
-  }
+  if (!p.memory_saving)  // (the memory-saving mode's buffers count a scope's own chunks already)
+    for (const auto& cs : trace.params) {
+      std::size_t own = 0;
+      for (const std::uint32_t c : cs) own += map.owner(c) == 0;
+      p.largest_scope_bytes = std::max(p.largest_scope_bytes, own * 2 * p.param_chunk_bytes);
+    }
   if (!p.sharded) return finish();
   const std::size_t b = p.param_chunk_bytes;
   if (o.sharding.memory_saving) {
