@@ -754,12 +754,14 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
   // ZeRO's mode as train_gpt picks it (choose_sharding): the group mode unless only the
   // memory-saving mode fits the budgets; here each mode with the chunk cap chosen for it.
   if (!o.memory_saving && ranks > 1) {
-    const std::size_t act = e2e::activation_bytes(c, o.scale_batch, o.scale_seq);
+    // The model's non-model bytes moment by moment, with e2e::activation_bytes' allocation slack.
+    auto profile = gpt::non_model_profile(c, {o.scale_batch, o.scale_seq}, dtype::f32);
+    for (std::size_t m = 0; m + 1 < profile.size(); ++m) profile[m] += 64 * 1024;
     const tier_budgets budgets{.device = o.device_budget, .host = o.host_budget};
     const auto plan = [&](const scale_chunks& ch, bool saving) {
       return plan_memory(gpt::param_specs(c), searched_chunk_layout(ch.layout),
                          {.sharding = {.enabled = true, .keep_gathered = o.keep_gathered, .memory_saving = saving}}, ranks,
-                         gpt::forward_scopes(c), passes_non_model(gpt::forward_scopes(c), act));
+                         gpt::forward_scopes(c), profile);
     };
     if (!admit(plan(t.chunks, false), budgets).fits()) {
       options saving = o;

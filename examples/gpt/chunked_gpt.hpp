@@ -73,6 +73,42 @@ inline std::size_t non_model_bytes(const gpt_config& c, batch_shape shape, chunk
          (Backend::host_memory ? 0 : 2 * shape.batch * shape.seq * sizeof(int));
 }
 
+/** @brief The compute tier's non-model bytes moment by moment (`chunkstar::plan_memory`'s profile:
+ *  the `forward_scopes` in order, the same in reverse, then the step), as `chunked_gpt` allocates
+ *  them: forward keeps each block's activations and backward frees them block by block, so the
+ *  early backward scopes hold the most and the step nothing. Each moment's entry is the most it
+ *  holds while it is the current one, including what is allocated before the next scope opens
+ *  (a block's activations, the backward's workspace): an upper bound of a warm-up's trace, moment
+ *  by moment (tested), known before anything is built. */
+template <GptBackend Backend = cpu_backend>
+inline std::vector<std::size_t> non_model_profile(const gpt_config& c, batch_shape shape, chunkstar::dtype param_type) {
+  const std::size_t B = shape.batch, T = shape.seq, N = B * T, L = static_cast<std::size_t>(c.layers);
+  const auto s = compute_activation_sizes(c, B, T);
+  const auto scopes = forward_scopes(c);
+  const auto specs = param_specs(c);
+  const auto staged = [&](std::size_t k) {  // a 16-bit scope's fp32 copies of its parameters
+    std::size_t n = 0;
+    if (param_type != chunkstar::dtype::f32)
+      for (const std::size_t t : scopes[k]) n += specs[t].numel();
+    return n;
+  };
+  const std::size_t base = Backend::scratch_elems(c, B, T) + s.embedding;  // through both passes
+  const std::size_t tokens = Backend::host_memory ? 0 : 2 * N * sizeof(int);
+  std::vector<std::size_t> f(scopes.size()), b(scopes.size());  // elements per scope, forward and backward
+  f[0] = base + s.scratch + (L > 0 ? s.block : s.head) + staged(0);
+  for (std::size_t l = 0; l < L; ++l)  // block l; the next block's (or the head's) activations open at its end
+    f[l + 1] = base + staged(l + 1) + (l + 2 <= L ? (l + 2) * s.block + s.scratch : L * s.block + std::max(s.scratch, s.head));
+  f[L + 1] = base + L * s.block + s.head + s.workspace + staged(L + 1);  // the head; the backward's workspace opens at its end
+  b[L + 1] = base + L * s.block + s.head + s.workspace + 2 * staged(L + 1);
+  for (std::size_t l = 0; l < L; ++l) b[l + 1] = base + (l + 1) * s.block + s.workspace + 2 * staged(l + 1);
+  b[0] = base + s.workspace + 2 * staged(0);
+  std::vector<std::size_t> profile;
+  for (const std::size_t e : f) profile.push_back(e * sizeof(float) + tokens);
+  for (std::size_t k = scopes.size(); k-- > 0;) profile.push_back(b[k] * sizeof(float) + tokens);
+  profile.push_back(0);  // the step
+  return profile;
+}
+
 template <class Runtime, GptBackend Backend = cpu_backend>
 class chunked_gpt {
   static_assert(std::is_same_v<typename Backend::stream_type, typename Runtime::stream_type>,

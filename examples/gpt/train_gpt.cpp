@@ -362,7 +362,10 @@ int train(const train_options& o, const run_plan& plan, typename Runtime::placem
                                   .micro_batches = static_cast<int>(o.accum)}};
   const std::size_t act = activation_bytes<typename parts::backend>(cfg, o);
   const auto scopes = gpt::forward_scopes(cfg);
-  const auto profile = passes_non_model(scopes, act);  // the activations live in the passes, not the step
+  // The activations moment by moment as the model allocates them (backward frees them block by
+  // block), so the plan admits what the run holds at each moment rather than the peak throughout.
+  auto profile = gpt::non_model_profile<typename parts::backend>(cfg, {static_cast<std::size_t>(o.batch), static_cast<std::size_t>(o.seq)}, type);
+  for (std::size_t m = 0; m + 1 < profile.size(); ++m) profile[m] += activation_slack_bytes;
   memory_plan need = plan_memory(specs, layout, ro, ranks, scopes, profile);
   const std::size_t model_bytes = need.model_bytes_per_rank;
   // A real device's automatic budget is its free memory; the simulated device's holds all of the

@@ -2,10 +2,10 @@
 // The memory plan (chunkstar::plan_memory) of the GPT against what its runs measure: the device a
 // resident run needs (`device_for_resident()`: model data, ZeRO's buffers, the non-model memory)
 // within 5% of the device's measured peak, for one process, ZeRO in the group and the
-// memory-saving modes and RTP, at N = 1-4. The non-model memory is the model's estimate
-// (`non_model_bytes`, `compute_tier_bytes`) and, under ZeRO, where its peak and the buffers' peak
-// fall at different moments, the warm-up's trace of it per moment (what PatrickStar plans from).
-// The figures are printed (docs/design.md's table).
+// memory-saving modes and RTP, at N = 1-4, with the model's own per-moment non-model profile
+// (`gpt::non_model_profile`, known before the run; it must bound the warm-up's trace at every
+// moment) and with the warm-up's trace; and a run admitted at the plan's device floor trains
+// without running out of memory. The figures are printed (docs/design.md's table).
 #include "chunked_gpt.hpp"
 #include "data.hpp"
 #include "rtp_gpt.hpp"
@@ -13,6 +13,7 @@
 
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
+#include <chunkstar/placement/auto_placement.hpp>
 #include <chunkstar/placement/static_placement.hpp>
 #include <chunkstar/rtp/chunk_shard_store.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
@@ -55,13 +56,20 @@ void steps(Runtime& rt, Model& model, int world, int rank) {
 
 using group_rt = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer, in_process_communicator>;
 
-/** The one-process or ZeRO run on @p n ranks: the plan's device need (from the warm-up's non-model
- *  profile under ZeRO) and the largest measured peak. */
-std::pair<std::size_t, std::size_t> chunked(int n, sharding_options sharding) {
+/** The one-process or ZeRO run on @p n ranks: the plan's device need from the model's own
+ *  non-model profile (`gpt::non_model_profile`, known before the run) and from the warm-up's trace
+ *  of it, and the largest measured peak. Checks that the model's profile bounds the trace at every
+ *  moment. */
+struct chunked_result {
+  std::size_t from_model = 0, from_trace = 0, peak = 0;
+};
+
+chunked_result chunked(int n, sharding_options sharding) {
   const auto specs = gpt::param_specs(cfg, dtype::f32);
   const auto layout = layout_of(specs);
   const runtime_options o{.param_type = dtype::f32, .sharding = sharding};
-  std::vector<std::size_t> profile{gpt::non_model_bytes<gpt::cpu_backend>(cfg, shape, dtype::f32)};
+  const std::vector<std::size_t> model_profile = gpt::non_model_profile<gpt::cpu_backend>(cfg, shape, dtype::f32);
+  std::vector<std::size_t> traced;
   std::vector<std::size_t> peak(static_cast<std::size_t>(n));
   run_ranks(n, [&](in_process_communicator& comm) {
     simulated_device_space dev({.capacity = std::size_t{1} << 30});
@@ -72,12 +80,19 @@ std::pair<std::size_t, std::size_t> chunked(int n, sharding_options sharding) {
     model.finalize();
     steps(rt, model, n, comm.rank());
     peak[static_cast<std::size_t>(comm.rank())] = dev.usage().peak;
-    if (comm.rank() == 0 && sharding.enabled && n > 1) {
-      profile = traced_non_model(rt.tracer());
-    }
+    if (comm.rank() == 0) traced = traced_non_model(rt.tracer());
   });
-  const memory_plan plan = plan_memory(specs, layout, o, n, gpt::forward_scopes(cfg), profile);
-  return {plan.device_for_resident(), *std::max_element(peak.begin(), peak.end())};
+  REQUIRE(traced.size() == model_profile.size());
+  std::size_t tight = 0;  // the moments the model's profile meets exactly
+  for (std::size_t m = 0; m < traced.size(); ++m) {
+    CAPTURE(m);
+    CHECK(model_profile[m] >= traced[m]);
+    tight += model_profile[m] == traced[m];
+  }
+  CHECK(tight * 2 >= traced.size());  // an upper bound that is mostly exact, not a loose one
+  const auto scopes = gpt::forward_scopes(cfg);
+  return {plan_memory(specs, layout, o, n, scopes, model_profile).device_for_resident(),
+          plan_memory(specs, layout, o, n, scopes, traced).device_for_resident(), *std::max_element(peak.begin(), peak.end())};
 }
 
 /** The RTP run on @p n ranks, each rank's parts in its own chunk runtime, resident. */
@@ -124,12 +139,46 @@ void check(const std::string& mode, int n, std::pair<std::size_t, std::size_t> r
 }  // namespace
 
 TEST_CASE("memory plan: the device need is within 5% of the measured peak for one process, ZeRO (both modes) and RTP at N = 1-4") {
-  check("one process", 1, chunked(1, {}));
+  const auto both = [](const std::string& mode, int n, const chunked_result& r) {
+    check(mode + " (the model's profile)", n, {r.from_model, r.peak});
+    check(mode + " (the warm-up's trace)", n, {r.from_trace, r.peak});
+  };
+  both("one process", 1, chunked(1, {}));
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
-    check("ZeRO", n, chunked(n, {.enabled = true}));
-    check("ZeRO memory-saving", n, chunked(n, {.enabled = true, .memory_saving = true}));
+    both("ZeRO", n, chunked(n, {.enabled = true}));
+    both("ZeRO memory-saving", n, chunked(n, {.enabled = true, .memory_saving = true}));
     if (n != 3) check("RTP", n, rtp(n));  // the tiny preset's 4 heads split over 1, 2 or 4 ranks
+  }
+}
+
+TEST_CASE("memory plan: a run admitted at the device floor trains without running out of memory (one process, ZeRO in both modes, N = 1-4)") {
+  // The least device the plan admits, from the model's own profile before anything is built;
+  // chunks move (auto placement, Belady), the host takes the rest.
+  const auto specs = gpt::param_specs(cfg, dtype::f32);
+  const auto layout = layout_of(specs);
+  const auto profile = gpt::non_model_profile<gpt::cpu_backend>(cfg, shape, dtype::f32);
+  for (int n = 1; n <= 4; ++n) {
+    for (const bool saving : {false, true}) {
+      if (n == 1 && saving) continue;
+      CAPTURE(n);
+      CAPTURE(saving);
+      const runtime_options o{.param_type = dtype::f32, .sharding = {.enabled = n > 1, .memory_saving = saving}};
+      const memory_plan plan = plan_memory(specs, layout, o, n, gpt::forward_scopes(cfg), profile);
+      const tier_budgets budgets{.device = plan.device_floor()};
+      REQUIRE(admit(plan, budgets).fits());
+      REQUIRE_FALSE(admit(plan, {.device = plan.device_floor() - 1}).fits());
+      MESSAGE("N = " << n << std::string(saving ? " memory-saving" : "") << ": device floor " << plan.device_floor() << " B, resident " << plan.device_for_resident() << " B");
+      run_ranks(n, [&](in_process_communicator& comm) {
+        simulated_device_space dev({.capacity = budgets.device});
+        host_space host;
+        host_copy_engine copier;
+        testing::fixed_group_runtime rt(dev, host, copier, comm, o, layout, auto_placement{});
+        gpt::chunked_gpt<testing::fixed_group_runtime> model(rt, cfg, shape, 42);
+        model.finalize();
+        CHECK_NOTHROW(steps(rt, model, n, comm.rank()));
+      });
+    }
   }
 }
 

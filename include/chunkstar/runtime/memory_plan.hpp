@@ -108,15 +108,16 @@ struct memory_plan {
   std::size_t non_model_bytes = 0;       ///< as given: the compute tier's non-model peak (activations, workspace; a profile's highest)
   /** The most parameter and gradient chunks of its own one scope opens, which must be on the
    *  compute tier at once (the optimizer state may stay below; under ZeRO the rank's own chunks of
-   *  the scope's groups, the rest being collective buffers; 0 in the memory-saving mode, whose
-   *  buffers count them). */
+   *  the scope's groups, the rest being collective buffers; in the memory-saving mode its own
+   *  parameter chunks only, its gradients being accumulated in buffers — and none when it keeps
+   *  gathered chunks, whose buffers count them). */
   std::size_t largest_scope_bytes = 0;
   /** The compute tier's peak beside the rank's own chunks: the collective buffers and the
    *  non-model bytes at their highest together — moment by moment when a non-model profile was
    *  given (a warm-up's trace, `passes_non_model`), else the sum of the two peaks (an upper bound). */
   std::size_t transient_peak_bytes = 0;
   /** A resident run's compute tier at its peak, moment by moment: the rank's own chunks (a
-   *  gradient chunk only from its first use in backward, under ZeRO its reduction, to the step),
+   *  gradient chunk under ZeRO only from its first reduction to the step; one process keeps them all),
    *  the collective buffers and the non-model bytes of that moment. */
   std::size_t resident_peak_bytes = 0;
   int world = 1;
@@ -188,23 +189,31 @@ template <ChunkLayout Layout>
     // The compute tier's transient bytes. In backward a scope frees activations as it goes and
     // starts its reductions when its gradients are final, so its peaks fall at its two ends: at its
     // opening its own non-model peak beside the previous moment's buffers, at its close its buffers
-    // (and its new gradient chunks) beside what the next backward moment opens with.
+    // (and its new gradient chunks) beside what the next backward moment opens with. A run that
+    // moves chunks may open a scope's buffers before the previous scope's are gone, so its floor
+    // takes the larger of the two at the opening (the floor test trains there; the resident rule
+    // alone ran out of memory in the memory-saving mode).
     const std::size_t M = trace.size();
     const bool profiled = non_model_profile.size() > 1;
     const auto backward = [&](std::size_t m) { return m < M && trace.kinds[m] == moment_kind::backward; };
     const auto opening = [&](std::size_t m) { return (m > 0 ? buffers[m - 1] : 0) + non_model_at(m); };
+    const auto opening_moving = [&](std::size_t m) { return std::max(m > 0 ? buffers[m - 1] : 0, buffers[m]) + non_model_at(m); };
     const auto closing = [&](std::size_t m) { return buffers[m] + (backward(m + 1) ? non_model_at(m + 1) : 0); };
     p.transient_peak_bytes = p.collective_bytes + (profiled ? 0 : p.non_model_bytes);
     for (std::size_t m = 0; m < M; ++m)
-      p.transient_peak_bytes = std::max(p.transient_peak_bytes, profiled && backward(m) ? std::max(opening(m), closing(m))
+      p.transient_peak_bytes = std::max(p.transient_peak_bytes, profiled && backward(m) ? std::max(opening_moving(m), closing(m))
                                                                                         : buffers[m] + non_model_at(m));
-    // Rank 0's own chunks (every rank owns as many: the plan is padded to whole groups); their
-    // gradient chunks hold a payload from their first backward use to the step.
+    // Rank 0's own chunks (every rank owns as many: the plan is padded to whole groups); under ZeRO
+    // their gradient chunks hold a payload from their first reduction to the step.
     const std::size_t gb = p.param_chunk_bytes;
     std::size_t own = 0, live = 0;
     for (std::uint32_t c = 0; c < p.chunks.num_chunks; ++c) own += map.owner(c) == 0;
     const std::size_t base = p.model_bytes_per_rank - own * gb;
     std::vector<char> seen(p.chunks.num_chunks, 0);
+    if (!p.sharded) {  // one process keeps its gradient chunks from one iteration to the next (zeroed ahead)
+      live = own;
+      std::fill(seen.begin(), seen.end(), char{1});
+    }
     for (std::size_t m = 0; m < M; ++m) {
       const std::size_t before = base + live * gb;
       if (trace.kinds[m] == moment_kind::optimizer) live = own;
@@ -216,12 +225,14 @@ template <ChunkLayout Layout>
     }
     return p;
   };
-  if (!p.memory_saving)  // (the memory-saving mode's buffers count a scope's own chunks already)
-    for (const auto& cs : trace.params) {
-      std::size_t own = 0;
-      for (const std::uint32_t c : cs) own += map.owner(c) == 0;
-      p.largest_scope_bytes = std::max(p.largest_scope_bytes, own * 2 * p.param_chunk_bytes);
-    }
+  // The memory-saving mode accumulates every gradient in a buffer and, keeping gathered chunks,
+  // counts a scope's own parameter chunks as buffers too; otherwise they are on the device beside them.
+  const std::size_t own_kinds = !p.memory_saving ? 2 : o.sharding.keep_gathered ? 0 : 1;
+  for (const auto& cs : trace.params) {
+    std::size_t own = 0;
+    for (const std::uint32_t c : cs) own += map.owner(c) == 0;
+    p.largest_scope_bytes = std::max(p.largest_scope_bytes, own * own_kinds * p.param_chunk_bytes);
+  }
   if (!p.sharded) return finish();
   const std::size_t b = p.param_chunk_bytes;
   if (o.sharding.memory_saving) {
