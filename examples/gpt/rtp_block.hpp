@@ -250,18 +250,6 @@ inline rtp_block_partition partition_block(const gpt_config& c, int world) {
  *  the attention shard's). A failure on one rank reaches the peers as `communication_error` (see
  *  rtp/rotation.hpp).
  */
-/** @brief Where a block's shards live when its rotations are built with `external_shard` (the
- *  model keeps them in a shard store): `load` fills rotation @p which's owned shard (0 attention,
- *  1 MLP) into @p dst, `store_grad` takes its gradient sum over the ranks. Both buffers are the
- *  backend's compute-tier memory; on a device backend queue the copies on its stream. */
-struct rtp_block_io {
-  virtual void load(int which, std::span<float> dst) = 0;
-  virtual void store_grad(int which, std::span<const float> sum) = 0;
-
- protected:
-  ~rtp_block_io() = default;
-};
-
 template <chunkstar::Communicator Comm, LayerBackend Backend = cpu_backend>
 class rtp_block {
  public:
@@ -286,30 +274,10 @@ class rtp_block {
         rep_p_(rep_.data()),
         rep_grad_p_(rep_grad_.data()) {}
 
-  /** @brief A block whose shards live elsewhere: both rotations are built with `external_shard`
-   *  on the transit buffers @p shared (a model's blocks share one set: rtp/transit_buffers.hpp),
-   *  and `forward` and `backward` take an `rtp_block_io` that loads the shards and takes their
-   *  gradients. `fill`, `load`, `store` and the rotations' `owned()` do not apply. The kernels run
-   *  on @p backend (held by reference; @p shared must be its compute-tier memory), by default
-   *  the block's own CPU backend. */
-  rtp_block(Comm& comm, const gpt_config& c, chunkstar::rtp::transit_buffers<float>& shared, chunkstar::rtp::external_shard_t,
-            Backend* backend = nullptr)
-      : comm_(comm),
-        config_(c),
-        part_(partition_block(c, comm.size())),
-        b_(backend ? backend : &local_),
-        own_attn_(std::in_place, comm, part_.attn_elems(), shared, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{b_}),
-        own_mlp_(std::in_place, comm, part_.mlp_elems(), shared, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{b_}),
-        attn_(&*own_attn_),
-        mlp_(&*own_mlp_),
-        rep_(*b_, part_.replicated_elems()),
-        rep_grad_(*b_, part_.replicated_elems()),
-        rep_p_(rep_.data()),
-        rep_grad_p_(rep_grad_.data()) {}
-
   /** @brief A block on a model's state (`chunkstar::rtp::sharded_model`): its two rotations
-   *  @p attn and @p mlp (built with `external_shard` by the model, which loads the shards and takes
-   *  their gradients through the `rtp_block_io` of each pass), and its replicas' working copy
+   *  @p attn and @p mlp (built with `external_shard` by the model; `forward` and `backward` then
+   *  take a pass that runs them through the model, which loads the shards from its store and adds
+   *  their gradients there), and its replicas' working copy
    *  @p replicas and gradient buffer @p replica_grads (6C floats each, compute-tier memory of the
    *  model's): `backward` adds into the buffer and leaves the sum over the ranks to the model
    *  (`sharded_model::reduce_replica_grads`). Everything is held by reference. */
@@ -418,13 +386,20 @@ class rtp_block {
    *  its heads' output [rows, Cs] at `a.atty + j rows Cs`, their probabilities [B, H/N, Tn, Tn] at
    *  `a.att + j B (H/N) Tn Tn`, and MLP shard j's fc output and GELU [rows, M] at
    *  `a.fch + j rows M` and `a.fch_gelu + j rows M`. The others (LayerNorms, res2, res3) are the
-   *  serial layout. With @p io (a block built with `external_shard`), the shards are loaded
-   *  through it at each pass. All buffers are compute-tier memory; on a device backend the
+   *  serial layout. All buffers are compute-tier memory; on a device backend the
    *  kernels may still run when it returns (quiesce the backend before reading `a.res3`).
    *  @p attention_scratch: `Backend::attention_scratch_elems(B, Tn, Cs, H/N)` floats a model's
    *  blocks may share (they run one at a time); without it the block keeps its own. */
   void forward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a, float* proj,
-               rtp_block_io* io = nullptr, float* attention_scratch = nullptr) {
+               float* attention_scratch = nullptr) {
+    forward(B, Tn, x, a, proj, own_pass(), attention_scratch);
+  }
+  /** @brief The same on a model's state: `pass(which, f)` runs rotation @p which's (0 attention,
+   *  1 MLP) forward with `f`, e.g. `model.forward(first_part + which, f)`. */
+  template <class Pass>
+    requires(!std::convertible_to<Pass, float*>)
+  void forward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a, float* proj, Pass&& pass,
+               float* attention_scratch = nullptr) {
     compute_activation_sizes(config_, B, Tn);  // validates the shape
     const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
     const std::size_t G = part_.shard_heads;
@@ -433,7 +408,7 @@ class rtp_block {
     b.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, rep(block_tensor::ln1_w), rep(block_tensor::ln1_b), N, C);
     // res2 first collects the head groups' partial projections, in ring order.
     b.zero(a.res2, N * C);
-    forward_pass(*attn_, 0, io, [&](int j, std::span<const float> s) {
+    pass(0, [&](int j, std::span<const float> s) {
       const auto jj = static_cast<std::size_t>(j);
       float* qkv = a.qkv + jj * N * 3 * Cs;
       float* atty = a.atty + jj * N * Cs;
@@ -446,7 +421,7 @@ class rtp_block {
     b.bias_residual(a.res2, x, rep(block_tensor::proj_b), N, C);  // res2 = x + (sum + proj.b)
     b.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, rep(block_tensor::ln2_w), rep(block_tensor::ln2_b), N, C);
     b.zero(a.res3, N * C);
-    forward_pass(*mlp_, 1, io, [&](int j, std::span<const float> s) {
+    pass(1, [&](int j, std::span<const float> s) {
       const auto jj = static_cast<std::size_t>(j);
       float* fch = a.fch + jj * N * M;
       float* fch_gelu = a.fch_gelu + jj * N * M;
@@ -463,11 +438,18 @@ class rtp_block {
    *  over the shards of their contributions, as the serial block's). Replaces the shards' and the
    *  replicas' gradients with their sums over the ranks. Uses of the workspace: dres, dln, and the
    *  first rows*Cs, rows*3Cs, rows*M and rows*M elements of datty, dqkv, dfch_gelu and dfch
-   *  (attention's scratch is the block's own, sized by the backend). With @p io (a block built with `external_shard`), the shards are loaded
-   *  through it and their gradient sums handed to it; otherwise they replace the rotations'
-   *  `owned_grad()`. */
+   *  (attention's scratch is the block's own, sized by the backend). The shards' gradient sums
+   *  replace the rotations' `owned_grad()` (on a model's state, the pass hands them to the model). */
   void backward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a,
-                const backward_workspace<float>& w, rtp_block_io* io = nullptr, float* attention_scratch = nullptr) {
+                const backward_workspace<float>& w, float* attention_scratch = nullptr) {
+    backward(B, Tn, x, a, w, own_pass(), attention_scratch);
+  }
+  /** @brief The same on a model's state: `pass(which, g)` runs rotation @p which's backward with
+   *  `g`, e.g. `model.backward(first_part + which, g)` (which adds the gradient sums to the store). */
+  template <class Pass>
+    requires(!std::convertible_to<Pass, float*>)
+  void backward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a,
+                const backward_workspace<float>& w, Pass&& pass, float* attention_scratch = nullptr) {
     compute_activation_sizes(config_, B, Tn);
     const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
     const std::size_t G = part_.shard_heads;
@@ -477,7 +459,7 @@ class rtp_block {
     // MLP branch: every shard adds its units' share into dln.
     b.add_column_sums(rep_grad(block_tensor::fcproj_b), w.dres, N, C);
     b.zero(w.dln, N * C);
-    backward_pass(*mlp_, 1, io, [&](int j, std::span<const float> s, std::span<float> g) {
+    pass(1, [&](int j, std::span<const float> s, std::span<float> g) {
       const auto jj = static_cast<std::size_t>(j);
       const float* fch = a.fch + jj * N * M;
       const float* fch_gelu = a.fch_gelu + jj * N * M;
@@ -494,7 +476,7 @@ class rtp_block {
     // Attention branch: every head group adds its share into dln.
     b.add_column_sums(rep_grad(block_tensor::proj_b), w.dres, N, C);
     b.zero(w.dln, N * C);
-    backward_pass(*attn_, 0, io, [&](int j, std::span<const float> s, std::span<float> g) {
+    pass(0, [&](int j, std::span<const float> s, std::span<float> g) {
       const auto jj = static_cast<std::size_t>(j);
       const float* qkv = a.qkv + jj * N * 3 * Cs;
       const float* atty = a.atty + jj * N * Cs;
@@ -515,16 +497,16 @@ class rtp_block {
   }
 
  private:
-  /** A pass of rotation @p which: on the shard it holds, or through @p io. */
-  template <class F>
-  static void forward_pass(rotation_type& r, int which, rtp_block_io* io, F&& f) {
-    if (!io) return r.forward(f);
-    r.forward([&](std::span<float> d) { io->load(which, d); }, f);
-  }
-  template <class G>
-  static void backward_pass(rotation_type& r, int which, rtp_block_io* io, G&& g) {
-    if (!io) return r.backward(g);
-    r.backward([&](std::span<float> d) { io->load(which, d); }, g, [&](std::span<const float> sum) { io->store_grad(which, sum); });
+  /** The passes of a block that holds its shards: rotation `which` on the shard it owns (a
+   *  forward's `f(j, shard)`, a backward's `g(j, shard, grad)`). */
+  auto own_pass() {
+    if (model_replicas_)
+      throw chunkstar::state_error("gpt::rtp_block: a block on a model's state runs its rotations through the model: give forward and backward a pass");
+    return [this](int which, auto&& f) {
+      rotation_type& r = which == 0 ? *attn_ : *mlp_;
+      if constexpr (std::is_invocable_v<decltype(f), int, std::span<const float>>) r.forward(f);
+      else r.backward(f);
+    };
   }
 
   const float* rep(block_tensor t) const noexcept { return rep_p_ + part_.replicated_offset(t); }

@@ -369,8 +369,8 @@ class rtp_gpt {
     be.zero(w.dres, N * C);
     be.layernorm_backward(w.dres, g_lnf_w, g_lnf_b, w.dln, a.block_out(c_.layers), rep(lnf_offset()), a.lnf_mean, a.lnf_rstd, N, C);
     for (int l = c_.layers - 1; l >= 0; --l)
-      block_stage(l, true, [&](rtp_block_io& io) {
-        block(l).backward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], w, &io, scratch_.data());
+      block_stage(l, true, [&](auto pass) {
+        block(l).backward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], w, pass, scratch_.data());
       });
     // Embedding: each token's row gradient goes to the shard holding its id (the head's share of
     // the tied weight was added by the head's pass); the positions' rows are replicas.
@@ -535,19 +535,18 @@ class rtp_gpt {
     }
   }
   /** Block @p l's stage (its attention shard is part 1 + 2l, its MLP shard the next): @p f gets
-   *  the io through which the block's rotations load the shards and hand over their gradients. */
+   *  the pass that runs the block's rotations through the model, which loads their shards from the
+   *  store and adds their gradients there. */
   template <class F>
   void block_stage(int l, bool backward, F&& f) {
-    struct io final : rtp_block_io {
-      Store* s;
-      std::size_t first;
-      io(Store* st, std::size_t k) : s(st), first(k) {}
-      void load(int which, std::span<float> dst) override { s->load(first + static_cast<std::size_t>(which), dst); }
-      void store_grad(int which, std::span<const float> sum) override { s->add_grad(first + static_cast<std::size_t>(which), sum); }
-    };
     const std::size_t ia = 1 + 2 * static_cast<std::size_t>(l);
-    io shards(store_, ia);
-    m_->stage("h" + std::to_string(l), backward, {ia, ia + 1}, [&] { f(shards); });
+    m_->stage("h" + std::to_string(l), backward, {ia, ia + 1}, [&] {
+      f([&](int which, auto&& g) {  // a forward's g(j, shard) or a backward's g(j, shard, grad)
+        const std::size_t k = ia + static_cast<std::size_t>(which);
+        if constexpr (std::is_invocable_v<decltype(g), int, std::span<const float>>) m_->forward(k, g);
+        else m_->backward(k, g);
+      });
+    });
   }
 
   /** The forward of a [B, Tn] batch; with @p last_logits, also the full logits of the last token
@@ -565,8 +564,8 @@ class rtp_gpt {
     // Embedding: a token's row from the shard that holds its id, plus its position's row.
     vocab_->embed(tok, N, a.encoded, rep(0), Tn);
     for (int l = 0; l < c_.layers; ++l)
-      block_stage(l, false, [&](rtp_block_io& io) {
-        block(l).forward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], a.proj, &io, scratch_.data());
+      block_stage(l, false, [&](auto pass) {
+        block(l).forward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], a.proj, pass, scratch_.data());
       });
     // Head: the final LayerNorm, then each shard's logits folded into the online softmax.
     be_->layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.block_out(c_.layers), rep(lnf_offset()), rep(lnf_offset() + C), N, C);

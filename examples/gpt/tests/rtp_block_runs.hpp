@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// One rank's run of rtp_block with its shards outside the block (external_shard, the way rtp_gpt
-// holds them) on any LayerBackend: shards, replicas, transit buffers, activations and workspace in
+// One rank's run of rtp_block with its shards outside the block (rotations built with
+// external_shard, passes that load the shards and take their gradient sums, the way rtp_gpt runs
+// its blocks through its sharded_model) on any LayerBackend: shards, replicas, transit buffers, activations and workspace in
 // the backend's compute-tier memory, the host touching them only through to_compute and
 // from_compute. Shared by the CPU-side test with an asynchronous double (rtp_block_backend.test.cpp)
 // and the GPU test (rtp_block_cuda.test.cpp), which compare runs on different backends.
@@ -9,10 +10,13 @@
 #include "rtp_block.hpp"
 
 #include <chunkstar/rtp/counter_init.hpp>
+#include <chunkstar/rtp/replicated.hpp>
 #include <chunkstar/rtp/transit_buffers.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <type_traits>
 #include <vector>
 
 namespace gpt::testing {
@@ -27,18 +31,6 @@ struct rtp_block_record {
   friend bool operator==(const rtp_block_record&, const rtp_block_record&) = default;
 };
 
-/** Shard k's weights and gradient sum in compute-tier memory, loaded and stored with the backend's
- *  copies (queued on its stream, as a shard store on a device does). */
-template <LayerBackend Backend>
-struct compute_shard_io final : rtp_block_io {
-  Backend& b;
-  compute_buffer<Backend> w[2], g[2];
-  compute_shard_io(Backend& backend, std::size_t attn, std::size_t mlp)
-      : b(backend), w{{backend, attn}, {backend, mlp}}, g{{backend, attn}, {backend, mlp}} {}
-  void load(int which, std::span<float> dst) override { b.copy(dst.data(), w[which].data(), dst.size()); }
-  void store_grad(int which, std::span<const float> sum) override { b.copy(g[which].data(), sum.data(), sum.size()); }
-};
-
 /** @p iters SGD steps of one rank: forward and backward on its own micro-batch (a pure function of
  *  the rank and step), then the update on the host, written back. */
 template <class Comm, LayerBackend Backend>
@@ -48,9 +40,26 @@ rtp_block_record run_rtp_block(Comm& comm, Backend& b, int iters, float lr = 0.1
   const backend_tier<Backend> tier{&b};
   chunkstar::rtp::transit_buffers<float> transit([tier](std::size_t n) { return tier.allocate(n); },
                                                  [tier](float* p, std::size_t n) { tier.deallocate(p, n); });
-  rtp_block<Comm, Backend> blk(comm, c, transit, chunkstar::rtp::external_shard, &b);
-  const rtp_block_partition& part = blk.partition();
-  compute_shard_io<Backend> io(b, part.attn_elems(), part.mlp_elems());
+  using block_type = rtp_block<Comm, Backend>;
+  using rotation_type = typename block_type::rotation_type;
+  const rtp_block_partition part = partition_block(c, comm.size());
+  rotation_type attn_rot(comm, part.attn_elems(), transit, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{&b});
+  rotation_type mlp_rot(comm, part.mlp_elems(), transit, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{&b});
+  // Each rotation's weights and gradient sum, the replicas and their gradients in compute-tier
+  // memory, copied with the backend (queued on its stream, as a shard store on a device does).
+  compute_buffer<Backend> attn_w(b, part.attn_elems()), attn_g(b, part.attn_elems()), mlp_w(b, part.mlp_elems()),
+      mlp_g(b, part.mlp_elems()), rep_w(b, part.replicated_elems()), rep_g(b, part.replicated_elems());
+  block_type blk(comm, c, attn_rot, mlp_rot, rep_w.data(), rep_g.data(), &b);
+  const auto pass = [&](int which, auto&& f) {
+    rotation_type& r = which == 0 ? attn_rot : mlp_rot;
+    float* const shard = (which == 0 ? attn_w : mlp_w).data();
+    float* const sum_out = (which == 0 ? attn_g : mlp_g).data();
+    const auto load = [&](std::span<float> d) { b.copy(d.data(), shard, d.size()); };
+    if constexpr (std::is_invocable_v<decltype(f), int, std::span<const float>>)
+      r.forward(load, f);
+    else
+      r.backward(load, f, [&](std::span<const float> sum) { b.copy(sum_out, sum.data(), sum.size()); });
+  };
 
   // This rank's shards and the replicas, by global index.
   const chunkstar::rtp::counter_init init{.seed = 7, .key = chunkstar::rtp::tensor_key("rtp_block_runs")};
@@ -74,9 +83,9 @@ rtp_block_record run_rtp_block(Comm& comm, Backend& b, int iters, float lr = 0.1
   };
   rtp_block_record r;
   for (int it = 0; it < iters; ++it) {
-    b.to_compute(io.w[0].data(), attn.data(), attn.size() * sizeof(float));
-    b.to_compute(io.w[1].data(), mlp.data(), mlp.size() * sizeof(float));
-    blk.write_replicated(rep);
+    b.to_compute(attn_w.data(), attn.data(), attn.size() * sizeof(float));
+    b.to_compute(mlp_w.data(), mlp.data(), mlp.size() * sizeof(float));
+    b.to_compute(rep_w.data(), rep.data(), rep.size() * sizeof(float));
     const chunkstar::rtp::counter_init xs{.seed = 11, .key = chunkstar::rtp::tensor_key("x")};
     std::vector<float> xh(rows * C), target(rows * C);
     const std::uint64_t base = (static_cast<std::uint64_t>(it) * 64 + static_cast<std::uint64_t>(comm.rank())) * 2 * rows * C;
@@ -84,17 +93,18 @@ rtp_block_record run_rtp_block(Comm& comm, Backend& b, int iters, float lr = 0.1
     xs.fill_normal<float>(target, base + rows * C, 0.0f, 1.0f);
     b.to_compute(x.data(), xh.data(), xh.size() * sizeof(float));
 
-    blk.forward(B, T, x.data(), a, proj.data(), &io);
+    blk.forward(B, T, x.data(), a, proj.data(), pass);
     r.y.push_back(fetch(a.res3, rows * C));
     std::vector<float> dy(rows * C);
     for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = (r.y.back()[i] - target[i]) / static_cast<float>(rows * C);
     b.to_compute(w.dres, dy.data(), dy.size() * sizeof(float));
-    blk.backward(B, T, x.data(), a, w, &io);
+    blk.backward(B, T, x.data(), a, w, pass);
+    b.quiesce();  // the all-reduce reads the replicas' gradients the kernels wrote
+    chunkstar::rtp::reduce_replicated_grads(comm, std::span<float>(rep_g.data(), rep.size()));
     r.dx.push_back(fetch(w.dres, rows * C));
-    r.attn_grad.push_back(fetch(io.g[0].data(), attn.size()));
-    r.mlp_grad.push_back(fetch(io.g[1].data(), mlp.size()));
-    std::vector<float> rg(rep.size());
-    blk.read_replicated(rg, true);
+    r.attn_grad.push_back(fetch(attn_g.data(), attn.size()));
+    r.mlp_grad.push_back(fetch(mlp_g.data(), mlp.size()));
+    const std::vector<float> rg = fetch(rep_g.data(), rep.size());
     r.rep_grad.push_back(rg);
 
     for (std::size_t i = 0; i < attn.size(); ++i) attn[i] -= lr * r.attn_grad.back()[i];
