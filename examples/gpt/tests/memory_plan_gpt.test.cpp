@@ -182,4 +182,40 @@ TEST_CASE("memory plan: a run admitted at the device floor trains without runnin
   }
 }
 
+TEST_CASE("memory plan: an RTP run admitted at each rank's device floor trains without running out of memory (N = 1, 2, 4)") {
+  // Each rank's parts and replicas in its own chunk runtime (a one-rank plan over the rank's
+  // shard tensors and stage scopes), the device at the floor, chunks moving (auto placement).
+  using rt_type = chunk_runtime<fixed_chunk_layout, auto_placement>;
+  using store_type = rtp::chunk_shard_store<rt_type>;
+  using model_type = gpt::rtp_gpt<in_process_communicator, store_type>;
+  for (const int n : {1, 2, 4}) {
+    CAPTURE(n);
+    run_ranks(n, [&](in_process_communicator& comm) {
+      const auto specs = model_type::shard_tensors(cfg, n, comm.rank());
+      const auto layout = layout_of(specs);
+      const memory_plan plan = plan_memory(specs, layout, {.param_type = dtype::f32}, 1, model_type::stage_scopes(cfg, n, comm.rank()),
+                                           model_type::compute_tier_bytes(cfg, n, shape.batch, shape.seq));
+      REQUIRE(plan.device_floor() < plan.device_for_resident());  // chunks must move
+      simulated_device_space dev({.capacity = plan.device_floor()});
+      host_space host;
+      host_copy_engine copier;
+      single_process_communicator one;  // the store's runtime is a one-rank one
+      rt_type rt(dev, host, copier, one, {.param_type = dtype::f32}, layout, auto_placement{});
+      store_type store(rt);
+      model_type model(comm, store, cfg, shape.batch, shape.seq);
+      model.init(42);
+      const auto data = gpt::load_text("", shape.seq);
+      std::vector<int> tokens(shape.batch * shape.seq), targets(tokens.size());
+      CHECK_NOTHROW([&] {
+        for (int step = 1; step <= 2; ++step) {
+          gpt::fill_batch(data.train, 1, gpt::train_key(step, comm.rank()), shape.batch, shape.seq, tokens.data(), targets.data());
+          (void)model.forward(tokens.data(), targets.data());
+          model.backward(tokens.data(), targets.data());
+          (void)model.step({.lr = 3e-3f, .weight_decay = 0.1f}, param_groups::with_default_decay(0.1f), n, 1.0f);
+        }
+      }());
+    });
+  }
+}
+
 }  // namespace memory_plan_gpt_test
