@@ -17,7 +17,7 @@
 //   comm:    bytes sent + received by one rank in one steady-state iteration (comm_stats deltas),
 //            against the theory computed from the chunk plan alone: the scopes chunked_gpt opens
 //            (forward embedding, blocks, head; backward head, blocks, embedding) replayed through
-//            the gather/release/reduce rules of runtime/sharding.hpp give the gathers G and
+//            the gather/release/reduce rules of zero/shard_manager.hpp give the gathers G and
 //            reductions R per iteration; each rank then sends and receives
 //            (N-1) x (G x param chunk bytes + R x grad chunk bytes + 8 x padded chunks) bytes (the
 //            last term: the norm's allreduce of one double per chunk). Self-check: equality, on
@@ -241,7 +241,7 @@ struct comm_theory {
   std::uint64_t peak_collective_bytes = 0;  // most bytes in group buffers (N chunks each) and reduce scratch (one chunk) at once
 };
 
-/** Replays the scopes chunked_gpt opens in one iteration through sharding.hpp's rules: a scope
+/** Replays the scopes chunked_gpt opens in one iteration through shard_manager.hpp's rules: a scope
  *  gathers each group of its parameter chunks that is not gathered; after it closes, a gathered
  *  group is released unless one of its chunks is used again by the very next scope (with keep:
  *  by any later scope of the iteration); a gradient group is attached at its first backward use

@@ -60,12 +60,12 @@
 
 #include <chunkstar/runtime/assemblies.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
-#include <chunkstar/runtime/chunk_id.hpp>
+#include <chunkstar/core/tier.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
-#include <chunkstar/runtime/data_parallel.hpp>
+#include <chunkstar/zero/replicated_gradients.hpp>
 #include <chunkstar/runtime/memory_plan.hpp>
-#include <chunkstar/runtime/runtime_stats.hpp>
-#include <chunkstar/runtime/timeline.hpp>
+#include <chunkstar/observe/runtime_stats.hpp>
+#include <chunkstar/observe/timeline.hpp>
 
 #include <chunkstar/rtp/buffer_ops.hpp>
 #include <chunkstar/rtp/checkpoint_view.hpp>

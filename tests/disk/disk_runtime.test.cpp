@@ -9,7 +9,7 @@
 #include <chunkstar/placement/static_placement.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
-#include <chunkstar/runtime/disk_planner.hpp>
+#include <chunkstar/store/disk_planner.hpp>
 
 #include <doctest/doctest.h>
 

@@ -5,7 +5,7 @@
 // carrying out the plan is legal and never exceeds a budget before the chunk it loads is used.
 #include <chunkstar/eviction/belady.hpp>
 #include <chunkstar/eviction/lru.hpp>
-#include <chunkstar/runtime/prefetch_planner.hpp>
+#include <chunkstar/store/prefetch_planner.hpp>
 #include <chunkstar/tracer/warmup_tracer.hpp>
 
 #include <doctest/doctest.h>

@@ -18,6 +18,7 @@
 // teeth: a gradient that lost one rank's micro-batch lands far outside it.
 #include "../../examples/own_model/residual_mlp.hpp"
 
+#include <chunkstar/runtime/assemblies.hpp>
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/comm/single_process.hpp>

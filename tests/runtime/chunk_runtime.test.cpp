@@ -3,6 +3,7 @@
 #include <chunkstar/eviction/lru.hpp>
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
 #include <chunkstar/placement/static_placement.hpp>
+#include <chunkstar/runtime/assemblies.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
 #include <chunkstar/tracer/null_tracer.hpp>
 

@@ -3,7 +3,7 @@
 // releases it, so "the logical tier changes at once, the buffer retires when the copy lands", the
 // buffer takeover of an in-flight eviction, the strong guarantee under faults and the stream
 // contract are checked as exact sequences of engine operations and as bytes, not by timing.
-#include <chunkstar/runtime/chunk_store.hpp>
+#include <chunkstar/store/chunk_store.hpp>
 
 #include <doctest/doctest.h>
 

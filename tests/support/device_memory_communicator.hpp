@@ -14,7 +14,7 @@
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/memory/host_copy_engine.hpp>
 #include <chunkstar/memory/simulated_device_space.hpp>
-#include <chunkstar/runtime/platform.hpp>
+#include <chunkstar/memory/platform.hpp>
 
 #include <cstdint>
 #include <map>

@@ -34,7 +34,7 @@
 #include <chunkstar/memory/copy_engine.hpp>
 #include <chunkstar/memory/host_space.hpp>
 #include <chunkstar/memory/simulated_device_space.hpp>
-#include <chunkstar/runtime/platform.hpp>
+#include <chunkstar/memory/platform.hpp>
 
 #include <array>
 #include <cstddef>

@@ -8,7 +8,7 @@
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
-#include <chunkstar/runtime/data_parallel.hpp>
+#include <chunkstar/zero/replicated_gradients.hpp>
 
 #include "support/device_memory_communicator.hpp"
 #include "support/mlp_replica.hpp"

@@ -22,8 +22,9 @@
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
+#include <chunkstar/runtime/assemblies.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
-#include <chunkstar/runtime/sharding.hpp>
+#include <chunkstar/zero/shard_manager.hpp>
 
 #include <chrono>
 #include <concepts>

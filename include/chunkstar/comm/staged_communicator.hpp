@@ -16,7 +16,7 @@
  *  buffers, as the concept states them, before anything is copied. Host buffers come from a small
  *  pool, reused across calls. Reductions are the inner communicator's, so they keep its bits (the
  *  rank-order fold for MPI and in-process groups). Buffers must be ready when a collective is
- *  called: the runtime waits for their copies and for the user's work first (sharding.hpp), as it
+ *  called: the runtime waits for their copies and for the user's work first (zero/shard_manager.hpp), as it
  *  does for NCCL. Handles must not outlive the communicator.
  */
 #pragma once

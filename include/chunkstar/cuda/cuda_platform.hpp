@@ -8,7 +8,7 @@
 #include <chunkstar/cuda/cuda_copy_engine.hpp>
 #include <chunkstar/cuda/device_space.hpp>
 #include <chunkstar/cuda/pinned_host_space.hpp>
-#include <chunkstar/runtime/platform.hpp>
+#include <chunkstar/memory/platform.hpp>
 
 namespace chunkstar::cuda {
 

@@ -8,6 +8,7 @@
  */
 #pragma once
 
+#include <chunkstar/core/chunk_kind.hpp>
 #include <chunkstar/core/dtype.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
@@ -69,21 +70,6 @@ concept ChunkLayout = requires(const L& l, std::span<const tensor_spec> specs) {
   { l.plan(specs) } -> std::same_as<chunk_plan>;
   { l.name() } -> std::convertible_to<std::string_view>;
 };
-
-/** @brief The kinds of parallel chunk lists. */
-enum class chunk_kind : std::uint8_t { param, grad, master, momentum, variance };
-inline constexpr std::size_t num_chunk_kinds = 5;
-
-constexpr std::string_view chunk_kind_name(chunk_kind k) noexcept {
-  switch (k) {
-    case chunk_kind::param: return "param";
-    case chunk_kind::grad: return "grad";
-    case chunk_kind::master: return "master";
-    case chunk_kind::momentum: return "momentum";
-    case chunk_kind::variance: return "variance";
-  }
-  return "?";
-}
 
 /** @brief Gradients in their own chunks (default: allows accumulation and multi-use parameters)
  *  or in the param chunk's slot after the last backward use (PatrickStar's memory saving). */

@@ -7,7 +7,8 @@
  */
 #pragma once
 
-#include <chunkstar/runtime/chunk_id.hpp>
+#include <chunkstar/core/moment_kind.hpp>
+#include <chunkstar/core/tier.hpp>
 
 #include <concepts>
 #include <cstddef>

@@ -27,7 +27,7 @@
 #include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/rtp/model_part.hpp>
 #include <chunkstar/runtime/param_registry.hpp>
-#include <chunkstar/runtime/shard_map.hpp>
+#include <chunkstar/zero/shard_map.hpp>
 
 #include <algorithm>
 #include <array>

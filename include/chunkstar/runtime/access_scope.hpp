@@ -9,7 +9,10 @@
 
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
-#include <chunkstar/runtime/chunk_id.hpp>
+#include <chunkstar/core/chunk_id.hpp>
+#include <chunkstar/core/chunk_kind.hpp>
+#include <chunkstar/core/moment_kind.hpp>
+#include <chunkstar/core/tier.hpp>
 #include <chunkstar/runtime/param_registry.hpp>
 
 #include <algorithm>

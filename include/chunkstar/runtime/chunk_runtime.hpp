@@ -21,17 +21,18 @@
 #include <chunkstar/layout/searched_chunk_layout.hpp>
 #include <chunkstar/placement/auto_placement.hpp>
 #include <chunkstar/runtime/access_scope.hpp>
-#include <chunkstar/runtime/chunk_store.hpp>
+#include <chunkstar/store/chunk_store.hpp>
 #include <chunkstar/runtime/memory_plan.hpp>
-#include <chunkstar/runtime/non_model.hpp>
+#include <chunkstar/runtime/non_model_buffer.hpp>
+#include <chunkstar/store/non_model_allocator.hpp>
 #include <chunkstar/runtime/optimizer_pass.hpp>
 #include <chunkstar/runtime/param_registry.hpp>
-#include <chunkstar/runtime/platform.hpp>
-#include <chunkstar/runtime/residency.hpp>
+#include <chunkstar/memory/platform.hpp>
+#include <chunkstar/store/residency_manager.hpp>
 #include <chunkstar/runtime/runtime_options.hpp>
-#include <chunkstar/runtime/sharding.hpp>
-#include <chunkstar/runtime/runtime_observer.hpp>
-#include <chunkstar/runtime/tensor_states.hpp>
+#include <chunkstar/zero/shard_manager.hpp>
+#include <chunkstar/observe/runtime_observer.hpp>
+#include <chunkstar/runtime/tensor_state_table.hpp>
 #include <chunkstar/tracer/warmup_tracer.hpp>
 
 #include <algorithm>
@@ -562,4 +563,3 @@ void CHUNKSTAR_RUNTIME::not_in_scope(param_id p) const {
 
 }  // namespace chunkstar
 
-#include <chunkstar/runtime/assemblies.hpp>

@@ -16,9 +16,9 @@
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/core/units.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
-#include <chunkstar/runtime/gather_plan.hpp>
+#include <chunkstar/zero/gather_plan.hpp>
 #include <chunkstar/runtime/runtime_options.hpp>
-#include <chunkstar/runtime/shard_map.hpp>
+#include <chunkstar/zero/shard_map.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -15,10 +15,10 @@
 #include <chunkstar/core/function_ref.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
-#include <chunkstar/runtime/chunk_store.hpp>
-#include <chunkstar/runtime/non_model.hpp>
-#include <chunkstar/runtime/runtime_observer.hpp>
-#include <chunkstar/runtime/sharding.hpp>
+#include <chunkstar/store/chunk_store.hpp>
+#include <chunkstar/store/compute_level.hpp>
+#include <chunkstar/observe/runtime_observer.hpp>
+#include <chunkstar/zero/shard_manager.hpp>
 
 #include <cstddef>
 #include <cstdint>
