@@ -11,6 +11,7 @@
 // `host_memory_communicator` is the reverse, an MPI without CUDA support: any void* buffer that
 // touches a tracked device is a `device_buffer_error` (staged_communicator's inner side).
 #pragma once
+#include <chunkstar/comm/blocking_collectives.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/memory/host_copy_engine.hpp>
 #include <chunkstar/memory/simulated_device_space.hpp>
@@ -121,7 +122,7 @@ struct device_buffer_error : std::logic_error {
 /** One in-process rank whose void* collectives must name device memory (@p Device, see the file
  *  comment), or must not (host memory only, like an MPI without CUDA support). */
 template <bool Device>
-class memory_checked_communicator {
+class memory_checked_communicator : public blocking_collectives<memory_checked_communicator<Device>> {
  public:
   static constexpr bool takes_device_memory = Device;
 
@@ -131,13 +132,6 @@ class memory_checked_communicator {
 
   [[nodiscard]] int rank() const { return inner_.rank(); }
   [[nodiscard]] int size() const { return inner_.size(); }
-  void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { allreduce_async(p, n, t, op).wait(); }
-  void allreduce(std::span<double> d, reduce_op op) { inner_.allreduce(d, op); }
-  void allgather(const void* s, void* r, std::size_t n) { allgather_async(s, r, n).wait(); }
-  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { reduce_scatter_async(s, r, n, t, op).wait(); }
-  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { reduce_async(s, r, n, t, op, root).wait(); }
-  void broadcast(void* p, std::size_t n, int root) { broadcast_async(p, n, root).wait(); }
-  void ring_shift(const void* s, void* r, std::size_t n) { ring_shift_async(s, r, n).wait(); }
   void barrier() { inner_.barrier(); }
   comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) {
     check("allreduce", "inout", p, n * dtype_size(t));

@@ -6,6 +6,7 @@
 // results must be those of the same ranks over the plain in-process communicator, bit for bit.
 // The same through staged_communicator over a host-only double (an MPI without CUDA support), and
 // the stream contract: a reduction never reads gradients the user's stream may still be writing.
+#include <chunkstar/comm/blocking_collectives.hpp>
 #include <chunkstar/checkpoint/runtime_checkpoint.hpp>
 #include <chunkstar/comm/host_scalars.hpp>
 #include <chunkstar/comm/in_process_group.hpp>
@@ -235,7 +236,7 @@ using chunkstar::testing::scripted_platform;
 using chunkstar::testing::scripted_stream;
 
 /** In-process rank that checks every void* buffer against the user work still pending on it. */
-class stream_checked_communicator {
+class stream_checked_communicator : public blocking_collectives<stream_checked_communicator> {
  public:
   explicit stream_checked_communicator(in_process_communicator& inner) : inner_(inner) {}
   /** The user's work up to @p done writes @p bytes at @p p. */
@@ -244,13 +245,6 @@ class stream_checked_communicator {
 
   [[nodiscard]] int rank() const { return inner_.rank(); }
   [[nodiscard]] int size() const { return inner_.size(); }
-  void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { allreduce_async(p, n, t, op).wait(); }
-  void allreduce(std::span<double> d, reduce_op op) { inner_.allreduce(d, op); }
-  void allgather(const void* s, void* r, std::size_t n) { allgather_async(s, r, n).wait(); }
-  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { reduce_scatter_async(s, r, n, t, op).wait(); }
-  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { reduce_async(s, r, n, t, op, root).wait(); }
-  void broadcast(void* p, std::size_t n, int root) { broadcast_async(p, n, root).wait(); }
-  void ring_shift(const void* s, void* r, std::size_t n) { ring_shift_async(s, r, n).wait(); }
   void barrier() { inner_.barrier(); }
   comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) {
     check("allreduce", p, n * dtype_size(t));

@@ -8,6 +8,7 @@
  */
 #pragma once
 
+#include <chunkstar/comm/blocking_collectives.hpp>
 #include <chunkstar/comm/communicator.hpp>
 
 #include <cstddef>
@@ -16,7 +17,7 @@
 namespace chunkstar {
 
 /** @brief Refers to a communicator that outlives it; copyable, cheap. */
-class communicator_ref {
+class communicator_ref : public blocking_collectives<communicator_ref> {
  public:
   template <Communicator C>
     requires(!std::same_as<C, communicator_ref>)
@@ -24,15 +25,6 @@ class communicator_ref {
 
   [[nodiscard]] int rank() const { return vt_->rank(obj_); }
   [[nodiscard]] int size() const { return vt_->size(obj_); }
-  void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { allreduce_async(p, n, t, op).wait(); }
-  void allreduce(std::span<double> d, reduce_op op) { allreduce_async(d, op).wait(); }
-  void allgather(const void* s, void* r, std::size_t n) { allgather_async(s, r, n).wait(); }
-  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { reduce_scatter_async(s, r, n, t, op).wait(); }
-  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
-    reduce_async(s, r, n, t, op, root).wait();
-  }
-  void broadcast(void* p, std::size_t n, int root) { broadcast_async(p, n, root).wait(); }
-  void ring_shift(const void* s, void* r, std::size_t n) { ring_shift_async(s, r, n).wait(); }
   void barrier() { vt_->barrier(obj_); }
   comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) { return vt_->allreduce(obj_, p, n, t, op); }
   comm_handle allreduce_async(std::span<double> d, reduce_op op) { return vt_->allreduce_f64(obj_, d, op); }

@@ -5,6 +5,7 @@
  */
 #pragma once
 
+#include <chunkstar/comm/blocking_collectives.hpp>
 #include <chunkstar/comm/collective_call.hpp>
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/core/error.hpp>
@@ -40,7 +41,7 @@ class in_process_group;
  *  then reads its peers' directly (no copies through the group), then waits until every peer has
  *  finished reading before the call completes.
  */
-class in_process_communicator {
+class in_process_communicator : public blocking_collectives<in_process_communicator> {
  public:
   in_process_communicator(const in_process_communicator&) = delete;
   in_process_communicator& operator=(const in_process_communicator&) = delete;
@@ -51,17 +52,6 @@ class in_process_communicator {
   /** @brief Ranks in the group. */
   [[nodiscard]] int size() const noexcept;
 
-  void allreduce(void* inout, std::size_t count, dtype t, reduce_op op) { allreduce_async(inout, count, t, op).wait(); }
-  void allreduce(std::span<double> inout, reduce_op op) { allreduce_async(inout, op).wait(); }
-  void allgather(const void* send, void* recv, std::size_t bytes) { allgather_async(send, recv, bytes).wait(); }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    reduce_scatter_async(send, recv, count, t, op).wait();
-  }
-  void reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
-    reduce_async(send, recv, count, t, op, root).wait();
-  }
-  void broadcast(void* buf, std::size_t bytes, int root) { broadcast_async(buf, bytes, root).wait(); }
-  void ring_shift(const void* send, void* recv, std::size_t bytes) { ring_shift_async(send, recv, bytes).wait(); }
   void barrier() { barrier_async().wait(); }
 
   comm_handle allreduce_async(void* inout, std::size_t count, dtype t, reduce_op op);

@@ -21,6 +21,7 @@
  */
 #pragma once
 
+#include <chunkstar/comm/blocking_collectives.hpp>
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/core/dtype.hpp>
 #include <chunkstar/core/error.hpp>
@@ -71,7 +72,7 @@ static_assert(Stager<memcpy_stager>);
 /** @brief `Inner`'s collectives on device memory, staged through host buffers (see the file
  *  comment). Holds @p inner by reference; non-copyable (it owns the staging pool). */
 template <Communicator Inner, Stager S = memcpy_stager>
-class staged_communicator {
+class staged_communicator : public blocking_collectives<staged_communicator<Inner, S>> {
  public:
   static constexpr bool takes_device_memory = true;  ///< its void* collectives take device memory
 
@@ -95,13 +96,6 @@ class staged_communicator {
   /** @brief Bytes copied device → host and host → device so far. */
   [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> staged_bytes() const noexcept { return {to_host_bytes_, to_device_bytes_}; }
 
-  void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { allreduce_async(p, n, t, op).wait(); }
-  void allreduce(std::span<double> d, reduce_op op) { inner_.allreduce(d, op); }
-  void allgather(const void* s, void* r, std::size_t n) { allgather_async(s, r, n).wait(); }
-  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { reduce_scatter_async(s, r, n, t, op).wait(); }
-  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { reduce_async(s, r, n, t, op, root).wait(); }
-  void broadcast(void* p, std::size_t n, int root) { broadcast_async(p, n, root).wait(); }
-  void ring_shift(const void* s, void* r, std::size_t n) { ring_shift_async(s, r, n).wait(); }
   void barrier() { inner_.barrier(); }
 
   comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) {

@@ -5,6 +5,7 @@
  */
 #pragma once
 
+#include <chunkstar/comm/blocking_collectives.hpp>
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/core/error.hpp>
 
@@ -121,7 +122,7 @@ struct event_state {
  *  Construction is collective over the `size` ranks (ncclCommInitRank). Bootstrap the unique id
  *  over any host `Communicator` (MPI in production, see `bootstrap`), so this header needs no MPI.
  */
-class nccl_communicator {
+class nccl_communicator : public blocking_collectives<nccl_communicator> {
  public:
   static constexpr bool takes_device_memory = true;  ///< its void* collectives take device memory
 
@@ -190,17 +191,6 @@ class nccl_communicator {
   /** @brief Bytes this rank moved and collectives it issued (see comm_stats; ring volumes). */
   [[nodiscard]] const comm_stats& stats() const noexcept { return counter_.stats; }
 
-  void allreduce(void* inout, std::size_t count, dtype t, reduce_op op) { allreduce_async(inout, count, t, op).wait(); }
-  void allreduce(std::span<double> inout, reduce_op op) { allreduce_async(inout, op).wait(); }
-  void allgather(const void* send, void* recv, std::size_t bytes) { allgather_async(send, recv, bytes).wait(); }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    reduce_scatter_async(send, recv, count, t, op).wait();
-  }
-  void reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
-    reduce_async(send, recv, count, t, op, root).wait();
-  }
-  void broadcast(void* buf, std::size_t bytes, int root) { broadcast_async(buf, bytes, root).wait(); }
-  void ring_shift(const void* send, void* recv, std::size_t bytes) { ring_shift_async(send, recv, bytes).wait(); }
 
   void barrier() {
     detail::device_guard guard(device_);
