@@ -50,7 +50,7 @@ import tempfile
 import time
 import warnings
 
-PRESETS = {  # examples/gpt/model_config.hpp
+PRESETS = {  # examples/gpt/model/model_config.hpp
     "tiny": dict(context=128, layers=4, heads=4, width=64),
     "mini": dict(context=128, layers=6, heads=8, width=256),
     "small": dict(context=256, layers=6, heads=6, width=384),
