@@ -4,12 +4,11 @@
 # with its documented exit code and a message on stderr, and nothing on disk is lost.
 #   bash faults.sh <train_gpt> <work dir>
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/trainer_checks.sh"
 train=$1
 work=$2
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 base=(--preset tiny --batch 2 --seq 32 --val-every 0 --sample 0)
 
 # run <expected rc> <what stderr must contain> <train_gpt args...>: at most 60 s, never a hang.
@@ -130,8 +129,4 @@ for limit in 100000 600000 800000 900000; do
   fi
 done
 
-if ((failures)); then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all fault checks passed"
+finish "fault"

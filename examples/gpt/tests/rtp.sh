@@ -14,6 +14,7 @@
 #     job, non-zero, within 30 s.
 #   bash rtp.sh <train_gpt> <mpiexec> <work dir>
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/trainer_checks.sh"
 train=$1
 mpiexec=$2
 work=$3
@@ -21,9 +22,6 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1  # 4 ranks on few cores
 mpi=("$mpiexec" --allow-run-as-root --oversubscribe -np)
 args=(--preset tiny --batch 8 --seq 32 --steps 8 --warmup 2 --val-every 4 --sample 16)
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-losses() { grep -E '^(step|validation)' "$1" | sed -E 's/^step +([0-9]+)\/[0-9]+ \| loss ([0-9.]+).*/\1 \2/; s/^validation loss ([0-9.]+) at step ([0-9]+)/v\2 \1/'; }
 # Same steps, each loss within 1e-4 relative (fp32 rounding, amplified a little by Adam over 8 steps).
 close() {
   awk 'NR == FNR { a[$1] = $2; next } { if (!($1 in a)) { print "missing " $1; bad = 1; next }
@@ -104,22 +102,6 @@ for change in "--steps 9" "--seed 7" "--sample 5"; do
 done
 
 # A rank dies: the job must end by itself.
-"${mpi[@]}" 4 "$train" --preset tiny --batch 8 --seq 32 --steps 100000 --warmup 2 --val-every 0 --sample 0 --parallel rtp >kill.txt 2>&1 &
-job=$!
-for _ in $(seq 1 300); do grep -qE '^step +3/' kill.txt 2>/dev/null && break; sleep 0.1; done
-victim=$(pgrep -f -n "train_gpt --preset tiny --batch 8 --seq 32 --steps 100000")
-start=$SECONDS
-if [[ -n $victim ]]; then kill -9 "$victim"; else fail "no rank to kill"; fi
-for _ in $(seq 1 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
-if kill -0 $job 2>/dev/null; then
-  fail "the job still runs 30 s after a rank was killed"
-  pkill -9 -f "train_gpt --preset tiny --batch 8 --seq 32 --steps 100000"
-  kill -9 $job 2>/dev/null
-fi
-wait $job
-rc=$?
-((rc != 0)) || fail "the job exited 0 after a rank was killed"
-echo "ok: a killed rank ended the job in $((SECONDS - start)) s with rc $rc"
+kill_a_rank 4 --preset tiny --batch 8 --seq 32 --steps 100000 --warmup 2 --val-every 0 --sample 0 --parallel rtp
 
-((failures)) && { echo "$failures check(s) failed"; exit 1; }
-echo "all RTP trainer checks passed"
+finish "RTP trainer"

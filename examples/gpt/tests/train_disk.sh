@@ -6,12 +6,11 @@
 # with exit 2 naming the option.
 #   bash train_disk.sh <train_gpt> <work dir>
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/trainer_checks.sh"
 train=$1
 work=$2
 rm -rf "$work" && mkdir -p "$work/disk" && cd "$work" || exit 1
 
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 # tiny: 2.6 MiB of model data; the device holds activations + 20% of it and the host 0.6 MiB, so
 # more than half of the model data lives on the disk.
 base=(--preset tiny --batch 2 --seq 32 --steps 6 --val-every 3 --val-batches 2 --sample 0 --device sim --device-budget 20%)
@@ -91,8 +90,4 @@ run "--host-budget" "${base[@]}" --host-budget 64KiB --disk-dir "$work/disk"
 run "--parallel rtp" "${base[@]}" "${disk[@]}" --parallel rtp
 run "--disk-dir" "${base[@]}" "${disk[@]}" --disk-budget 900TiB  # more than the filesystem holds
 
-if ((failures)); then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all disk-tier trainer checks passed"
+finish "disk-tier trainer"

@@ -11,6 +11,7 @@
 #  4. a rank killed (SIGKILL) mid-run ends the whole job, non-zero, within 30 s — never a hang.
 #   bash zero.sh <train_gpt> <mpiexec> <work dir>
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/trainer_checks.sh"
 train=$1
 mpiexec=$2
 work=$3
@@ -18,9 +19,6 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1  # 3 ranks on few cores
 mpi=("$mpiexec" --allow-run-as-root --oversubscribe -np)
 args=(--preset tiny --batch 6 --seq 32 --steps 8 --warmup 2 --val-every 4 --sample 0)
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-losses() { grep -E '^(step|validation)' "$1" | sed -E 's/^step +([0-9]+)\/[0-9]+ \| loss ([0-9.]+).*/\1 \2/; s/^validation loss ([0-9.]+) at step ([0-9]+)/v\2 \1/'; }
 
 timeout 300 "$train" "${args[@]}" >one.txt 2>&1 || fail "one process: rc $?"
 timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero >three.txt 2>&1 || fail "3 ranks: rc $?"
@@ -95,22 +93,6 @@ rc=$?
   fail "mpirun -np 2 without --parallel: rc $rc, $(grep -m1 error none.txt)"
 
 # A rank dies: the job must end by itself.
-"${mpi[@]}" 3 "$train" --preset tiny --batch 6 --seq 32 --steps 100000 --warmup 2 --val-every 0 --sample 0 --parallel zero >kill.txt 2>&1 &
-job=$!
-for _ in $(seq 1 300); do grep -qE '^step +3/' kill.txt && break; sleep 0.1; done
-victim=$(pgrep -f -n "train_gpt --preset tiny --batch 6 --seq 32 --steps 100000")
-start=$SECONDS
-if [[ -n $victim ]]; then kill -9 "$victim"; else fail "no rank to kill"; fi
-for _ in $(seq 1 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
-if kill -0 $job 2>/dev/null; then
-  fail "the job still runs 30 s after a rank was killed"
-  pkill -9 -f "train_gpt --preset tiny --batch 6 --seq 32 --steps 100000"
-  kill -9 $job 2>/dev/null
-fi
-wait $job
-rc=$?
-((rc != 0)) || fail "the job exited 0 after a rank was killed"
-echo "ok: a killed rank ended the job in $((SECONDS - start)) s with rc $rc"
+kill_a_rank 3 --preset tiny --batch 6 --seq 32 --steps 100000 --warmup 2 --val-every 0 --sample 0 --parallel zero
 
-((failures)) && { echo "$failures check(s) failed"; exit 1; }
-echo "all ZeRO trainer checks passed"
+finish "ZeRO trainer"

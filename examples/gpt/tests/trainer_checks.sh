@@ -1,0 +1,37 @@
+# SPDX-License-Identifier: Apache-2.0
+# What the trainer's end-to-end scripts (zero.sh, rtp.sh, faults.sh, train_disk.sh) share; sourced.
+#   fail MESSAGE           count a failed check and say why
+#   losses FILE            a run's "step loss" and "vSTEP loss" lines, for diffs
+#   kill_a_rank N ARGS...  start N MPI ranks of train_gpt ARGS (under $mpiexec), SIGKILL one after
+#                          step 3, and check that the job ends by itself, non-zero, within 30 s
+#   finish NAME            exit 1 if any check failed, else say all NAME checks passed
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+losses() { grep -E '^(step|validation)' "$1" | sed -E 's/^step +([0-9]+)\/[0-9]+ \| loss ([0-9.]+).*/\1 \2/; s/^validation loss ([0-9.]+) at step ([0-9]+)/v\2 \1/'; }
+
+kill_a_rank() {
+  local n=$1
+  shift
+  local pattern="train_gpt $*"
+  "$mpiexec" --allow-run-as-root --oversubscribe -np "$n" "$train" "$@" >kill.txt 2>&1 &
+  local job=$!
+  for _ in $(seq 1 300); do grep -qE '^step +3/' kill.txt 2>/dev/null && break; sleep 0.1; done
+  local victim start=$SECONDS
+  victim=$(pgrep -f -n -- "$pattern")
+  if [[ -n $victim ]]; then kill -9 "$victim"; else fail "no rank to kill"; fi
+  for _ in $(seq 1 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $job 2>/dev/null; then
+    fail "the job still runs 30 s after a rank was killed"
+    pkill -9 -f -- "$pattern"
+    kill -9 $job 2>/dev/null
+  fi
+  wait $job
+  local rc=$?
+  ((rc != 0)) || fail "the job exited 0 after a rank was killed"
+  echo "ok: a killed rank ended the job in $((SECONDS - start)) s with rc $rc"
+}
+
+finish() {
+  ((failures)) && { echo "$failures check(s) failed"; exit 1; }
+  echo "all $1 checks passed"
+}

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+// The trainer's platforms: a run's memory spaces, copy engine, kernels and device Adam (the
+// simulated device or a CUDA device), the disk tier (--disk-dir), and what they report.
+#pragma once
+
+#include "chunked_gpt.hpp"
+#include "train_options.hpp"
+#if GPT_HAS_CUDA_BACKEND
+#include "gpt_backend_cuda.hpp"
+
+#include <chunkstar/cuda/cuda_platform.hpp>
+#endif
+
+#include <chunkstar/comm/communicator_ref.hpp>
+#include <chunkstar/config.hpp>
+#include <chunkstar/core/cpu_isa.hpp>
+#include <chunkstar/disk/disk_copy_engine.hpp>
+#include <chunkstar/disk/disk_tier.hpp>
+#if CHUNKSTAR_HAS_URING()
+#include <chunkstar/disk/uring_copy_engine.hpp>
+#endif
+#include <chunkstar/memory/platform.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
+
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace gpt {
+
+using namespace chunkstar;
+
+/** Latency of one copy on the modelled link (--link-bandwidth): a PCIe transfer's setup cost. */
+inline constexpr double modelled_copy_latency_s = 10e-6;
+/** Bytes of alignment slack the activation estimate adds (each buffer is 64-byte aligned). */
+inline constexpr std::size_t activation_slack_bytes = 64 * 1024;
+
+template <class Platform>
+struct platform_parts;
+
+/** The simulated device: host memory with a hard capacity and an optional modelled link. */
+template <>
+struct platform_parts<simulated_platform> {
+  using backend = cpu_backend;
+  using adam_kernels = host_adam_kernels;
+  simulated_device_space device;
+  host_space host;
+  host_copy_engine copier;
+  // Large blocks are charged in 2 MiB pages; with a disk tier, whose host budget counts chunk bytes,
+  // every block is charged what it asks for instead.
+  platform_parts(int /*gpu*/, std::size_t device_capacity, std::size_t host_capacity, copy_model link, bool exact_host = false)
+      : device({.capacity = device_capacity, .link = link, .name = "device"}),
+        host({.capacity = host_capacity, .large_block_threshold = exact_host ? SIZE_MAX : host_space_options{}.large_block_threshold}),
+        copier(link) {}
+  backend make_backend() { return {}; }
+  static std::size_t device_free_bytes(int /*gpu*/) { return 0; }
+  static std::string describe(int /*gpu*/) { return "simulated (host memory with a hard capacity)"; }
+};
+
+#if GPT_HAS_CUDA_BACKEND
+/** A CUDA device (this rank's) and pinned host memory; copies on the engine's streams, kernels on
+ *  the backend's. */
+template <>
+struct platform_parts<cuda::cuda_platform> {
+  using backend = cuda_backend;
+  using adam_kernels = cuda_adam_kernels;
+  int gpu;
+  cuda::device_space device;
+  cuda::pinned_host_space host;
+  cuda::cuda_copy_engine copier;
+  platform_parts(int g, std::size_t device_capacity, std::size_t host_capacity, copy_model, bool = false)
+      : gpu(g), device({.device = g, .capacity = device_capacity}), host({.capacity = host_capacity}), copier(g) {}
+  backend make_backend() { return cuda_backend(gpu); }
+  static std::size_t device_free_bytes(int g) { return cuda_memory(g).free; }
+  static std::string describe(int g) { return cuda_device_summary(g); }
+};
+#endif
+
+/** The third tier (--disk-dir): a preallocated file and the engine that moves chunks between it and
+ *  host memory, io_uring where the kernel allows it (--disk-engine auto), else pread/pwrite threads. */
+struct disk_parts {
+  disk_space space;
+  std::optional<disk_copy_engine> pool;
+#if CHUNKSTAR_HAS_URING()
+  std::optional<uring_copy_engine> uring;
+#endif
+  disk_parts(const train_options& o, std::size_t capacity) : space({.directory = o.disk_dir, .capacity = capacity}) {
+    disk_copy_engine_options eo;
+    eo.verify_checksums = o.disk_verify;
+#if CHUNKSTAR_HAS_URING()
+    if (o.disk_engine == "uring" || (o.disk_engine == "auto" && io_uring_available())) {
+      try {
+        uring.emplace(space, eo);
+        return;
+      } catch (const io_uring_unavailable& e) {
+        if (o.disk_engine == "uring") throw config_error(std::string("--disk-engine uring: ") + e.what() + "; use --disk-engine pool");
+      }
+    }
+#else
+    if (o.disk_engine == "uring") throw config_error("--disk-engine uring: this build has no io_uring (install liburing-dev and rebuild); use --disk-engine pool");
+#endif
+    pool.emplace(space, eo);
+  }
+  [[nodiscard]] disk_tier tier() {
+#if CHUNKSTAR_HAS_URING()
+    if (uring) return {space, *uring};
+#endif
+    return {space, *pool};
+  }
+  [[nodiscard]] std::string describe() const {
+    return format_bytes(space.capacity()) + " in a file without a name in " + space.options().directory + ", " + (pool ? "pread/pwrite threads" : "io_uring") +
+           (space.direct() ? ", O_DIRECT" : ", buffered (" + space.note() + ")");
+  }
+};
+
+/** A GPU's free memory (0 on the simulated device), split between the ranks that share it; the
+ *  least any rank saw, after every rank has looked (the allreduce), so no rank's budget counts
+ *  memory another has taken since. */
+template <class Parts>
+std::size_t shared_device_free(const device_choice& device, communicator_ref comm) {
+  std::size_t bytes = Parts::device_free_bytes(device.gpu) / static_cast<std::size_t>(device.sharing);
+  if (comm.size() > 1 && device.cuda) {
+    double seen = static_cast<double>(bytes);
+    comm.allreduce(std::span<double>(&seen, 1), reduce_op::min);
+    bytes = static_cast<std::size_t>(seen);
+  }
+  return bytes;
+}
+
+/** A device budget above a GPU's free memory is refused before anything is built. */
+inline void require_within_free(std::size_t device_capacity, std::size_t device_free) {
+  if (device_free > 0 && device_capacity > device_free)
+    throw config_error("--device-budget " + format_bytes(device_capacity) + " is more than the GPU's free memory (" +
+                       format_bytes(device_free) + "): lower it, or leave it 'auto'");
+}
+
+/** One line on the CPU side of the run: the kernels' ISA and the threads. */
+inline std::string cpu_summary() {
+  std::string s = "cpu: kernels " + cpu_isa_report();
+#if defined(_OPENMP)
+  s += "; " + std::to_string(omp_get_max_threads()) + " OpenMP threads run every kernel and GEMM (BLAS single-threaded)";
+  if (const char* spin = std::getenv("GOMP_SPINCOUNT")) s += std::string("; GOMP_SPINCOUNT=") + spin;
+  if (const char* policy = std::getenv("OMP_WAIT_POLICY")) s += std::string("; OMP_WAIT_POLICY=") + policy;
+#endif
+  return s;
+}
+
+}  // namespace gpt
