@@ -31,7 +31,7 @@ namespace gpt {
  *  norm (NaN when nothing needed it). */
 struct step_outcome {
   bool stepped = true;
-  float grad_norm = 0;
+  double grad_norm = 0;
 };
 
 template <class Runtime, class Scaler>

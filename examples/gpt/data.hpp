@@ -6,6 +6,8 @@
  */
 #pragma once
 
+#include "splitmix64.hpp"
+
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/units.hpp>
 
@@ -95,15 +97,6 @@ inline text_data load_text(const std::string& path, std::size_t seq, double val_
   return d;
 }
 
-namespace detail {
-inline std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-}  // namespace detail
-
 /** @brief Fills a [B, T] batch: sequence b starts at a position drawn from (seed, key, first + b);
  *  targets are the next bytes. @p key identifies the batch (step and micro-batch, or a validation
  *  index); @p first selects a slice of a larger batch (rank r of N fills sequences r·B .. r·B+B-1
@@ -112,7 +105,7 @@ inline void fill_batch(const std::vector<std::uint8_t>& data, std::uint64_t seed
                        std::size_t T, int* tokens, int* targets, std::size_t first = 0) {
   const std::size_t span = data.size() - T - 1;
   for (std::size_t b = 0; b < B; ++b) {
-    const std::size_t start = detail::mix(seed ^ detail::mix(key * 0x100000001b3ull + first + b)) % (span + 1);
+    const std::size_t start = detail::splitmix64(seed ^ detail::splitmix64(key * 0x100000001b3ull + first + b)) % (span + 1);
     for (std::size_t t = 0; t < T; ++t) {
       tokens[b * T + t] = data[start + t];
       targets[b * T + t] = data[start + t + 1];

@@ -118,7 +118,7 @@ class rtp_session {
     h.lr = lr;
     const auto r = model_->step(h, param_groups::with_default_decay(o_.weight_decay), micro_batches, o_.clip);
     step_bytes_ = comm_.stats().bytes_sent - sent_;
-    return {true, o_.clip > 0 ? r.grad_norm : std::numeric_limits<float>::quiet_NaN()};
+    return {true, o_.clip > 0 ? r.grad_norm : std::numeric_limits<double>::quiet_NaN()};
   }
   double eval_loss(const int* tokens, const int* targets) { return model_->loss(tokens, targets); }  // untraced: not training
   std::vector<float> next_token_probs(std::span<const int> text) { return model_->next_token_probs(text); }

@@ -12,6 +12,7 @@
 
 #include "kernels_cpu.hpp"
 #include "model_config.hpp"
+#include "splitmix64.hpp"
 
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
@@ -106,12 +107,6 @@ gpt_params<T> bind_params(const gpt_config& c, T* flat) {
 // so each tensor can be initialised on its own, in any order, with the same result everywhere.
 
 namespace detail {
-inline std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 /** @brief Uniform in (0, 1), from the top 53 bits; never exactly 0 so log() is finite. */
 inline double uniform01(std::uint64_t key) { return (static_cast<double>(splitmix64(key) >> 11) + 0.5) * 0x1p-53; }
 inline bool ends_with(const std::string& s, std::string_view suffix) {

@@ -124,41 +124,19 @@ struct checked_runtime
   }
 };
 
-struct run_result {
-  std::vector<double> losses;
-  std::vector<float> params;
-  std::size_t moved = 0;  // bytes of chunk moves
-};
+using gpt::testing::run_result;
 
 constexpr int steps = 3;
 
+/** The run every variant makes: three steps, validation, sampling; the parameters read back. */
 template <class Runtime, class Backend, class Memory>
 run_result train(Runtime& rt, Backend backend, Memory& dev, const gpt::gpt_config& c, gpt::batch_shape shape) {
   gpt::chunked_gpt<Runtime, Backend> model(rt, c, shape, 42, std::move(backend));
   model.finalize();
   chunk_adam<> opt({.hyper = {.weight_decay = 0.1f}, .max_grad_norm = 1.0f}, param_groups::with_default_decay(0.1f));
-  const auto data = gpt::load_text("", shape.seq);
-  std::vector<int> tokens(model.tokens_per_batch()), targets(model.tokens_per_batch());
-  run_result r;
-  for (int step = 1; step <= steps; ++step) {
-    gpt::fill_batch(data.train, 1, gpt::train_key(step, 0), shape.batch, shape.seq, tokens.data(), targets.data());
-    r.losses.push_back(model.forward_backward(tokens.data(), targets.data()));
-    CHECK(opt.step(rt, 3e-3f).stepped);
-  }
-  {
-    auto eval = rt.untraced();
-    gpt::fill_batch(data.val, 1, 0, shape.batch, shape.seq, tokens.data(), targets.data());
-    r.losses.push_back(model.loss(tokens.data(), targets.data()));
-    const auto probs = model.next_token_probs(std::span<const int>(tokens.data(), 5));
-    r.losses.insert(r.losses.end(), probs.begin(), probs.end());
-  }
-  for (std::size_t t = 0; t < rt.params().size(); ++t) {
-    std::vector<float> v(rt.params()[t].numel());
-    rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
-    r.params.insert(r.params.end(), v.begin(), v.end());
-  }
+  const run_result r = gpt::testing::train_steps(rt, model, opt, shape, {.steps = steps, .probs = true});
+  CHECK(r.skipped == 0);
   CHECK(dev.usage().peak <= dev.capacity());
-  r.moved = rt.stats().bytes_moved();
   return r;
 }
 
@@ -220,7 +198,7 @@ TEST_CASE("backend contract: scopes close on the backend's stream, no buffer is 
         got = scripted<auto_placement, belady_eviction>(type, v.fraction, auto_placement{}, log);
       CHECK(got.losses == ref.losses);
       CHECK(got.params == ref.params);
-      if (v.fraction < 1) CHECK(got.moved > 0);  // the budget really moves chunks
+      if (v.fraction < 1) CHECK(got.stats.bytes_moved() > 0);  // the budget really moves chunks
       CHECK(log.frees_under_kernels == 0);
       CHECK(log.waits > 0);
       CHECK(log.kernels > 0);

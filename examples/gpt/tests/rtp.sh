@@ -15,12 +15,7 @@
 #   bash rtp.sh <train_gpt> <mpiexec> <work dir>
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/trainer_checks.sh"
-train=$1
-mpiexec=$2
-work=$3
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1  # 4 ranks on few cores
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe -np)
+begin_mpi_checks "$@"
 args=(--preset tiny --batch 8 --seq 32 --steps 8 --warmup 2 --val-every 4 --sample 16)
 # Same steps, each loss within 1e-4 relative (fp32 rounding, amplified a little by Adam over 8 steps).
 close() {
@@ -91,14 +86,7 @@ rc=$?
 # Ranks given different options (one rank's changed, MPMD): exit 2 on every rank naming the option.
 for change in "--steps 9" "--seed 7" "--sample 5"; do
   read -r -a words <<<"$change"
-  timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np 1 "$train" "${args[@]}" --parallel rtp : \
-    -np 1 "$train" "${args[@]}" --parallel rtp "${words[@]}" >mpmd.txt 2>&1
-  rc=$?
-  if ((rc == 2)) && grep -q "the ranks are not configured alike: rank 0 has ${words[0]}" mpmd.txt && ! grep -q '^step ' mpmd.txt; then
-    echo "ok: $change on one of 2 RTP ranks: exit 2 naming it"
-  else
-    fail "$change on one of 2 RTP ranks: rc $rc, $(grep -m1 error mpmd.txt)"
-  fi
+  ranks_disagree rtp "${words[@]}"
 done
 
 # A rank dies: the job must end by itself.

@@ -2,6 +2,7 @@
 // The GPT trainer's model over chunkstar: same bits whatever the budget and eviction policy, for
 // fp32 and bf16, and the same losses as the plain model with flat arrays.
 #include "chunked_gpt.hpp"
+#include "chunked_setup.hpp"
 #include "data.hpp"
 #include "support/runtimes.hpp"
 
@@ -20,63 +21,22 @@ namespace trainer_test {
 
 namespace {
 
-struct run_result {
-  std::vector<double> losses;
-  std::vector<float> params;
-  runtime_stats stats;
-};
+using gpt::testing::run_result;
 
 gpt::gpt_config tiny() { return gpt::parse_preset("tiny"); }
 
 template <class Runtime>
 run_result train(dtype type, double budget_fraction, typename Runtime::placement_type placement = {}, int steps = 3) {
-  const gpt::gpt_config c = tiny();
-  const gpt::batch_shape shape{2, 32};
-  const auto specs = gpt::param_specs(c, type);
-  std::size_t largest = 0;
-  for (const auto& s : specs) largest = std::max(largest, s.numel());
-  const fixed_chunk_layout layout({.chunk_elems = (largest + 31) / 32 * 32});
-  std::size_t model_bytes = 0;
-  for (const auto& l : make_chunk_lists(layout.plan(specs), {.param_type = type})) model_bytes += l.chunk_bytes * l.num_chunks;
-  const auto act = gpt::compute_activation_sizes(c, shape.batch, shape.seq);
-  std::size_t largest_stage = 0;  // 16-bit models widen a stage's params and grads into fp32 staging
-  for (const auto& l : gpt::param_layers(c)) {
-    std::size_t n = 0;
-    for (const auto& t : l.tensors) n += t.numel();
-    largest_stage = std::max(largest_stage, n);
-  }
-  const std::size_t staging = type == dtype::f32 ? 0 : 2 * (largest_stage + static_cast<std::size_t>(c.vocab * c.width));
-  const std::size_t activations = (act.forward_total() + act.workspace + staging) * 4 + (64u << 10);
-  simulated_device_space dev({.capacity = activations + static_cast<std::size_t>(budget_fraction * static_cast<double>(model_bytes))});
+  const gpt::testing::chunked_setup setup(type, {2, 32});
+  simulated_device_space dev({.capacity = setup.capacity<gpt::cpu_backend>(budget_fraction, 64u << 10)});
   host_space host;
   host_copy_engine copier;
-  Runtime rt(dev, host, copier, {.param_type = type}, layout, placement);
-  gpt::chunked_gpt<Runtime> model(rt, c, shape, 42);
+  Runtime rt(dev, host, copier, {.param_type = type}, setup.layout, placement);
+  gpt::chunked_gpt<Runtime> model(rt, setup.c, setup.shape, 42);
   model.finalize();
   chunk_adam<> opt({.hyper = {.weight_decay = 0.1f}, .max_grad_norm = 1.0f}, param_groups::with_default_decay(0.1f));
-  const auto data = gpt::load_text("", shape.seq);
-  std::vector<int> tokens(model.tokens_per_batch()), targets(model.tokens_per_batch());
-  run_result r;
-  for (int step = 1; step <= steps; ++step) {
-    double loss = 0;
-    for (int micro = 0; micro < 2; ++micro) {  // gradient accumulation
-      gpt::fill_batch(data.train, 1, gpt::train_key(step, micro), shape.batch, shape.seq, tokens.data(), targets.data());
-      loss += model.forward_backward(tokens.data(), targets.data()) / 2;
-    }
-    r.losses.push_back(loss);
-    CHECK(opt.step(rt, 3e-3f, 2).stepped);
-  }
-  {
-    auto eval = rt.untraced();
-    gpt::fill_batch(data.val, 1, 0, shape.batch, shape.seq, tokens.data(), targets.data());
-    r.losses.push_back(model.loss(tokens.data(), targets.data()));
-  }
-  for (std::size_t t = 0; t < rt.params().size(); ++t) {
-    std::vector<float> v(rt.params()[t].numel());
-    rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
-    r.params.insert(r.params.end(), v.begin(), v.end());
-  }
-  r.stats = rt.stats();
+  const run_result r = gpt::testing::train_steps(rt, model, opt, setup.shape, {.steps = steps, .micro_batches = 2});
+  CHECK(r.skipped == 0);
   CHECK(dev.usage().peak <= dev.capacity());
   return r;
 }

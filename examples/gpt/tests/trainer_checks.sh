@@ -1,11 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 # What the trainer's end-to-end scripts (zero.sh, rtp.sh, faults.sh, train_disk.sh) share; sourced.
+#   begin_mpi_checks TRAIN MPIEXEC WORK   set train, mpiexec and mpi (mpiexec -np ...), one thread
+#                          per rank (several ranks share few cores), and work in a fresh WORK
 #   fail MESSAGE           count a failed check and say why
 #   losses FILE            a run's "step loss" and "vSTEP loss" lines, for diffs
 #   kill_a_rank N ARGS...  start N MPI ranks of train_gpt ARGS (under $mpiexec), SIGKILL one after
 #                          step 3, and check that the job ends by itself, non-zero, within 30 s
+#   mpmd MODE WORDS...     two ranks of train_gpt $args --parallel MODE, the second given WORDS too
+#   ranks_disagree MODE WORDS...  mpmd, and check it ends with exit 2 naming the option, before any step
 #   finish NAME            exit 1 if any check failed, else say all NAME checks passed
 failures=0
+begin_mpi_checks() {
+  train=$1
+  mpiexec=$2
+  work=$3
+  rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+  export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1
+  mpi=("$mpiexec" --allow-run-as-root --oversubscribe -np)
+}
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 losses() { grep -E '^(step|validation)' "$1" | sed -E 's/^step +([0-9]+)\/[0-9]+ \| loss ([0-9.]+).*/\1 \2/; s/^validation loss ([0-9.]+) at step ([0-9]+)/v\2 \1/'; }
 
@@ -13,7 +25,7 @@ kill_a_rank() {
   local n=$1
   shift
   local pattern="train_gpt $*"
-  "$mpiexec" --allow-run-as-root --oversubscribe -np "$n" "$train" "$@" >kill.txt 2>&1 &
+  "${mpi[@]}" "$n" "$train" "$@" >kill.txt 2>&1 &
   local job=$!
   for _ in $(seq 1 300); do grep -qE '^step +3/' kill.txt 2>/dev/null && break; sleep 0.1; done
   local victim start=$SECONDS
@@ -29,6 +41,25 @@ kill_a_rank() {
   local rc=$?
   ((rc != 0)) || fail "the job exited 0 after a rank was killed"
   echo "ok: a killed rank ended the job in $((SECONDS - start)) s with rc $rc"
+}
+
+mpmd() {
+  local mode=$1
+  shift
+  timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np 1 "$train" "${args[@]}" --parallel "$mode" : \
+    -np 1 "$train" "${args[@]}" --parallel "$mode" "$@" >mpmd.txt 2>&1
+}
+
+ranks_disagree() {
+  local mode=$1
+  shift
+  mpmd "$mode" "$@"
+  local rc=$?
+  if ((rc == 2)) && grep -q "the ranks are not configured alike: rank 0 has $1" mpmd.txt && ! grep -q '^step ' mpmd.txt; then
+    echo "ok: $* on one of 2 $mode ranks: $(grep -m1 -o 'rank 0 has .* but rank 1 has [^;]*' mpmd.txt)"
+  else
+    fail "$* on one of 2 $mode ranks: rc $rc, $(grep -m1 error mpmd.txt)"
+  fi
 }
 
 finish() {

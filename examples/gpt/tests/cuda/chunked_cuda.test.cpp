@@ -31,11 +31,7 @@ namespace chunked_cuda_test {
 
 namespace {
 
-struct run_result {
-  std::vector<double> losses;
-  std::vector<float> params;
-  runtime_stats stats;
-};
+using gpt::testing::run_result;
 
 /** The shape these tests train; capacities leave 1 MiB beside the non-model memory. */
 struct shape_info : gpt::testing::chunked_setup {
@@ -52,25 +48,7 @@ run_result train(Runtime& rt, Backend backend, Device& dev, const shape_info& s,
   model.finalize();
   chunk_adam<Scaler, Kernels> opt({.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f}, .max_grad_norm = 1.0f},
                                   param_groups::with_default_decay(0.1f));
-  const auto data = gpt::load_text("", s.shape.seq);
-  std::vector<int> tokens(model.tokens_per_batch()), targets(model.tokens_per_batch());
-  run_result r;
-  for (int step = 1; step <= steps; ++step) {
-    gpt::fill_batch(data.train, 1, gpt::train_key(step, 0), s.shape.batch, s.shape.seq, tokens.data(), targets.data());
-    r.losses.push_back(model.forward_backward(tokens.data(), targets.data(), opt.loss_scale()));
-    (void)opt.step(rt, 3e-3f);
-  }
-  {
-    auto eval = rt.untraced();
-    gpt::fill_batch(data.val, 1, 0, s.shape.batch, s.shape.seq, tokens.data(), targets.data());
-    r.losses.push_back(model.loss(tokens.data(), targets.data()));
-  }
-  for (std::size_t t = 0; t < rt.params().size(); ++t) {
-    std::vector<float> v(rt.params()[t].numel());
-    rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
-    r.params.insert(r.params.end(), v.begin(), v.end());
-  }
-  r.stats = rt.stats();
+  const run_result r = gpt::testing::train_steps(rt, model, opt, s.shape, {.steps = steps});  // fp16 may skip a step
   CHECK(dev.usage().peak <= dev.capacity());
   return r;
 }
