@@ -105,13 +105,7 @@ class chunked_session {
     const double bandwidth = static_cast<double>(bytes_option("--link-bandwidth", o.link_bandwidth));
     const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
     memory_.emplace(plan.device.gpu, device_capacity_, host_capacity_, link, with_disk);
-    if (with_disk) {
-      try {
-        disk_.emplace(o, disk_capacity_);
-      } catch (const io_error& e) {  // before any step: the option is what is wrong (exit 2), not a failing disk
-        throw config_error("--disk-dir '" + o.disk_dir + "' cannot hold the disk tier's " + format_bytes(disk_capacity_) + ": " + e.what());
-      }
-    }
+    open_disk(disk_, o, disk_capacity_);
 
     // The runtime and the model: every parameter registered in execution order.
     rt_.emplace(memory_->device, memory_->host, memory_->copier, comm_, ro, layout, placement);  // held by reference: the member
@@ -176,9 +170,7 @@ class chunked_session {
     std::string line = "device " + format_bytes(memory_->device.usage().peak) + " / " + format_bytes(device_capacity_) + " | host " +
                        format_bytes(rt_->host_chunk_bytes()) + " | moved " + format_bytes(s.bytes_moved() - before_.bytes_moved()) +
                        " | stall " + one_decimal(1e3 * (s.stall_s - before_.stall_s)) + " ms";
-    if (disk_)
-      line += " | disk " + format_bytes(rt_->disk_chunk_bytes()) + ", moved " + format_bytes(s.disk_bytes_moved() - before_.disk_bytes_moved()) +
-              ", stall " + std::to_string(static_cast<long long>(1e3 * (s.disk_stall_s - before_.disk_stall_s))) + " ms";
+    if (disk_) line += disk_step_report(*rt_, before_);
     memory_->device.reset_peak();
     return line;
   }
@@ -190,11 +182,7 @@ class chunked_session {
                 "%llu offloads, stall %.2f s; optimizer steps on device %llu, on host %llu\n",
                 format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(), ull(s.loads), ull(s.prefetches),
                 ull(s.prefetch_hits), ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps));
-    if (disk_)
-      std::printf("disk: %s written, %s read (%llu reads, %llu ahead of use), stall %.2f s; peaks: host chunks %s of %s, disk chunks %s of %s\n",
-                  format_bytes(s.bytes_to_disk).c_str(), format_bytes(s.bytes_from_disk).c_str(), ull(s.disk_reads),
-                  ull(s.disk_prefetches), s.disk_stall_s, format_bytes(s.peak_host_chunk_bytes).c_str(), host_budget().c_str(),
-                  format_bytes(s.peak_disk_chunk_bytes).c_str(), format_bytes(disk_capacity_).c_str());
+    if (disk_) print_disk_summary(s, host_capacity_, disk_capacity_);
     std::printf("peaks over the run: device %s of %s (chunks %s, non-model %s); trace divergences %zu\n",
                 format_bytes(s.peak_device_bytes).c_str(), format_bytes(device_capacity_).c_str(),
                 format_bytes(s.peak_device_chunk_bytes).c_str(), format_bytes(s.peak_non_model_bytes).c_str(),

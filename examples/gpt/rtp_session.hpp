@@ -5,7 +5,8 @@
 // rotate round the ring of ranks. The same options, data, schedule and checkpoints as the other
 // modes; losses agree with them within fp32 rounding (the ring adds in its own order). On a GPU the
 // layers, the rotations' buffers and the chunks placed on the device are there, and the shards
-// rotate over NCCL or MPI through pinned host buffers (--comm). Driven by train_gpt.cpp's loop
+// rotate over NCCL or MPI through pinned host buffers (--comm). With --disk-dir each rank's
+// runtime spills to its own disk file, as a ZeRO rank's does. Driven by train_gpt.cpp's loop
 // through the same calls as chunked_session.hpp.
 #pragma once
 
@@ -22,6 +23,7 @@
 #include <chunkstar/rtp/chunk_shard_store.hpp>
 #include <chunkstar/runtime/memory_plan.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -66,22 +68,29 @@ class rtp_session {
     device_capacity_ =
         device_budget_bytes(o, {.non_model = act, .model = model_bytes, .device_free = device_free, .floor = need.device_floor()});
     require_within_free(device_capacity_, device_free);
-    const std::size_t host_capacity = bytes_option("--host-budget", o.host_budget);
-    require_admitted(need, {.device = device_capacity_, .host = host_capacity});
+    host_capacity_ = bytes_option("--host-budget", o.host_budget);
+    // With --disk-dir each rank's runtime spills to its own file, as a ZeRO rank's does.
+    const bool with_disk = !o.disk_dir.empty();
+    disk_capacity_ = with_disk ? disk_budget_bytes(o, model_bytes, 2 * (8 + 4) * need.chunks.chunk_elems * sizeof(float)) : 0;
+    require_admitted(need, {.device = device_capacity_, .host = host_capacity_, .disk = disk_capacity_});
     if (o.policy == "resident" && device_capacity_ < act + model_bytes)
       throw config_error("--policy resident keeps all of this rank's shards on the device, which needs --device-budget of at least " +
                          format_bytes(act + model_bytes) + ", not " + format_bytes(device_capacity_) +
                          ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
-    check_memory(host_memory_need(model_bytes, act, device_capacity_, device_free == 0));
+    const std::size_t in_memory =
+        with_disk ? std::min(model_bytes, host_capacity_ == SIZE_MAX ? model_bytes : host_capacity_ + device_capacity_) : model_bytes;
+    check_memory(host_memory_need(in_memory, act, device_capacity_, device_free == 0));
     cpu::blas_warm_up();  // the BLAS's buffers before the model data: under ulimit -v it never waits for room
     const double bandwidth = static_cast<double>(bytes_option("--link-bandwidth", o.link_bandwidth));
     const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
-    memory_.emplace(plan.device.gpu, device_capacity_, host_capacity, link);
+    memory_.emplace(plan.device.gpu, device_capacity_, host_capacity_, link, with_disk);
+    open_disk(disk_, o, disk_capacity_);
     backend_.emplace(memory_->make_backend());
     // The runtime's communicator is a one-rank one: RTP talks in the model's rotations.
     rt_.emplace(memory_->device, memory_->host, memory_->copier, one_ref_,
                 runtime_options{.param_type = dtype::f32, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty()},
                 layout, placement);
+    if (disk_) rt_->attach_disk(disk_->tier());
     rt_->require_admitted(need);
     store_.emplace(*rt_, backend_buffer_ops<backend_type>{&*backend_});
     model_.emplace(comm_, *store_, cfg, shape_.batch, shape_.seq, &*backend_);  // held by reference: the member
@@ -94,8 +103,9 @@ class rtp_session {
                 format_bytes(model_->model_bytes()).c_str(), format_bytes(whole_bytes()).c_str(), rt_->plan().num_chunks,
                 rt_->plan().chunk_elems, format_bytes(device_capacity_).c_str(), format_bytes(model_->activation_bytes()).c_str(),
                 format_bytes(model_->transient_bytes()).c_str(),
-                host_capacity == SIZE_MAX ? "unlimited" : format_bytes(host_capacity).c_str(),
+                host_capacity_ == SIZE_MAX ? "unlimited" : format_bytes(host_capacity_).c_str(),
                 model_bytes + act > device_capacity_ ? " -- the shards do not fit on the device: chunks will move" : "");
+    if (disk_) std::printf("disk tier: %s\n", disk_->describe().c_str());
     if (plan.resume) {
       rtp_load_view<communicator_ref, store_type, backend_type> view(*model_);
       require_same_save(plan.resume_entries, load_checkpoint(view, o.resume), o.resume);
@@ -138,6 +148,7 @@ class rtp_session {
     std::string line = "sent " + format_bytes(step_bytes_) + " | device " + format_bytes(memory_->device.usage().peak) + " / " +
                        format_bytes(device_capacity_) + " | moved " + format_bytes(s.bytes_moved() - before_.bytes_moved()) +
                        " | stall " + stall + " ms";
+    if (disk_) line += disk_step_report(*rt_, before_);
     memory_->device.reset_peak();
     return line;
   }
@@ -148,6 +159,7 @@ class rtp_session {
                 "optimizer steps on device %llu, on host %llu\n",
                 format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(), ull(s.loads), ull(s.prefetches),
                 ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps));
+    if (disk_) print_disk_summary(s, host_capacity_, disk_capacity_);
     double peaks[] = {static_cast<double>(model_->model_bytes()), static_cast<double>(model_->transient_bytes()),
                       static_cast<double>(s.peak_device_bytes)};
     comm_.allreduce(std::span<double>(peaks), reduce_op::max);
@@ -173,9 +185,10 @@ class rtp_session {
   int ranks_;
   single_process_communicator one_;
   communicator_ref one_ref_;
-  std::size_t device_capacity_ = 0;
+  std::size_t device_capacity_ = 0, host_capacity_ = 0, disk_capacity_ = 0;
   batch_shape shape_{};
   std::optional<parts> memory_;
+  std::optional<disk_parts> disk_;
   std::optional<backend_type> backend_;
   std::optional<Runtime> rt_;
   std::optional<store_type> store_;

@@ -23,6 +23,7 @@
 #include <chunkstar/runtime/chunk_adam.hpp>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <span>
@@ -118,6 +119,34 @@ struct disk_parts {
            (space.direct() ? ", O_DIRECT" : ", buffered (" + space.note() + ")");
   }
 };
+
+/** The disk tier of --disk-dir sized @p capacity, or none; a directory that cannot hold it is the
+ *  option's fault (exit 2), found before any step. */
+inline void open_disk(std::optional<disk_parts>& disk, const train_options& o, std::size_t capacity) {
+  if (o.disk_dir.empty()) return;
+  try {
+    disk.emplace(o, capacity);
+  } catch (const io_error& e) {
+    throw config_error("--disk-dir '" + o.disk_dir + "' cannot hold the disk tier's " + format_bytes(capacity) + ": " + e.what());
+  }
+}
+
+/** A step line's disk part: what the disk holds, and what moved to and from it since @p before. */
+template <class Runtime>
+std::string disk_step_report(const Runtime& rt, const runtime_stats& before) {
+  const runtime_stats& s = rt.stats();
+  return " | disk " + format_bytes(rt.disk_chunk_bytes()) + ", moved " + format_bytes(s.disk_bytes_moved() - before.disk_bytes_moved()) +
+         ", stall " + std::to_string(static_cast<long long>(1e3 * (s.disk_stall_s - before.disk_stall_s))) + " ms";
+}
+
+/** The summary's disk line. */
+inline void print_disk_summary(const runtime_stats& s, std::size_t host_capacity, std::size_t disk_capacity) {
+  std::printf("disk: %s written, %s read (%llu reads, %llu ahead of use), stall %.2f s; peaks: host chunks %s of %s, disk chunks %s of %s\n",
+              format_bytes(s.bytes_to_disk).c_str(), format_bytes(s.bytes_from_disk).c_str(),
+              static_cast<unsigned long long>(s.disk_reads), static_cast<unsigned long long>(s.disk_prefetches), s.disk_stall_s,
+              format_bytes(s.peak_host_chunk_bytes).c_str(), host_capacity == SIZE_MAX ? "unlimited" : format_bytes(host_capacity).c_str(),
+              format_bytes(s.peak_disk_chunk_bytes).c_str(), format_bytes(disk_capacity).c_str());
+}
 
 /** A GPU's free memory (0 on the simulated device), split between the ranks that share it; the
  *  least any rank saw, after every rank has looked (the allreduce), so no rank's budget counts

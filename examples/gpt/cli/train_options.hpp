@@ -379,8 +379,6 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
     if (o.disk_engine != "auto") needs_dir("--disk-engine", o.disk_engine);
     if (o.disk_verify) needs_dir("--disk-verify", "it");
   } else {
-    if (o.parallel == "rtp")
-      detail::bad_option("--disk-dir", "with --parallel rtp: RTP's shards have no disk tier yet (docs/disk.md); use --parallel zero or drop one of them");
     if (o.disk_budget != "auto" && bytes_option("--disk-budget", o.disk_budget) == SIZE_MAX)
       detail::bad_option("--disk-budget", "cannot be unlimited: the tier's file is preallocated; write e.g. 4GiB, or auto");
   }

@@ -5,7 +5,8 @@
 #     rounding (the ring adds the shards' partial sums in its own order, so bits may differ); and
 #     each rank's shards in its chunk runtime give the same losses, bit for bit as printed, whether
 #     they stay on the device (--policy resident) or live on the host (--policy offload), and
-#     whether the shards rotate over MPI directly or through host staging buffers (--comm staged);
+#     whether the shards rotate over MPI directly or through host staging buffers (--comm staged),
+#     and with a disk tier per rank below a host too small for its shards (--disk-dir);
 #  2. checkpoints cross modes: saved under RTP at 4 ranks, resumed under RTP at 2, in one process
 #     and under ZeRO at 2; saved in one process and under ZeRO, resumed under RTP — every resume on
 #     the uninterrupted trajectory;
@@ -47,6 +48,15 @@ timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --comm staged >rt
 if diff <(losses rtp2.txt) <(losses rtp2_staged.txt) >/dev/null; then echo "ok: --comm staged gives the same losses under RTP"
 else fail "--comm staged changed the RTP losses: $(diff <(losses rtp2.txt) <(losses rtp2_staged.txt) | head -4)"; fi
 grep -q "host staging buffers" rtp2_staged.txt || fail "the RTP run does not say it stages through host buffers"
+# A disk tier per rank (--disk-dir): each rank's shard store spills below a host too small for its
+# share (model data 1.9 MiB a rank, host 800 KiB), with the losses of the run without it.
+mkdir -p disk
+timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --device-budget 20% >rtp2_small.txt 2>&1 || fail "2 RTP ranks, 20% device: rc $?"
+timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --device-budget 20% --host-budget 800KiB --disk-dir disk \
+  >rtp2_disk.txt 2>&1 || fail "2 RTP ranks with a disk tier: rc $?"
+if diff <(losses rtp2_small.txt) <(losses rtp2_disk.txt) >/dev/null && grep -q "^disk: .* written" rtp2_disk.txt; then
+  echo "ok: a disk tier per RTP rank gives the same losses: $(grep -m1 '^disk:' rtp2_disk.txt | cut -d';' -f1)"
+else fail "the disk tier changed the RTP losses: $(diff <(losses rtp2_small.txt) <(losses rtp2_disk.txt) | head -4)"; fi
 timeout 60 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --comm nccl --device sim >rtp2_nccl.txt 2>&1
 rc=$?
 [[ $rc -eq 2 ]] && grep -q "NCCL needs --device cuda" rtp2_nccl.txt || fail "--comm nccl on the simulated device: rc $rc, $(tail -2 rtp2_nccl.txt)"

@@ -87,7 +87,6 @@ run "does not exist" "${base[@]}" --disk-dir "$work/nowhere"
 run "--disk-engine" "${base[@]}" "${disk[@]}" --disk-engine floppy
 run "--disk-budget" "${base[@]}" "${disk[@]}" --disk-budget 64KiB
 run "--host-budget" "${base[@]}" --host-budget 64KiB --disk-dir "$work/disk"
-run "--parallel rtp" "${base[@]}" "${disk[@]}" --parallel rtp
 run "--disk-dir" "${base[@]}" "${disk[@]}" --disk-budget 900TiB  # more than the filesystem holds
 
 finish "disk-tier trainer"
