@@ -15,6 +15,7 @@
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/core/tier.hpp>
+#include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/memory/copy_engine.hpp>
 
 #include <algorithm>
@@ -88,10 +89,13 @@ class chunk_values {
   }
 
  private:
-  /** Chunk @p id's payload once its copy landed and the user's work on it finished. */
+  /** Chunk @p id's payload once its copy landed and the user's work on it finished; state_error
+   *  when this rank holds none. */
   void* ready(chunk_id id, const char* what) const {
     auto& s = store_.at(id);
-    store_.require_payload(id, what);
+    if (!holds_payload(s.where))  // a `remote` chunk must be gathered first: reading it is never reading zeros
+      throw state_error("cannot " + std::string(what) + " chunk " + to_string(id) + ": it has no payload on this rank (" +
+                        std::string(tier_name(s.where)) + (s.where == tier::remote ? ", held by rank " + std::to_string(s.owner) + "): gather it first" : ")"));
     store_.wait(s);
     store_.wait_user(s);
     return s.data;

@@ -12,7 +12,6 @@
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/units.hpp>
 #include <chunkstar/disk/disk_tier.hpp>
-#include <chunkstar/store/chunk_store.hpp>
 #include <chunkstar/store/lower_tier.hpp>
 
 #include <chrono>
