@@ -360,11 +360,8 @@ void chunk_store<P>::move(chunk_id id, tier to, move_reason why, std::size_t dev
       why = ": the device is full of non-model data; raise the device space's capacity or lower the activation memory";
     else if (!lower_)
       why = ": host and device are both full; raise the host space's capacity";
-    else  // the disk may have room, but everything on the host is in use or on its way to or from the disk
-      why = ": the host's " + format_bytes(host_.capacity()) + " hold chunks in use or in transit, none of which can go to the disk now (it holds " +
-            format_bytes(resident(tier::disk)) + " of its " + format_bytes(disk_capacity()) +
-            "); with a disk tier, chunks pass through the host on their way to and from the disk and a host-side optimizer step holds up "
-            "to five chunks at once: raise the host space's capacity (train_gpt asks for 8 of the largest chunk)";
+    else  // the lower tier may have room, but everything on the host is in use or in transit
+      why = lower_->why_host_full();
     throw out_of_memory_error("no room on the " + std::string(tier_name(to)) + " for chunk " + to_string(id) + " (" + format_bytes(bytes) + ")" + why,
                               bytes, report());
   }

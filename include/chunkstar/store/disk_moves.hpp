@@ -145,6 +145,13 @@ class disk_moves final : public lower_tier {
     });
   }
 
+  /** With a disk tier, chunks pass through the host on their way to and from the disk. */
+  [[nodiscard]] std::string why_host_full() const override {
+    return ": the host's " + format_bytes(store_.host().capacity()) + " hold chunks in use or in transit, none of which can go to the disk now (it holds " +
+           format_bytes(store_.resident(tier::disk)) + " of its " + format_bytes(disk_.space().capacity()) +
+           "); with a disk tier, chunks pass through the host on their way to and from the disk and a host-side optimizer step holds up "
+           "to five chunks at once: raise the host space's capacity (train_gpt asks for 8 of the largest chunk)";
+  }
   void zero(void* p, std::size_t n) override { disk_.zero_async(p, n).wait(); }
   void copy(void* dst, const void* src, std::size_t n, copy_direction d) override { disk_.copy(dst, src, n, d); }
 

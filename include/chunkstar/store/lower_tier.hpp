@@ -22,6 +22,7 @@
 #include <chunkstar/memory/memory_space.hpp>
 
 #include <cstddef>
+#include <string>
 
 namespace chunkstar {
 
@@ -58,6 +59,8 @@ class lower_tier {
   virtual void drain() noexcept = 0;
   /** @brief Zeroes @p n bytes at @p p on this tier, waiting. */
   virtual void zero(void* p, std::size_t n) = 0;
+  /** @brief Why the host has no room for a chunk although this tier may (for an out-of-memory error). */
+  [[nodiscard]] virtual std::string why_host_full() const = 0;
   /** @brief Copies @p n bytes between host memory and this tier, waiting (`to_host`: a write to
    *  this tier, `to_device`: a read, as the disk engines define them). */
   virtual void copy(void* dst, const void* src, std::size_t n, copy_direction d) = 0;
