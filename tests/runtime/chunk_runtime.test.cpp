@@ -598,9 +598,9 @@ TEST_CASE("a remote chunk is never read as zeros: reading or writing it is a sta
   store.release({chunk_kind::param, 1});
   store.at({chunk_kind::param, 1}).where = tier::remote;  // as ZeRO leaves a chunk another rank owns
   std::vector<float> v(8);
-  CHECK_THROWS_WITH_AS(store.read_values({chunk_kind::param, 1}, 0, v), doctest::Contains("held by rank 1"), state_error);
-  CHECK_THROWS_AS(store.write_values({chunk_kind::param, 1}, 0, v), state_error);
-  store.read_values({chunk_kind::grad, 1}, 0, v);  // FREE: zeros
+  CHECK_THROWS_WITH_AS(chunk_values(store).read({chunk_kind::param, 1}, 0, v), doctest::Contains("held by rank 1"), state_error);
+  CHECK_THROWS_AS(chunk_values(store).write({chunk_kind::param, 1}, 0, v), state_error);
+  chunk_values(store).read({chunk_kind::grad, 1}, 0, v);  // FREE: zeros
   CHECK(v == std::vector<float>(8, 0.0f));
   store.at({chunk_kind::param, 1}).where = tier::free;
 }

@@ -4,6 +4,7 @@
 // buffer takeover of an in-flight eviction, the strong guarantee under faults and the stream
 // contract are checked as exact sequences of engine operations and as bytes, not by timing.
 #include <chunkstar/store/chunk_store.hpp>
+#include <chunkstar/store/chunk_values.hpp>
 
 #include <doctest/doctest.h>
 
@@ -112,11 +113,11 @@ struct fixture {
   void fill(chunk_id id, float k) {
     std::vector<float> v(elems);
     for (std::size_t i = 0; i < elems; ++i) v[i] = 1000.0f * k + static_cast<float>(i);
-    store.write_values(id, 0, v);
+    chunk_values(store).write(id, 0, v);
   }
   std::vector<float> values(chunk_id id) {
     std::vector<float> v(elems);
-    store.read_values(id, 0, v);
+    chunk_values(store).read(id, 0, v);
     return v;
   }
   static std::vector<float> expected(float k) {
@@ -496,20 +497,20 @@ TEST_CASE_TEMPLATE("chunk_store: read_values / write_values on both tiers, narro
   }
   const auto read = [&](chunk_id id, std::size_t offset) {
     std::vector<float> out(in.size());
-    f.store.read_values(id, offset, out);
+    chunk_values(f.store).read(id, offset, out);
     return out;
   };
   f.store.allocate_initial(param(0));
-  f.store.write_values(param(0), 3, in);
+  chunk_values(f.store).write(param(0), 3, in);
   CHECK(read(param(0), 3) == expected);
   std::vector<float> head(3);
-  f.store.read_values(param(0), 0, head);
+  chunk_values(f.store).read(param(0), 0, head);
   CHECK(head == std::vector<float>(3, 0.0f));  // neighbours untouched
 
   f.store.move(param(0), tier::device, move_reason::load);
   CHECK(read(param(0), 3) == expected);  // waits for the load (a stall the engine counts)
   CHECK(f.engine.stalls().size() == 1);
-  f.store.write_values(param(0), 100, in);
+  chunk_values(f.store).write(param(0), 100, in);
   CHECK(read(param(0), 100) == expected);
   f.store.move(param(0), tier::host, move_reason::evict);
   f.engine.release_all();
@@ -518,12 +519,12 @@ TEST_CASE_TEMPLATE("chunk_store: read_values / write_values on both tiers, narro
 
   // The fp32 master list beside a 16-bit param list is exact.
   f.store.allocate_initial({chunk_kind::master, 0});
-  f.store.write_values({chunk_kind::master, 0}, 0, in);
+  chunk_values(f.store).write({chunk_kind::master, 0}, 0, in);
   CHECK(read({chunk_kind::master, 0}, 0) == in);
 
   // A FREE chunk reads as zeros; writing one gives it a payload on the host first.
   CHECK(read(grad(2), 0) == std::vector<float>(in.size(), 0.0f));
-  f.store.write_values(grad(2), 0, in);
+  chunk_values(f.store).write(grad(2), 0, in);
   CHECK(f.store.at(grad(2)).where == tier::host);
   CHECK(f.stats.materialised == 1);
   CHECK(read(grad(2), 0) == expected);
@@ -594,7 +595,7 @@ TEST_CASE("chunk_store: reading a chunk the user's work still writes waits for t
   const auto user = f.engine.record(scripted_stream{1});
   f.store.order_after_user(param(0), user);
   std::vector<float> out(elems);
-  f.store.read_values(param(0), 0, out);
+  chunk_values(f.store).read(param(0), 0, out);
   CHECK_MESSAGE(user.ready(), "read_values read a payload while the user's work on it was still running");
   f.engine.complete(user);
 }

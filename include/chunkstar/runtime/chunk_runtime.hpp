@@ -22,6 +22,8 @@
 #include <chunkstar/placement/auto_placement.hpp>
 #include <chunkstar/runtime/access_scope.hpp>
 #include <chunkstar/store/chunk_store.hpp>
+#include <chunkstar/store/chunk_values.hpp>
+#include <chunkstar/store/disk_moves.hpp>
 #include <chunkstar/runtime/memory_plan.hpp>
 #include <chunkstar/runtime/non_model_buffer.hpp>
 #include <chunkstar/store/non_model_allocator.hpp>
@@ -271,7 +273,7 @@ class chunk_runtime {
   [[noreturn]] void not_in_scope(param_id p) const;
 
   [[nodiscard]] std::pair<chunk_id, std::size_t> locate(param_id p, chunk_kind k, std::size_t n) const {
-    return store_.locate(spec(p), plan_.slots[p.value], k, n);
+    return chunk_values(store_).locate(spec(p), plan_.slots[p.value], k, n);
   }
 
   runtime_options options_;
@@ -331,7 +333,7 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::attach_disk(disk_tier disk) {
   if (finalized_) throw state_error("attach_disk() after finalize(): attach the disk tier before finalize()");
   if (store_.has_disk()) throw state_error("attach_disk() called twice: a runtime has one disk tier");
-  store_.attach_disk(disk);
+  ::chunkstar::attach_disk(store_, disk);
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
@@ -451,13 +453,13 @@ typename CHUNKSTAR_RUNTIME::untraced_section CHUNKSTAR_RUNTIME::untraced() {
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::read_tensor(param_id p, chunk_kind k, std::span<float> out) const {
   const auto [id, offset] = locate(p, k, out.size());
-  store_.read_values(id, offset, out);
+  chunk_values(store_).read(id, offset, out);
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::write_tensor(param_id p, chunk_kind k, std::span<const float> values) {
   const auto [id, offset] = locate(p, k, values.size());
-  store_.write_values(id, offset, values);
+  chunk_values(store_).write(id, offset, values);
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE

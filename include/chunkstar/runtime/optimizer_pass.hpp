@@ -16,6 +16,7 @@
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/store/chunk_store.hpp>
+#include <chunkstar/store/chunk_values.hpp>
 #include <chunkstar/store/compute_level.hpp>
 #include <chunkstar/observe/runtime_observer.hpp>
 #include <chunkstar/zero/shard_manager.hpp>
@@ -70,7 +71,7 @@ void for_each_gradient(Store& store, const chunk_plan& plan, std::span<const ten
     if (where == tier::disk) {
       const std::size_t bytes = store.bytes_of(chunk_kind::grad);
       if (!staging) staging.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096})));
-      store.read(id, 0, std::span<std::byte>(staging.get(), bytes));
+      chunk_values(store).read_bytes(id, 0, std::span<std::byte>(staging.get(), bytes));
       grad = staging.get();
       where = tier::host;
     }

@@ -1,47 +1,42 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
- *  @brief `chunk_store`: the chunks themselves — one slot per chunk of every list, its payload, the
- *         tier it lives in, the copy in flight into it, its pins — and the mechanics that change
- *         them: allocate, move, zero-fill, release, wait, retire the buffers finished copies read.
- *         It decides nothing: what moves where, and when, is the caller's choice.
+ *  @brief `chunk_store`: the chunks themselves — their slots (chunk_slots.hpp) — and the mechanics
+ *         that change them: allocate, move, zero-fill, pin, release, wait, retire the buffers
+ *         finished copies read. It decides nothing: what moves where, and when, is the caller's.
  *
  *  Every operation gives the strong guarantee on the logical state (tier, payload, residency
  *  counters): it changes it after its last call that can throw, so after a throw the chunk is where
  *  it was. Decisions read only that logical state, never whether a copy happens to have finished,
  *  so they are deterministic. The destructor waits for every copy and never throws.
  *
- *  A third tier on disk (attach_disk) moves chunks between the host and a file-backed space on its
- *  own engine. A disk copy keeps the payload it copies from until the copy is known to have
- *  succeeded (resolve_disk), so a failed or corrupted read or write leaves the chunk where it was,
- *  bytes intact, and says so in a typed error.
- */
+ *  Built beside it on these mechanics: a tier below the host joins move() through `lower_tier`
+ *  (the disk: disk_moves.hpp); chunk_values.hpp reads and writes values; ZeRO's group buffers
+ *  (zero/group_buffers.hpp) live in its unslotted buffers; chunk_store_report.hpp reports. */
 #pragma once
 
+#include <chunkstar/core/chunk_id.hpp>
 #include <chunkstar/core/dtype.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/memory_report.hpp>
-#include <chunkstar/core/tensor_spec.hpp>
+#include <chunkstar/core/tier.hpp>
 #include <chunkstar/core/units.hpp>
-#include <chunkstar/disk/disk_tier.hpp>
-#include <chunkstar/layout/chunk_layout.hpp>
 #include <chunkstar/memory/copy_engine.hpp>
 #include <chunkstar/memory/memory_space.hpp>
-#include <chunkstar/core/chunk_id.hpp>
-#include <chunkstar/core/chunk_kind.hpp>
-#include <chunkstar/core/moment_kind.hpp>
-#include <chunkstar/core/tier.hpp>
 #include <chunkstar/memory/platform.hpp>
 #include <chunkstar/observe/runtime_stats.hpp>
+#include <chunkstar/store/chunk_pins.hpp>
+#include <chunkstar/store/chunk_slots.hpp>
+#include <chunkstar/store/chunk_store_report.hpp>
+#include <chunkstar/store/lower_tier.hpp>
+#include <chunkstar/store/retiring_buffers.hpp>
 
-#include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,130 +48,42 @@ enum class move_reason : std::uint8_t { load, evict, offload };
 
 /** @brief The chunks of a runtime on platform @p P. */
 template <Platform P>
-class chunk_store {
+class chunk_store : public chunk_slots<P> {
+  using base = chunk_slots<P>;
+
  public:
-  using device_space_type = typename P::device_space;
+  using typename base::copy_handle;
+  using typename base::device_space_type;
+  using typename base::slot;
   using host_space_type = typename P::host_space;
   using copy_engine_type = typename P::copy_engine;
   using stream_type = typename P::stream_type;
-  using copy_handle = decltype(std::declval<copy_engine_type&>().copy_async(nullptr, nullptr, 0, copy_direction::to_device));
+  using base::at, base::bytes_of, base::footprint, base::resident;
+  using pin_set = chunk_pins<chunk_store>;
 
   /** @brief Whether host code may dereference compute-tier payloads (the simulated device). */
   static constexpr bool device_is_host_accessible = can_access_v<host_exec, device_space_type>;
 
-  /** @brief One chunk. `last_use` / `loaded_at` are ticks (see eviction_candidate). */
-  struct slot {
-    tier where = tier::free;              ///< logical tier; decisions use only logical state
-    void* data = nullptr;                 ///< payload in `where` (valid once `pending` is ready)
-    std::optional<copy_handle> pending;   ///< the copy (or zero fill) into `data`, until seen complete
-    std::optional<copy_handle> user_done; ///< the user's work on this payload (scope closed on a stream)
-    std::size_t last_use = 0;             ///< LRU tick of the latest access
-    std::size_t loaded_at = 0;            ///< tick of its arrival on its tier
-    std::uint32_t pinned = 0;             ///< open scopes / steps / collectives using it: never moves while > 0
-    bool prefetched = false;              ///< loaded ahead of its use and not used since
-    int owner = 0;                        ///< the rank that owns it (ZeRO)
-    void* group = nullptr;                ///< the group buffer its payload lives in (ZeRO), or null: its own
-    /// A copy between host and disk into `data`, with the payload it reads (`source` on `from`),
-    /// held until the copy succeeded; a failed one puts the chunk back on `from`.
-    struct disk_move {
-      disk_copy_handle done;
-      void* source = nullptr;
-      tier from = tier::free;
-      double submitted_us = 0;
-    };
-    std::optional<disk_move> disk_pending;
-  };
-
-  chunk_store(device_space_type& device, host_space_type& host, copy_engine_type& copier, std::size_t alignment,
-              runtime_stats& stats)
-      : device_(device), host_(host), copier_(copier), alignment_(alignment), stats_(stats) {}
-
+  chunk_store(device_space_type& device, host_space_type& host, copy_engine_type& copier, std::size_t alignment, runtime_stats& stats)
+      : base(device, alignment, stats), host_(host), copier_(copier) {}
   chunk_store(const chunk_store&) = delete;
   chunk_store& operator=(const chunk_store&) = delete;
-
   ~chunk_store();
 
-  // --- shape ---------------------------------------------------------------------------------------
-  /** @brief Creates the slots of @p lists (all FREE); chunk c is owned by rank c mod @p world. */
-  void build(std::span<const chunk_list_desc> lists, int world);
-  /** @brief Adds the third tier (before any chunk has a payload): chunks may then live on disk,
-   *  moved between it and the host by the tier's engine. */
-  void attach_disk(disk_tier d) { disk_.emplace(d); }
-  /** @brief Bytes a payload of @p bytes occupies on tier @p t: with a disk tier, host and disk
-   *  payloads are whole 4 KiB blocks (O_DIRECT moves whole blocks, so a chunk's last block needs no
-   *  read-modify-write); what resident() counts. */
-  [[nodiscard]] std::size_t footprint(tier t, std::size_t bytes) const noexcept;
-  [[nodiscard]] bool has_disk() const noexcept { return disk_.has_value(); }
-  /** @brief The disk tier's capacity in bytes (0 without one). */
-  [[nodiscard]] std::size_t disk_capacity() const { return disk_ ? disk_->space().capacity() : 0; }
-  [[nodiscard]] bool has(chunk_kind k) const noexcept { return lists_[static_cast<std::size_t>(k)].present; }
-  [[nodiscard]] const chunk_list_desc& desc(chunk_kind k) const { return lists_[static_cast<std::size_t>(k)].desc; }
-  [[nodiscard]] std::size_t bytes_of(chunk_kind k) const { return desc(k).chunk_bytes; }
-  [[nodiscard]] std::size_t num_chunks() const noexcept { return num_chunks_; }
-  [[nodiscard]] slot& at(chunk_id id) { return lists_[static_cast<std::size_t>(id.kind)].chunks.at(id.index); }
-  [[nodiscard]] const slot& at(chunk_id id) const { return lists_[static_cast<std::size_t>(id.kind)].chunks.at(id.index); }
-  /** @brief Calls `f(chunk_id, slot&)` for every chunk of every list, kinds in enum order. */
-  template <class F>
-  void for_each(F&& f) {
-    for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
-      if (!lists_[k].present) continue;
-      for (std::uint32_t c = 0; c < lists_[k].chunks.size(); ++c) f(chunk_id{static_cast<chunk_kind>(k), c}, lists_[k].chunks[c]);
-    }
+  /** @brief Adds the tier below the host (before any chunk has a payload): chunks may then live on
+   *  tier::disk, moved there and back by @p t (disk_moves.hpp: `attach_disk`). */
+  void attach_lower(std::unique_ptr<lower_tier> t) noexcept {
+    lower_ = std::move(t);
+    this->whole_blocks_ = lower_ != nullptr;
   }
-  template <class F>
-  void for_each(F&& f) const {
-    for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
-      if (!lists_[k].present) continue;
-      for (std::uint32_t c = 0; c < lists_[k].chunks.size(); ++c) f(chunk_id{static_cast<chunk_kind>(k), c}, lists_[k].chunks[c]);
-    }
-  }
-  /** @brief Bytes of every list's chunks (what device + host hold). */
-  [[nodiscard]] std::size_t model_bytes() const noexcept;
-
-  // --- residency -----------------------------------------------------------------------------------
-  /** @brief Logical chunk payload bytes on tier @p t (a payload with a copy in flight counts where it goes). */
-  [[nodiscard]] std::size_t resident(tier t) const noexcept { return resident_[static_cast<std::size_t>(t)]; }
+  [[nodiscard]] lower_tier* lower() const noexcept { return lower_.get(); }
+  [[nodiscard]] bool has_disk() const noexcept { return lower_ != nullptr; }
+  /** @brief The lower tier's capacity in bytes (0 without one). */
+  [[nodiscard]] std::size_t disk_capacity() const { return lower_ ? lower_->space().capacity() : 0; }
   /** @brief Bytes of buffers on tier @p t that in-flight copies still read (freed when they land). */
-  [[nodiscard]] std::size_t retiring(tier t) const noexcept;
-  /** @brief A new tick (accesses and arrivals share it, so ticks order events). */
-  std::size_t tick() noexcept { return ++tick_; }
-  [[nodiscard]] std::size_t current_tick() const noexcept { return tick_; }
-  /** @brief Chunk @p id is used now (LRU). */
-  void touch(chunk_id id) { at(id).last_use = tick(); }
-
-  // --- pins ----------------------------------------------------------------------------------------
-  void pin(chunk_id id) { ++at(id).pinned; }
-  void unpin(chunk_id id) noexcept { --lists_[static_cast<std::size_t>(id.kind)].chunks[id.index].pinned; }
-
-  /** @brief Pins a set of chunks for its lifetime (a scope, a step's chunk index, a collective):
-   *  an exception on the way out can never leave a chunk pinned. Move-only. */
-  class pin_set {
-   public:
-    pin_set() = default;
-    pin_set(chunk_store& store, std::vector<chunk_id> ids) : store_(&store), ids_(std::move(ids)) {
-      for (auto id : ids_) store_->pin(id);
-    }
-    pin_set(pin_set&& o) noexcept : store_(std::exchange(o.store_, nullptr)), ids_(std::move(o.ids_)) {}
-    pin_set& operator=(pin_set&& o) noexcept {
-      if (this != &o) {
-        reset();
-        store_ = std::exchange(o.store_, nullptr);
-        ids_ = std::move(o.ids_);
-      }
-      return *this;
-    }
-    ~pin_set() { reset(); }
-    void reset() noexcept {
-      if (store_)
-        for (auto id : ids_) store_->unpin(id);
-      store_ = nullptr;
-    }
-    [[nodiscard]] std::span<const chunk_id> ids() const noexcept { return ids_; }
-
-   private:
-    chunk_store* store_ = nullptr;
-    std::vector<chunk_id> ids_;
-  };
+  [[nodiscard]] std::size_t retiring(tier t) const noexcept {
+    return retiring_.bytes_on(t, [&](tier w, std::size_t b) { return footprint(w, b); }) + (lower_ ? lower_->retiring(t) : 0);
+  }
 
   /** @brief A chunk pinned where it is, for work on its payload outside a scope (a collective). */
   struct held_payload {
@@ -187,333 +94,247 @@ class chunk_store {
   };
   /** @brief Pins chunk @p id (a FREE one first gets a zeroed payload on the host) once its copy
    *  landed and the user's work on it finished. */
-  [[nodiscard]] held_payload hold(chunk_id id);
+  [[nodiscard]] held_payload hold(chunk_id id) {
+    if (at(id).where == tier::free) materialise(id, tier::host);
+    if (at(id).where == tier::disk) {  // a collective works on memory
+      move(id, tier::host, move_reason::load);
+      ++this->stats_.disk_demand_reads;
+    }
+    wait(id);
+    wait_user(at(id));
+    const auto& d = this->desc(id.kind);
+    return {pin_set(*this, {id}), at(id).data, d.chunk_bytes / dtype_size(d.type), d.type};
+  }
 
-  // --- mechanics -----------------------------------------------------------------------------------
+  // --- moves ---------------------------------------------------------------------------------------
   /** @brief Gives every chunk of every list but the gradients (FREE until first used) a zeroed
    *  payload at finalize, as allocate_initial(id); with @p sharded, only the chunks rank @p rank
    *  owns: the others are `remote`. */
-  void allocate_initial(bool sharded = false, int rank = 0);
+  void allocate_initial(bool sharded = false, int rank = 0) {
+    this->for_each([&](chunk_id id, slot& s) {
+      if (sharded && s.owner != rank) s.where = tier::remote;
+      else if (id.kind != chunk_kind::grad) allocate_initial(id);
+    });
+  }
   /** @brief Gives chunk @p id a zeroed payload at finalize: on the host, spilling to the device
-   *  when the host is full (model data may exceed either tier alone). */
+   *  (then the lower tier) when the host is full (model data may exceed either tier alone). */
   void allocate_initial(chunk_id id);
-
-  /** @brief Starts moving chunk @p id's payload to tier @p to (device or host). The logical tier
-   *  changes at once; the old buffer retires when the copy lands. A device destination takes a
-   *  free buffer when the device has room for it plus @p device_reserve bytes (what this moment's
-   *  activations may still need), else the buffer of an eviction still in flight (the load ordered
-   *  after it). @throws out_of_memory_error when @p to has no room; state_error if @p id is pinned. */
+  /** @brief Starts moving chunk @p id's payload to tier @p to. The logical tier changes at once;
+   *  the old buffer retires when the copy lands. A device destination takes a free buffer when the
+   *  device has room for it plus @p device_reserve bytes (what this moment's activations may still
+   *  need), else the buffer of an eviction still in flight (the load ordered after it). A move to
+   *  or from the lower tier is the lower tier's (lower_tier::move). @throws out_of_memory_error
+   *  when @p to has no room; state_error if @p id is pinned. */
   void move(chunk_id id, tier to, move_reason why, std::size_t device_reserve = 0);
-
   /** @brief Gives FREE chunk @p id a zeroed payload on @p where: on the device zeroed by the copy
    *  engine's local lane (a memset off the critical path; the scope that uses it waits for it).
    *  @p device_reserve as for move(). */
   void materialise(chunk_id id, tier where, std::size_t device_reserve = 0);
-
   /** @brief Drops chunk @p id's payload (FREE; a gradient after its step). Waits for a copy into
    *  it first; a failed copy is dropped with the payload. */
   void release(chunk_id id) noexcept;
 
-  // --- group buffers (ZeRO): several chunks' payloads in one contiguous compute-tier buffer ------
-  /** @brief Gives @p members (chunks without a payload: FREE or remote) payloads inside one new
-   *  compute-tier buffer of @p positions chunk-sized positions, member i at position @p at[i] (a
-   *  collective reads or writes the whole buffer at once). Members are pinned until detach_group;
-   *  positions without a member are counted as scratch. Zero-filled when @p zero. @return the
-   *  buffer. @throws out_of_memory_error (nothing changed) when the device has no room. */
-  void* attach_group(std::span<const chunk_id> members, std::span<const std::size_t> at_position, std::size_t positions,
-                     bool zero);
-  /** @brief Ends the group buffer @p base: its members become @p after (remote, or free), lose
-   *  their pin, and the buffer is freed. */
-  void detach_group(void* base, tier after) noexcept;
-  /** @brief Ends the one-chunk group buffer @p base (one member at position 0) by making it that
-   *  member's own compute-tier payload: it stays on the device, unpinned, outside any group. */
-  void ungroup(void* base) noexcept;
-  /** @brief A compute-tier buffer outside any chunk (a collective's receive buffer), counted as
-   *  scratch until free_scratch or adopt. @throws out_of_memory_error when there is no room. */
-  void* allocate_scratch(std::size_t bytes);
-  void free_scratch(void* p, std::size_t bytes) noexcept;
-  /** @brief Makes scratch buffer @p p (from allocate_scratch, chunk-sized) chunk @p id's payload on
-   *  the compute tier; @p id must have none. */
-  void adopt(chunk_id id, void* p) noexcept;
-  /** @brief Bytes on the device outside chunk payloads: scratch and unused group positions. */
-  [[nodiscard]] std::size_t unslotted() const noexcept { return unslotted_; }
-  /** @brief What the chunk budget governs on the device: payloads plus collective buffers. */
-  [[nodiscard]] std::size_t device_in_use() const noexcept { return resident(tier::device) + unslotted_; }
-
+  // --- waits and retirement ------------------------------------------------------------------------
   /** @brief Waits until chunk @p id's payload has arrived (stall time counted); rethrows a failed
-   *  copy. A failed disk copy puts the chunk back where it was (resolve_disk); after a failed
-   *  device copy the payload is not valid and the chunk keeps its tier. */
+   *  copy. A failed lower-tier copy puts the chunk back where it was (lower_tier::resolve); after
+   *  a failed device copy the payload is not valid and the chunk keeps its tier. */
   void wait(chunk_id id) { wait(at(id)); }
   void wait(slot& s);
-
-  /** @brief Throws state_error unless chunk @p id has a payload on this rank (a `remote` chunk must
-   *  be gathered first: reading it is never reading zeros). */
-  void require_payload(chunk_id id, const char* what) const;
-
-  /** @brief Waits (on the host) for the user's work still using @p s's payload, before the host
-   *  itself reads or writes it. */
-  void wait_user(slot& s);
-
+  /** @brief Waits (on the host) for the user's work still using @p s's payload. */
+  void wait_user(slot& s) {
+    if (s.user_done) s.user_done->wait();
+    s.user_done.reset();
+  }
+  /** @brief The user's work up to @p done uses chunk @p id's payload: its next move waits for it. */
+  void order_after_user(chunk_id id, const copy_handle& done) { at(id).user_done = done; }
   /** @brief Frees the buffers of finished copies and forgets finished slot copies; never waits.
-   *  @throws io_error (or corruption_error) for a finished disk copy that failed: that chunk is
-   *  back where it was (resolve_disk), the others are retired. */
+   *  @throws io_error (or corruption_error) for a finished lower-tier copy that failed: that chunk
+   *  is back where it was, the others are retired. */
   void retire_completed();
-
-  /** @brief Ends chunk @p id's disk copy, waiting for it (stall time counted in disk_stall_s): on
-   *  success the payload it read is freed; on failure the chunk goes back to that payload (its
-   *  tier, its bytes) and the copy's error is rethrown naming the chunk, with the memory report. */
-  void resolve_disk(chunk_id id) { resolve_disk(at(id), id); }
-  void resolve_disk(slot& s, chunk_id id);
-
   /** @brief Frees the buffers on tier @p t whose copies are done, or else waits for the oldest copy
    *  still reading one; false if no copy reads a buffer on @p t. */
   bool retire_one(tier t);
+  /** @brief Ends chunk @p id's lower-tier copy, waiting for it (lower_tier::resolve). */
+  void resolve_disk(chunk_id id) {
+    if (at(id).disk_pending) lower_->resolve(id);
+  }
 
-  /** @brief The user's work up to @p done uses chunk @p id's payload: its next move waits for it. */
-  void order_after_user(chunk_id id, const copy_handle& done) { at(id).user_done = done; }
+  // --- buffers and payloads, for what is built beside the store ------------------------------------
+  /** @brief A buffer of @p bytes on tier @p t, retiring finished copies (or waiting for one) until
+   *  there is room; null when there is none. */
+  void* allocate(tier t, std::size_t bytes) {
+    for (;;)
+      if (void* p = allocate_on(t, bytes); p != nullptr || !retire_one(t)) return p;
+  }
+  void deallocate(tier t, void* p, std::size_t bytes) noexcept {
+    if (p == nullptr) return;
+    bytes = footprint(t, bytes);
+    if (t == tier::device) this->device_.deallocate(p, bytes, this->alignment_);
+    else if (t == tier::disk) lower_->space().deallocate(p, bytes, this->alignment_);
+    else host_.deallocate(p, bytes, this->alignment_);
+  }
+  /** @brief Chunk @p id's payload becomes @p data on @p to (an old one is the caller's to free),
+   *  counted there; @p arrival: a new tick for `loaded_at`. */
+  void relocate(chunk_id id, void* data, tier to, bool arrival) noexcept {
+    auto& s = at(id);
+    if (holds_payload(s.where)) this->count(s.where, bytes_of(id.kind), -1);
+    s.data = data;
+    s.where = to;
+    if (arrival) s.loaded_at = this->tick();
+    this->count(to, bytes_of(id.kind), +1);
+  }
+  /** @brief A device buffer outside any payload (a collective's), counted as unslotted and as
+   *  collective memory until freed; null when the device has no room (after retiring copies). */
+  void* allocate_unslotted(std::size_t bytes) {
+    void* p = allocate(tier::device, bytes);
+    if (p == nullptr) return nullptr;
+    this->unslotted_ += bytes;
+    this->collective_ += bytes;
+    this->note_device_peak();
+    this->note_model_peak();
+    return p;
+  }
+  void free_unslotted(void* p, std::size_t bytes) noexcept {
+    if (p == nullptr) return;
+    deallocate(tier::device, p, bytes);
+    this->unslotted_ -= bytes;
+    this->collective_ -= bytes;
+  }
+  /** @brief Chunk @p id (no payload) gets the chunk-sized part at @p p of an unslotted buffer as
+   *  its device payload; unplace gives it back, the chunk becoming @p after. */
+  void place(chunk_id id, void* p) noexcept {
+    this->unslotted_ -= bytes_of(id.kind);  // first: the peaks never count it twice
+    relocate(id, p, tier::device, true);
+  }
+  void unplace(chunk_id id, tier after) noexcept {
+    auto& s = at(id);
+    this->count(tier::device, bytes_of(id.kind), -1);
+    s.data = nullptr;
+    s.where = after;
+    s.pending.reset();
+    s.user_done.reset();
+    this->unslotted_ += bytes_of(id.kind);
+  }
+  /** @brief Chunk @p id's placed payload becomes its own (freed with it, no longer collective). */
+  void own(chunk_id id) noexcept { this->collective_ -= bytes_of(id.kind); }
 
-  /** @brief Zeroes the stats' counters; the peaks restart from the current levels (@p non_model:
-   *  the non-model bytes live now). */
-  void reset_stats(std::size_t non_model) noexcept;
-  /** @brief Restarts the chunk and device peaks of the stats from the current levels. */
-  void restart_peaks() noexcept;
-  /** @brief Records the device space's use in `peak_device_bytes` (call after allocating from it). */
-  void note_device_peak() noexcept { stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_.used()); }
-
-  // --- bytes -----------------------------------------------------------------------------------
-  /** @brief Copies @p out.size() bytes at byte @p offset of chunk @p id's payload into @p out
-   *  (wherever it lives; waits for its copy and for the user's work on it). */
-  void read(chunk_id id, std::size_t offset, std::span<std::byte> out);
-  /** @brief Writes @p in at byte @p offset of chunk @p id's payload (wherever it lives). */
-  void write(chunk_id id, std::size_t offset, std::span<const std::byte> in);
-
-  /** @brief The chunk of list @p k holding the tensor @p spec at @p slot, and its element offset,
-   *  checking a buffer of @p n elements and that this rank holds the chunk (a `remote` one must be
-   *  gathered first). @throws config_error, state_error naming the tensor. */
-  [[nodiscard]] std::pair<chunk_id, std::size_t> locate(const tensor_spec& spec, const tensor_slot& slot, chunk_kind k, std::size_t n) const;
-
-  /** @brief Reads @p out.size() elements at element @p offset of chunk @p id as fp32 (a FREE chunk
-   *  reads as zeros), wherever the payload lives. */
-  void read_values(chunk_id id, std::size_t offset, std::span<float> out);
-  /** @brief Writes @p in (narrowed with RNE) at element @p offset of chunk @p id; a FREE chunk gets
-   *  a zeroed payload on the host first. */
-  void write_values(chunk_id id, std::size_t offset, std::span<const float> in);
-
-  /** @brief What is wrong with the bookkeeping (empty: nothing). @p pins_allowed: scopes or a
-   *  step are open, so chunks may be pinned; @p sole_user: nothing else allocates from the device
-   *  space, so its use must equal what the runtime accounts for (no leak). */
-  [[nodiscard]] std::vector<std::string> violations(bool pins_allowed, std::size_t non_model, bool sole_user) const;
-
-  // --- reports ---------------------------------------------------------------------------------
-  [[nodiscard]] memory_report report() const;
-  device_space_type& device() noexcept { return device_; }
+  // --- reports -------------------------------------------------------------------------------------
+  [[nodiscard]] std::vector<std::string> violations(bool pins_allowed, std::size_t non_model, bool sole_user) const {
+    return chunk_store_violations(*this, pins_allowed, non_model, sole_user);
+  }
+  [[nodiscard]] memory_report report() const { return chunk_store_report(*this); }
+  device_space_type& device() noexcept { return this->device_; }
+  const device_space_type& device() const noexcept { return this->device_; }
   host_space_type& host() noexcept { return host_; }
+  const host_space_type& host() const noexcept { return host_; }
   copy_engine_type& copier() noexcept { return copier_; }
-
-  /** @brief Called with (submitted µs, source tier, destination tier) for every copy whose source
-   *  buffer retires. */
+  /** @brief Called with (submitted µs, source tier, destination tier) for each copy whose source retires. */
   std::function<void(double, tier, tier)> on_copy_retired;
   /** @brief Clock of the observer (µs), for copy spans; none: 0. */
   std::function<double()> clock;
+  [[nodiscard]] double now_us() const noexcept {
+    try {
+      return clock ? clock() : 0.0;
+    } catch (...) {
+      return 0.0;
+    }
+  }
 
  private:
-  /** A payload buffer an in-flight copy still reads (the chunk has moved on); freed once `done`. */
-  struct retiring_buffer {
-    copy_handle done;
-    void* buffer = nullptr;  // null once a load took it over (device_buffer)
-    tier where = tier::free;
-    std::size_t bytes = 0;
-    double submitted_us = 0;
-    bool user = false;  // `done` is the user's work, not a copy
-  };
-  struct list {
-    bool present = false;
-    chunk_list_desc desc;
-    std::vector<slot> chunks;
-  };
-
-  double now_us() const noexcept;
-
-  void* allocate_on(tier t, std::size_t bytes);
-  void free_on(tier t, void* p, std::size_t bytes) noexcept;
-
-  /** The slot's id (slots live in the lists' vectors). */
-  [[nodiscard]] chunk_id id_of(const slot& s) const noexcept;
-
-  /** move() between the host and the disk, on the disk tier's engine: the source stays allocated
-   *  until the copy is resolved (resolve_disk). A write waits on its lane, not here, for the
-   *  device copy still filling its host buffer. */
-  void move_disk(chunk_id id, slot& s, tier to);
-  void free_payload(slot& s, std::size_t bytes) noexcept;
-  /** Hands @p s's payload to the retiring buffers until the user's work on it is done; false (the
-   *  payload untouched, that work waited for) when there is no room to remember it. */
-  bool retire_after_user(slot& s, std::size_t bytes) noexcept;
-  void release(retiring_buffer& r) noexcept;
-
-  /** A buffer for a new payload; `reused` holds the copy that still reads it when it was taken
-   *  over from an eviction in flight. */
+  using retiring_buffer = typename retiring_buffers<copy_handle>::entry;
+  /** A buffer for a new payload; `reused`: the copy still reading it (taken over from an eviction). */
   struct buffer {
     void* p = nullptr;
     std::optional<copy_handle> reused;
   };
 
+  void* allocate_on(tier t, std::size_t bytes) {
+    bytes = footprint(t, bytes);
+    if (t == tier::disk) return lower_ ? lower_->space().try_allocate(bytes, this->alignment_) : nullptr;
+    return t == tier::device ? this->device_.try_allocate(bytes, this->alignment_) : host_.try_allocate(bytes, this->alignment_);
+  }
+  void free_payload(slot& s, std::size_t bytes) noexcept {
+    if (s.data == nullptr) return;
+    deallocate(s.where, std::exchange(s.data, nullptr), bytes);
+    s.where = tier::free;
+  }
+  /** Hands @p s's payload to the retiring buffers until the user's work on it is done; false (the
+   *  payload untouched, that work waited for) when there is no room to remember it. */
+  bool retire_after_user(slot& s, std::size_t bytes) noexcept;
+  /** Frees a retiring buffer and reports its copy. */
+  void release(retiring_buffer& r) noexcept {
+    deallocate(r.where, std::exchange(r.buffer, nullptr), r.bytes);
+    if (on_copy_retired && !r.user) {
+      try {
+        on_copy_retired(r.submitted_us, r.where, r.where == tier::device ? tier::host : tier::device);
+      } catch (...) {  // an observer must not break memory management
+      }
+    }
+  }
   /** Undoes getting @p b after a failure: a taken-over buffer goes back to retire with its copy
    *  (capacity was reserved), a fresh one is freed. */
-  void give_back(buffer& b, tier t, std::size_t bytes) noexcept;
-
+  void give_back(buffer& b, tier t, std::size_t bytes) noexcept {
+    if (b.p == nullptr) return;
+    if (b.reused) retiring_.add({*b.reused, b.p, t, bytes, now_us()});
+    else deallocate(t, b.p, bytes);
+    b.p = nullptr;
+  }
   /** A device buffer of @p bytes for a job on @p lane that never blocks the caller: a free one when
    *  the device has room for it and for @p reserve more bytes; else the buffer of the oldest
    *  eviction still in flight (same size), with @p lane ordered after that eviction's copy; else a
    *  free one if any. Null when none exists. */
-  buffer device_buffer(std::size_t bytes, copy_direction lane, std::size_t reserve);
+  buffer device_buffer(std::size_t bytes, copy_direction lane, std::size_t reserve) {
+    auto& device = this->device_;
+    if (device.used() + bytes + reserve <= device.capacity())
+      if (void* p = device.try_allocate(bytes, this->alignment_)) return {p, std::nullopt};
+    if (auto* r = retiring_.oldest_on(tier::device, bytes)) {
+      copier_.order_after(r->done, lane);
+      ++this->stats_.buffer_reuses;
+      return {std::exchange(r->buffer, nullptr), r->done};  // the eviction no longer frees it: it is ours
+    }
+    return {device.try_allocate(bytes, this->alignment_), std::nullopt};
+  }
 
-  void count(tier t, std::size_t bytes, int sign) noexcept;
-  void note_model_peak() noexcept;
-
-  device_space_type& device_;
   host_space_type& host_;
   copy_engine_type& copier_;
-  std::size_t alignment_;
-  runtime_stats& stats_;
-  std::array<list, num_chunk_kinds> lists_;
-  std::vector<retiring_buffer> retiring_;  // buffers in-flight copies still read, oldest first
-  struct group_buffer {
-    void* base = nullptr;
-    std::size_t bytes = 0;
-    std::vector<chunk_id> members;
-  };
-  std::vector<group_buffer> groups_;  // group buffers in use (ZeRO)
-  std::size_t unslotted_ = 0;         // device bytes outside payloads: scratch, unused group positions
-  std::size_t scratch_ = 0;           // of which collective scratch
-  std::array<std::size_t, num_tiers> resident_{};
-  std::size_t num_chunks_ = 0;
-  std::size_t tick_ = 0;
-  std::optional<disk_tier> disk_;  // the third tier, when attached
+  retiring_buffers<copy_handle> retiring_;  // buffers in-flight copies still read, oldest first
+  std::unique_ptr<lower_tier> lower_;       // the tier below the host, when attached
 };
 
 template <Platform P>
 chunk_store<P>::~chunk_store() {
   try {
     copier_.synchronize();
-    if (disk_) disk_->synchronize();
   } catch (...) {  // a failed copy was (or will never be) reported by its handle; free anyway
   }
-  for (auto& r : retiring_) {
-    try {
-      if (r.user) r.done.wait();  // the user's work still reading it (copies were waited for above)
-    } catch (...) {  // freed anyway: the work's failure is the user's to see
-    }
-    release(r);
-  }
-  for_each([&](chunk_id id, slot& s) {
-    if (s.disk_pending) free_on(s.disk_pending->from, s.disk_pending->source, bytes_of(id.kind));
-    s.disk_pending.reset();
-  });
-  while (!groups_.empty()) detach_group(groups_.back().base, tier::free);
-  for (std::size_t k = 0; k < num_chunk_kinds; ++k)
-    for (auto& s : lists_[k].chunks) free_payload(s, lists_[k].desc.chunk_bytes);
-}
-
-template <Platform P>
-void chunk_store<P>::build(std::span<const chunk_list_desc> lists, int world) {
-  for (const auto& d : lists) {
-    auto& l = lists_[static_cast<std::size_t>(d.kind)];
-    l.present = true;
-    l.desc = d;
-    l.chunks.resize(d.num_chunks);
-    for (std::size_t c = 0; c < d.num_chunks; ++c) l.chunks[c].owner = static_cast<int>(c % static_cast<std::size_t>(world));
-    num_chunks_ = d.num_chunks;
-  }
-}
-
-template <Platform P>
-std::size_t chunk_store<P>::footprint(tier t, std::size_t bytes) const noexcept {
-  if (!disk_ || t == tier::device) return bytes;
-  const std::size_t b = std::max<std::size_t>(alignment_, 4096);
-  return (bytes + b - 1) / b * b;
-}
-
-template <Platform P>
-std::size_t chunk_store<P>::model_bytes() const noexcept {
-  std::size_t b = 0;
-  for (const auto& l : lists_)
-    if (l.present && !l.desc.aliases_param) b += l.desc.chunk_bytes * l.desc.num_chunks;
-  return b;
-}
-
-template <Platform P>
-std::size_t chunk_store<P>::retiring(tier t) const noexcept {
-  std::size_t b = 0;
-  for (const auto& r : retiring_)
-    if (r.buffer != nullptr && r.where == t) b += footprint(t, r.bytes);
-  for_each([&](chunk_id id, const slot& s) {
-    if (s.disk_pending && s.disk_pending->from == t) b += footprint(t, bytes_of(id.kind));
-  });
-  return b;
-}
-
-template <Platform P>
-auto chunk_store<P>::hold(chunk_id id) -> held_payload {
-  if (at(id).where == tier::free) materialise(id, tier::host);
-  if (at(id).where == tier::disk) {  // a collective works on memory
-    move(id, tier::host, move_reason::load);
-    ++stats_.disk_demand_reads;
-  }
-  wait(id);
-  wait_user(at(id));
-  const auto& d = desc(id.kind);
-  return {pin_set(*this, {id}), at(id).data, d.chunk_bytes / dtype_size(d.type), d.type};
-}
-
-template <Platform P>
-void chunk_store<P>::allocate_initial(bool sharded, int rank) {
-  for_each([&](chunk_id id, slot& s) {
-    if (sharded && s.owner != rank) s.where = tier::remote;
-    else if (id.kind != chunk_kind::grad) allocate_initial(id);
-  });
+  if (lower_) lower_->drain();
+  retiring_.drain([&](retiring_buffer& r) { release(r); });
+  for (auto& l : this->lists_)  // group members were given back by their owner (group_buffers)
+    for (auto& s : l.chunks) free_payload(s, l.desc.chunk_bytes);
 }
 
 template <Platform P>
 void chunk_store<P>::allocate_initial(chunk_id id) {
-  auto& s = at(id);
   const std::size_t bytes = bytes_of(id.kind);
   tier got = tier::host;
   void* p = allocate_on(tier::host, bytes);
-  if (p == nullptr) {
-    p = allocate_on(tier::device, bytes);
-    got = tier::device;
-  }
-  if (p == nullptr && disk_) {
-    p = allocate_on(tier::disk, bytes);
-    got = tier::disk;
-  }
+  if (p == nullptr) p = allocate_on(got = tier::device, bytes);
+  if (p == nullptr && lower_) p = allocate_on(got = tier::disk, bytes);
   if (p == nullptr)
     throw out_of_memory_error("model data does not fit: a chunk of " + format_bytes(bytes) + " found no room on the host, the device" +
-                                  (disk_ ? " or the disk" : " (and there is no disk tier)") + " (model data " + format_bytes(model_bytes()) +
-                                  "). Raise the host space's capacity or the device space's" + (disk_ ? " or the disk's" : ", attach a disk tier") +
+                                  (lower_ ? " or the disk" : " (and there is no disk tier)") + " (model data " + format_bytes(this->model_bytes()) +
+                                  "). Raise the host space's capacity or the device space's" + (lower_ ? " or the disk's" : ", attach a disk tier") +
                                   ", use a smaller model, or fewer optimizer-state lists (runtime_options::optimizer_state)",
                               bytes, report());
-  if (got == tier::disk) {
-    try {
-      disk_->zero_async(p, footprint(tier::disk, bytes)).wait();
-    } catch (...) {
-      free_on(tier::disk, p, bytes);
-      throw;
-    }
-  } else if (got == tier::host || device_is_host_accessible) {
-    std::memset(p, 0, bytes);
-  } else {
-    try {
-      copier_.zero_async(p, bytes).wait();
-    } catch (...) {
-      device_.deallocate(p, bytes, alignment_);
-      throw;
-    }
+  try {
+    if (got == tier::disk) lower_->zero(p, footprint(tier::disk, bytes));
+    else if (got == tier::host || device_is_host_accessible) std::memset(p, 0, bytes);
+    else copier_.zero_async(p, bytes).wait();
+  } catch (...) {
+    deallocate(got, p, bytes);
+    throw;
   }
-  s.data = p;
-  s.where = got;
-  s.loaded_at = tick();
-  count(got, bytes, +1);
+  relocate(id, p, got, true);
 }
 
 template <Platform P>
@@ -523,27 +344,24 @@ void chunk_store<P>::move(chunk_id id, tier to, move_reason why, std::size_t dev
     throw state_error("internal: chunk " + to_string(id) + " is in use and cannot move to the " + std::string(tier_name(to)) +
                       "; please report this as a chunkstar bug");
   if (!holds_payload(s.where)) throw state_error("internal: chunk " + to_string(id) + " has no payload to move");
-  resolve_disk(s, id);  // a chunk moves on only from bytes known to be good
-  if (to == tier::disk || s.where == tier::disk) return move_disk(id, s, to);
+  resolve_disk(id);  // a chunk moves on only from bytes known to be good
+  if (to == tier::disk || s.where == tier::disk) {
+    if (!lower_) throw state_error("internal: chunk " + to_string(id) + " cannot move to or from the disk: no disk tier is attached");
+    return lower_->move(id, to);
+  }
   const std::size_t bytes = bytes_of(id.kind);
   const auto dir = to == tier::device ? copy_direction::to_device : copy_direction::to_host;
-  retiring_.reserve(retiring_.size() + 2);  // recording the copy (or giving back a buffer) cannot throw
+  retiring_.reserve(2);  // recording the copy (or giving back a buffer) cannot throw
   buffer dst = to == tier::device ? device_buffer(bytes, dir, device_reserve) : buffer{};
-  for (;;) {
-    if (dst.p == nullptr) dst.p = allocate_on(to, bytes);
-    if (dst.p != nullptr || !retire_one(to)) break;
-  }
+  if (dst.p == nullptr) dst.p = allocate(to, bytes);
   if (dst.p == nullptr) {
     std::string why;
     if (to == tier::device)
       why = ": the device is full of non-model data; raise the device space's capacity or lower the activation memory";
-    else if (!disk_)
+    else if (!lower_)
       why = ": host and device are both full; raise the host space's capacity";
-    else  // the disk may have room, but everything on the host is in use or on its way to or from the disk
-      why = ": the host's " + format_bytes(host_.capacity()) + " hold chunks in use or in transit, none of which can go to the disk now (it holds " +
-            format_bytes(resident(tier::disk)) + " of its " + format_bytes(disk_->space().capacity()) +
-            "); with a disk tier, chunks pass through the host on their way to and from the disk and a host-side optimizer step holds up "
-            "to five chunks at once: raise the host space's capacity (train_gpt asks for 8 of the largest chunk)";
+    else  // the lower tier may have room, but everything on the host is in use or in transit
+      why = lower_->why_host_full();
     throw out_of_memory_error("no room on the " + std::string(tier_name(to)) + " for chunk " + to_string(id) + " (" + format_bytes(bytes) + ")" + why,
                               bytes, report());
   }
@@ -558,64 +376,44 @@ void chunk_store<P>::move(chunk_id id, tier to, move_reason why, std::size_t dev
     give_back(dst, to, bytes);
     throw;
   }
-  retiring_.push_back({*h, s.data, s.where, bytes, submitted_us});
-  count(s.where, bytes, -1);
+  retiring_.add({*h, s.data, s.where, bytes, submitted_us});
   s.pending = std::move(h);
   s.user_done.reset();
-  s.data = dst.p;
-  s.where = to;
-  s.loaded_at = tick();
-  count(to, bytes, +1);
-  (to == tier::device ? stats_.bytes_to_device : stats_.bytes_to_host) += bytes;
-  ++(why == move_reason::load ? stats_.loads : why == move_reason::evict ? stats_.evictions : stats_.offloads);
+  relocate(id, dst.p, to, true);
+  auto& st = this->stats_;
+  (to == tier::device ? st.bytes_to_device : st.bytes_to_host) += bytes;
+  ++(why == move_reason::load ? st.loads : why == move_reason::evict ? st.evictions : st.offloads);
 }
 
 template <Platform P>
 void chunk_store<P>::materialise(chunk_id id, tier where, std::size_t device_reserve) {
-  auto& s = at(id);
-  if (holds_payload(s.where)) throw state_error("internal: chunk " + to_string(id) + " already has a payload");
+  if (holds_payload(at(id).where)) throw state_error("internal: chunk " + to_string(id) + " already has a payload");
   const std::size_t bytes = bytes_of(id.kind);
-  retiring_.reserve(retiring_.size() + 1);
+  retiring_.reserve(1);
   buffer p = where == tier::device ? device_buffer(bytes, copy_direction::host_to_host, device_reserve) : buffer{};
-  for (;;) {
-    if (p.p == nullptr) p.p = allocate_on(where, bytes);
-    if (p.p != nullptr || !retire_one(where)) break;
-  }
+  if (p.p == nullptr) p.p = allocate(where, bytes);
   if (p.p == nullptr)
     throw out_of_memory_error("no room on the " + std::string(tier_name(where)) + " for chunk " + to_string(id) + " (" +
                                   format_bytes(bytes) + "): raise that space's capacity",
                               bytes, report());
   std::optional<copy_handle> h;
-  if (where == tier::device) {
-    try {
-      h = copier_.zero_async(p.p, bytes);
-    } catch (...) {
-      give_back(p, where, bytes);
-      throw;
-    }
-  } else {
-    std::memset(p.p, 0, bytes);
+  try {
+    if (where == tier::device) h = copier_.zero_async(p.p, bytes);
+    else std::memset(p.p, 0, bytes);
+  } catch (...) {
+    give_back(p, where, bytes);
+    throw;
   }
-  s.data = p.p;
-  s.where = where;
-  s.pending = std::move(h);
-  s.loaded_at = tick();
-  count(where, bytes, +1);
-  ++stats_.materialised;
+  at(id).pending = std::move(h);
+  relocate(id, p.p, where, true);
+  ++this->stats_.materialised;
 }
 
 template <Platform P>
 void chunk_store<P>::release(chunk_id id) noexcept {
   auto& s = at(id);
   if (!holds_payload(s.where) || s.group != nullptr) return;  // a group member goes with its group
-  if (s.disk_pending) {
-    try {
-      s.disk_pending->done.wait();
-    } catch (...) {  // the payload is discarded: its copy's failure no longer matters
-    }
-    free_on(s.disk_pending->from, s.disk_pending->source, bytes_of(id.kind));
-    s.disk_pending.reset();
-  }
+  if (s.disk_pending) lower_->discard(id);
   if (s.pending) {
     try {
       s.pending->wait();
@@ -623,7 +421,7 @@ void chunk_store<P>::release(chunk_id id) noexcept {
     }
     s.pending.reset();
   }
-  count(s.where, bytes_of(id.kind), -1);
+  this->count(s.where, bytes_of(id.kind), -1);
   // The user's work may still read it (an asynchronous optimizer step): it retires, freed
   // once that work is done, like a buffer an eviction in flight still reads.
   if (!(s.user_done && !s.user_done->ready() && retire_after_user(s, bytes_of(id.kind)))) free_payload(s, bytes_of(id.kind));
@@ -632,150 +430,26 @@ void chunk_store<P>::release(chunk_id id) noexcept {
 }
 
 template <Platform P>
-void* chunk_store<P>::attach_group(std::span<const chunk_id> members, std::span<const std::size_t> at_position, std::size_t positions, bool zero) {
-  const std::size_t b = bytes_of(members.front().kind), total = positions * b;
-  void* base = nullptr;
-  for (;;) {
-    base = allocate_on(tier::device, total);
-    if (base != nullptr || !retire_one(tier::device)) break;
-  }
-  if (base == nullptr)
-    throw out_of_memory_error("no room on the device for a group of " + std::to_string(positions) + " chunks (" + format_bytes(total) +
-                                  ") to gather or reduce: raise the device space's capacity, or use smaller chunks",
-                              total, report());
-  if (zero) {
-    if constexpr (device_is_host_accessible) {
-      std::memset(base, 0, total);
-    } else {
-      try {
-        copier_.zero_async(base, total).wait();
-      } catch (...) {
-        free_on(tier::device, base, total);
-        throw;
-      }
-    }
-  }
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    auto& s = at(members[i]);
-    s.data = static_cast<std::byte*>(base) + at_position[i] * b;
-    s.where = tier::device;
-    s.group = base;
-    s.loaded_at = tick();
-    ++s.pinned;
-    count(tier::device, b, +1);
-  }
-  unslotted_ += (positions - members.size()) * b;
-  groups_.push_back({base, total, std::vector<chunk_id>(members.begin(), members.end())});
-  note_device_peak();
-  note_model_peak();
-  return base;
-}
-
-template <Platform P>
-void chunk_store<P>::detach_group(void* base, tier after) noexcept {
-  const auto it = std::find_if(groups_.begin(), groups_.end(), [&](const group_buffer& g) { return g.base == base; });
-  if (it == groups_.end()) return;
-  std::size_t b = 0;
-  for (auto id : it->members) {
-    auto& s = at(id);
-    b = bytes_of(id.kind);
-    count(tier::device, b, -1);
-    s.data = nullptr;
-    s.group = nullptr;
-    s.where = after;
-    s.pending.reset();
-    s.user_done.reset();
-    --s.pinned;
-  }
-  unslotted_ -= it->bytes - it->members.size() * b;
-  free_on(tier::device, base, it->bytes);
-  groups_.erase(it);
-}
-
-template <Platform P>
-void chunk_store<P>::ungroup(void* base) noexcept {
-  const auto it = std::find_if(groups_.begin(), groups_.end(), [&](const group_buffer& g) { return g.base == base; });
-  if (it == groups_.end() || it->members.size() != 1 || it->bytes != bytes_of(it->members.front().kind)) return;
-  auto& s = at(it->members.front());
-  s.group = nullptr;
-  --s.pinned;
-  groups_.erase(it);
-}
-
-template <Platform P>
-void* chunk_store<P>::allocate_scratch(std::size_t bytes) {
-  void* p = nullptr;
-  for (;;) {
-    p = allocate_on(tier::device, bytes);
-    if (p != nullptr || !retire_one(tier::device)) break;
-  }
-  if (p == nullptr) throw out_of_memory_error("no room on the device for " + format_bytes(bytes) + " of collective buffers", bytes, report());
-  unslotted_ += bytes;
-  scratch_ += bytes;
-  note_device_peak();
-  note_model_peak();
-  return p;
-}
-
-template <Platform P>
-void chunk_store<P>::free_scratch(void* p, std::size_t bytes) noexcept {
-  if (p == nullptr) return;
-  free_on(tier::device, p, bytes);
-  unslotted_ -= bytes;
-  scratch_ -= bytes;
-}
-
-template <Platform P>
-void chunk_store<P>::adopt(chunk_id id, void* p) noexcept {
-  auto& s = at(id);
-  s.data = p;
-  s.where = tier::device;
-  s.loaded_at = tick();
-  unslotted_ -= bytes_of(id.kind);
-  scratch_ -= bytes_of(id.kind);
-  count(tier::device, bytes_of(id.kind), +1);
-}
-
-template <Platform P>
 void chunk_store<P>::wait(slot& s) {
-  resolve_disk(s, id_of(s));
+  if (s.disk_pending) lower_->resolve(this->id_of(s));
   if (!s.pending) return;
   if (!s.pending->ready()) {
     const auto t0 = std::chrono::steady_clock::now();
     s.pending->wait();
-    stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    this->stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   s.pending->wait();
   s.pending.reset();
 }
 
 template <Platform P>
-void chunk_store<P>::require_payload(chunk_id id, const char* what) const {
-  const auto& s = at(id);
-  if (!holds_payload(s.where))
-    throw state_error("cannot " + std::string(what) + " chunk " + to_string(id) + ": it has no payload on this rank (" +
-                      std::string(tier_name(s.where)) + (s.where == tier::remote ? ", held by rank " + std::to_string(s.owner) + "): gather it first" : ")"));
-}
-
-template <Platform P>
-void chunk_store<P>::wait_user(slot& s) {
-  if (!s.user_done) return;
-  s.user_done->wait();
-  s.user_done.reset();
-}
-
-template <Platform P>
 void chunk_store<P>::retire_completed() {
-  std::erase_if(retiring_, [&](retiring_buffer& r) {
-    if (!r.done.ready()) return false;
-    release(r);
-    return true;
-  });
+  retiring_.release_done([&](retiring_buffer& r) { release(r); });
   std::exception_ptr failure;
-  for_each([&](chunk_id id, slot& s) {
+  this->for_each([&](chunk_id id, slot& s) {
     if (s.disk_pending && s.disk_pending->done.ready()) {
       try {
-        resolve_disk(s, id);
+        lower_->resolve(id);
       } catch (...) {
         if (!failure) failure = std::current_exception();
       }
@@ -786,266 +460,25 @@ void chunk_store<P>::retire_completed() {
 }
 
 template <Platform P>
-void chunk_store<P>::resolve_disk(slot& s, chunk_id id) {
-  if (!s.disk_pending) return;
-  auto& dm = *s.disk_pending;
-  if (!dm.done.ready()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      dm.done.wait();
-    } catch (...) {  // handled below
-    }
-    stats_.disk_stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  const std::size_t bytes = bytes_of(id.kind);
-  const tier from = dm.from, to = s.where;
-  try {
-    dm.done.wait();
-  } catch (const std::exception& e) {
-    count(to, bytes, -1);
-    free_on(to, s.data, bytes);
-    s.data = dm.source;
-    s.where = from;
-    s.disk_pending.reset();
-    count(from, bytes, +1);
-    ++stats_.disk_failures;
-    const std::string what = std::string(e.what()) + " [chunk " + to_string(id) + " stays on the " + std::string(tier_name(from)) +
-                             " with its bytes as before the copy; memory now:\n" + report().to_string() + "]";
-    if (dynamic_cast<const corruption_error*>(&e)) throw corruption_error(what);
-    if (dynamic_cast<const io_error*>(&e)) throw io_error(what);
-    throw;
-  }
-  const double submitted = dm.submitted_us;
-  free_on(from, dm.source, bytes);
-  s.disk_pending.reset();
-  if (on_copy_retired) {
-    try {
-      on_copy_retired(submitted, from, to);
-    } catch (...) {  // an observer must not break memory management
-    }
-  }
-}
-
-template <Platform P>
 bool chunk_store<P>::retire_one(tier t) {
   const auto before = retiring_.size(), held = retiring(t);
   retire_completed();
   if (retiring_.size() != before || retiring(t) != held) return true;
-  for (auto& r : retiring_) {
-    if (r.buffer == nullptr || r.where != t) continue;
+  if (auto* r = retiring_.oldest_on(t)) {
     const auto t0 = std::chrono::steady_clock::now();
-    r.done.wait();
-    stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r->done.wait();
+    this->stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     retire_completed();
     return true;
   }
-  for (std::size_t k = 0; k < num_chunk_kinds; ++k)  // a disk copy still reading a payload on t
-    for (std::uint32_t c = 0; c < lists_[k].chunks.size(); ++c)
-      if (auto& s = lists_[k].chunks[c]; s.disk_pending && s.disk_pending->from == t) {
-        resolve_disk(s, {static_cast<chunk_kind>(k), c});
-        return true;
-      }
-  return false;
-}
-
-template <Platform P>
-void chunk_store<P>::reset_stats(std::size_t non_model) noexcept {
-  stats_ = {};
-  stats_.peak_non_model_bytes = non_model;
-  restart_peaks();
-}
-
-template <Platform P>
-void chunk_store<P>::restart_peaks() noexcept {
-  stats_.peak_device_bytes = device_.used();
-  stats_.peak_device_chunk_bytes = resident(tier::device);
-  stats_.peak_host_chunk_bytes = resident(tier::host);
-  stats_.peak_disk_chunk_bytes = resident(tier::disk);
-  stats_.peak_model_bytes = resident(tier::device) + resident(tier::host) + unslotted_;
-  stats_.peak_collective_bytes = 0;
-  note_model_peak();
-}
-
-template <Platform P>
-void chunk_store<P>::read(chunk_id id, std::size_t offset, std::span<std::byte> out) {
-  auto& s = at(id);
-  require_payload(id, "read");
-  wait(s);
-  wait_user(s);
-  const std::byte* src = static_cast<const std::byte*>(s.data) + offset;
-  if (s.where == tier::disk) disk_->copy(out.data(), src, out.size(), copy_direction::to_device);
-  else if (s.where == tier::device && !device_is_host_accessible) copier_.copy(out.data(), src, out.size(), copy_direction::to_host);
-  else std::memcpy(out.data(), src, out.size());
-}
-
-template <Platform P>
-void chunk_store<P>::write(chunk_id id, std::size_t offset, std::span<const std::byte> in) {
-  auto& s = at(id);
-  require_payload(id, "write");
-  wait(s);
-  wait_user(s);
-  std::byte* dst = static_cast<std::byte*>(s.data) + offset;
-  if (s.where == tier::disk) disk_->copy(dst, in.data(), in.size(), copy_direction::to_host);
-  else if (s.where == tier::device && !device_is_host_accessible) copier_.copy(dst, in.data(), in.size(), copy_direction::to_device);
-  else std::memcpy(dst, in.data(), in.size());
-}
-
-template <Platform P>
-std::pair<chunk_id, std::size_t> chunk_store<P>::locate(const tensor_spec& spec, const tensor_slot& slot, chunk_kind k, std::size_t n) const {
-  if (n != spec.numel())
-    throw config_error("buffer of " + std::to_string(n) + " elements for parameter '" + spec.name + "' of " +
-                       std::to_string(spec.numel()) + " elements: pass a buffer of its size");
-  if (!has(k)) throw config_error("the runtime has no " + std::string(chunk_kind_name(k)) + " list (see runtime_options::optimizer_state)");
-  const chunk_id id{k, static_cast<std::uint32_t>(slot.chunk)};
-  if (at(id).where == tier::remote)
-    throw state_error("parameter '" + spec.name + "' (" + to_string(id) + ") is held by rank " + std::to_string(at(id).owner) +
-                      ", not this one: gather it before reading or writing it");
-  return {id, slot.offset};
-}
-
-template <Platform P>
-void chunk_store<P>::read_values(chunk_id id, std::size_t offset, std::span<float> out) {
-  if (at(id).where == tier::free) {
-    std::fill(out.begin(), out.end(), 0.0f);
-    return;
-  }
-  const dtype t = desc(id.kind).type;
-  std::vector<std::byte> staging(out.size() * dtype_size(t));
-  read(id, offset * dtype_size(t), staging);
-  widen_to_float(staging.data(), t, out);
-}
-
-template <Platform P>
-void chunk_store<P>::write_values(chunk_id id, std::size_t offset, std::span<const float> in) {
-  if (at(id).where == tier::free) materialise(id, tier::host);
-  const dtype t = desc(id.kind).type;
-  std::vector<std::byte> staging(in.size() * dtype_size(t));
-  narrow_from_float(in, t, staging.data());
-  write(id, offset * dtype_size(t), staging);
-}
-
-template <Platform P>
-std::vector<std::string> chunk_store<P>::violations(bool pins_allowed, std::size_t non_model, bool sole_user) const {
-  std::vector<std::string> v;
-  std::array<std::size_t, num_tiers> sum{};
-  for_each([&](chunk_id id, const slot& s) {
-    if (holds_payload(s.where) != (s.data != nullptr)) v.push_back(to_string(id) + ": payload and tier disagree");
-    if (holds_payload(s.where)) sum[static_cast<std::size_t>(s.where)] += footprint(s.where, bytes_of(id.kind));
-    if (s.pinned > (s.group ? 1u : 0u) && !pins_allowed) v.push_back(to_string(id) + " is pinned with no scope or step open");
-  });
-  for (auto t : {tier::device, tier::host, tier::disk})
-    if (sum[static_cast<std::size_t>(t)] != resident(t)) v.push_back("resident bytes on the " + std::string(tier_name(t)) + " disagree with the slots");
-  const std::size_t accounted = resident(tier::device) + retiring(tier::device) + unslotted_ + non_model;
-  if (device_.used() < accounted || (sole_user && device_.used() != accounted))
-    v.push_back("the device space holds " + std::to_string(device_.used()) + " bytes, the runtime accounts for " + std::to_string(accounted));
-  return v;
-}
-
-template <Platform P>
-memory_report chunk_store<P>::report() const {
-  memory_report r;
-  r.spaces.push_back(device_.usage());
-  r.spaces.push_back(host_.usage());
-  if (disk_) r.spaces.push_back(disk_->space().usage());
-  r.spaces.push_back({"chunk payloads on device", device_.capacity(), resident(tier::device), stats_.peak_device_chunk_bytes, 0});
-  r.spaces.push_back({"chunk payloads on host", host_.capacity(), resident(tier::host), stats_.peak_host_chunk_bytes, 0});
-  if (disk_)
-    r.spaces.push_back({"chunk payloads on disk", disk_->space().capacity(), resident(tier::disk), stats_.peak_disk_chunk_bytes, 0});
-  if (const auto b = retiring(tier::device)) r.spaces.push_back({"buffers in-flight copies read", device_.capacity(), b, b, 0});
-  if (unslotted_) r.spaces.push_back({"collective buffers on device (ZeRO)", device_.capacity(), unslotted_, unslotted_, 0});
-  return r;
-}
-
-template <Platform P>
-double chunk_store<P>::now_us() const noexcept {
-  try {
-    return clock ? clock() : 0.0;
-  } catch (...) {
-    return 0.0;
-  }
-}
-
-template <Platform P>
-void* chunk_store<P>::allocate_on(tier t, std::size_t bytes) {
-  bytes = footprint(t, bytes);
-  if (t == tier::disk) return disk_ ? disk_->space().try_allocate(bytes, alignment_) : nullptr;
-  return t == tier::device ? device_.try_allocate(bytes, alignment_) : host_.try_allocate(bytes, alignment_);
-}
-
-template <Platform P>
-void chunk_store<P>::free_on(tier t, void* p, std::size_t bytes) noexcept {
-  if (p == nullptr) return;
-  bytes = footprint(t, bytes);
-  if (t == tier::device) device_.deallocate(p, bytes, alignment_);
-  else if (t == tier::disk) disk_->space().deallocate(p, bytes, alignment_);
-  else host_.deallocate(p, bytes, alignment_);
-}
-
-template <Platform P>
-chunk_id chunk_store<P>::id_of(const slot& s) const noexcept {
-  for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
-    const auto& v = lists_[k].chunks;
-    if (!v.empty() && &s >= v.data() && &s < v.data() + v.size())
-      return {static_cast<chunk_kind>(k), static_cast<std::uint32_t>(&s - v.data())};
-  }
-  return {};
-}
-
-template <Platform P>
-void chunk_store<P>::move_disk(chunk_id id, slot& s, tier to) {
-  const bool write = to == tier::disk;
-  if (!disk_) throw state_error("internal: chunk " + to_string(id) + " cannot move to or from the disk: no disk tier is attached");
-  if (write ? s.where != tier::host : to != tier::host)
-    throw state_error("internal: chunk " + to_string(id) + " cannot move from the " + std::string(tier_name(s.where)) + " to the " +
-                      std::string(tier_name(to)) + " directly: the disk tier exchanges chunks with the host only");
-  const std::size_t bytes = bytes_of(id.kind);
-  void* dst = nullptr;
-  for (;;) {
-    dst = allocate_on(to, bytes);
-    if (dst != nullptr || !retire_one(to)) break;
-  }
-  if (dst == nullptr)
-    throw out_of_memory_error(write ? "no room on the disk tier for chunk " + to_string(id) + " (" + format_bytes(bytes) +
-                                          "): device, host and disk are full; raise the disk space's capacity (train_gpt: --disk-budget)"
-                                    : "no room on the host for chunk " + to_string(id) + " (" + format_bytes(bytes) +
-                                          ") coming from the disk: raise the host space's capacity (train_gpt: --host-budget)",
-                              bytes, report());
-  const auto lane = write ? copy_direction::to_host : copy_direction::to_device;
-  const double submitted_us = now_us();
-  disk_copy_handle h;
-  try {
-    if (s.user_done) disk_->order_after(*s.user_done, lane);
-    if (s.pending) disk_->order_after(*s.pending, lane);
-    h = disk_->copy_async(dst, s.data, footprint(tier::disk, bytes), lane);  // whole blocks: no read-modify-write
-  } catch (...) {
-    free_on(to, dst, bytes);
-    throw;
-  }
-  count(s.where, bytes, -1);
-  s.disk_pending = typename slot::disk_move{h, s.data, s.where, submitted_us};
-  s.pending.reset();
-  s.user_done.reset();
-  s.data = dst;
-  s.where = to;
-  s.loaded_at = tick();
-  count(to, bytes, +1);
-  (write ? stats_.bytes_to_disk : stats_.bytes_from_disk) += bytes;
-  ++(write ? stats_.disk_writes : stats_.disk_reads);
-}
-
-template <Platform P>
-void chunk_store<P>::free_payload(slot& s, std::size_t bytes) noexcept {
-  if (s.data == nullptr) return;
-  free_on(s.where, s.data, bytes);
-  s.data = nullptr;
-  s.where = tier::free;
+  return lower_ && lower_->resolve_one(t);  // a lower-tier copy still reading a payload on t
 }
 
 template <Platform P>
 bool chunk_store<P>::retire_after_user(slot& s, std::size_t bytes) noexcept {
   if (s.data == nullptr) return false;
   try {
-    retiring_.push_back({*s.user_done, s.data, s.where, bytes, now_us(), /*user=*/true});
+    retiring_.add({*s.user_done, s.data, s.where, bytes, now_us(), /*user=*/true});
   } catch (...) {
     try {
       s.user_done->wait();
@@ -1056,61 +489,6 @@ bool chunk_store<P>::retire_after_user(slot& s, std::size_t bytes) noexcept {
   s.data = nullptr;
   s.where = tier::free;
   return true;
-}
-
-template <Platform P>
-void chunk_store<P>::release(retiring_buffer& r) noexcept {
-  if (r.buffer != nullptr) {
-    free_on(r.where, r.buffer, r.bytes);
-    r.buffer = nullptr;
-  }
-  if (on_copy_retired && !r.user) {
-    try {
-      on_copy_retired(r.submitted_us, r.where, r.where == tier::device ? tier::host : tier::device);
-    } catch (...) {  // an observer must not break memory management
-    }
-  }
-}
-
-template <Platform P>
-void chunk_store<P>::give_back(buffer& b, tier t, std::size_t bytes) noexcept {
-  if (b.p == nullptr) return;
-  if (b.reused) retiring_.push_back({*b.reused, b.p, t, bytes, now_us()});
-  else free_on(t, b.p, bytes);
-  b.p = nullptr;
-}
-
-template <Platform P>
-auto chunk_store<P>::device_buffer(std::size_t bytes, copy_direction lane, std::size_t reserve) -> buffer {
-  if (device_.used() + bytes + reserve <= device_.capacity())
-    if (void* p = device_.try_allocate(bytes, alignment_)) return {p, std::nullopt};
-  for (auto& r : retiring_) {  // oldest first
-    if (r.buffer == nullptr || r.where != tier::device || r.bytes != bytes) continue;
-    copier_.order_after(r.done, lane);
-    ++stats_.buffer_reuses;
-    return {std::exchange(r.buffer, nullptr), r.done};  // the eviction no longer frees it: it is ours
-  }
-  return {device_.try_allocate(bytes, alignment_), std::nullopt};
-}
-
-template <Platform P>
-void chunk_store<P>::count(tier t, std::size_t bytes, int sign) noexcept {
-  bytes = footprint(t, bytes);
-  auto& r = resident_[static_cast<std::size_t>(t)];
-  r = sign > 0 ? r + bytes : r - bytes;
-  stats_.peak_device_chunk_bytes = std::max(stats_.peak_device_chunk_bytes, resident(tier::device));
-  stats_.peak_host_chunk_bytes = std::max(stats_.peak_host_chunk_bytes, resident(tier::host));
-  stats_.peak_disk_chunk_bytes = std::max(stats_.peak_disk_chunk_bytes, resident(tier::disk));
-  note_device_peak();
-  note_model_peak();
-}
-
-template <Platform P>
-void chunk_store<P>::note_model_peak() noexcept {
-  std::size_t in_groups = 0;
-  for (const auto& g : groups_) in_groups += g.bytes;
-  stats_.peak_collective_bytes = std::max(stats_.peak_collective_bytes, in_groups + scratch_);
-  stats_.peak_model_bytes = std::max(stats_.peak_model_bytes, resident(tier::device) + resident(tier::host) + unslotted_);
 }
 
 }  // namespace chunkstar

@@ -21,7 +21,9 @@
 #include <chunkstar/core/chunk_kind.hpp>
 #include <chunkstar/core/moment_kind.hpp>
 #include <chunkstar/core/tier.hpp>
+#include <chunkstar/store/chunk_values.hpp>
 #include <chunkstar/zero/gather_plan.hpp>
+#include <chunkstar/zero/group_buffers.hpp>
 #include <chunkstar/store/compute_level.hpp>
 #include <chunkstar/zero/sharding_options.hpp>
 #include <chunkstar/observe/runtime_stats.hpp>
@@ -84,7 +86,7 @@ class shard_manager {
  public:
   shard_manager(Store& store, Residency& residency, const TracerT& tracer, Comm& comm, sharding_options options,
                 runtime_stats& stats, compute_level& level)
-      : store_(store), residency_(residency), tracer_(tracer), comm_(comm), options_(options), stats_(stats), level_(level) {
+      : store_(store), buffers_(store), residency_(residency), tracer_(tracer), comm_(comm), options_(options), stats_(stats), level_(level) {
     level.sharded = active();  // gradients then come from group buffers, never zero-filled chunk by chunk
   }
 
@@ -241,6 +243,7 @@ class shard_manager {
   void complete_chunk_reduction(reduction_in_flight& r);
 
   Store& store_;
+  group_buffers<Store> buffers_;  // the group and scratch buffers of its collectives
   Residency& residency_;
   const TracerT& tracer_;
   Comm& comm_;
@@ -359,7 +362,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::drop() noexcept {
   discard_in_flight();
   discard_gathers();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (groups_[g].grads) store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
+    if (groups_[g].grads) buffers_.detach(std::exchange(groups_[g].grads, nullptr), tier::remote);
     groups_[g].accumulating = false;
     if (groups_[g].gathered) release(g);
   }
@@ -439,11 +442,11 @@ void shard_manager<Store, Residency, TracerT, Comm>::start_gather(std::size_t g,
   const auto members = remote_members(g);
   std::vector<std::size_t> at;
   for (auto id : members) at.push_back(id.index - map().first(g));
-  void* base = store_.attach_group(members, at, n, /*zero=*/false);
+  void* base = buffers_.attach(members, at, n, /*zero=*/false);
   try {
     r.done = comm_.allgather_async(store_.at(own).data, base, b);
   } catch (...) {
-    store_.detach_group(base, tier::remote);
+    buffers_.detach(base, tier::remote);
     throw;
   }
   gathering_.push_back(std::move(r));
@@ -486,12 +489,12 @@ void shard_manager<Store, Residency, TracerT, Comm>::gather(std::size_t g, std::
   const auto members = remote_members(g);
   std::vector<std::size_t> at;
   for (auto id : members) at.push_back(id.index - map().first(g));
-  void* base = store_.attach_group(members, at, n, /*zero=*/false);
+  void* base = buffers_.attach(members, at, n, /*zero=*/false);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     comm_.allgather(store_.at(own).data, base, b);
   } catch (...) {
-    store_.detach_group(base, tier::remote);
+    buffers_.detach(base, tier::remote);
     throw;
   }
   stats_.gather_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -509,7 +512,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::release(std::size_t g) noex
     it->done = comm_handle{};  // assigning over a pending handle waits for it, quietly
     gathering_.erase(it);      // unpins this rank's chunk
   }
-  if (groups_[g].params) store_.detach_group(std::exchange(groups_[g].params, nullptr), tier::remote);
+  if (groups_[g].params) buffers_.detach(std::exchange(groups_[g].params, nullptr), tier::remote);
   groups_[g].gathered = false;
 }
 
@@ -525,7 +528,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::attach_gradients(std::size_
     at.push_back(k);
   }
   room(n * store_.bytes_of(chunk_kind::grad), who, "its gradient buffers (a ZeRO group of one chunk per rank, summed over the ranks after backward)");
-  groups_[g].grads = store_.attach_group(members, at, n, /*zero=*/true);
+  groups_[g].grads = buffers_.attach(members, at, n, /*zero=*/true);
   groups_[g].accumulating = true;
 }
 
@@ -542,7 +545,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::start_reduction(std::size_t
   room(b, last_scope_, "the result of a gradient group's reduction (ZeRO), after its backward");
   reduction_in_flight r;
   r.group = g;
-  r.result = store_.allocate_scratch(b);
+  r.result = buffers_.allocate_scratch(b);
   try {
     if (widen) {  // each contribution widened (exactly), summed in fp32 in rank order, rounded once
       r.send.resize(n * elems);
@@ -555,7 +558,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::start_reduction(std::size_t
     in_flight_.push_back(std::move(r));
   } catch (...) {
     r.done = comm_handle{};
-    store_.free_scratch(r.result, b);
+    buffers_.free_scratch(r.result, b);
     throw;
   }
   groups_[g].reducing = true;
@@ -582,7 +585,7 @@ template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::discard_in_flight() noexcept {
   for (auto& r : in_flight_) {
     r.done = comm_handle{};  // assigning over a pending handle waits for it, quietly
-    if (r.result) store_.free_scratch(r.result, store_.bytes_of(chunk_kind::grad));
+    if (r.result) buffers_.free_scratch(r.result, store_.bytes_of(chunk_kind::grad));
     groups_[r.group].reducing = false;
   }
   in_flight_.clear();
@@ -598,17 +601,17 @@ void shard_manager<Store, Residency, TracerT, Comm>::complete(reduction_in_fligh
   r.done.wait();
   if (!r.recv.empty()) narrow_from_float(r.recv, t, static_cast<std::byte*>(r.result));
   const bool own_had_payload = store_.at(own).group == nullptr && holds_payload(store_.at(own).where);
-  store_.detach_group(std::exchange(groups_[g].grads, nullptr), tier::remote);
+  buffers_.detach(std::exchange(groups_[g].grads, nullptr), tier::remote);
   groups_[g].reducing = groups_[g].accumulating = false;
   if (own_had_payload) {  // contributions after an earlier reduction (a divergent iteration): add
     std::vector<float> a(elems), sum(elems);
-    store_.read_values(own, 0, a);
+    chunk_values(store_).read(own, 0, a);
     widen_to_float(static_cast<const std::byte*>(r.result), t, sum);
     for (std::size_t i = 0; i < elems; ++i) a[i] += sum[i];
-    store_.write_values(own, 0, a);
-    store_.free_scratch(std::exchange(r.result, nullptr), b);
+    chunk_values(store_).write(own, 0, a);
+    buffers_.free_scratch(std::exchange(r.result, nullptr), b);
   } else {
-    store_.adopt(own, std::exchange(r.result, nullptr));
+    buffers_.adopt(own, std::exchange(r.result, nullptr));
   }
 }
 
@@ -626,11 +629,11 @@ void shard_manager<Store, Residency, TracerT, Comm>::fetch(chunk_id id, std::str
     room(b, who, "a parameter chunk broadcast from its owner (ZeRO memory-saving mode)");
     const chunk_id ids[] = {id};
     const std::size_t at[] = {0};
-    void* buf = store_.attach_group(ids, at, 1, /*zero=*/false);
+    void* buf = buffers_.attach(ids, at, 1, /*zero=*/false);
     try {
       comm_.broadcast(buf, b, root);
     } catch (...) {
-      store_.detach_group(buf, tier::remote);
+      buffers_.detach(buf, tier::remote);
       throw;
     }
     unit.params = buf;
@@ -648,7 +651,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::attach_gradient(chunk_id id
   room(store_.bytes_of(chunk_kind::grad), who, "a gradient chunk reduced to its owner (ZeRO memory-saving mode)");
   const chunk_id ids[] = {id};
   const std::size_t at[] = {0};
-  unit.grads = store_.attach_group(ids, at, 1, /*zero=*/true);
+  unit.grads = buffers_.attach(ids, at, 1, /*zero=*/true);
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
@@ -692,9 +695,9 @@ void shard_manager<Store, Residency, TracerT, Comm>::complete_chunk_reduction(re
   auto& unit = groups_[c];
   if (map().owns(c)) {
     if (!r.send.empty()) narrow_from_float(r.send, store_.desc(chunk_kind::grad).type, static_cast<std::byte*>(store_.at(id).data));
-    if (unit.grads) store_.ungroup(std::exchange(unit.grads, nullptr));
+    if (unit.grads) buffers_.ungroup(std::exchange(unit.grads, nullptr));
   } else if (unit.grads) {
-    store_.detach_group(std::exchange(unit.grads, nullptr), tier::remote);
+    buffers_.detach(std::exchange(unit.grads, nullptr), tier::remote);
   }
   r.own.reset();
   unit.reducing = unit.accumulating = false;
