@@ -57,18 +57,28 @@ options parse(int argc, char** argv) {
     };
     auto count = [&](const std::string& v) {
       const auto x = bench::parse_number_list(a, v);
-      if (x.size() != 1 || x[0] < 1 || x[0] != std::floor(x[0])) throw config_error(a + " takes one positive integer, got '" + v + "'");
+      if (x.size() != 1 || x[0] < 1 || x[0] != std::floor(x[0]))
+        throw config_error(a + " takes one positive integer, got '" + v + "'");
       return static_cast<std::size_t>(x[0]);
     };
-    if (a == "--preset") o.preset = value();
-    else if (a == "--batch") o.batch = count(value());
-    else if (a == "--seq") o.seq = count(value());
-    else if (a == "--rounds") o.rounds = static_cast<int>(count(value()));
-    else if (a == "--warmup") o.warmup = static_cast<int>(count(value()));
-    else if (a == "--policy") o.policy = value();
-    else if (a == "--quick") o.quick = true;
-    else if (a == "--json") o.json = value();
-    else if (a == "--plot") o.plot = value();
+    if (a == "--preset")
+      o.preset = value();
+    else if (a == "--batch")
+      o.batch = count(value());
+    else if (a == "--seq")
+      o.seq = count(value());
+    else if (a == "--rounds")
+      o.rounds = static_cast<int>(count(value()));
+    else if (a == "--warmup")
+      o.warmup = static_cast<int>(count(value()));
+    else if (a == "--policy")
+      o.policy = value();
+    else if (a == "--quick")
+      o.quick = true;
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--plot")
+      o.plot = value();
     else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench_cpu_trainer [--preset gpt2] [--batch 4] [--seq 64] [--rounds 7] [--warmup 2]\n"
@@ -79,7 +89,8 @@ options parse(int argc, char** argv) {
     } else
       throw config_error("unknown option '" + a + "' (bench_cpu_trainer --help)");
   }
-  if (o.policy != "resident" && o.policy != "patrickstar") throw config_error("--policy: resident or patrickstar, got '" + o.policy + "'");
+  if (o.policy != "resident" && o.policy != "patrickstar")
+    throw config_error("--policy: resident or patrickstar, got '" + o.policy + "'");
   if (o.quick) o.preset = "tiny", o.batch = 2, o.seq = 32, o.rounds = 2, o.warmup = 1;
   return o;
 }
@@ -101,7 +112,7 @@ std::vector<gemm_shape> step_gemms(const gpt::gpt_config& c, std::size_t B, std:
     std::size_t in, out;
   } linears[] = {{"qkv", C, 3 * C}, {"attn.proj", C, C}, {"fc", C, 4 * C}, {"mlp.proj", 4 * C, C}};
   for (const auto& l : linears) {
-    g.push_back({std::string(l.name) + " fwd", false, true, N, l.out, l.in, L});   // out = inp W^T
+    g.push_back({std::string(l.name) + " fwd", false, true, N, l.out, l.in, L});    // out = inp W^T
     g.push_back({std::string(l.name) + " dinp", false, false, N, l.in, l.out, L});  // dinp += dout W
     g.push_back({std::string(l.name) + " dW", true, false, l.out, l.in, N, L});     // dW += dout^T inp
   }
@@ -129,7 +140,8 @@ struct gemm_bench {
   std::vector<float> a, b, c;
   explicit gemm_bench(std::vector<gemm_shape> s) : shapes(std::move(s)) {
     std::size_t na = 0, nb = 0, nc = 0;
-    for (const auto& g : shapes) na = std::max(na, g.m * g.k), nb = std::max(nb, g.k * g.n), nc = std::max(nc, g.m * g.n);
+    for (const auto& g : shapes)
+      na = std::max(na, g.m * g.k), nb = std::max(nb, g.k * g.n), nc = std::max(nc, g.m * g.n);
     std::mt19937 rng(3);
     std::uniform_real_distribution<float> u(-0.5f, 0.5f);
     for (auto* v : {&a, &b, &c}) v->resize(v == &a ? na : v == &b ? nb : nc);
@@ -164,8 +176,8 @@ struct kernel_call {
  *  rows matmul_forward copies before its GEMM (a loop inside it, not a kernel) and mean_loss (N
  *  values summed on one thread); they fall in "the rest". */
 struct kernel_bench {
-  std::vector<float> x, y, dx, dy, ln_w, ln_b, ln_dw, ln_db, mean, rstd;  // [N, C] rows and LayerNorm's [C], [N]
-  std::vector<float> qkv, dqkv, att, att_scratch, h, hg, dh, dhg, dbias;  // attention [N, 3C], MLP [N, 4C]
+  std::vector<float> x, y, dx, dy, ln_w, ln_b, ln_dw, ln_db, mean, rstd;    // [N, C] rows and LayerNorm's [C], [N]
+  std::vector<float> qkv, dqkv, att, att_scratch, h, hg, dh, dhg, dbias;    // attention [N, 3C], MLP [N, 4C]
   std::vector<float> logits, probs, dlogits, losses, wte, wpe, dwte, dwpe;  // head [N, V], embeddings
   std::vector<int> tokens, targets;
   std::vector<kernel_call> calls;
@@ -208,7 +220,8 @@ struct kernel_bench {
     calls.push_back({"encoder_forward", embed, 1,
                      [=, this] { cpu::encoder_forward(x.data(), tokens.data(), wte.data(), wpe.data(), B, T, C); }});
     calls.push_back({"layernorm_forward", rows, 2 * L + 1, [=, this] {
-                       cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), ln_w.data(), ln_b.data(), N, C);
+                       cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), ln_w.data(), ln_b.data(), N,
+                                              C);
                      }});
     calls.push_back({"attention_forward", attn, L,
                      [=, this] { cpu::attention_forward(y.data(), att.data(), qkv.data(), B, T, C, NH); }});
@@ -216,7 +229,8 @@ struct kernel_bench {
                      [=, this] { cpu::residual_forward(y.data(), x.data(), dx.data(), N * C); }});
     calls.push_back({"gelu_forward", mlp, L, [=, this] { cpu::gelu_forward(hg.data(), h.data(), 4 * N * C); }});
     calls.push_back({"softmax_crossentropy_forward", head, 1, [=, this] {
-                       cpu::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V);
+                       cpu::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N,
+                                                         V);
                      }});
     // backward: the scratch gradients zeroed before each kernel adds into them (head: dlogits, dln,
     // dres; per block: dfch_gelu, dfch [N, 4C], dqkv [N, 3C], dln twice and datty [N, C])
@@ -224,7 +238,9 @@ struct kernel_bench {
       std::vector<float>* buf;
       std::size_t n, count;
       const char* shape;
-    } zeros[] = {{&dlogits, N * V, 1, "N*V"}, {&dh, 4 * N * C, 2 * L, "N*4C"}, {&dqkv, 3 * N * C, L, "N*3C"},
+    } zeros[] = {{&dlogits, N * V, 1, "N*V"},
+                 {&dh, 4 * N * C, 2 * L, "N*4C"},
+                 {&dqkv, 3 * N * C, L, "N*3C"},
                  {&dx, N * C, 3 * L + 2, "N*C"}};
     for (const auto& z : zeros)
       calls.push_back({"zero", std::string(z.shape) + "=" + std::to_string(z.n), z.count,
@@ -238,19 +254,21 @@ struct kernel_bench {
       std::size_t oc, count;
     } biases[] = {{&dqkv, 3 * C, L}, {&dy, C, 2 * L}, {&dh, 4 * C, L}};
     for (const auto& bb : biases)
-      calls.push_back({"add_column_sums (dbias)", dims({{"N", N}, {"OC", bb.oc}}), bb.count, [=, this] {
-                         cpu::detail::add_column_sums(dbias.data(), bb.dout->data(), N, bb.oc);
-                       }});
-    calls.push_back({"gelu_backward", mlp, L, [=, this] { cpu::gelu_backward(dh.data(), h.data(), dhg.data(), 4 * N * C); }});
+      calls.push_back({"add_column_sums (dbias)", dims({{"N", N}, {"OC", bb.oc}}), bb.count,
+                       [=, this] { cpu::detail::add_column_sums(dbias.data(), bb.dout->data(), N, bb.oc); }});
+    calls.push_back(
+        {"gelu_backward", mlp, L, [=, this] { cpu::gelu_backward(dh.data(), h.data(), dhg.data(), 4 * N * C); }});
     calls.push_back({"attention_backward", attn, L, [=, this] {
-                       cpu::attention_backward(dqkv.data(), att_scratch.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+                       cpu::attention_backward(dqkv.data(), att_scratch.data(), dy.data(), qkv.data(), att.data(), B, T,
+                                               C, NH);
                      }});
     calls.push_back({"layernorm_backward", rows, 2 * L + 1, [=, this] {
                        cpu::layernorm_backward(dx.data(), ln_dw.data(), ln_db.data(), dy.data(), x.data(), ln_w.data(),
                                                mean.data(), rstd.data(), N, C);
                      }});
-    calls.push_back({"encoder_backward", embed, 1,
-                     [=, this] { cpu::encoder_backward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C); }});
+    calls.push_back({"encoder_backward", embed, 1, [=, this] {
+                       cpu::encoder_backward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C);
+                     }});
   }
   kernel_bench(const kernel_bench&) = delete;  // the calls point into this object's vectors
   kernel_bench& operator=(const kernel_bench&) = delete;
@@ -291,7 +309,8 @@ struct trainer {
       : device({.capacity = capacity, .name = "device"}),
         rt(device, host, copier, {}, searched_chunk_layout(), std::move(p)),
         model(rt, c, shape, e2e::model_seed),
-        opt({.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = e2e::weight_decay}, .max_grad_norm = e2e::max_grad_norm},
+        opt({.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = e2e::weight_decay},
+             .max_grad_norm = e2e::max_grad_norm},
             param_groups::with_default_decay(e2e::weight_decay)) {
     model.finalize();
   }
@@ -359,9 +378,11 @@ result run(const options& o, const gpt::gpt_config& c, std::size_t capacity, typ
       r.gemm_s.push_back(gemm);
       r.kernels_s.push_back(kernels);
     }
-    std::printf("round %2d%s: step %.1f ms (forward+backward %.1f, optimizer %.1f), GEMM shapes %.1f ms, other kernels %.1f ms, "
-                "loss %.4f\n",
-                round, measured ? "" : " (warm-up)", 1e3 * (fb + os), 1e3 * fb, 1e3 * os, 1e3 * gemm, 1e3 * kernels, loss);
+    std::printf(
+        "round %2d%s: step %.1f ms (forward+backward %.1f, optimizer %.1f), GEMM shapes %.1f ms, other kernels %.1f "
+        "ms, "
+        "loss %.4f\n",
+        round, measured ? "" : " (warm-up)", 1e3 * (fb + os), 1e3 * fb, 1e3 * os, 1e3 * gemm, 1e3 * kernels, loss);
     std::fflush(stdout);
   }
   r.moved_per_step = double(t->rt.stats().bytes_moved() - moved0) / o.rounds;
@@ -385,9 +406,11 @@ int main(int argc, char** argv) try {
 #else
   const char* blas = "a CBLAS";
 #endif
-  std::printf("bench_cpu_trainer: preset %s (%d layers, width %d, %d heads): %zu parameters, %zu of them in GEMMs; "
-              "batch %zu x %zu = %zu tokens; policy %s\n",
-              o.preset.c_str(), c.layers, c.width, c.heads, gpt::param_count(c), nmat, o.batch, o.seq, tokens, o.policy.c_str());
+  std::printf(
+      "bench_cpu_trainer: preset %s (%d layers, width %d, %d heads): %zu parameters, %zu of them in GEMMs; "
+      "batch %zu x %zu = %zu tokens; policy %s\n",
+      o.preset.c_str(), c.layers, c.width, c.heads, gpt::param_count(c), nmat, o.batch, o.seq, tokens,
+      o.policy.c_str());
   std::printf("CPU kernels: %s; OpenMP threads %d; BLAS:%s (single-threaded, rows split over the OpenMP threads)\n",
               cpu_isa_report().c_str(), omp_get_max_threads(), blas);
   std::printf("model FLOPs per step: 6 N tokens %.3g + causal attention %.3g = %.4g (GEMM shapes: %.4g)\n",
@@ -416,8 +439,8 @@ int main(int argc, char** argv) try {
     const double s = e2e::median(r.shape_s[g.what]), sb = e2e::median(r.shape_blas_s[g.what]), best = std::min(s, sb);
     gemm += best * double(g.count);
     const double rate = 2.0 * double(g.m) * double(g.n) * double(g.k) / best;
-    std::printf("%-14s %5zu %5zu %5zu %5zu  %9.3f  %9.3f  %9.1f\n", g.what.c_str(), g.m, g.n, g.k, g.count, 1e3 * s, 1e3 * sb,
-                rate / 1e9);
+    std::printf("%-14s %5zu %5zu %5zu %5zu  %9.3f  %9.3f  %9.1f\n", g.what.c_str(), g.m, g.n, g.k, g.count, 1e3 * s,
+                1e3 * sb, rate / 1e9);
     e2e::json_record j;
     j.str("benchmark", "gemm").str("shape", g.what).num("m", double(g.m)).num("n", double(g.n)).num("k", double(g.k));
     j.num("count_per_step", double(g.count)).num("seconds_split", s).num("seconds_blas_threads", sb);
@@ -430,7 +453,8 @@ int main(int argc, char** argv) try {
               sgemm_rate / 1e9, 100 * gemm / step);
   std::printf("| the same on the trainer's path (rows split) | %.1f ms | %.1f GFLOP/s | %.1f%% |\n", 1e3 * trainer_gemm,
               gemm_flops / trainer_gemm / 1e9, 100 * trainer_gemm / step);
-  std::printf("| trainer step (forward + backward + AdamW) | %.1f ms | %.1f model GFLOP/s | 100%% |\n", 1e3 * step, model_rate / 1e9);
+  std::printf("| trainer step (forward + backward + AdamW) | %.1f ms | %.1f model GFLOP/s | 100%% |\n", 1e3 * step,
+              model_rate / 1e9);
   std::printf("| - forward + backward | %.1f ms | | %.1f%% |\n", 1e3 * fb, 100 * fb / step);
   std::printf("| - of which not GEMM (other kernels, runtime) | %.1f ms | | %.1f%% |\n", 1e3 * (fb - trainer_gemm),
               100 * (fb - trainer_gemm) / step);
@@ -449,16 +473,23 @@ int main(int argc, char** argv) try {
   }
   // The GEMMs on the trainer's path: the way the step runs them, so the rest is what the step adds.
   const double timed = trainer_gemm + kernels;
-  std::printf("sum of timed kernels (GEMM + these) %.1f ms of the %.1f ms step; the rest (runtime, optimizer, copies) %.1f ms "
-              "(GEMM %.1f + these %.1f; the optimizer alone %.1f)\n",
-              1e3 * timed, 1e3 * step, 1e3 * (step - timed), 1e3 * trainer_gemm, 1e3 * kernels, 1e3 * opt);
-  std::printf("\nmodel FLOP/s / sgemm rate = %.3f (%.0f tokens/s; chunks moved per step %s MiB, evictions %llu; loss %.4f -> %.4f)\n",
-              model_rate / sgemm_rate, double(tokens) / step, e2e::mib(r.moved_per_step).c_str(),
-              static_cast<unsigned long long>(r.evictions), r.first_loss, r.last_loss);
+  std::printf(
+      "sum of timed kernels (GEMM + these) %.1f ms of the %.1f ms step; the rest (runtime, optimizer, copies) %.1f ms "
+      "(GEMM %.1f + these %.1f; the optimizer alone %.1f)\n",
+      1e3 * timed, 1e3 * step, 1e3 * (step - timed), 1e3 * trainer_gemm, 1e3 * kernels, 1e3 * opt);
+  std::printf(
+      "\nmodel FLOP/s / sgemm rate = %.3f (%.0f tokens/s; chunks moved per step %s MiB, evictions %llu; loss %.4f -> "
+      "%.4f)\n",
+      model_rate / sgemm_rate, double(tokens) / step, e2e::mib(r.moved_per_step).c_str(),
+      static_cast<unsigned long long>(r.evictions), r.first_loss, r.last_loss);
   e2e::json_record j;
   j.str("benchmark", "trainer").str("preset", o.preset).num("batch", double(o.batch)).num("seq", double(o.seq));
-  j.str("policy", o.policy).str("isa", std::string(cpu_isa_name(active_cpu_isa()))).num("threads", omp_get_max_threads());
-  j.num("params", double(gpt::param_count(c))).num("matmul_params", double(nmat)).num("model_flops_per_step", model_flops);
+  j.str("policy", o.policy)
+      .str("isa", std::string(cpu_isa_name(active_cpu_isa())))
+      .num("threads", omp_get_max_threads());
+  j.num("params", double(gpt::param_count(c)))
+      .num("matmul_params", double(nmat))
+      .num("model_flops_per_step", model_flops);
   j.num("gemm_flops_per_step", gemm_flops).num("step_s", step).num("forward_backward_s", fb).num("optimizer_s", opt);
   j.num("gemm_s", gemm).num("trainer_gemm_s", trainer_gemm).num("kernels_s", kernels);
   j.num("sgemm_gflops", sgemm_rate / 1e9).num("model_gflops", model_rate / 1e9);
@@ -471,13 +502,16 @@ int main(int argc, char** argv) try {
     int i = 0;
     for (const auto& g : shapes)
       dat += std::to_string(i++) + " \"" + g.what + "\" " +
-             std::to_string(2.0 * double(g.m) * double(g.n) * double(g.k) / e2e::median(r.shape_s[g.what]) / 1e9) + "\n";
-    const std::string script = "set title 'GEMM shapes of one " + o.preset + " step (" + std::to_string(o.batch) + "x" +
-                               std::to_string(o.seq) + ") and the trainer'\nset termoption noenhanced\nset ylabel 'GFLOP/s'\nset style fill solid 0.6\n"
-                               "set boxwidth 0.7\nset xtics rotate by -40\nset yrange [0:*]\n"
-                               "plot '@DIR@/gemm.dat' using 1:3:xtic(2) with boxes title 'sgemm, per shape', " +
-                               std::to_string(sgemm_rate / 1e9) + " with lines lw 2 title 'sgemm, all shapes', " +
-                               std::to_string(model_rate / 1e9) + " with lines lw 2 dt 2 title 'trainer (model FLOP/s)'\n";
+             std::to_string(2.0 * double(g.m) * double(g.n) * double(g.k) / e2e::median(r.shape_s[g.what]) / 1e9) +
+             "\n";
+    const std::string script =
+        "set title 'GEMM shapes of one " + o.preset + " step (" + std::to_string(o.batch) + "x" +
+        std::to_string(o.seq) +
+        ") and the trainer'\nset termoption noenhanced\nset ylabel 'GFLOP/s'\nset style fill solid 0.6\n"
+        "set boxwidth 0.7\nset xtics rotate by -40\nset yrange [0:*]\n"
+        "plot '@DIR@/gemm.dat' using 1:3:xtic(2) with boxes title 'sgemm, per shape', " +
+        std::to_string(sgemm_rate / 1e9) + " with lines lw 2 title 'sgemm, all shapes', " +
+        std::to_string(model_rate / 1e9) + " with lines lw 2 dt 2 title 'trainer (model FLOP/s)'\n";
     e2e::run_gnuplot("bench_cpu_trainer", o.plot, script, {{"gemm.dat", dat}}, "1200,600");
   }
   return 0;

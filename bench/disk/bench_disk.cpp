@@ -57,7 +57,8 @@ struct options {
   std::vector<double> host_fractions{0.5, 0.25};
   std::size_t limit_bytes = std::size_t{512} << 20;  // file the limit is measured over
   unsigned queue = 4;                                // requests in flight for the limit
-  std::size_t scale_device = std::size_t{64} << 20, scale_host = std::size_t{64} << 20, scale_disk = std::size_t{512} << 20;
+  std::size_t scale_device = std::size_t{64} << 20, scale_host = std::size_t{64} << 20,
+              scale_disk = std::size_t{512} << 20;
   std::size_t scale_batch = 1, scale_seq = 16;  // short sequences: activations are not model data
   std::size_t prefetch_depth = runtime_options{}.disk_prefetch_depth, horizon = runtime_options{}.disk_prefetch_horizon;
   std::string json, plot;
@@ -74,14 +75,17 @@ struct disk_parts {
 #if CHUNKSTAR_HAS_URING()
   std::optional<uring_copy_engine> uring;
 #endif
-  disk_parts(const options& o, std::size_t capacity) : space({.directory = o.dir, .capacity = capacity, .name = "bench"}) {
+  disk_parts(const options& o, std::size_t capacity)
+      : space({.directory = o.dir, .capacity = capacity, .name = "bench"}) {
 #if CHUNKSTAR_HAS_URING()
     if (o.engine != "pool" && io_uring_available()) {
       uring.emplace(space);
       return;
     }
 #endif
-    if (o.engine == "uring") throw config_error("--engine uring: io_uring is not available here (no liburing in this build, or the kernel refuses it)");
+    if (o.engine == "uring")
+      throw config_error(
+          "--engine uring: io_uring is not available here (no liburing in this build, or the kernel refuses it)");
     pool.emplace(space);
   }
   disk_tier tier() {
@@ -103,10 +107,12 @@ struct disk_parts {
 template <class Runtime>
 class disk_trainer {
  public:
-  disk_trainer(const options& o, const gpt::gpt_config& c, gpt::batch_shape shape, std::size_t device, std::size_t host, std::size_t disk,
-               searched_chunk_layout layout, typename Runtime::placement_type placement, runtime_options ro = {})
+  disk_trainer(const options& o, const gpt::gpt_config& c, gpt::batch_shape shape, std::size_t device, std::size_t host,
+               std::size_t disk, searched_chunk_layout layout, typename Runtime::placement_type placement,
+               runtime_options ro = {})
       : device_({.capacity = device, .name = "device"}),
-        host_({.capacity = host, .large_block_threshold = SIZE_MAX}),  // charged at their size, as the host budget counts
+        host_(
+            {.capacity = host, .large_block_threshold = SIZE_MAX}),  // charged at their size, as the host budget counts
         rt_(device_, host_, copier_, ro, std::move(layout), std::move(placement)),
         model_(rt_, c, shape, e2e::model_seed),
         opt_({.hyper = {.weight_decay = e2e::weight_decay}, .max_grad_norm = e2e::max_grad_norm},
@@ -143,15 +149,16 @@ class disk_trainer {
 // --- 1. the limit -----------------------------------------------------------------------------------
 struct limits {
   std::size_t block = 0;
-  double write_gbs = 0, read_gbs = 0;         // pwrite/pread, O_DIRECT, --queue in flight
+  double write_gbs = 0, read_gbs = 0;                // pwrite/pread, O_DIRECT, --queue in flight
   double engine_write_gbs = 0, engine_read_gbs = 0;  // the disk engine moving the same blocks
   bool direct = false;
   std::string engine;
 };
 
 struct aligned_block {
-  explicit aligned_block(std::size_t n) : p(static_cast<unsigned char*>(::operator new(n, std::align_val_t{4096}))), n(n) {}
-  ~aligned_block() { ::operator delete(p, std::align_val_t{4096}); }
+  explicit aligned_block(std::size_t n)
+      : p(static_cast<unsigned char*>(::operator new (n, std::align_val_t{4096}))), n(n) {}
+  ~aligned_block() { ::operator delete (p, std::align_val_t{4096}); }
   aligned_block(const aligned_block&) = delete;
   aligned_block& operator=(const aligned_block&) = delete;
   unsigned char* p;
@@ -185,7 +192,9 @@ double raw_pass(int fd, std::size_t block, std::size_t total, unsigned queue, bo
   }
   for (auto& t : threads) t.join();
   if (write) ::fdatasync(fd);
-  if (failed) throw io_error("a " + std::string(write ? "pwrite" : "pread") + " of the limit measurement failed: " + std::strerror(error.load()));
+  if (failed)
+    throw io_error("a " + std::string(write ? "pwrite" : "pread") +
+                   " of the limit measurement failed: " + std::strerror(error.load()));
   return e2e::seconds_since(t0);
 }
 
@@ -209,19 +218,22 @@ limits measure_limits(const options& o, std::size_t block) {
   aligned_block host(total > (std::size_t{256} << 20) ? std::size_t{256} << 20 : total);
   const std::size_t blocks = host.n / block;
   std::vector<void*> at;
-  for (std::size_t i = 0; i < blocks; ++i) at.push_back(const_cast<unsigned char*>(static_cast<const unsigned char*>(d.space.base())) + i * block);
+  for (std::size_t i = 0; i < blocks; ++i)
+    at.push_back(const_cast<unsigned char*>(static_cast<const unsigned char*>(d.space.base())) + i * block);
   std::memset(host.p, 1, host.n);
   const double egb = static_cast<double>(blocks * block) / 1e9;
   for (int rep = 0; rep < 2; ++rep) {
     std::vector<disk_copy_handle> hs;
     auto t0 = e2e::clock::now();
-    for (std::size_t i = 0; i < blocks; ++i) hs.push_back(tier.copy_async(at[i], host.p + i * block, block, copy_direction::to_host));
+    for (std::size_t i = 0; i < blocks; ++i)
+      hs.push_back(tier.copy_async(at[i], host.p + i * block, block, copy_direction::to_host));
     for (auto& h : hs) h.wait();
     ::fdatasync(d.space.fd());
     l.engine_write_gbs = std::max(l.engine_write_gbs, egb / e2e::seconds_since(t0));
     hs.clear();
     t0 = e2e::clock::now();
-    for (std::size_t i = 0; i < blocks; ++i) hs.push_back(tier.copy_async(host.p + i * block, at[i], block, copy_direction::to_device));
+    for (std::size_t i = 0; i < blocks; ++i)
+      hs.push_back(tier.copy_async(host.p + i * block, at[i], block, copy_direction::to_device));
     for (auto& h : hs) h.wait();
     l.engine_read_gbs = std::max(l.engine_read_gbs, egb / e2e::seconds_since(t0));
   }
@@ -239,9 +251,10 @@ struct run_result {
   std::vector<double> losses;
   std::string engine;
   double demand_iteration_s = 0, demand_bytes = 0, demand_disk_stall_s = 0;  // disk prefetch off
-  double read_busy_s = 0, write_busy_s = 0;  // the engine's lanes busy per iteration
-  double resident_s = 0;  // everything on the device
-  double fb_s = 0, step_s = 0, fb_disk_s = 0;  // forward+backward and the step: time; disk time forward+backward needs at the limits
+  double read_busy_s = 0, write_busy_s = 0;                                  // the engine's lanes busy per iteration
+  double resident_s = 0;                                                     // everything on the device
+  double fb_s = 0, step_s = 0,
+         fb_disk_s = 0;      // forward+backward and the step: time; disk time forward+backward needs at the limits
   double phase_bound_s = 0;  // max(fb compute, fb disk) + max(step compute, step disk)
 };
 
@@ -315,8 +328,8 @@ scale_result search_scale(const options& o, const gpt::gpt_config& preset, const
   const std::size_t base = gpt::param_count(member(1)), per_layer = gpt::param_count(member(2)) - base;
   int lo = 1, hi = static_cast<int>((r.limit_params - static_cast<double>(base)) / static_cast<double>(per_layer)) + 1;
   std::printf("\n== scale: device %s + host %s + disk %s: limit %.2f M parameters (16 bytes each); width %d ==\n",
-              format_bytes(r.device).c_str(), format_bytes(r.host).c_str(), format_bytes(r.disk).c_str(), r.limit_params / 1e6,
-              preset.width);
+              format_bytes(r.device).c_str(), format_bytes(r.host).c_str(), format_bytes(r.disk).c_str(),
+              r.limit_params / 1e6, preset.width);
   std::printf("%7s %10s %8s %10s  %s\n", "layers", "params M", "/limit", "model MiB", "result");
   while (lo <= hi) {  // fitting is monotone in depth
     const int mid = lo + (hi - lo) / 2;
@@ -351,11 +364,14 @@ scale_result search_scale(const options& o, const gpt::gpt_config& preset, const
       result = std::string("config: ") + e.what();
     }
     std::printf("%7d %10.3f %8.3f %10s  %s\n", mid, static_cast<double>(gpt::param_count(c)) / 1e6,
-                static_cast<double>(gpt::param_count(c)) / r.limit_params, e2e::mib(static_cast<double>(e2e::model_bytes(layout, c))).c_str(),
+                static_cast<double>(gpt::param_count(c)) / r.limit_params,
+                e2e::mib(static_cast<double>(e2e::model_bytes(layout, c))).c_str(),
                 result.substr(0, std::min<std::size_t>(result.find('\n'), 140)).c_str());
     std::fflush(stdout);
-    if (fits) lo = mid + 1;
-    else hi = mid - 1;
+    if (fits)
+      lo = mid + 1;
+    else
+      hi = mid - 1;
   }
   (void)lim;
   return r;
@@ -363,43 +379,58 @@ scale_result search_scale(const options& o, const gpt::gpt_config& preset, const
 
 e2e::json_record base_record(const limits& l) {
   e2e::json_record j;
-  j.num("disk_read_limit_gbs", l.read_gbs).num("disk_write_limit_gbs", l.write_gbs).num("block_bytes", static_cast<double>(l.block));
-  j.num("engine_read_gbs", l.engine_read_gbs).num("engine_write_gbs", l.engine_write_gbs).boolean("o_direct", l.direct).str("engine", l.engine);
+  j.num("disk_read_limit_gbs", l.read_gbs)
+      .num("disk_write_limit_gbs", l.write_gbs)
+      .num("block_bytes", static_cast<double>(l.block));
+  j.num("engine_read_gbs", l.engine_read_gbs)
+      .num("engine_write_gbs", l.engine_write_gbs)
+      .boolean("o_direct", l.direct)
+      .str("engine", l.engine);
   return j;
 }
 
 int write_plot(const options& o, const limits& l, const std::vector<run_result>& runs, const scale_result& sc) {
-  std::string bw = "0 \"read limit\" " + std::to_string(l.read_gbs) + "\n1 \"write limit\" " + std::to_string(l.write_gbs) +
-                   "\n2 \"engine read\" " + std::to_string(l.engine_read_gbs) + "\n3 \"engine write\" " + std::to_string(l.engine_write_gbs) + "\n";
+  std::string bw = "0 \"read limit\" " + std::to_string(l.read_gbs) + "\n1 \"write limit\" " +
+                   std::to_string(l.write_gbs) + "\n2 \"engine read\" " + std::to_string(l.engine_read_gbs) +
+                   "\n3 \"engine write\" " + std::to_string(l.engine_write_gbs) + "\n";
   std::string it;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
     bw += std::to_string(4 + 2 * i) + " \"" + r.name + " limit\" " + std::to_string(r.limit_gbs) + "\n";
     bw += std::to_string(5 + 2 * i) + " \"" + r.name + " achieved\" " + std::to_string(r.achieved_gbs) + "\n";
-    it += std::to_string(i) + " \"" + r.name + "\" " + std::to_string(r.iteration_s) + " " + std::to_string(r.compute_s) + " " +
-          std::to_string(r.disk_transfer_s) + " " + std::to_string(r.phase_bound_s) + "\n";
+    it += std::to_string(i) + " \"" + r.name + "\" " + std::to_string(r.iteration_s) + " " +
+          std::to_string(r.compute_s) + " " + std::to_string(r.disk_transfer_s) + " " +
+          std::to_string(r.phase_bound_s) + "\n";
   }
   const std::string scale = "0 \"limit\" " + std::to_string(sc.limit_params / 1e6) + "\n1 \"largest that trains\" " +
                             std::to_string(static_cast<double>(sc.max_params) / 1e6) + "\n";
   const std::string script =
-      "set multiplot layout 1,3 title 'bench\\_disk: " + o.preset + ", batch " + std::to_string(o.batch) + "x" + std::to_string(o.seq) +
-      ", engine " + l.engine + (l.direct ? ", O\\_DIRECT" : ", buffered") + "'\n"
+      "set multiplot layout 1,3 title 'bench\\_disk: " + o.preset + ", batch " + std::to_string(o.batch) + "x" +
+      std::to_string(o.seq) + ", engine " + l.engine + (l.direct ? ", O\\_DIRECT" : ", buffered") +
+      "'\n"
       "set grid\nset style fill solid 0.5\nset boxwidth 0.7\nset yrange [0:*]\nset xtics rotate by -35\n"
       "set title 'disk bandwidth (GB/s)'\nplot '@DIR@/bw.dat' using 1:3:xtic(2) with boxes notitle\n"
       "set title 'iteration (s)'\nset boxwidth 0.2\nset key top left\n"
-      "plot '@DIR@/it.dat' using ($1-0.3):3:xtic(2) with boxes title 'iteration', '@DIR@/it.dat' using ($1-0.1):4 with boxes title 'compute (no disk)', "
-      "'@DIR@/it.dat' using ($1+0.1):5 with boxes title 'disk transfer', '@DIR@/it.dat' using ($1+0.3):6 with boxes title 'phase bound'\n"
-      "set title 'scale (M parameters)'\nset boxwidth 0.6\nplot '@DIR@/scale.dat' using 1:3:xtic(2) with boxes notitle\n"
+      "plot '@DIR@/it.dat' using ($1-0.3):3:xtic(2) with boxes title 'iteration', '@DIR@/it.dat' using ($1-0.1):4 with "
+      "boxes title 'compute (no disk)', "
+      "'@DIR@/it.dat' using ($1+0.1):5 with boxes title 'disk transfer', '@DIR@/it.dat' using ($1+0.3):6 with boxes "
+      "title 'phase bound'\n"
+      "set title 'scale (M parameters)'\nset boxwidth 0.6\nplot '@DIR@/scale.dat' using 1:3:xtic(2) with boxes "
+      "notitle\n"
       "unset multiplot\n";
-  return e2e::run_gnuplot("bench_disk", o.plot, script, {{"bw.dat", bw}, {"it.dat", it}, {"scale.dat", scale}}, "1500,520");
+  return e2e::run_gnuplot("bench_disk", o.plot, script, {{"bw.dat", bw}, {"it.dat", it}, {"scale.dat", scale}},
+                          "1500,520");
 }
 
 void usage() {
   std::printf(
-      "usage: bench_disk [--dir DIR (/var/tmp)] [--engine auto|uring|pool] [--preset NAME (mini)] [--batch B (4)] [--seq T (64)]\n"
+      "usage: bench_disk [--dir DIR (/var/tmp)] [--engine auto|uring|pool] [--preset NAME (mini)] [--batch B (4)] "
+      "[--seq T (64)]\n"
       "                  [--iters N (4)] [--device-fraction F (0.2)] [--host-fractions F,F (0.5,0.25)]\n"
-      "                  [--limit-mib N (512)] [--queue N (4)] [--scale-device SIZE (64MiB)] [--scale-host SIZE (64MiB)]\n"
-      "                  [--scale-disk SIZE (512MiB)] [--disk-prefetch N (8)] [--horizon N (2)] [--json FILE] [--plot FILE.png] [--quick]\n");
+      "                  [--limit-mib N (512)] [--queue N (4)] [--scale-device SIZE (64MiB)] [--scale-host SIZE "
+      "(64MiB)]\n"
+      "                  [--scale-disk SIZE (512MiB)] [--disk-prefetch N (8)] [--horizon N (2)] [--json FILE] [--plot "
+      "FILE.png] [--quick]\n");
 }
 
 std::size_t size_arg(const std::string& flag, const std::string& v) {
@@ -427,23 +458,40 @@ options parse(int argc, char** argv) {
       o.scale_device = std::size_t{2} << 20;
       o.scale_host = std::size_t{4} << 20;
       o.scale_disk = std::size_t{12} << 20;
-    } else if (a == "--dir") o.dir = value();
-    else if (a == "--engine") o.engine = value();
-    else if (a == "--preset") o.preset = value();
-    else if (a == "--batch") o.batch = std::stoul(value());
-    else if (a == "--seq") o.seq = std::stoul(value());
-    else if (a == "--iters") o.iters = std::stoi(value());
-    else if (a == "--device-fraction") o.device_fraction = std::stod(value());
-    else if (a == "--host-fractions") o.host_fractions = bench::parse_number_list(a, value());
-    else if (a == "--limit-mib") o.limit_bytes = std::stoul(value()) << 20;
-    else if (a == "--queue") o.queue = static_cast<unsigned>(std::stoul(value()));
-    else if (a == "--scale-device") o.scale_device = size_arg(a, value());
-    else if (a == "--scale-host") o.scale_host = size_arg(a, value());
-    else if (a == "--scale-disk") o.scale_disk = size_arg(a, value());
-    else if (a == "--json") o.json = value();
-    else if (a == "--disk-prefetch") o.prefetch_depth = std::stoul(value());
-    else if (a == "--horizon") o.horizon = std::stoul(value());
-    else if (a == "--plot") o.plot = value();
+    } else if (a == "--dir")
+      o.dir = value();
+    else if (a == "--engine")
+      o.engine = value();
+    else if (a == "--preset")
+      o.preset = value();
+    else if (a == "--batch")
+      o.batch = std::stoul(value());
+    else if (a == "--seq")
+      o.seq = std::stoul(value());
+    else if (a == "--iters")
+      o.iters = std::stoi(value());
+    else if (a == "--device-fraction")
+      o.device_fraction = std::stod(value());
+    else if (a == "--host-fractions")
+      o.host_fractions = bench::parse_number_list(a, value());
+    else if (a == "--limit-mib")
+      o.limit_bytes = std::stoul(value()) << 20;
+    else if (a == "--queue")
+      o.queue = static_cast<unsigned>(std::stoul(value()));
+    else if (a == "--scale-device")
+      o.scale_device = size_arg(a, value());
+    else if (a == "--scale-host")
+      o.scale_host = size_arg(a, value());
+    else if (a == "--scale-disk")
+      o.scale_disk = size_arg(a, value());
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--disk-prefetch")
+      o.prefetch_depth = std::stoul(value());
+    else if (a == "--horizon")
+      o.horizon = std::stoul(value());
+    else if (a == "--plot")
+      o.plot = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -451,7 +499,8 @@ options parse(int argc, char** argv) {
       throw config_error("unknown option '" + a + "' (see --help)");
     }
   }
-  if (o.engine != "auto" && o.engine != "uring" && o.engine != "pool") throw config_error("--engine '" + o.engine + "': use auto, uring or pool");
+  if (o.engine != "auto" && o.engine != "uring" && o.engine != "pool")
+    throw config_error("--engine '" + o.engine + "': use auto, uring or pool");
   if (o.iters < 1 || o.queue < 1) throw config_error("--iters and --queue must be at least 1");
   return o;
 }
@@ -470,18 +519,21 @@ int main(int argc, char** argv) try {
 
   // 1. The limit, for this model's chunks.
   const limits lim = measure_limits(o, chunk);
-  std::printf("== the disk in %s (%s, %s), blocks of %s (one chunk), the best of 1 to %u in flight ==\n", o.dir.c_str(), lim.engine.c_str(),
-              lim.direct ? "O_DIRECT" : "buffered", format_bytes(chunk).c_str(), o.queue);
-  std::printf("pwrite %.3f GB/s, pread %.3f GB/s (the limit); the disk engine: write %.3f GB/s (%.2f of it), read %.3f GB/s (%.2f of it)\n",
-              lim.write_gbs, lim.read_gbs, lim.engine_write_gbs, lim.engine_write_gbs / lim.write_gbs, lim.engine_read_gbs,
-              lim.engine_read_gbs / lim.read_gbs);
+  std::printf("== the disk in %s (%s, %s), blocks of %s (one chunk), the best of 1 to %u in flight ==\n", o.dir.c_str(),
+              lim.engine.c_str(), lim.direct ? "O_DIRECT" : "buffered", format_bytes(chunk).c_str(), o.queue);
+  std::printf(
+      "pwrite %.3f GB/s, pread %.3f GB/s (the limit); the disk engine: write %.3f GB/s (%.2f of it), read %.3f GB/s "
+      "(%.2f of it)\n",
+      lim.write_gbs, lim.read_gbs, lim.engine_write_gbs, lim.engine_write_gbs / lim.write_gbs, lim.engine_read_gbs,
+      lim.engine_read_gbs / lim.read_gbs);
 
   // 2. Compute alone (everything resident), then the disk runs.
-  std::printf("\n== %s (%zu parameters, model data %s in chunks of %s), batch %zux%zu ==\n", o.preset.c_str(), gpt::param_count(cfg),
-              format_bytes(model).c_str(), format_bytes(chunk).c_str(), o.batch, o.seq);
+  std::printf("\n== %s (%zu parameters, model data %s in chunks of %s), batch %zux%zu ==\n", o.preset.c_str(),
+              gpt::param_count(cfg), format_bytes(model).c_str(), format_bytes(chunk).c_str(), o.batch, o.seq);
   run_result resident;
   {
-    disk_trainer<resident_runtime> tr(o, cfg, {o.batch, o.seq}, act + model + model / 8, SIZE_MAX, 0, layout, static_placement::all_device());
+    disk_trainer<resident_runtime> tr(o, cfg, {o.batch, o.seq}, act + model + model / 8, SIZE_MAX, 0, layout,
+                                      static_placement::all_device());
     resident = time_run(o, tr, lim);
   }
   // What the iteration costs without the disk: the same device budget, the host unlimited (chunks
@@ -492,8 +544,9 @@ int main(int argc, char** argv) try {
     disk_trainer<disk_runtime> tr(o, cfg, {o.batch, o.seq}, run_device, SIZE_MAX, 0, layout, {});
     no_disk = time_run(o, tr, lim);
   }
-  std::printf("resident (everything on the device): %.3f s per iteration; device %s and the host unlimited (no disk): %.3f s\n",
-              resident.iteration_s, format_bytes(run_device).c_str(), no_disk.iteration_s);
+  std::printf(
+      "resident (everything on the device): %.3f s per iteration; device %s and the host unlimited (no disk): %.3f s\n",
+      resident.iteration_s, format_bytes(run_device).c_str(), no_disk.iteration_s);
   bool same_bits = no_disk.losses == resident.losses;
   std::vector<run_result> runs;
   for (double h : o.host_fractions) {
@@ -504,7 +557,8 @@ int main(int argc, char** argv) try {
                                   {.disk_prefetch_depth = o.prefetch_depth, .disk_prefetch_horizon = o.horizon});
     run_result r = time_run(o, tr, lim);
     {  // the same run with disk reads on demand only: what prefetch saves, and the bytes it adds
-      disk_trainer<disk_runtime> demand_tr(o, cfg, {o.batch, o.seq}, device, host, disk, layout, {}, {.disk_prefetch_depth = 0});
+      disk_trainer<disk_runtime> demand_tr(o, cfg, {o.batch, o.seq}, device, host, disk, layout, {},
+                                           {.disk_prefetch_depth = 0});
       const run_result d = time_run(o, demand_tr, lim);
       r.demand_iteration_s = d.iteration_s;
       r.demand_bytes = d.read_bytes + d.write_bytes;
@@ -528,59 +582,87 @@ int main(int argc, char** argv) try {
     r.limit_gbs = r.disk_transfer_s > 0 ? (r.read_bytes + r.write_bytes) / r.disk_transfer_s / 1e9 : 0;
     if (r.losses != resident.losses) {
       same_bits = false;
-      std::fprintf(stderr, "bench_disk: %s: the losses differ from the resident run's (the same-bits invariant is broken)\n", name);
+      std::fprintf(stderr,
+                   "bench_disk: %s: the losses differ from the resident run's (the same-bits invariant is broken)\n",
+                   name);
     }
     runs.push_back(r);
   }
-  std::printf("%-9s %9s %9s %9s %9s %9s %9s %9s %9s %8s %9s %8s %9s %9s %8s %9s\n", "run", "device", "host", "disk peak", "read MiB",
-              "write MiB", "iter s", "compute s", "disk s", "achieved", "GB/s lim", "ach/lim", "it/bound", "demand s", "B/dem", "stall s");
+  std::printf("%-9s %9s %9s %9s %9s %9s %9s %9s %9s %8s %9s %8s %9s %9s %8s %9s\n", "run", "device", "host",
+              "disk peak", "read MiB", "write MiB", "iter s", "compute s", "disk s", "achieved", "GB/s lim", "ach/lim",
+              "it/bound", "demand s", "B/dem", "stall s");
   for (const auto& r : runs) {
-    std::printf("%-9s %9s %9s %9s %9s %9s %9.3f %9.3f %9.3f %8.3f %9.3f %8.2f %9.2f %9.3f %8.2f %9.3f\n", r.name.c_str(),
-                e2e::mib(static_cast<double>(r.device)).c_str(), e2e::mib(static_cast<double>(r.host)).c_str(),
-                e2e::mib(static_cast<double>(r.peak_disk)).c_str(), e2e::mib(r.read_bytes).c_str(), e2e::mib(r.write_bytes).c_str(),
-                r.iteration_s, r.compute_s, r.disk_transfer_s, r.achieved_gbs, r.limit_gbs, r.limit_gbs > 0 ? r.achieved_gbs / r.limit_gbs : 0.0,
+    std::printf("%-9s %9s %9s %9s %9s %9s %9.3f %9.3f %9.3f %8.3f %9.3f %8.2f %9.2f %9.3f %8.2f %9.3f\n",
+                r.name.c_str(), e2e::mib(static_cast<double>(r.device)).c_str(),
+                e2e::mib(static_cast<double>(r.host)).c_str(), e2e::mib(static_cast<double>(r.peak_disk)).c_str(),
+                e2e::mib(r.read_bytes).c_str(), e2e::mib(r.write_bytes).c_str(), r.iteration_s, r.compute_s,
+                r.disk_transfer_s, r.achieved_gbs, r.limit_gbs, r.limit_gbs > 0 ? r.achieved_gbs / r.limit_gbs : 0.0,
                 r.iteration_s / std::max(r.compute_s, r.disk_transfer_s), r.demand_iteration_s,
                 r.demand_bytes > 0 ? (r.read_bytes + r.write_bytes) / r.demand_bytes : 0.0, r.disk_stall_s);
-    std::printf("%-9s   disk lanes busy per iteration: reads %.3f s, writes %.3f s (%.0f%% and %.0f%% of it); forward+backward %.3f s "
-                "(without the disk %.3f, its disk %.3f), step %.3f s (without %.3f, its disk %.3f: %.2f of the limit while it runs): "
-                "iteration / phase bound %.2f\n",
-                "", r.read_busy_s, r.write_busy_s, 100 * r.read_busy_s / r.iteration_s, 100 * r.write_busy_s / r.iteration_s, r.fb_s,
-                no_disk.fb_s, r.fb_disk_s, r.step_s, no_disk.step_s, r.disk_transfer_s - r.fb_disk_s,
-                (r.disk_transfer_s - r.fb_disk_s) / r.step_s, r.iteration_s / r.phase_bound_s);
+    std::printf(
+        "%-9s   disk lanes busy per iteration: reads %.3f s, writes %.3f s (%.0f%% and %.0f%% of it); forward+backward "
+        "%.3f s "
+        "(without the disk %.3f, its disk %.3f), step %.3f s (without %.3f, its disk %.3f: %.2f of the limit while it "
+        "runs): "
+        "iteration / phase bound %.2f\n",
+        "", r.read_busy_s, r.write_busy_s, 100 * r.read_busy_s / r.iteration_s, 100 * r.write_busy_s / r.iteration_s,
+        r.fb_s, no_disk.fb_s, r.fb_disk_s, r.step_s, no_disk.step_s, r.disk_transfer_s - r.fb_disk_s,
+        (r.disk_transfer_s - r.fb_disk_s) / r.step_s, r.iteration_s / r.phase_bound_s);
   }
-  std::printf("(MiB columns: per iteration; disk s = read / read limit + written / write limit; ach/lim = achieved / limit, "
-              "meaningful where disk s > compute s; compute s: the same run without a disk (host unlimited); it/bound = iteration / max(compute, disk); demand s, B/dem: the iteration and "
-              "the disk bytes against the same run with disk prefetch off; stall s: waits for the disk per iteration)\n");
+  std::printf(
+      "(MiB columns: per iteration; disk s = read / read limit + written / write limit; ach/lim = achieved / limit, "
+      "meaningful where disk s > compute s; compute s: the same run without a disk (host unlimited); it/bound = "
+      "iteration / max(compute, disk); demand s, B/dem: the iteration and "
+      "the disk bytes against the same run with disk prefetch off; stall s: waits for the disk per iteration)\n");
   std::printf("same bits as the resident run: %s\n", same_bits ? "yes" : "NO");
 
   // 3. Scale.
   const scale_result sc = search_scale(o, cfg, lim);
   std::printf("largest: %d layers, %.3f M parameters = %.1f%% of the limit (%.3f M)\n", sc.best.layers,
-              static_cast<double>(sc.max_params) / 1e6, 100 * static_cast<double>(sc.max_params) / sc.limit_params, sc.limit_params / 1e6);
+              static_cast<double>(sc.max_params) / 1e6, 100 * static_cast<double>(sc.max_params) / sc.limit_params,
+              sc.limit_params / 1e6);
 
   if (!o.json.empty()) {
     std::vector<e2e::json_record> recs;
     for (const auto& r : runs) {
       auto j = base_record(lim);
       j.str("kind", "run").str("name", r.name).num("host_fraction", r.host_fraction);
-      j.num("device_bytes", static_cast<double>(r.device)).num("host_bytes", static_cast<double>(r.host)).num("disk_bytes", static_cast<double>(r.disk));
-      j.num("model_bytes", static_cast<double>(r.model)).num("iteration_s", r.iteration_s).num("compute_s", r.compute_s);
+      j.num("device_bytes", static_cast<double>(r.device))
+          .num("host_bytes", static_cast<double>(r.host))
+          .num("disk_bytes", static_cast<double>(r.disk));
+      j.num("model_bytes", static_cast<double>(r.model))
+          .num("iteration_s", r.iteration_s)
+          .num("compute_s", r.compute_s);
       j.num("disk_transfer_s", r.disk_transfer_s).num("achieved_gbs", r.achieved_gbs).num("limit_gbs", r.limit_gbs);
-      j.num("read_bytes", r.read_bytes).num("write_bytes", r.write_bytes).num("disk_stall_s", r.disk_stall_s).num("stall_s", r.stall_s);
-      j.num("peak_disk_chunk_bytes", static_cast<double>(r.peak_disk)).num("peak_host_chunk_bytes", static_cast<double>(r.peak_host));
+      j.num("read_bytes", r.read_bytes)
+          .num("write_bytes", r.write_bytes)
+          .num("disk_stall_s", r.disk_stall_s)
+          .num("stall_s", r.stall_s);
+      j.num("peak_disk_chunk_bytes", static_cast<double>(r.peak_disk))
+          .num("peak_host_chunk_bytes", static_cast<double>(r.peak_host));
       j.boolean("same_bits", r.losses == resident.losses);
       j.num("step_achieved_over_limit", (r.disk_transfer_s - r.fb_disk_s) / r.step_s);
       j.num("phase_bound_s", r.phase_bound_s).num("forward_backward_s", r.fb_s).num("step_s", r.step_s);
       j.num("resident_s", r.resident_s).num("read_busy_s", r.read_busy_s).num("write_busy_s", r.write_busy_s);
-      j.num("demand_iteration_s", r.demand_iteration_s).num("demand_bytes", r.demand_bytes).num("demand_disk_stall_s", r.demand_disk_stall_s);
-      j.num("disk_prefetch_depth", static_cast<double>(o.prefetch_depth)).num("disk_prefetch_horizon", static_cast<double>(o.horizon));
+      j.num("demand_iteration_s", r.demand_iteration_s)
+          .num("demand_bytes", r.demand_bytes)
+          .num("demand_disk_stall_s", r.demand_disk_stall_s);
+      j.num("disk_prefetch_depth", static_cast<double>(o.prefetch_depth))
+          .num("disk_prefetch_horizon", static_cast<double>(o.horizon));
       recs.push_back(j);
     }
     auto j = base_record(lim);
     const double transfer = sc.read_bytes / (lim.read_gbs * 1e9) + sc.write_bytes / (lim.write_gbs * 1e9);
-    j.str("kind", "scale").num("device_bytes", static_cast<double>(sc.device)).num("host_bytes", static_cast<double>(sc.host));
-    j.num("disk_bytes", static_cast<double>(sc.disk)).num("max_params", static_cast<double>(sc.max_params)).num("limit_params", sc.limit_params);
-    j.num("layers", sc.best.layers).num("iteration_s", sc.iteration_s).num("compute_s", 0).num("disk_transfer_s", transfer);
+    j.str("kind", "scale")
+        .num("device_bytes", static_cast<double>(sc.device))
+        .num("host_bytes", static_cast<double>(sc.host));
+    j.num("disk_bytes", static_cast<double>(sc.disk))
+        .num("max_params", static_cast<double>(sc.max_params))
+        .num("limit_params", sc.limit_params);
+    j.num("layers", sc.best.layers)
+        .num("iteration_s", sc.iteration_s)
+        .num("compute_s", 0)
+        .num("disk_transfer_s", transfer);
     j.num("achieved_gbs", sc.iteration_s > 0 ? (sc.read_bytes + sc.write_bytes) / sc.iteration_s / 1e9 : 0);
     recs.push_back(j);
     e2e::write_json(o.json, recs);

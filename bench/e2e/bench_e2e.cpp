@@ -64,11 +64,15 @@ double process_cpu_s() {
 class plain_trainer {
  public:
   plain_trainer(const gpt::gpt_config& c, std::size_t B, std::size_t T)
-      : ref_(c, B, T), specs_(gpt::param_specs(c)), m_(ref_.param_data.size(), 0.0f), v_(ref_.param_data.size(), 0.0f),
+      : ref_(c, B, T),
+        specs_(gpt::param_specs(c)),
+        m_(ref_.param_data.size(), 0.0f),
+        v_(ref_.param_data.size(), 0.0f),
         groups_(param_groups::with_default_decay(e2e::weight_decay)) {
     params_ = gpt::param_list(ref_.params);
     grads_ = gpt::param_list(ref_.grads);
-    for (std::size_t i = 0; i < specs_.size(); ++i) gpt::init_tensor<float>(c, specs_[i], i, params_[i], e2e::model_seed);
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      gpt::init_tensor<float>(c, specs_[i], i, params_[i], e2e::model_seed);
   }
 
   double step(const int* tokens, const int* targets) {
@@ -84,8 +88,8 @@ class plain_trainer {
     std::size_t offset = 0;
     for (std::size_t t = 0; t < specs_.size(); ++t) {
       const std::size_t n = specs_[t].numel();
-      adam_update<float, float>({params_[t], n}, {m_.data() + offset, n}, {v_.data() + offset, n},
-                                {grads_[t], n}, {}, groups_.hyper_for(specs_[t], base), args);
+      adam_update<float, float>({params_[t], n}, {m_.data() + offset, n}, {v_.data() + offset, n}, {grads_[t], n}, {},
+                                groups_.hyper_for(specs_[t], base), args);
       offset += n;
     }
     return loss;
@@ -156,8 +160,8 @@ overhead_result run_overhead(const gpt::gpt_config& c, const options& o) {
     plain.step(data.tokens(), data.targets());
     chunk->step(data.tokens(), data.targets());
   }
-  std::printf("%6s %12s %12s %8s %12s %12s %8s\n", "round", "plain ms", "chunkstar ms", "ratio", "plain cpu", "chunk cpu",
-              "ratio");
+  std::printf("%6s %12s %12s %8s %12s %12s %8s\n", "round", "plain ms", "chunkstar ms", "ratio", "plain cpu",
+              "chunk cpu", "ratio");
   for (int i = 0; i < o.overhead_iterations(); ++i, ++step) {
     data.load(step);
     // Alternate which goes first, so a slow spell on the shared machine does not favour one side.
@@ -192,8 +196,8 @@ overhead_result run_overhead(const gpt::gpt_config& c, const options& o) {
   std::vector<double> ratios;
   for (std::size_t i = 0; i < r.plain_s.size(); ++i) ratios.push_back(r.chunk_s[i] / r.plain_s[i]);
   const double pm = e2e::median(r.plain_s), cm = e2e::median(r.chunk_s);
-  std::printf("median wall: plain %.1f ms, chunkstar %.1f ms: ratio %.4f (median of per-round ratios %.4f)\n",
-              1e3 * pm, 1e3 * cm, cm / pm, e2e::median(ratios));
+  std::printf("median wall: plain %.1f ms, chunkstar %.1f ms: ratio %.4f (median of per-round ratios %.4f)\n", 1e3 * pm,
+              1e3 * cm, cm / pm, e2e::median(ratios));
   std::printf("median CPU:  plain %.1f ms, chunkstar %.1f ms: ratio %.4f\n", 1e3 * e2e::median(r.plain_cpu_s),
               1e3 * e2e::median(r.chunk_cpu_s), e2e::median(r.chunk_cpu_s) / e2e::median(r.plain_cpu_s));
   return r;
@@ -207,7 +211,7 @@ struct offload_row {
   bool prefetch = false;
   double budget_fraction = 0;
   std::size_t capacity = 0;
-  double iteration_s = 0, resident_s = 0;  // medians over the measured iterations
+  double iteration_s = 0, resident_s = 0;                                       // medians over the measured iterations
   double bytes_moved = 0, bytes_to_device = 0, bytes_to_host = 0, stall_s = 0;  // per iteration
   double evictions = 0, offloads = 0, demand_loads = 0, prefetches = 0, prefetch_hits = 0;
   double host_steps = 0, device_steps = 0;
@@ -262,14 +266,17 @@ std::vector<offload_row> run_offload(const gpt::gpt_config& c, const options& o)
   const std::size_t model = e2e::model_bytes(layout, c), act = e2e::activation_bytes(c, o.batch, o.seq);
   std::printf("\n== offload: device budget = activations %s MiB + fraction x model data %s MiB ==\n",
               e2e::mib(static_cast<double>(act)).c_str(), e2e::mib(static_cast<double>(model)).c_str());
-  std::printf("layout: %zu chunks of %zu elements per list (%s MiB per fp32 chunk, waste %.1f%%); 4 lists (param, grad, "
-              "momentum, variance)\n",
-              plan.num_chunks, plan.chunk_elems, e2e::mib(static_cast<double>(plan.chunk_elems * 4)).c_str(),
-              100 * plan.waste_fraction());
+  std::printf(
+      "layout: %zu chunks of %zu elements per list (%s MiB per fp32 chunk, waste %.1f%%); 4 lists (param, grad, "
+      "momentum, variance)\n",
+      plan.num_chunks, plan.chunk_elems, e2e::mib(static_cast<double>(plan.chunk_elems * 4)).c_str(),
+      100 * plan.waste_fraction());
   std::printf("link: %.2f GB/s per direction (full duplex), %.0f us per copy; prefetch depth %zu when on\n",
               o.bandwidth / 1e9, o.latency * 1e6, o.prefetch_depth);
-  std::printf("per budget, the four configurations and an all-resident trainer ('resid') take turns, one iteration\n"
-              "each per round, %d warm-up + %d measured rounds\n\n", o.warmup, o.offload_iterations());
+  std::printf(
+      "per budget, the four configurations and an all-resident trainer ('resid') take turns, one iteration\n"
+      "each per round, %d warm-up + %d measured rounds\n\n",
+      o.warmup, o.offload_iterations());
   auto resident = make_resident(c, o);
   e2e::batches data(o.batch, o.seq);
   for (int i = 0; i < o.warmup; ++i) {  // its first iterations record the trace and load every chunk
@@ -292,8 +299,10 @@ std::vector<offload_row> run_offload(const gpt::gpt_config& c, const options& o)
         r.capacity = capacity;
         std::unique_ptr<offload_trainer> t;
         guarded(r.error, [&] {
-          if (pol == 0) t = std::make_unique<offload_trainer_of<belady_eviction>>(c, o, capacity, pf);
-          else t = std::make_unique<offload_trainer_of<lru_eviction>>(c, o, capacity, pf);
+          if (pol == 0)
+            t = std::make_unique<offload_trainer_of<belady_eviction>>(c, o, capacity, pf);
+          else
+            t = std::make_unique<offload_trainer_of<lru_eviction>>(c, o, capacity, pf);
         });
         group.push_back(r);
         trainers.push_back(std::move(t));
@@ -363,8 +372,9 @@ std::vector<offload_row> run_offload(const gpt::gpt_config& c, const options& o)
     }
     std::fflush(stdout);
   }
-  std::printf("\nratio = iteration / resident iteration (medians); moved = both directions; demand = loads a scope\n"
-              "waited for from the start; host st = chunk optimizer steps on the host (their chunks move there and back)\n");
+  std::printf(
+      "\nratio = iteration / resident iteration (medians); moved = both directions; demand = loads a scope\n"
+      "waited for from the start; host st = chunk optimizer steps on the host (their chunks move there and back)\n");
   return rows;
 }
 
@@ -387,7 +397,8 @@ int write_plot(const options& o, const overhead_result* ov, const std::vector<of
     const double ratio = e2e::median(ov->chunk_s) / e2e::median(ov->plain_s);
     char title[160];
     std::snprintf(title, sizeof title, "overhead: everything resident, median ratio %.3f", ratio);
-    script += std::string("set title '") + title + "'\nset xlabel 'round (alternating)'\nset ylabel 'ms per iteration'\n"
+    script += std::string("set title '") + title +
+              "'\nset xlabel 'round (alternating)'\nset ylabel 'ms per iteration'\n"
               "set yrange [0:*]\nset key bottom right\n"
               "plot '@DIR@/overhead.dat' using 1:2 with linespoints title 'plain arrays', "
               "'@DIR@/overhead.dat' using 1:3 with linespoints title 'chunkstar'\nset yrange [*:*]\n";
@@ -413,11 +424,19 @@ int write_plot(const options& o, const overhead_result* ov, const std::vector<of
     }
     char link[96];
     std::snprintf(link, sizeof link, " (link %.1f GB/s)", o.bandwidth / 1e9);
-    script += std::string("set xlabel 'device budget (% of model data, beyond activations)'\nset xrange [105:5]\n"
-                          "set key top left\nset title 'offload: iteration time / all-resident") + link + "'\n"
-              "set ylabel 'ratio'\n" + p1 + ", 1.15 with lines dt 2 lc rgb 'gray' title '+15%'\n"
-              "set title 'offload: bytes moved per iteration'\nset ylabel 'MiB'\n" + p2 + "\n"
-              "set title 'offload: stall per iteration'\nset ylabel 'ms'\n" + p3 + "\n";
+    script += std::string(
+                  "set xlabel 'device budget (% of model data, beyond activations)'\nset xrange [105:5]\n"
+                  "set key top left\nset title 'offload: iteration time / all-resident") +
+              link +
+              "'\n"
+              "set ylabel 'ratio'\n" +
+              p1 +
+              ", 1.15 with lines dt 2 lc rgb 'gray' title '+15%'\n"
+              "set title 'offload: bytes moved per iteration'\nset ylabel 'MiB'\n" +
+              p2 +
+              "\n"
+              "set title 'offload: stall per iteration'\nset ylabel 'ms'\n" +
+              p3 + "\n";
   }
   if (panels > 1) script += "unset multiplot\n";
   return e2e::run_gnuplot("bench_e2e", o.plot, script, files);
@@ -426,7 +445,8 @@ int write_plot(const options& o, const overhead_result* ov, const std::vector<of
 void usage() {
   std::printf(
       "usage: bench_e2e [--mode overhead|offload|all] [--json FILE] [--plot FILE.png] [--quick]\n"
-      "                 [--preset NAME (small)] [--batch B (4)] [--seq T (128)] [--iterations N (31 overhead, 5 offload)]\n"
+      "                 [--preset NAME (small)] [--batch B (4)] [--seq T (128)] [--iterations N (31 overhead, 5 "
+      "offload)]\n"
       "                 [--warmup N (2)] [--bandwidth BYTES_PER_S (2e9)] [--prefetch-depth N (2)]\n"
       "                 [--budgets 1,0.75,0.5,0.25,0.1]\n");
 }
@@ -440,17 +460,28 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw config_error(a + " needs a value (see --help)");
       return argv[++i];
     };
-    if (a == "--quick") o.quick = true;
-    else if (a == "--mode") o.mode = value();
-    else if (a == "--json") o.json = value();
-    else if (a == "--plot") o.plot = value();
-    else if (a == "--preset") o.preset = value(), preset_set = true;
-    else if (a == "--batch") o.batch = std::stoul(value()), batch_set = true;
-    else if (a == "--seq") o.seq = std::stoul(value()), seq_set = true;
-    else if (a == "--iterations") o.iterations = std::stoi(value()), iterations_set = true;
-    else if (a == "--warmup") o.warmup = std::stoi(value());
-    else if (a == "--bandwidth") o.bandwidth = std::stod(value());
-    else if (a == "--prefetch-depth") o.prefetch_depth = std::stoul(value());
+    if (a == "--quick")
+      o.quick = true;
+    else if (a == "--mode")
+      o.mode = value();
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--plot")
+      o.plot = value();
+    else if (a == "--preset")
+      o.preset = value(), preset_set = true;
+    else if (a == "--batch")
+      o.batch = std::stoul(value()), batch_set = true;
+    else if (a == "--seq")
+      o.seq = std::stoul(value()), seq_set = true;
+    else if (a == "--iterations")
+      o.iterations = std::stoi(value()), iterations_set = true;
+    else if (a == "--warmup")
+      o.warmup = std::stoi(value());
+    else if (a == "--bandwidth")
+      o.bandwidth = std::stod(value());
+    else if (a == "--prefetch-depth")
+      o.prefetch_depth = std::stoul(value());
     else if (a == "--budgets") {
       o.budgets = chunkstar::bench::parse_number_list(a, value());
       budgets_set = true;
@@ -472,8 +503,9 @@ options parse(int argc, char** argv) {
   if (o.mode != "overhead" && o.mode != "offload" && o.mode != "all")
     throw config_error("--mode '" + o.mode + "': use overhead, offload or all");
   if (o.iterations < 0 || o.warmup < 1 || o.bandwidth <= 0 || o.batch < 1 || o.seq < 1)
-    throw config_error("need --iterations >= 1 (0: the defaults), --warmup >= 1 (the first iteration records the trace), "
-                       "--bandwidth > 0, --batch >= 1 and --seq >= 1");
+    throw config_error(
+        "need --iterations >= 1 (0: the defaults), --warmup >= 1 (the first iteration records the trace), "
+        "--bandwidth > 0, --batch >= 1 and --seq >= 1");
   for (double f : o.budgets)
     if (!(f > 0 && f <= 1)) throw config_error("--budgets: every fraction must lie in (0, 1]");
   return o;
@@ -485,10 +517,11 @@ int main(int argc, char** argv) try {
   e2e::configure_process();  // before any OpenMP region: passive OpenMP waiting, caching heap
   const options o = parse(argc, argv);
   const gpt::gpt_config c = gpt::parse_preset(o.preset);
-  std::printf("bench_e2e: preset %s (%d layers, width %d, %d heads): %zu parameters; batch %zu x %zu tokens; "
-              "OMP_WAIT_POLICY=%s\n",
-              o.preset.c_str(), c.layers, c.width, c.heads, gpt::param_count(c), o.batch, o.seq,
-              std::getenv("OMP_WAIT_POLICY"));
+  std::printf(
+      "bench_e2e: preset %s (%d layers, width %d, %d heads): %zu parameters; batch %zu x %zu tokens; "
+      "OMP_WAIT_POLICY=%s\n",
+      o.preset.c_str(), c.layers, c.width, c.heads, gpt::param_count(c), o.batch, o.seq,
+      std::getenv("OMP_WAIT_POLICY"));
   std::vector<e2e::json_record> records;
   std::optional<overhead_result> ov;
   std::vector<offload_row> rows;
@@ -499,7 +532,8 @@ int main(int argc, char** argv) try {
       e2e::json_record j;
       j.str("benchmark", "overhead").str("mode", chunk ? "chunkstar" : "plain").num("iteration_s", e2e::median(s));
       j.num("ratio_to_plain", e2e::median(s) / e2e::median(ov->plain_s));
-      j.num("step1_loss", chunk ? ov->chunk_loss1 : ov->plain_loss1).num("step2_loss", chunk ? ov->chunk_loss2 : ov->plain_loss2);
+      j.num("step1_loss", chunk ? ov->chunk_loss1 : ov->plain_loss1)
+          .num("step2_loss", chunk ? ov->chunk_loss2 : ov->plain_loss2);
       std::string samples;
       for (double x : s) samples += (samples.empty() ? "" : " ") + std::to_string(x);
       const auto& cpu = chunk ? ov->chunk_cpu_s : ov->plain_cpu_s;
@@ -514,7 +548,8 @@ int main(int argc, char** argv) try {
     for (const auto& r : rows) {
       e2e::json_record j;
       j.str("benchmark", "offload").str("policy", r.policy).boolean("prefetch", r.prefetch);
-      j.num("prefetch_depth", r.prefetch ? static_cast<double>(o.prefetch_depth) : 0).num("budget_fraction", r.budget_fraction);
+      j.num("prefetch_depth", r.prefetch ? static_cast<double>(o.prefetch_depth) : 0)
+          .num("budget_fraction", r.budget_fraction);
       j.num("device_capacity", static_cast<double>(r.capacity));
       if (!r.error.empty()) {
         j.str("error", r.error);

@@ -25,8 +25,8 @@ struct options {
   std::string preset = "small";
   std::size_t batch = 1, seq = 16;  // short sequences: activations are not model data, keep them small
   int steps = 3;
-  std::string layout = "page";
-  bool all_widths = true;  // false: the preset's width only (depth searched)  // page: chunk sizes in whole 2 MiB pages; trainer: train_gpt's search
+  std::string layout = "page";  // page: chunk sizes in whole 2 MiB pages; trainer: train_gpt's search
+  bool all_widths = true;       // false: the preset's width only (depth searched)
   std::string json, plot;
   bool quick = false;
 };
@@ -41,7 +41,8 @@ searched_chunk_layout make_layout(const options& o, const gpt::gpt_config& c) {
   if (o.layout == "trainer") return e2e::trainer_layout(c);
   const std::size_t page = host_space::huge_page_bytes / sizeof(float);
   const std::size_t lo = (e2e::largest_tensor(c) + page - 1) / page * page;
-  return searched_chunk_layout({.min_chunk_elems = lo, .max_chunk_elems = lo + 8 * page, .step_elems = page, .align_elems = 32});
+  return searched_chunk_layout(
+      {.min_chunk_elems = lo, .max_chunk_elems = lo + 8 * page, .step_elems = page, .align_elems = 32});
 }
 
 struct trial {
@@ -125,7 +126,8 @@ search_result search(const gpt::gpt_config& preset, const options& o, std::size_
     const auto one = family_member(preset, 1, h), two = family_member(preset, 2, h);
     const std::size_t base = gpt::param_count(one), per_layer = gpt::param_count(two) - base;
     if (static_cast<double>(base) > r.limit_params) break;
-    const int layers = static_cast<int>((r.limit_params - static_cast<double>(base)) / static_cast<double>(per_layer)) + 1;
+    const int layers =
+        static_cast<int>((r.limit_params - static_cast<double>(base)) / static_cast<double>(per_layer)) + 1;
     cands.push_back({h, layers, gpt::param_count(family_member(preset, layers, h))});
   }
   // The preset's own width first (a good lower bound early prunes most other widths), then the rest
@@ -142,8 +144,9 @@ search_result search(const gpt::gpt_config& preset, const options& o, std::size_
     const auto& c = t.config;
     std::printf("%6d %6d %6d %10.3f %8.3f %10s %8s %6.1f%% %10s %10s  %s\n", c.layers, c.width, c.heads,
                 static_cast<double>(t.params) / 1e6, static_cast<double>(t.params) / r.limit_params,
-                e2e::mib(static_cast<double>(t.model_bytes)).c_str(), e2e::mib(static_cast<double>(t.chunk_bytes)).c_str(),
-                100 * t.waste, t.fits ? e2e::mib(static_cast<double>(t.device_peak)).c_str() : "-",
+                e2e::mib(static_cast<double>(t.model_bytes)).c_str(),
+                e2e::mib(static_cast<double>(t.chunk_bytes)).c_str(), 100 * t.waste,
+                t.fits ? e2e::mib(static_cast<double>(t.device_peak)).c_str() : "-",
                 t.fits ? e2e::mib(static_cast<double>(t.host_peak)).c_str() : "-",
                 t.fits ? "trains" : t.error.substr(0, std::min<std::size_t>(t.error.find('\n'), 160)).c_str());
     std::fflush(stdout);
@@ -171,12 +174,13 @@ search_result search(const gpt::gpt_config& preset, const options& o, std::size_
     std::printf("nothing in the family trains within these budgets\n");
   } else {
     const auto& b = r.best;
-    std::printf("largest: %d layers x width %d (%d heads): %.3f M parameters = %.1f%% of the limit; model data %s MiB "
-                "(%.1f%% of device + host), peak non-model %s MiB\n",
-                b.config.layers, b.config.width, b.config.heads, static_cast<double>(b.params) / 1e6,
-                100 * static_cast<double>(b.params) / r.limit_params, e2e::mib(static_cast<double>(b.model_bytes)).c_str(),
-                100 * static_cast<double>(b.model_bytes) / static_cast<double>(device + host),
-                e2e::mib(static_cast<double>(b.non_model_peak)).c_str());
+    std::printf(
+        "largest: %d layers x width %d (%d heads): %.3f M parameters = %.1f%% of the limit; model data %s MiB "
+        "(%.1f%% of device + host), peak non-model %s MiB\n",
+        b.config.layers, b.config.width, b.config.heads, static_cast<double>(b.params) / 1e6,
+        100 * static_cast<double>(b.params) / r.limit_params, e2e::mib(static_cast<double>(b.model_bytes)).c_str(),
+        100 * static_cast<double>(b.model_bytes) / static_cast<double>(device + host),
+        e2e::mib(static_cast<double>(b.non_model_peak)).c_str());
   }
   return r;
 }
@@ -187,7 +191,8 @@ int write_plot(const options& o, const std::vector<search_result>& results) {
     const auto& r = results[i];
     char buf[200];
     std::snprintf(buf, sizeof buf, "%zu \"%s+%s\" %.4f %.4f %.4f\n", i, format_bytes(r.device).c_str(),
-                  format_bytes(r.host).c_str(), r.limit_params / 1e6, r.best.fits ? static_cast<double>(r.best.params) / 1e6 : 0.0,
+                  format_bytes(r.host).c_str(), r.limit_params / 1e6,
+                  r.best.fits ? static_cast<double>(r.best.params) / 1e6 : 0.0,
                   static_cast<double>(r.host) / bytes_per_param / 1e6);
     limits += buf;
     for (const auto& t : r.trials) {
@@ -199,7 +204,9 @@ int write_plot(const options& o, const std::vector<search_result>& results) {
       "set grid\nset title 'bench\\_scale: largest GPT (" + o.preset + " family) that trains 3 steps, batch " +
       std::to_string(o.batch) + "x" + std::to_string(o.seq) + ", " + o.layout +
       " layout'\nset ylabel 'parameters (M)'\nset xlabel 'device + host budget'\nset key top left\n"
-      "set xrange [-0.5:" + std::to_string(results.size() - 0.5) + "]\nset yrange [0:*]\nset boxwidth 0.22\n"
+      "set xrange [-0.5:" +
+      std::to_string(results.size() - 0.5) +
+      "]\nset yrange [0:*]\nset boxwidth 0.22\n"
       "set style fill solid 0.4\n"
       "plot '@DIR@/limits.dat' using ($1-0.25):3:xtic(2) with boxes title 'limit (device+host)/16 B', "
       "'@DIR@/limits.dat' using ($1):5 with boxes title 'host/16 B', "
@@ -248,21 +255,31 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw config_error(a + " needs a value (see --help)");
       return argv[++i];
     };
-    if (a == "--quick") o.quick = true;
-    else if (a == "--device-budget") o.device_budgets = parse_sizes(a, value()), device_set = true;
-    else if (a == "--host-budget") o.host_budgets = parse_sizes(a, value()), host_set = true;
-    else if (a == "--preset") o.preset = value(), preset_set = true;
-    else if (a == "--batch") o.batch = std::stoul(value());
-    else if (a == "--seq") o.seq = std::stoul(value());
-    else if (a == "--steps") o.steps = std::stoi(value());
-    else if (a == "--layout") o.layout = value(), layout_set = true;
+    if (a == "--quick")
+      o.quick = true;
+    else if (a == "--device-budget")
+      o.device_budgets = parse_sizes(a, value()), device_set = true;
+    else if (a == "--host-budget")
+      o.host_budgets = parse_sizes(a, value()), host_set = true;
+    else if (a == "--preset")
+      o.preset = value(), preset_set = true;
+    else if (a == "--batch")
+      o.batch = std::stoul(value());
+    else if (a == "--seq")
+      o.seq = std::stoul(value());
+    else if (a == "--steps")
+      o.steps = std::stoi(value());
+    else if (a == "--layout")
+      o.layout = value(), layout_set = true;
     else if (a == "--widths") {
       const std::string w = value();
       if (w != "all" && w != "preset") throw config_error("--widths '" + w + "': use all or preset");
       o.all_widths = w == "all";
       widths_set = true;
-    } else if (a == "--json") o.json = value();
-    else if (a == "--plot") o.plot = value();
+    } else if (a == "--json")
+      o.json = value();
+    else if (a == "--plot")
+      o.plot = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -278,7 +295,8 @@ options parse(int argc, char** argv) {
     if (!layout_set) o.layout = "trainer";
     if (!widths_set) o.all_widths = false;
   }
-  if (o.layout != "page" && o.layout != "trainer") throw config_error("--layout '" + o.layout + "': use page or trainer");
+  if (o.layout != "page" && o.layout != "trainer")
+    throw config_error("--layout '" + o.layout + "': use page or trainer");
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) throw config_error("need --steps, --batch and --seq >= 1");
   return o;
 }
@@ -289,10 +307,11 @@ int main(int argc, char** argv) try {
   e2e::configure_process();  // before any OpenMP region: passive OpenMP waiting, caching heap
   const options o = parse(argc, argv);
   const gpt::gpt_config preset = gpt::parse_preset(o.preset);
-  std::printf("bench_scale: %s family (head width %d, vocabulary %d, context %d), batch %zu x %zu, %d steps, "
-              "%s layout, auto placement + Belady, prefetch 2\n",
-              o.preset.c_str(), preset.width / preset.heads, preset.vocab, preset.context, o.batch, o.seq, o.steps,
-              o.layout.c_str());
+  std::printf(
+      "bench_scale: %s family (head width %d, vocabulary %d, context %d), batch %zu x %zu, %d steps, "
+      "%s layout, auto placement + Belady, prefetch 2\n",
+      o.preset.c_str(), preset.width / preset.heads, preset.vocab, preset.context, o.batch, o.seq, o.steps,
+      o.layout.c_str());
   std::vector<search_result> results;
   std::vector<e2e::json_record> records;
   for (std::size_t d : o.device_budgets) {
@@ -300,21 +319,25 @@ int main(int argc, char** argv) try {
       const auto r = search(preset, o, d, h);
       results.push_back(r);
       e2e::json_record j;
-      j.str("benchmark", "scale").num("device_budget", static_cast<double>(d)).num("host_budget", static_cast<double>(h));
+      j.str("benchmark", "scale")
+          .num("device_budget", static_cast<double>(d))
+          .num("host_budget", static_cast<double>(h));
       j.num("max_params", r.best.fits ? static_cast<double>(r.best.params) : 0).num("limit_params", r.limit_params);
       j.num("ratio", r.best.fits ? static_cast<double>(r.best.params) / r.limit_params : 0);
       j.num("bytes_per_param", bytes_per_param).str("preset", o.preset).str("layout", o.layout);
       j.num("batch", static_cast<double>(o.batch)).num("seq", static_cast<double>(o.seq)).num("steps", o.steps);
       if (r.best.fits) {
         j.num("layers", r.best.config.layers).num("width", r.best.config.width).num("heads", r.best.config.heads);
-        j.num("model_bytes", static_cast<double>(r.best.model_bytes)).num("chunk_bytes", static_cast<double>(r.best.chunk_bytes));
+        j.num("model_bytes", static_cast<double>(r.best.model_bytes))
+            .num("chunk_bytes", static_cast<double>(r.best.chunk_bytes));
         j.num("layout_waste", r.best.waste).num("device_peak", static_cast<double>(r.best.device_peak));
-        j.num("host_peak", static_cast<double>(r.best.host_peak)).num("non_model_peak", static_cast<double>(r.best.non_model_peak));
+        j.num("host_peak", static_cast<double>(r.best.host_peak))
+            .num("non_model_peak", static_cast<double>(r.best.non_model_peak));
       }
       std::string tried;
       for (const auto& t : r.trials)
-        tried += (tried.empty() ? "" : "; ") + std::to_string(t.config.layers) + "x" + std::to_string(t.config.width) + " " +
-                 std::to_string(t.params) + (t.fits ? " trains" : " " + t.error.substr(0, t.error.find(':')));
+        tried += (tried.empty() ? "" : "; ") + std::to_string(t.config.layers) + "x" + std::to_string(t.config.width) +
+                 " " + std::to_string(t.params) + (t.fits ? " trains" : " " + t.error.substr(0, t.error.find(':')));
       j.str("trials", tried);
       records.push_back(j);
     }

@@ -83,7 +83,8 @@ inline std::size_t largest_tensor(const gpt::gpt_config& c) {
  *  it, so a stage spans a few chunks and there is something to move. */
 inline searched_chunk_layout trainer_layout(const gpt::gpt_config& c) {
   const std::size_t align = 32, lo = (largest_tensor(c) + align - 1) / align * align;
-  return searched_chunk_layout({.min_chunk_elems = lo, .max_chunk_elems = 4 * lo, .step_elems = align, .align_elems = align});
+  return searched_chunk_layout(
+      {.min_chunk_elems = lo, .max_chunk_elems = 4 * lo, .step_elems = align, .align_elems = align});
 }
 
 /** @brief Model data (bytes over every chunk list) that a runtime with @p layout holds for @p c. */
@@ -192,7 +193,8 @@ inline void write_json(const std::string& path, const std::vector<json_record>& 
   std::ofstream f(path);
   if (!f) throw config_error("cannot write --json '" + path + "': check that its directory exists");
   f << "[\n";
-  for (std::size_t i = 0; i < records.size(); ++i) f << "  " << records[i].object() << (i + 1 < records.size() ? ",\n" : "\n");
+  for (std::size_t i = 0; i < records.size(); ++i)
+    f << "  " << records[i].object() << (i + 1 < records.size() ? ",\n" : "\n");
   f << "]\n";
   if (!f) throw config_error("failed writing --json '" + path + "': check free disk space");
   std::printf("json: %s\n", path.c_str());
@@ -204,14 +206,16 @@ inline int run_gnuplot(const std::string& program, const std::string& png, std::
                        const std::vector<std::pair<std::string, std::string>>& data_files,
                        const std::string& size = "1400,900") {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    std::fprintf(stderr, "%s: --plot needs gnuplot on PATH (apt-get install gnuplot-nox); no plot written\n", program.c_str());
+    std::fprintf(stderr, "%s: --plot needs gnuplot on PATH (apt-get install gnuplot-nox); no plot written\n",
+                 program.c_str());
     return 1;
   }
   const auto dir = std::filesystem::temp_directory_path() / (program + "_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   for (const auto& [name, text] : data_files) std::ofstream(dir / name) << text;
   for (std::size_t at; (at = script.find("@DIR@")) != std::string::npos;) script.replace(at, 5, dir.string());
-  std::ofstream(dir / "plot.gp") << "set terminal pngcairo size " << size << " font ',10'\nset output '" << png << "'\n" << script;
+  std::ofstream(dir / "plot.gp") << "set terminal pngcairo size " << size << " font ',10'\nset output '" << png << "'\n"
+                                 << script;
   const int rc = std::system(("gnuplot '" + (dir / "plot.gp").string() + "'").c_str());
   std::filesystem::remove_all(dir);
   if (rc != 0) {

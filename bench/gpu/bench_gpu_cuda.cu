@@ -57,7 +57,7 @@ namespace chunkstar::bench_gpu {
 
 constexpr const char* prog = "bench_gpu_cuda";
 constexpr std::size_t chunks_per_rep = 16;  // per direction, in each engine repetition
-constexpr std::size_t in_flight = 4;  // handles outstanding per direction before the host waits
+constexpr std::size_t in_flight = 4;        // handles outstanding per direction before the host waits
 
 struct options {
   long long size_mib = 1024;
@@ -99,7 +99,10 @@ struct device_buffer {
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
   ~device_buffer() { (void)cudaFree(p); }
-  template <class T> [[nodiscard]] T* as() const { return static_cast<T*>(p); }
+  template <class T>
+  [[nodiscard]] T* as() const {
+    return static_cast<T*>(p);
+  }
 };
 
 struct pinned_buffer {
@@ -282,11 +285,23 @@ void verify_adam(const adam_config& c, cudaStream_t s) {
     CHUNKSTAR_CUDA_CHECK(cudaMemcpy(dg.p, grad.data(), grad.size(), cudaMemcpyHostToDevice));
     const adam_step_args a{.step = step, .grad_scale = 0.5f};
     const dtype pt = c.param.value_or(dtype::f32);
-    adam_step_host({.master = master.data(), .m = m.data(), .v = v.data(), .count = n, .grad = grad.data(),
-                    .grad_type = c.grad, .param = c.param ? param.data() : nullptr, .param_type = pt},
+    adam_step_host({.master = master.data(),
+                    .m = m.data(),
+                    .v = v.data(),
+                    .count = n,
+                    .grad = grad.data(),
+                    .grad_type = c.grad,
+                    .param = c.param ? param.data() : nullptr,
+                    .param_type = pt},
                    bench_hyper, a);
-    cuda::adam_step_device({.master = dmaster.as<float>(), .m = dm.as<float>(), .v = dv.as<float>(), .count = n,
-                            .grad = dg.p, .grad_type = c.grad, .param = c.param ? dp.p : nullptr, .param_type = pt},
+    cuda::adam_step_device({.master = dmaster.as<float>(),
+                            .m = dm.as<float>(),
+                            .v = dv.as<float>(),
+                            .count = n,
+                            .grad = dg.p,
+                            .grad_type = c.grad,
+                            .param = c.param ? dp.p : nullptr,
+                            .param_type = pt},
                            bench_hyper, a, s);
     CHUNKSTAR_CUDA_CHECK(cudaStreamSynchronize(s));
   }
@@ -324,12 +339,17 @@ std::vector<record> bench_adam(std::size_t size_bytes, int reps, double hbm_gbs,
       case dtype::f16: fill(grad.as<float16>(), n, 2e-3f, 1e-4f, s); break;
       case dtype::bf16: fill(grad.as<bfloat16>(), n, 2e-3f, 1e-4f, s); break;
     }
-    const adam_chunk ch{.master = master.as<float>(), .m = m.as<float>(), .v = v.as<float>(), .count = n,
-                        .grad = grad.p, .grad_type = c.grad, .param = c.param ? param.p : nullptr,
+    const adam_chunk ch{.master = master.as<float>(),
+                        .m = m.as<float>(),
+                        .v = v.as<float>(),
+                        .count = n,
+                        .grad = grad.p,
+                        .grad_type = c.grad,
+                        .param = c.param ? param.p : nullptr,
                         .param_type = c.param.value_or(dtype::f32)};
     const double t = best_gpu_seconds(reps, s, [&] { cuda::adam_step_device(ch, bench_hyper, {.step = ++step}, s); });
-    const double per_param = 24.0 + static_cast<double>(dtype_bytes(c.grad)) +
-                             (c.param ? static_cast<double>(dtype_bytes(*c.param)) : 0.0);
+    const double per_param =
+        24.0 + static_cast<double>(dtype_bytes(c.grad)) + (c.param ? static_cast<double>(dtype_bytes(*c.param)) : 0.0);
     out.push_back({.name = config_name(c),
                    .bytes = per_param * static_cast<double>(n),
                    .seconds = t,
@@ -473,9 +493,12 @@ std::vector<record> bench_engine(std::size_t chunk, int reps, const std::vector<
 std::string json_string(const std::string& s) {
   std::string o = "\"";
   for (const char ch : s) {
-    if (ch == '"' || ch == '\\') o += '\\', o += ch;
-    else if (static_cast<unsigned char>(ch) < 0x20) o += ' ';
-    else o += ch;
+    if (ch == '"' || ch == '\\')
+      o += '\\', o += ch;
+    else if (static_cast<unsigned char>(ch) < 0x20)
+      o += ' ';
+    else
+      o += ch;
   }
   return o + "\"";
 }
@@ -537,8 +560,8 @@ void write_plot(const std::string& png, const std::vector<record>& recs) {
   // Log scale: HBM rates are ~100x the host link's.
   const std::string cmd = "gnuplot -e \"set terminal png noenhanced size 1200,500; set output '" + png +
                           "'; set style data histograms; set style fill solid; set logscale y; set ylabel 'GB/s'; "
-                          "set xtics rotate by -45; plot '" + dat +
-                          "' using 3:xtic(2) title 'measured', '' using 4 title 'limit'\" 2>/dev/null";
+                          "set xtics rotate by -45; plot '" +
+                          dat + "' using 3:xtic(2) title 'measured', '' using 4 title 'limit'\" 2>/dev/null";
   if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "%s: gnuplot failed; the table and JSON stand\n", prog);
 }
 
@@ -550,7 +573,8 @@ void print_table(const std::vector<record>& recs) {
     if (r.ratio()) std::snprintf(ratio, sizeof ratio, "%.1f%%", 100.0 * *r.ratio());
     std::printf("%-16s %10.1f %11.6f %10.1f %10s %7s  %s", r.name.c_str(), r.bytes / double(1 << 20), r.seconds,
                 r.gbs(), limit, ratio, r.limit_name.c_str());
-    if (r.busy_gbs) std::printf(" (copy_stats: %.1f MiB, busy %.1f GB/s)", double(*r.stats_bytes) / double(1 << 20), *r.busy_gbs);
+    if (r.busy_gbs)
+      std::printf(" (copy_stats: %.1f MiB, busy %.1f GB/s)", double(*r.stats_bytes) / double(1 << 20), *r.busy_gbs);
     std::printf("\n");
   }
 }
@@ -588,7 +612,8 @@ options parse(int argc, char** argv) {
     } catch (const std::logic_error&) {
       fail(opt + ": '" + text + "' is not an integer");
     }
-    if (v < lo || v > hi) fail(opt + ": " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    if (v < lo || v > hi)
+      fail(opt + ": " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     return v;
   };
   for (int i = 1; i < argc; ++i) {
@@ -597,14 +622,21 @@ options parse(int argc, char** argv) {
       usage(stdout);
       std::exit(0);
     }
-    if (i + 1 >= argc) fail(a.rfind("--", 0) == 0 ? a + " needs a value, or is unknown" : "unexpected argument '" + a + "'");
+    if (i + 1 >= argc)
+      fail(a.rfind("--", 0) == 0 ? a + " needs a value, or is unknown" : "unexpected argument '" + a + "'");
     const char* val = argv[++i];
-    if (a == "--size-mib") o.size_mib = integer(a, val, 1, 1 << 20);
-    else if (a == "--chunk-mib") o.chunk_mib = integer(a, val, 1, 1 << 14);
-    else if (a == "--reps") o.reps = static_cast<int>(integer(a, val, 1, 10000));
-    else if (a == "--json") o.json = val;
-    else if (a == "--plot") o.plot = val;
-    else fail("unknown option '" + a + "'");
+    if (a == "--size-mib")
+      o.size_mib = integer(a, val, 1, 1 << 20);
+    else if (a == "--chunk-mib")
+      o.chunk_mib = integer(a, val, 1, 1 << 14);
+    else if (a == "--reps")
+      o.reps = static_cast<int>(integer(a, val, 1, 10000));
+    else if (a == "--json")
+      o.json = val;
+    else if (a == "--plot")
+      o.plot = val;
+    else
+      fail("unknown option '" + a + "'");
   }
   return o;
 }
@@ -679,8 +711,10 @@ int main(int argc, char** argv) {
   } catch (const chunkstar::cuda::cuda_error& e) {
     std::fprintf(stderr, "%s: CUDA error: %s\n", bg::prog, e.what());
     if (e.code() == cudaErrorNoKernelImageForDevice || e.code() == cudaErrorUnsupportedPtxVersion)
-      std::fprintf(stderr, "%s: this binary has no code for this GPU: reconfigure with "
-                           "-DCMAKE_CUDA_ARCHITECTURES=<compute capability, e.g. 90>\n", bg::prog);
+      std::fprintf(stderr,
+                   "%s: this binary has no code for this GPU: reconfigure with "
+                   "-DCMAKE_CUDA_ARCHITECTURES=<compute capability, e.g. 90>\n",
+                   bg::prog);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", bg::prog, e.what());

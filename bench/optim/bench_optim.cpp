@@ -81,7 +81,8 @@ template <class Body>
 void per_thread(std::size_t n, int threads, Body&& body) {
 #pragma omp parallel num_threads(threads)
   {
-    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num()), nt = static_cast<std::size_t>(omp_get_num_threads());
+    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num()),
+                      nt = static_cast<std::size_t>(omp_get_num_threads());
     const std::size_t per = (n / 64 + nt - 1) / nt * 64;
     const std::size_t b = std::min(n, t * per), e = std::min(n, b + per);
     if (b < e) body(b, e);
@@ -97,7 +98,8 @@ void with_limits(F&& f) {
 double rmw_stream(float* a, const float* b, std::size_t n, int threads, int reps) {
   double t = 0;
   with_limits([&](auto k) {
-    t = best_seconds(reps, [&] { per_thread(n, threads, [&](std::size_t b0, std::size_t e0) { k.rmw(a, b, b0, e0); }); });
+    t = best_seconds(reps,
+                     [&] { per_thread(n, threads, [&](std::size_t b0, std::size_t e0) { k.rmw(a, b, b0, e0); }); });
   });
   return 12.0 * double(n) / t / 1e9;
 }
@@ -106,7 +108,8 @@ double rmw_stream(float* a, const float* b, std::size_t n, int threads, int reps
 double triad(float* a, const float* b, const float* c, std::size_t n, int threads, int reps) {
   double t = 0;
   with_limits([&](auto k) {
-    t = best_seconds(reps, [&] { per_thread(n, threads, [&](std::size_t b0, std::size_t e0) { k.triad(a, b, c, b0, e0); }); });
+    t = best_seconds(
+        reps, [&] { per_thread(n, threads, [&](std::size_t b0, std::size_t e0) { k.triad(a, b, c, b0, e0); }); });
   });
   return 12.0 * double(n) / t / 1e9;
 }
@@ -119,7 +122,8 @@ double adam_shape(float* master, float* m, float* v, const G* g, P* p, std::size
   with_limits([&](auto k) {
     using K = decltype(k);
     t = best_seconds(reps, [&] {
-      per_thread(n, threads, [&](std::size_t b0, std::size_t e0) { K::template adam_shape<G, P>(master, m, v, g, p, b0, e0); });
+      per_thread(n, threads,
+                 [&](std::size_t b0, std::size_t e0) { K::template adam_shape<G, P>(master, m, v, g, p, b0, e0); });
     });
   });
   return bytes_per_elem * double(n) / t / 1e9;
@@ -129,8 +133,8 @@ struct record {
   std::size_t params;
   std::string grad_dtype, param_dtype;
   int threads;
-  double params_per_s, gbytes_per_s, limit_gbytes_per_s, rmw_gbytes_per_s, adam_shape_gbytes_per_s,
-      triad_gbytes_per_s, bytes_per_elem;
+  double params_per_s, gbytes_per_s, limit_gbytes_per_s, rmw_gbytes_per_s, adam_shape_gbytes_per_s, triad_gbytes_per_s,
+      bytes_per_elem;
 };
 
 // Checks the timed kernel against the portable path (bit for bit) and a float64 step on a slice.
@@ -164,7 +168,8 @@ bool verify() {
     const double v = b2 * double(v0[i]) + (1 - b2) * gd * gd;
     const double upd = lr * (m / bc1) / (std::sqrt(v / bc2) + double(h.eps));
     const double p = double(a0[i]) * (1 - lr * wd) - upd;
-    const double mag = lr * ((b1 * std::abs(double(m0[i])) + (1 - b1) * std::abs(gd)) / bc1) / (std::sqrt(v / bc2) + double(h.eps));
+    const double mag =
+        lr * ((b1 * std::abs(double(m0[i])) + (1 - b1) * std::abs(gd)) / bc1) / (std::sqrt(v / bc2) + double(h.eps));
     if (std::abs(double(a[i]) - p) > 8 * std::ldexp(1.0, -24) * (std::abs(double(a0[i])) + mag)) return false;
   }
   return true;
@@ -212,7 +217,8 @@ void run_config(std::size_t n, const std::vector<int>& thread_counts, int reps, 
     r.gbytes_per_s = bytes * double(n) / t / 1e9;
     // The limits use the same (warm) buffers; Adam's state is restored by nothing: values don't matter.
     r.rmw_gbytes_per_s = rmw_stream(master.get(), m.get(), n, threads, reps);
-    r.adam_shape_gbytes_per_s = adam_shape<G, P>(master.get(), m.get(), v.get(), g.get(), p.get(), n, threads, reps, bytes);
+    r.adam_shape_gbytes_per_s =
+        adam_shape<G, P>(master.get(), m.get(), v.get(), g.get(), p.get(), n, threads, reps, bytes);
     r.triad_gbytes_per_s = triad(master.get(), m.get(), v.get(), n, threads, reps);
     r.limit_gbytes_per_s = std::max(r.rmw_gbytes_per_s, r.adam_shape_gbytes_per_s);
     std::printf("%6zuM  %-4s %-4s %3d  %8.3f  %7.1f  %7.1f  %7.1f  %7.1f  %7.1f  %6.1f%%\n", n >> 20,
@@ -260,7 +266,8 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--sizes") sizes = parse_sizes(next());
+    if (a == "--sizes")
+      sizes = parse_sizes(next());
     else if (a == "--threads") {
       threads.clear();
       for (auto t : parse_sizes(next())) threads.push_back(int(t));
@@ -273,14 +280,18 @@ int main(int argc, char** argv) {
         if (c == std::string::npos) break;
         p = c + 1;
       }
-    } else if (a == "--reps") reps = std::stoi(next());
-    else if (a == "--json") json = next();
-    else if (a == "--plot") plot = next();
+    } else if (a == "--reps")
+      reps = std::stoi(next());
+    else if (a == "--json")
+      json = next();
+    else if (a == "--plot")
+      plot = next();
     else {
-      std::printf("usage: bench_optim [--sizes 16M,64M,256M] [--threads 1,2] [--dtypes f32,f16,bf16] [--reps 5]\n"
-                  "                   [--json FILE] [--plot FILE.png]\n"
-                  "Gradient dtype f32 updates fp32 params in place (no copy); f16/bf16 also write an f16/bf16\n"
-                  "parameter copy. Bytes per element: 28 (f32 p,g,m,v; or 24 + 2 grad + 2 param copy).\n");
+      std::printf(
+          "usage: bench_optim [--sizes 16M,64M,256M] [--threads 1,2] [--dtypes f32,f16,bf16] [--reps 5]\n"
+          "                   [--json FILE] [--plot FILE.png]\n"
+          "Gradient dtype f32 updates fp32 params in place (no copy); f16/bf16 also write an f16/bf16\n"
+          "parameter copy. Bytes per element: 28 (f32 p,g,m,v; or 24 + 2 grad + 2 param copy).\n");
       return a == "--help" || a == "-h" ? 0 : 1;
     }
   }
@@ -293,9 +304,12 @@ int main(int argc, char** argv) {
   for (std::size_t n : sizes) {
     n = (n + 63) / 64 * 64;  // whole vectors: the limit loops have no tails
     for (const auto& d : dtypes) {
-      if (d == "f32") run_config<float, float>(n, threads, reps, recs);
-      else if (d == "f16") run_config<float16, float16>(n, threads, reps, recs);
-      else if (d == "bf16") run_config<bfloat16, bfloat16>(n, threads, reps, recs);
+      if (d == "f32")
+        run_config<float, float>(n, threads, reps, recs);
+      else if (d == "f16")
+        run_config<float16, float16>(n, threads, reps, recs);
+      else if (d == "bf16")
+        run_config<bfloat16, bfloat16>(n, threads, reps, recs);
       else {
         std::fprintf(stderr, "bench_optim: unknown dtype '%s'; use f32, f16 or bf16\n", d.c_str());
         return 1;
@@ -335,7 +349,8 @@ int main(int argc, char** argv) {
     std::fclose(f);
     const std::string cmd = "gnuplot -e \"set terminal png size 1200,500; set output '" + plot +
                             "'; set style data histograms; set style fill solid; set ylabel 'GB/s'; "
-                            "set xtics rotate by -45; plot '" + dat + "' using 3:xtic(2) title 'Adam step', '' using 4 title 'limit'\"";
+                            "set xtics rotate by -45; plot '" +
+                            dat + "' using 3:xtic(2) title 'Adam step', '' using 4 title 'limit'\"";
     if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "bench_optim: gnuplot failed; the table and JSON stand\n");
   }
   return 0;

@@ -46,9 +46,9 @@ enum class min_place : std::uint8_t { absent, device, host };
 
 /** @brief Moves counted by `belady_min`, in chunks. */
 struct min_result {
-  std::size_t loads = 0;         ///< host -> device
-  std::size_t evictions = 0;     ///< device -> host
-  std::size_t materialised = 0;  ///< absent -> device (free)
+  std::size_t loads = 0;                         ///< host -> device
+  std::size_t evictions = 0;                     ///< device -> host
+  std::size_t materialised = 0;                  ///< absent -> device (free)
   std::vector<std::size_t> moves_per_iteration;  ///< loads + evictions, indexed by min_step::iteration
   [[nodiscard]] std::size_t moves() const noexcept { return loads + evictions; }
 };

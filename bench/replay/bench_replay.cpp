@@ -50,10 +50,10 @@ struct options {
   int width = 256;
   int vocab = 2048;
   int context = 256;
-  int tokens = 512;            // batch x sequence
-  double flops = 0.5e12;       // modelled FLOP/s of the compute tier
-  double bandwidth = 3e9;      // modelled link, bytes/s per direction
-  double latency = 10e-6;      // modelled link, seconds per copy
+  int tokens = 512;               // batch x sequence
+  double flops = 0.5e12;          // modelled FLOP/s of the compute tier
+  double bandwidth = 3e9;         // modelled link, bytes/s per direction
+  double latency = 10e-6;         // modelled link, seconds per copy
   double step_bandwidth = 100e9;  // modelled optimizer memory bandwidth, bytes/s
   std::size_t prefetch_depth = 2;
   int iterations = 3;
@@ -116,12 +116,18 @@ model build_model(RT& rt, const options& o) {
   m.layers.push_back({"embed", {wte, wpe}, 0, act});
   for (int b = 0; b < o.layers; ++b) {
     const std::string p = "h" + std::to_string(b) + ".";
-    const auto ln1w = add(p + "ln1.w", {d}, tensor_role::norm, false), ln1b = add(p + "ln1.b", {d}, tensor_role::norm, false);
-    const auto qkvw = add(p + "qkv.w", {3 * d, d}, tensor_role::weight, true), qkvb = add(p + "qkv.b", {3 * d}, tensor_role::bias, false);
-    const auto projw = add(p + "proj.w", {d, d}, tensor_role::weight, true), projb = add(p + "proj.b", {d}, tensor_role::bias, false);
-    const auto ln2w = add(p + "ln2.w", {d}, tensor_role::norm, false), ln2b = add(p + "ln2.b", {d}, tensor_role::norm, false);
-    const auto fcw = add(p + "fc.w", {4 * d, d}, tensor_role::weight, true), fcb = add(p + "fc.b", {4 * d}, tensor_role::bias, false);
-    const auto fc2w = add(p + "fc2.w", {d, 4 * d}, tensor_role::weight, true), fc2b = add(p + "fc2.b", {d}, tensor_role::bias, false);
+    const auto ln1w = add(p + "ln1.w", {d}, tensor_role::norm, false),
+               ln1b = add(p + "ln1.b", {d}, tensor_role::norm, false);
+    const auto qkvw = add(p + "qkv.w", {3 * d, d}, tensor_role::weight, true),
+               qkvb = add(p + "qkv.b", {3 * d}, tensor_role::bias, false);
+    const auto projw = add(p + "proj.w", {d, d}, tensor_role::weight, true),
+               projb = add(p + "proj.b", {d}, tensor_role::bias, false);
+    const auto ln2w = add(p + "ln2.w", {d}, tensor_role::norm, false),
+               ln2b = add(p + "ln2.b", {d}, tensor_role::norm, false);
+    const auto fcw = add(p + "fc.w", {4 * d, d}, tensor_role::weight, true),
+               fcb = add(p + "fc.b", {4 * d}, tensor_role::bias, false);
+    const auto fc2w = add(p + "fc2.w", {d, 4 * d}, tensor_role::weight, true),
+               fc2b = add(p + "fc2.b", {d}, tensor_role::bias, false);
     const double dd = static_cast<double>(d * d);
     m.layers.push_back({p + "qkv", {ln1w, ln1b, qkvw, qkvb}, 2 * T * 3 * dd, 3 * act});
     m.layers.push_back({p + "proj", {projw, projb}, 2 * T * dd, act});
@@ -130,7 +136,9 @@ model build_model(RT& rt, const options& o) {
   }
   const auto lnfw = add("ln_f.w", {d}, tensor_role::norm, false), lnfb = add("ln_f.b", {d}, tensor_role::norm, false);
   // The head reuses wte (tied) and keeps the logits.
-  m.layers.push_back({"head", {lnfw, lnfb, wte}, 2 * T * static_cast<double>(o.vocab) * static_cast<double>(d),
+  m.layers.push_back({"head",
+                      {lnfw, lnfb, wte},
+                      2 * T * static_cast<double>(o.vocab) * static_cast<double>(d),
                       static_cast<std::size_t>(o.tokens) * static_cast<std::size_t>(o.vocab) * sizeof(float)});
   return m;
 }
@@ -181,7 +189,9 @@ references offline_references(const RT& rt, std::size_t capacity, std::size_t ch
   const auto moments = tr.moments();
   const std::size_t M = moments.size();
   const std::size_t n_chunks = rt.plan().num_chunks;
-  auto dense = [&](chunk_id c) { return static_cast<std::uint32_t>(static_cast<std::size_t>(c.kind) * n_chunks + c.index); };
+  auto dense = [&](chunk_id c) {
+    return static_cast<std::uint32_t>(static_cast<std::size_t>(c.kind) * n_chunks + c.index);
+  };
   // Groups: a forward/backward moment needs all its chunks at once; the optimizer moment needs one
   // chunk index (param + grad) at a time, in the order it touched them.
   struct group {
@@ -217,11 +227,12 @@ references offline_references(const RT& rt, std::size_t capacity, std::size_t ch
   };
   const int r1 = 2, r2 = 2 + iterations;
   const auto s1 = steps_for(r1), s2 = steps_for(r2);
-  const double min_per_it =
-      (static_cast<double>(bench::belady_min(s2, droppable, initial).moves()) -
-       static_cast<double>(bench::belady_min(s1, droppable, initial).moves())) / iterations;
+  const double min_per_it = (static_cast<double>(bench::belady_min(s2, droppable, initial).moves()) -
+                             static_cast<double>(bench::belady_min(s1, droppable, initial).moves())) /
+                            iterations;
   const double opt_per_it = (static_cast<double>(bench::optimal_moves(s2, droppable, initial)) -
-                             static_cast<double>(bench::optimal_moves(s1, droppable, initial))) / iterations;
+                             static_cast<double>(bench::optimal_moves(s1, droppable, initial))) /
+                            iterations;
   // A look-ahead is possible at a moment when its chunks and the next moment's fit the budget at
   // once: only then can the next moment's loads overlap this moment's compute.
   std::size_t fit = 0;
@@ -333,11 +344,14 @@ row run_config(const options& o, double fraction, bool prefetch, std::size_t mod
   r.bytes_to_host = static_cast<double>(after.bytes_to_host - before.bytes_to_host) / its;
   r.bytes_moved = r.bytes_to_device + r.bytes_to_host;
   const double n_to_dev = static_cast<double>(copies_after[copy_direction::to_device].copies -
-                                              copies_before[copy_direction::to_device].copies) / its;
+                                              copies_before[copy_direction::to_device].copies) /
+                          its;
   const double n_to_host = static_cast<double>(copies_after[copy_direction::to_host].copies -
-                                               copies_before[copy_direction::to_host].copies) / its;
+                                               copies_before[copy_direction::to_host].copies) /
+                           its;
   r.transfer_s = r.bytes_moved / o.bandwidth + (n_to_dev + n_to_host) * o.latency;
-  r.link_s = std::max(r.bytes_to_device / o.bandwidth + n_to_dev * o.latency, r.bytes_to_host / o.bandwidth + n_to_host * o.latency);
+  r.link_s = std::max(r.bytes_to_device / o.bandwidth + n_to_dev * o.latency,
+                      r.bytes_to_host / o.bandwidth + n_to_host * o.latency);
   r.iteration_s = wall / its;
   r.compute_s = compute_s / its;
   r.modelled_compute_s = modelled_s / its;
@@ -399,14 +413,16 @@ void write_json(const std::string& path, const std::vector<row>& rows, const opt
                   "\"capacity_bytes\": %zu, \"model_bytes\": %zu, \"non_model_peak_bytes\": %zu, \"chunk_bytes\": %zu, "
                   "\"num_chunks\": %zu, \"bytes_moved\": %.0f, \"bytes_to_device\": %.0f, \"bytes_to_host\": %.0f, "
                   "\"belady_min_bytes\": %.0f, \"optimum_bytes\": %.0f, \"iteration_s\": %.6f, \"compute_s\": %.6f, "
-                  "\"modelled_compute_s\": %.6f, \"transfer_s\": %.6f, \"link_s\": %.6f, \"stall_s\": %.6f, \"overhead_s\": %.6f, "
+                  "\"modelled_compute_s\": %.6f, \"transfer_s\": %.6f, \"link_s\": %.6f, \"stall_s\": %.6f, "
+                  "\"overhead_s\": %.6f, "
                   "\"evictions\": %.1f, \"loads\": %.1f, \"prefetches\": %.1f, \"prefetch_hits\": %.1f, "
                   "\"demand_loads\": %.1f, \"lookahead_fraction\": %.3f, \"bandwidth_bytes_per_s\": %.0f}%s\n",
                   json_escape(r.policy).c_str(), r.prefetch ? "true" : "false", r.prefetch ? o.prefetch_depth : 0,
                   r.budget_fraction, r.capacity, r.model_bytes, r.non_model_peak, r.chunk_bytes, r.num_chunks,
                   r.bytes_moved, r.bytes_to_device, r.bytes_to_host, r.belady_min_bytes, r.optimum_bytes, r.iteration_s,
-                  r.compute_s, r.modelled_compute_s, r.transfer_s, r.link_s, r.stall_s, r.overhead_s, r.evictions, r.loads,
-                  r.prefetches, r.prefetch_hits, r.demand_loads, r.lookahead_fraction, o.bandwidth, i + 1 < rows.size() ? "," : "");
+                  r.compute_s, r.modelled_compute_s, r.transfer_s, r.link_s, r.stall_s, r.overhead_s, r.evictions,
+                  r.loads, r.prefetches, r.prefetch_hits, r.demand_loads, r.lookahead_fraction, o.bandwidth,
+                  i + 1 < rows.size() ? "," : "");
     f << buf;
   }
   f << "]\n";
@@ -481,17 +497,28 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw config_error(a + " needs a value (see --help)");
       return argv[++i];
     };
-    if (a == "--quick") o.quick = true;
-    else if (a == "--json") o.json = value();
-    else if (a == "--plot") o.plot = value();
-    else if (a == "--bandwidth") o.bandwidth = std::stod(value());
-    else if (a == "--layers") o.layers = std::stoi(value());
-    else if (a == "--width") o.width = std::stoi(value());
-    else if (a == "--flops") o.flops = std::stod(value());
-    else if (a == "--prefetch-depth") o.prefetch_depth = static_cast<std::size_t>(std::stoul(value()));
-    else if (a == "--iterations") o.iterations = std::stoi(value());
-    else if (a == "--budgets") o.budgets = bench::parse_number_list(a, value());
-    else if (a == "--policy") o.policy = value();
+    if (a == "--quick")
+      o.quick = true;
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--plot")
+      o.plot = value();
+    else if (a == "--bandwidth")
+      o.bandwidth = std::stod(value());
+    else if (a == "--layers")
+      o.layers = std::stoi(value());
+    else if (a == "--width")
+      o.width = std::stoi(value());
+    else if (a == "--flops")
+      o.flops = std::stod(value());
+    else if (a == "--prefetch-depth")
+      o.prefetch_depth = static_cast<std::size_t>(std::stoul(value()));
+    else if (a == "--iterations")
+      o.iterations = std::stoi(value());
+    else if (a == "--budgets")
+      o.budgets = bench::parse_number_list(a, value());
+    else if (a == "--policy")
+      o.policy = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -510,7 +537,8 @@ options parse(int argc, char** argv) {
   if (!o.policy.empty() && o.policy != "lru" && o.policy != "belady")
     throw config_error("--policy is lru or belady, not '" + o.policy + "'");
   if (o.layers < 1 || o.width < 32 || o.width % 32 != 0 || o.bandwidth <= 0 || o.flops <= 0 || o.iterations < 1)
-    throw config_error("need --layers >= 1, --width a multiple of 32, positive --bandwidth and --flops, --iterations >= 1");
+    throw config_error(
+        "need --layers >= 1, --width a multiple of 32, positive --bandwidth and --flops, --iterations >= 1");
   return o;
 }
 
@@ -535,11 +563,12 @@ int main(int argc, char** argv) try {
     probe.finalize();
     model_data = probe.model_bytes();
     for (const auto& l : m.layers) non_model_peak += l.activation_bytes;
-    std::printf("model: %d blocks, width %d, %zu tensors, %zu chunks of %s (param + grad lists), model data %s, "
-                "peak activations %s\n",
-                o.layers, o.width, m.params.size(), 2 * probe.plan().num_chunks,
-                format_bytes(probe.plan().chunk_elems * sizeof(float)).c_str(), format_bytes(model_data).c_str(),
-                format_bytes(non_model_peak).c_str());
+    std::printf(
+        "model: %d blocks, width %d, %zu tensors, %zu chunks of %s (param + grad lists), model data %s, "
+        "peak activations %s\n",
+        o.layers, o.width, m.params.size(), 2 * probe.plan().num_chunks,
+        format_bytes(probe.plan().chunk_elems * sizeof(float)).c_str(), format_bytes(model_data).c_str(),
+        format_bytes(non_model_peak).c_str());
     std::printf("link: %.2f GB/s per direction, %.0f us per copy; compute: %.2f TFLOP/s; prefetch depth %zu\n",
                 o.bandwidth / 1e9, o.latency * 1e6, o.flops / 1e12, o.prefetch_depth);
   }
@@ -554,22 +583,25 @@ int main(int argc, char** argv) try {
         const row r = pol == 0 ? run_config<lru_eviction>(o, f, pf, model_data, non_model_peak)
                                : run_config<belady_eviction>(o, f, pf, model_data, non_model_peak);
         const double mib = 1048576.0;
-        std::printf("%-7s %-4s %5.0f%% %9.1f %9.1f %9.1f %6.3f %6.3f %9.2f %9.2f %9.2f %9.2f %7.3f %8.2f %6.2f %7.1f %6.1f %5.0f%%\n",
-                    r.policy.c_str(), r.prefetch ? "on" : "off", 100 * r.budget_fraction, r.bytes_moved / mib,
-                    r.belady_min_bytes / mib, r.optimum_bytes / mib,
-                    r.belady_min_bytes > 0 ? r.bytes_moved / r.belady_min_bytes : (r.bytes_moved == 0 ? 1.0 : INFINITY),
-                    r.optimum_bytes > 0 ? r.bytes_moved / r.optimum_bytes : (r.bytes_moved == 0 ? 1.0 : INFINITY),
-                    r.iteration_s * 1e3, r.compute_s * 1e3, r.transfer_s * 1e3, r.link_s * 1e3,
-                    r.iteration_s / r.bound_s(), r.stall_s * 1e3, r.overhead_s * 1e3, r.evictions, r.prefetch_hits, 100 * r.lookahead_fraction);
+        std::printf(
+            "%-7s %-4s %5.0f%% %9.1f %9.1f %9.1f %6.3f %6.3f %9.2f %9.2f %9.2f %9.2f %7.3f %8.2f %6.2f %7.1f %6.1f "
+            "%5.0f%%\n",
+            r.policy.c_str(), r.prefetch ? "on" : "off", 100 * r.budget_fraction, r.bytes_moved / mib,
+            r.belady_min_bytes / mib, r.optimum_bytes / mib,
+            r.belady_min_bytes > 0 ? r.bytes_moved / r.belady_min_bytes : (r.bytes_moved == 0 ? 1.0 : INFINITY),
+            r.optimum_bytes > 0 ? r.bytes_moved / r.optimum_bytes : (r.bytes_moved == 0 ? 1.0 : INFINITY),
+            r.iteration_s * 1e3, r.compute_s * 1e3, r.transfer_s * 1e3, r.link_s * 1e3, r.iteration_s / r.bound_s(),
+            r.stall_s * 1e3, r.overhead_s * 1e3, r.evictions, r.prefetch_hits, 100 * r.lookahead_fraction);
         std::fflush(stdout);
         rows.push_back(r);
       }
     }
   }
-  std::printf("\nMIN = Belady's MIN and opt = exact optimum for the recorded trace and budget (offline, per iteration);\n"
-              "iter/bd = iteration time / max(compute, transfer); link = busier direction of the duplex link;\n"
-              "ovh = iteration - compute - stall (runtime bookkeeping, allocation, threads sharing the cores);\n"
-              "ahead = moments whose chunks fit the budget next to the next moment's (a look-ahead is possible).\n");
+  std::printf(
+      "\nMIN = Belady's MIN and opt = exact optimum for the recorded trace and budget (offline, per iteration);\n"
+      "iter/bd = iteration time / max(compute, transfer); link = busier direction of the duplex link;\n"
+      "ovh = iteration - compute - stall (runtime bookkeeping, allocation, threads sharing the cores);\n"
+      "ahead = moments whose chunks fit the budget next to the next moment's (a look-ahead is possible).\n");
   if (!o.json.empty()) {
     write_json(o.json, rows, o);
     std::printf("json: %s\n", o.json.c_str());

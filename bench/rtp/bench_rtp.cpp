@@ -73,11 +73,15 @@ struct options {
 
 void usage() {
   std::printf(
-      "usage: bench_rtp [--layers 4] [--width 192] [--heads 12] [--vocab 256] [--context 64] [--batch 2] [--seq 64 (per rank)]\n"
-      "                 [--ranks 1,2,3,4] [--iterations 12] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)]\n"
+      "usage: bench_rtp [--layers 4] [--width 192] [--heads 12] [--vocab 256] [--context 64] [--batch 2] [--seq 64 "
+      "(per rank)]\n"
+      "                 [--ranks 1,2,3,4] [--iterations 12] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 "
+      "(s)]\n"
       "                 [--loss-tolerance 1e-3] [--quick] [--json FILE] [--plot FILE.png]\n"
-      "RTP (rtp_gpt), data parallelism and ZeRO on the same GPT at N ranks: per-rank model data, bytes sent per iteration\n"
-      "against the theory, iteration time and ring wait on a modelled link. --quick: 2 layers, width 48, context and seq 16,\n"
+      "RTP (rtp_gpt), data parallelism and ZeRO on the same GPT at N ranks: per-rank model data, bytes sent per "
+      "iteration\n"
+      "against the theory, iteration time and ring wait on a modelled link. --quick: 2 layers, width 48, context and "
+      "seq 16,\n"
       "batch 1, 2 + 2 iterations (about a second).\n");
 }
 
@@ -107,30 +111,44 @@ options parse(int argc, char** argv) {
       if (x != std::floor(x) || x > 1e9) throw config_error(a + " takes one positive integer, got '" + v + "'");
       return static_cast<int>(x);
     };
-    if (a == "--layers") o.config.layers = count(value());
-    else if (a == "--width") o.config.width = count(value());
-    else if (a == "--heads") o.config.heads = count(value());
-    else if (a == "--vocab") o.config.vocab = count(value());
-    else if (a == "--context") o.config.context = count(value());
-    else if (a == "--batch") o.batch = static_cast<std::size_t>(count(value()));
-    else if (a == "--seq") o.seq = static_cast<std::size_t>(count(value()));
+    if (a == "--layers")
+      o.config.layers = count(value());
+    else if (a == "--width")
+      o.config.width = count(value());
+    else if (a == "--heads")
+      o.config.heads = count(value());
+    else if (a == "--vocab")
+      o.config.vocab = count(value());
+    else if (a == "--context")
+      o.config.context = count(value());
+    else if (a == "--batch")
+      o.batch = static_cast<std::size_t>(count(value()));
+    else if (a == "--seq")
+      o.seq = static_cast<std::size_t>(count(value()));
     else if (a == "--ranks") {
       o.ranks.clear();
       for (double x : bench::parse_number_list(a, value())) {
         if (x < 1 || x > 64 || x != std::floor(x)) throw config_error("--ranks: integers in [1, 64], comma-separated");
         o.ranks.push_back(static_cast<int>(x));
       }
-    } else if (a == "--iterations") o.iterations = count(value());
-    else if (a == "--warmup") o.warmup = count(value());
-    else if (a == "--bandwidth") o.bandwidth = number(value());
+    } else if (a == "--iterations")
+      o.iterations = count(value());
+    else if (a == "--warmup")
+      o.warmup = count(value());
+    else if (a == "--bandwidth")
+      o.bandwidth = number(value());
     else if (a == "--latency") {
       const auto x = bench::parse_number_list(a, value());
       if (x.size() != 1 || x[0] < 0) throw config_error("--latency takes one number >= 0 (seconds)");
       o.latency = x[0];
-    } else if (a == "--loss-tolerance") o.loss_tolerance = number(value());
-    else if (a == "--quick") continue;  // applied above
-    else if (a == "--json") o.json = value();
-    else if (a == "--plot") o.plot = value();
+    } else if (a == "--loss-tolerance")
+      o.loss_tolerance = number(value());
+    else if (a == "--quick")
+      continue;  // applied above
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--plot")
+      o.plot = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -141,14 +159,17 @@ options parse(int argc, char** argv) {
   // The corpus is bytes: every id 0..255 occurs, so a smaller vocabulary could not embed it.
   if (o.config.vocab < 256) throw config_error("--vocab must be >= 256 (the embedded corpus is byte-level)");
   if (o.seq > static_cast<std::size_t>(o.config.context))
-    throw config_error("--seq " + std::to_string(o.seq) + " is longer than --context " + std::to_string(o.config.context));
+    throw config_error("--seq " + std::to_string(o.seq) + " is longer than --context " +
+                       std::to_string(o.config.context));
   // ZeRO's first iteration is untraced and its second carries the ranks' agreement on gathers
   // ahead: its bytes are checked from the third on.
-  if (o.warmup < 2) throw config_error("--warmup must be >= 2 (ZeRO's first two iterations differ from its steady state)");
+  if (o.warmup < 2)
+    throw config_error("--warmup must be >= 2 (ZeRO's first two iterations differ from its steady state)");
   for (int n : o.ranks)
     if (o.config.heads % n != 0)
-      throw config_error("--heads " + std::to_string(o.config.heads) + " does not split over " + std::to_string(n) +
-                         " ranks (RTP shards the attention by heads): pick a multiple of every --ranks value (12 for 1,2,3,4)");
+      throw config_error(
+          "--heads " + std::to_string(o.config.heads) + " does not split over " + std::to_string(n) +
+          " ranks (RTP shards the attention by heads): pick a multiple of every --ranks value (12 for 1,2,3,4)");
   return o;
 }
 
@@ -255,12 +276,14 @@ void dp_rank(const setup& s, link_comm& link, rank_out& me) {
       const double y = static_cast<double>(g * unscale);
       sq += y * y;
     }
-    const adam_step_args args{.step = ++steps, .grad_scale = unscale * clip_coefficient(sq, e2e::max_grad_norm).coefficient};
+    const adam_step_args args{.step = ++steps,
+                              .grad_scale = unscale * clip_coefficient(sq, e2e::max_grad_norm).coefficient};
     std::size_t at = 0;
     for (const auto& spec : specs) {
       const std::size_t k = spec.numel();
-      adam_update(std::span<float>(ref.param_data).subspan(at, k), std::span<float>(m).subspan(at, k), std::span<float>(v).subspan(at, k),
-                  std::span<const float>(ref.grad_data).subspan(at, k), std::span<float>(), groups.hyper_for(spec, hyper), args);
+      adam_update(std::span<float>(ref.param_data).subspan(at, k), std::span<float>(m).subspan(at, k),
+                  std::span<float>(v).subspan(at, k), std::span<const float>(ref.grad_data).subspan(at, k),
+                  std::span<float>(), groups.hyper_for(spec, hyper), args);
       at += k;
     }
     return iteration{loss, 0.0, static_cast<std::uint64_t>(n - 1) * P * sizeof(float)};
@@ -365,8 +388,9 @@ struct result {
 void check_bytes(const std::vector<rank_out>& r, std::size_t from, const std::string& at) {
   for (std::size_t k = 0; k < r.size(); ++k)
     for (std::size_t i = from; i < r[k].sent.size(); ++i)
-      check(r[k].sent[i] == r[k].theory[i], at + ", rank " + std::to_string(k) + ", iteration " + std::to_string(i + 1) + ": sent " +
-                                                std::to_string(r[k].sent[i]) + " bytes, theory " + std::to_string(r[k].theory[i]));
+      check(r[k].sent[i] == r[k].theory[i], at + ", rank " + std::to_string(k) + ", iteration " +
+                                                std::to_string(i + 1) + ": sent " + std::to_string(r[k].sent[i]) +
+                                                " bytes, theory " + std::to_string(r[k].theory[i]));
 }
 
 result summarise(const std::string& mode, const setup& s, const std::vector<rank_out>& r) {
@@ -411,7 +435,8 @@ result run_rtp(const setup& s, int n) {
                                  " bytes > all/N + replicas + 2 + 3 largest shards = " + std::to_string(bound));
     for (std::size_t i = 0; i < y.ring_wait_s.size(); ++i) {
       check(y.ring_wait_s[i] >= 0, at + ": negative ring wait");
-      if (n == 1) check(y.ring_wait_s[i] == 0, at + ": ring wait " + std::to_string(y.ring_wait_s[i]) + " s with one rank");
+      if (n == 1)
+        check(y.ring_wait_s[i] == 0, at + ": ring wait " + std::to_string(y.ring_wait_s[i]) + " s with one rank");
     }
   }
   return x;
@@ -467,11 +492,11 @@ int write_plot(const options& o, const std::vector<result>& rs) {
   char buf[256];
   for (std::size_t i = 0; i + 2 < rs.size(); i += 3) {
     const result &r = rs[i], &d = rs[i + 1], &z = rs[i + 2];
-    std::snprintf(buf, sizeof buf, "%d %.4f %.4f %.4f %.4f %.4f %.4f\n", r.ranks, mib(r.peak), mib(r.in_use), mib(r.bound), mib(d.peak),
-                  mib(z.peak), mib(r.whole) / r.ranks);
+    std::snprintf(buf, sizeof buf, "%d %.4f %.4f %.4f %.4f %.4f %.4f\n", r.ranks, mib(r.peak), mib(r.in_use),
+                  mib(r.bound), mib(d.peak), mib(z.peak), mib(r.whole) / r.ranks);
     mem += buf;
-    std::snprintf(buf, sizeof buf, "%d %.3f %.3f %.3f %.3f %.3f\n", r.ranks, 1e3 * r.iteration_s, 1e3 * d.iteration_s, 1e3 * z.iteration_s,
-                  1e3 * r.compute_s, 1e3 * d.compute_s);
+    std::snprintf(buf, sizeof buf, "%d %.3f %.3f %.3f %.3f %.3f\n", r.ranks, 1e3 * r.iteration_s, 1e3 * d.iteration_s,
+                  1e3 * z.iteration_s, 1e3 * r.compute_s, 1e3 * d.compute_s);
     tim += buf;
     std::snprintf(buf, sizeof buf, "%d %.4f %.4f %.4f\n", r.ranks, 100 * r.ring_wait_s / r.iteration_s,
                   100 * r.ring_wait_compute_s / r.compute_s, 100 * d.blocking_s / d.iteration_s);
@@ -479,32 +504,60 @@ int write_plot(const options& o, const std::vector<result>& rs) {
   }
   const auto& c = o.config;
   char title[256], link[96];
-  std::snprintf(title, sizeof title, "bench_rtp: GPT %d layers x width %d, %d heads, %zu x %zu tokens per rank; in-process ranks", c.layers,
+  std::snprintf(title, sizeof title,
+                "bench_rtp: GPT %d layers x width %d, %d heads, %zu x %zu tokens per rank; in-process ranks", c.layers,
                 c.width, c.heads, o.batch, o.seq);
   std::snprintf(link, sizeof link, "link %.3g B/s + %.3g s", o.bandwidth, o.latency);
   // One colour per mode in every panel; dashed: the same mode with the link infinitely fast.
   const std::string rtp = " lc rgb '#1f77b4'", dp = " lc rgb '#d62728'", zero = " lc rgb '#2ca02c'";
-  std::string script = std::string("set termoption noenhanced\nset grid\nset xlabel 'ranks N'\nset xtics 1\n") + "set multiplot layout 1,3 title '" +
-                       title + "'\n" +
-                       "set title 'model data per rank (max over ranks)'\nset ylabel 'MiB'\nset yrange [0:*]\nset key top right\n"
-                       "plot '@DIR@/mem.dat' using 1:5 with linespoints lw 2" + dp + " title 'dp: full replica', "
-                       "'' using 1:6 with linespoints lw 2" + zero + " title 'zero: peak', "
-                       "'' using 1:2 with linespoints lw 2" + rtp + " title 'rtp: allocated', "
-                       "'' using 1:3 with linespoints lw 2 dt 2" + rtp + " title 'rtp: in use (one rotation)', "
-                       "'' using 1:4 with lines lw 1 dt 3 lc rgb '#555555' title 'rtp bound: all/N + replicas + 5 shards', "
-                       "'' using 1:7 with lines lw 1 dt 4 lc rgb '#000000' title 'all / N'\n" +
-                       "set title 'one iteration (" + link + ")'\nset ylabel 'ms'\nset key top left\n"
-                       "plot '@DIR@/time.dat' using 1:2 with linespoints lw 2" + rtp + " title 'rtp', "
-                       "'' using 1:3 with linespoints lw 2" + dp + " title 'dp', "
-                       "'' using 1:4 with linespoints lw 2" + zero + " title 'zero', "
-                       "'' using 1:5 with linespoints lw 1 dt 2" + rtp + " title 'rtp, link infinite', "
-                       "'' using 1:6 with linespoints lw 1 dt 2" + dp + " title 'dp, link infinite'\n"
-                       "set title 'communication not hidden, share of the iteration'\nset ylabel '%'\n"
-                       "plot '@DIR@/wait.dat' using 1:2 with linespoints lw 2" + rtp + " title 'rtp: ring wait', "
-                       "'' using 1:3 with linespoints lw 1 dt 2" + rtp + " title 'rtp: ring wait, link infinite (peers)', "
-                       "'' using 1:4 with linespoints lw 2" + dp + " title 'dp: all-reduce'\n"
-                       "unset multiplot\n";
-  return e2e::run_gnuplot("bench_rtp", o.plot, script, {{"mem.dat", mem}, {"time.dat", tim}, {"wait.dat", wait}}, "1800,560");
+  std::string script =
+      std::string("set termoption noenhanced\nset grid\nset xlabel 'ranks N'\nset xtics 1\n") +
+      "set multiplot layout 1,3 title '" + title + "'\n" +
+      "set title 'model data per rank (max over ranks)'\nset ylabel 'MiB'\nset yrange [0:*]\nset key top right\n"
+      "plot '@DIR@/mem.dat' using 1:5 with linespoints lw 2" +
+      dp +
+      " title 'dp: full replica', "
+      "'' using 1:6 with linespoints lw 2" +
+      zero +
+      " title 'zero: peak', "
+      "'' using 1:2 with linespoints lw 2" +
+      rtp +
+      " title 'rtp: allocated', "
+      "'' using 1:3 with linespoints lw 2 dt 2" +
+      rtp +
+      " title 'rtp: in use (one rotation)', "
+      "'' using 1:4 with lines lw 1 dt 3 lc rgb '#555555' title 'rtp bound: all/N + replicas + 5 shards', "
+      "'' using 1:7 with lines lw 1 dt 4 lc rgb '#000000' title 'all / N'\n" +
+      "set title 'one iteration (" + link +
+      ")'\nset ylabel 'ms'\nset key top left\n"
+      "plot '@DIR@/time.dat' using 1:2 with linespoints lw 2" +
+      rtp +
+      " title 'rtp', "
+      "'' using 1:3 with linespoints lw 2" +
+      dp +
+      " title 'dp', "
+      "'' using 1:4 with linespoints lw 2" +
+      zero +
+      " title 'zero', "
+      "'' using 1:5 with linespoints lw 1 dt 2" +
+      rtp +
+      " title 'rtp, link infinite', "
+      "'' using 1:6 with linespoints lw 1 dt 2" +
+      dp +
+      " title 'dp, link infinite'\n"
+      "set title 'communication not hidden, share of the iteration'\nset ylabel '%'\n"
+      "plot '@DIR@/wait.dat' using 1:2 with linespoints lw 2" +
+      rtp +
+      " title 'rtp: ring wait', "
+      "'' using 1:3 with linespoints lw 1 dt 2" +
+      rtp +
+      " title 'rtp: ring wait, link infinite (peers)', "
+      "'' using 1:4 with linespoints lw 2" +
+      dp +
+      " title 'dp: all-reduce'\n"
+      "unset multiplot\n";
+  return e2e::run_gnuplot("bench_rtp", o.plot, script, {{"mem.dat", mem}, {"time.dat", tim}, {"wait.dat", wait}},
+                          "1800,560");
 }
 
 }  // namespace
@@ -514,15 +567,23 @@ int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
   const gpt::gpt_config& c = o.config;
   const gpt::text_data data = gpt::load_text("", o.seq);
-  const setup s{.config = c, .batch = o.batch, .seq = o.seq, .warmup = o.warmup, .iterations = o.iterations,
-                .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency}, .data = &data};
+  const setup s{.config = c,
+                .batch = o.batch,
+                .seq = o.seq,
+                .warmup = o.warmup,
+                .iterations = o.iterations,
+                .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency},
+                .data = &data};
   const std::size_t params = gpt::param_count(c);
   std::printf("bench_rtp: in-process ranks (one thread each, OpenMP 1 thread per rank) on %u cores; CPU kernels %s\n",
               std::thread::hardware_concurrency(), cpu_isa_report().c_str());
-  std::printf("GPT: %d layers, width %d, %d heads, vocabulary %d, context %d: %zu parameters, %.1f MiB of fp32 model data with Adam; "
-              "%zu x %zu tokens per rank; AdamW + clipping; link %.3g B/s + %.3g s per collective; %d warm-up + %d measured iterations\n",
-              c.layers, c.width, c.heads, c.vocab, c.context, params, mib(16 * params), o.batch, o.seq, o.bandwidth, o.latency, o.warmup,
-              o.iterations);
+  std::printf(
+      "GPT: %d layers, width %d, %d heads, vocabulary %d, context %d: %zu parameters, %.1f MiB of fp32 model data with "
+      "Adam; "
+      "%zu x %zu tokens per rank; AdamW + clipping; link %.3g B/s + %.3g s per collective; %d warm-up + %d measured "
+      "iterations\n",
+      c.layers, c.width, c.heads, c.vocab, c.context, params, mib(16 * params), o.batch, o.seq, o.bandwidth, o.latency,
+      o.warmup, o.iterations);
   std::fflush(stdout);
 
   std::vector<result> rs;  // rtp, dp, zero per N
@@ -537,19 +598,26 @@ int main(int argc, char** argv) try {
       drtp = std::max(drtp, std::abs(r.losses[i] - d.losses[i]));
       dzero = std::max(dzero, std::abs(z.losses[i] - d.losses[i]));
     }
-    check(drtp <= o.loss_tolerance, "N = " + std::to_string(n) + ": rtp's losses differ from dp's by " + std::to_string(drtp));
-    check(dzero <= o.loss_tolerance, "N = " + std::to_string(n) + ": zero's losses differ from dp's by " + std::to_string(dzero));
-    std::printf("N = %d: losses %.4f -> %.4f (dp); largest |rtp - dp| %.3g, |zero - dp| %.3g; iteration ms rtp %.1f, dp %.1f, zero %.1f "
-                "(%.1f s)\n",
-                n, d.losses.front(), d.losses.back(), drtp, dzero, 1e3 * r.iteration_s, 1e3 * d.iteration_s, 1e3 * z.iteration_s,
-                e2e::seconds_since(t0));
+    check(drtp <= o.loss_tolerance,
+          "N = " + std::to_string(n) + ": rtp's losses differ from dp's by " + std::to_string(drtp));
+    check(dzero <= o.loss_tolerance,
+          "N = " + std::to_string(n) + ": zero's losses differ from dp's by " + std::to_string(dzero));
+    std::printf(
+        "N = %d: losses %.4f -> %.4f (dp); largest |rtp - dp| %.3g, |zero - dp| %.3g; iteration ms rtp %.1f, dp %.1f, "
+        "zero %.1f "
+        "(%.1f s)\n",
+        n, d.losses.front(), d.losses.back(), drtp, dzero, 1e3 * r.iteration_s, 1e3 * d.iteration_s,
+        1e3 * z.iteration_s, e2e::seconds_since(t0));
     std::fflush(stdout);
   }
 
-  std::printf("\nmodel data per rank, max over ranks (fp32 weights, gradients, Adam moments; rtp: + the rotations' transit buffers; "
-              "zero: the runtime's peak, gather/reduce buffers included)\n"
-              "| mode | N | all ranks MiB | all / N MiB | per-rank peak MiB | rtp: in use MiB | rtp: bound MiB | peak / replica | "
-              "largest shard (zero: chunk) KiB |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "\nmodel data per rank, max over ranks (fp32 weights, gradients, Adam moments; rtp: + the rotations' transit "
+      "buffers; "
+      "zero: the runtime's peak, gather/reduce buffers included)\n"
+      "| mode | N | all ranks MiB | all / N MiB | per-rank peak MiB | rtp: in use MiB | rtp: bound MiB | peak / "
+      "replica | "
+      "largest shard (zero: chunk) KiB |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
   const double replica = static_cast<double>(16 * params);
   for (const auto& x : rs) {
     char in_use[32] = "-", bound[32] = "-", shard[32] = "-";
@@ -558,14 +626,16 @@ int main(int argc, char** argv) try {
       std::snprintf(bound, sizeof bound, "%.2f", mib(x.bound));
     }
     if (x.largest_shard > 0) std::snprintf(shard, sizeof shard, "%.1f", static_cast<double>(x.largest_shard) / 1024);
-    std::printf("| %s | %d | %.2f | %.2f | %.2f | %s | %s | %.3f | %s |\n", x.mode.c_str(), x.ranks, mib(x.whole), mib(x.whole) / x.ranks,
-                mib(x.peak), in_use, bound, static_cast<double>(x.peak) / replica, shard);
+    std::printf("| %s | %d | %.2f | %.2f | %.2f | %s | %s | %.3f | %s |\n", x.mode.c_str(), x.ranks, mib(x.whole),
+                mib(x.whole) / x.ranks, mib(x.peak), in_use, bound, static_cast<double>(x.peak) / replica, shard);
   }
-  std::printf("\none iteration (forward, backward, step), median over the measured iterations of the max over ranks; bytes sent by one "
-              "rank in one iteration\n"
-              "| mode | N | comm MiB | theory MiB | = | comm ms (modelled) | iteration ms | link infinite ms | ring wait ms | "
-              "ring wait / iteration | ring wait, link infinite ms | blocking all-reduces ms |\n"
-              "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "\none iteration (forward, backward, step), median over the measured iterations of the max over ranks; bytes "
+      "sent by one "
+      "rank in one iteration\n"
+      "| mode | N | comm MiB | theory MiB | = | comm ms (modelled) | iteration ms | link infinite ms | ring wait ms | "
+      "ring wait / iteration | ring wait, link infinite ms | blocking all-reduces ms |\n"
+      "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& x : rs) {
     char compute[32] = "-", wait[32] = "-", share[32] = "-", skew[32] = "-";
     if (x.compute_s >= 0) std::snprintf(compute, sizeof compute, "%.1f", 1e3 * x.compute_s);
@@ -574,9 +644,9 @@ int main(int argc, char** argv) try {
       std::snprintf(share, sizeof share, "%.3f", x.ring_wait_s / x.iteration_s);
       std::snprintf(skew, sizeof skew, "%.2f", 1e3 * x.ring_wait_compute_s);
     }
-    std::printf("| %s | %d | %.3f | %.3f | %s | %.1f | %.1f | %s | %s | %s | %s | %.2f |\n", x.mode.c_str(), x.ranks, mib(x.comm_bytes),
-                mib(x.comm_theory), x.comm_bytes == x.comm_theory ? "yes" : "NO", 1e3 * x.comm_s, 1e3 * x.iteration_s, compute, wait,
-                share, skew, 1e3 * x.blocking_s);
+    std::printf("| %s | %d | %.3f | %.3f | %s | %.1f | %.1f | %s | %s | %s | %s | %.2f |\n", x.mode.c_str(), x.ranks,
+                mib(x.comm_bytes), mib(x.comm_theory), x.comm_bytes == x.comm_theory ? "yes" : "NO", 1e3 * x.comm_s,
+                1e3 * x.iteration_s, compute, wait, share, skew, 1e3 * x.blocking_s);
   }
 
   if (!o.json.empty()) {
@@ -584,7 +654,11 @@ int main(int argc, char** argv) try {
     for (const auto& x : rs) {
       e2e::json_record j;
       j.str("benchmark", "rtp").str("mode", x.mode).num("ranks", x.ranks);
-      j.num("layers", c.layers).num("width", c.width).num("heads", c.heads).num("vocab", c.vocab).num("context", c.context);
+      j.num("layers", c.layers)
+          .num("width", c.width)
+          .num("heads", c.heads)
+          .num("vocab", c.vocab)
+          .num("context", c.context);
       j.num("batch", double(o.batch)).num("seq", double(o.seq)).num("params", double(params));
       j.num("model_bytes", double(x.whole)).num("per_rank_model_bytes_peak", double(x.peak));
       j.num("per_rank_model_bytes_in_use", double(x.in_use));
@@ -592,7 +666,10 @@ int main(int argc, char** argv) try {
       if (x.mode == "zero") j.num("gather_buffer_bytes", double(x.collective));
       j.num("largest_shard_bytes", double(x.largest_shard));
       j.num("comm_bytes", double(x.comm_bytes)).num("comm_bytes_theory", double(x.comm_theory));
-      j.num("iteration_s", x.iteration_s).num("ring_wait_s", x.ring_wait_s).num("blocking_comm_s", x.blocking_s).num("comm_s", x.comm_s);
+      j.num("iteration_s", x.iteration_s)
+          .num("ring_wait_s", x.ring_wait_s)
+          .num("blocking_comm_s", x.blocking_s)
+          .num("comm_s", x.comm_s);
       if (x.compute_s >= 0) j.num("compute_s", x.compute_s);
       if (x.mode == "rtp") j.num("ring_wait_link_infinite_s", x.ring_wait_compute_s);
       j.num("bandwidth", o.bandwidth).num("latency", o.latency).num("iterations", o.iterations).num("warmup", o.warmup);
@@ -606,10 +683,13 @@ int main(int argc, char** argv) try {
     std::printf("\nbench_rtp: %zu self-check(s) FAILED\n", failures.size());
     return 1;
   }
-  std::printf("\nbench_rtp: all self-checks hold (rtp and dp bytes = theory, zero bytes = its gathers and reductions, rtp model data in "
-              "use <= all/N + replicas + 5 largest shards, zero peak <= share + buffers, rtp and zero losses within %.3g of dp's, "
-              "the same losses with and without the modelled link, ring wait >= 0 and 0 at one rank)\n",
-              o.loss_tolerance);
+  std::printf(
+      "\nbench_rtp: all self-checks hold (rtp and dp bytes = theory, zero bytes = its gathers and reductions, rtp "
+      "model data in "
+      "use <= all/N + replicas + 5 largest shards, zero peak <= share + buffers, rtp and zero losses within %.3g of "
+      "dp's, "
+      "the same losses with and without the modelled link, ring wait >= 0 and 0 at one rank)\n",
+      o.loss_tolerance);
   return 0;
 } catch (const chunkstar::error& e) {
   std::fprintf(stderr, "bench_rtp: %s\n", e.what());

@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
     chunkstar::mpi_session session(&argc, &argv);
     const int calls = argc > 1 ? std::atoi(argv[1]) : 4000;
     const int rounds = argc > 2 ? std::atoi(argv[2]) : 7;
-    if (calls < 1 || rounds < 1) throw chunkstar::config_error("bench_check_latency: calls and rounds must be positive");
+    if (calls < 1 || rounds < 1)
+      throw chunkstar::config_error("bench_check_latency: calls and rounds must be positive");
     chunkstar::mpi_communicator on(MPI_COMM_WORLD, {.check_sequence = true});
     chunkstar::mpi_communicator off(MPI_COMM_WORLD, {.check_sequence = false});
     per_call_us(on, calls / 4 + 1);  // warm both paths up
@@ -50,8 +51,9 @@ int main(int argc, char** argv) {
       t_off.push_back(per_call_us(off, calls));
     }
     if (on.rank() == 0)
-      std::printf("{\"on_us\": %.3f, \"off_us\": %.3f, \"check_us\": %.3f, \"calls\": %d, \"rounds\": %d, \"ranks\": %d}\n",
-                  median(t_on), median(t_off), median(t_on) - median(t_off), calls, rounds, on.size());
+      std::printf(
+          "{\"on_us\": %.3f, \"off_us\": %.3f, \"check_us\": %.3f, \"calls\": %d, \"rounds\": %d, \"ranks\": %d}\n",
+          median(t_on), median(t_off), median(t_on) - median(t_off), calls, rounds, on.size());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_check_latency: %s\n", e.what());

@@ -105,8 +105,8 @@ struct options {
   bool gather_ahead = true;
   bool memory_saving = false;
   std::string scale_preset = "tiny";
-  std::string scale_grow = "width";  // width | depth: what the scale family grows by
-  int scale_layers = 0;              // the width family's depth (0: default_scale_layers)
+  std::string scale_grow = "width";    // width | depth: what the scale family grows by
+  int scale_layers = 0;                // the width family's depth (0: default_scale_layers)
   double scale_buffer_fraction = 0.5;  // the chunk cap: predicted gather/reduce buffers <= this x the device budget
   bool chunk_cap = true;               // false: train_gpt's layout as it is (the old figure)
   std::size_t device_budget = std::size_t{16} << 20, host_budget = std::size_t{64} << 20;
@@ -119,7 +119,8 @@ struct options {
 void usage() {
   std::printf(
       "usage: bench_zero [--mode all|timing|scale] [--preset mini] [--batch 12 (global)] [--seq 64] [--ranks 1,2,3,4]\n"
-      "                  [--iterations 31] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)] [--keep-gathered]\n"
+      "                  [--iterations 31] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)] "
+      "[--keep-gathered]\n"
       "                  [--no-gather-ahead] [--memory-saving]\n"
       "                  [--scale-preset tiny] [--scale-grow width|depth] [--scale-layers 64 (width: the depth)]\n"
       "                  [--scale-buffer-fraction 0.5] [--no-chunk-cap]\n"
@@ -161,52 +162,76 @@ options parse(int argc, char** argv) {
       if (!b || *b == 0) throw config_error(a + " '" + v + "': write a size like 16MiB or 1.5GiB");
       return *b;
     };
-    if (a == "--mode") o.mode = value();
-    else if (a == "--preset") o.preset = value(), preset_set = true;
-    else if (a == "--batch") o.batch = count(value()), batch_set = true;
-    else if (a == "--seq") o.seq = count(value()), seq_set = true;
+    if (a == "--mode")
+      o.mode = value();
+    else if (a == "--preset")
+      o.preset = value(), preset_set = true;
+    else if (a == "--batch")
+      o.batch = count(value()), batch_set = true;
+    else if (a == "--seq")
+      o.seq = count(value()), seq_set = true;
     else if (a == "--ranks") {
       o.ranks.clear();
       for (double x : bench::parse_number_list(a, value())) {
         if (x < 1 || x > 64 || x != std::floor(x)) throw config_error("--ranks: integers in [1, 64], comma-separated");
         o.ranks.push_back(static_cast<int>(x));
       }
-    } else if (a == "--iterations") o.iterations = static_cast<int>(count(value())), its_set = true;
-    else if (a == "--warmup") o.warmup = static_cast<int>(count(value())), warmup_set = true;
-    else if (a == "--bandwidth") o.bandwidth = number(value());
+    } else if (a == "--iterations")
+      o.iterations = static_cast<int>(count(value())), its_set = true;
+    else if (a == "--warmup")
+      o.warmup = static_cast<int>(count(value())), warmup_set = true;
+    else if (a == "--bandwidth")
+      o.bandwidth = number(value());
     else if (a == "--latency") {
       const auto x = bench::parse_number_list(a, value());
       if (x.size() != 1 || x[0] < 0) throw config_error("--latency takes one number >= 0 (seconds)");
       o.latency = x[0];
-    } else if (a == "--keep-gathered") o.keep_gathered = true;
-    else if (a == "--no-gather-ahead") o.gather_ahead = false;
-    else if (a == "--memory-saving") o.memory_saving = true;
-    else if (a == "--scale-preset") o.scale_preset = value();
-    else if (a == "--scale-grow") o.scale_grow = value();
-    else if (a == "--scale-layers") o.scale_layers = static_cast<int>(count(value())), layers_set = true;
-    else if (a == "--no-chunk-cap") o.chunk_cap = false;
+    } else if (a == "--keep-gathered")
+      o.keep_gathered = true;
+    else if (a == "--no-gather-ahead")
+      o.gather_ahead = false;
+    else if (a == "--memory-saving")
+      o.memory_saving = true;
+    else if (a == "--scale-preset")
+      o.scale_preset = value();
+    else if (a == "--scale-grow")
+      o.scale_grow = value();
+    else if (a == "--scale-layers")
+      o.scale_layers = static_cast<int>(count(value())), layers_set = true;
+    else if (a == "--no-chunk-cap")
+      o.chunk_cap = false;
     else if (a == "--scale-buffer-fraction") {
       const double f = number(value());
       if (f > 1) throw config_error("--scale-buffer-fraction takes a number in (0, 1]");
       o.scale_buffer_fraction = f;
-    }
-    else if (a == "--device-budget") o.device_budget = bytes(value()), dev_set = true;
-    else if (a == "--host-budget") o.host_budget = bytes(value()), host_set = true;
-    else if (a == "--scale-batch") o.scale_batch = count(value());
-    else if (a == "--scale-seq") o.scale_seq = count(value());
-    else if (a == "--scale-steps") o.scale_steps = static_cast<int>(count(value())), steps_set = true;
-    else if (a == "--quick") o.quick = true;
-    else if (a == "--json") o.json = value();
-    else if (a == "--plot") o.plot = value();
+    } else if (a == "--device-budget")
+      o.device_budget = bytes(value()), dev_set = true;
+    else if (a == "--host-budget")
+      o.host_budget = bytes(value()), host_set = true;
+    else if (a == "--scale-batch")
+      o.scale_batch = count(value());
+    else if (a == "--scale-seq")
+      o.scale_seq = count(value());
+    else if (a == "--scale-steps")
+      o.scale_steps = static_cast<int>(count(value())), steps_set = true;
+    else if (a == "--quick")
+      o.quick = true;
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--plot")
+      o.plot = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
     } else
       throw config_error("unknown option '" + a + "' (bench_zero --help)");
   }
-  if (o.mode != "all" && o.mode != "timing" && o.mode != "scale") throw config_error("--mode: all, timing or scale, got '" + o.mode + "'");
-  if (o.scale_grow != "width" && o.scale_grow != "depth") throw config_error("--scale-grow: width or depth, got '" + o.scale_grow + "'");
-  if (o.scale_layers > gpt::max_layers) throw config_error("--scale-layers: at most " + std::to_string(gpt::max_layers));
+  if (o.mode != "all" && o.mode != "timing" && o.mode != "scale")
+    throw config_error("--mode: all, timing or scale, got '" + o.mode + "'");
+  if (o.scale_grow != "width" && o.scale_grow != "depth")
+    throw config_error("--scale-grow: width or depth, got '" + o.scale_grow + "'");
+  if (o.scale_layers > gpt::max_layers)
+    throw config_error("--scale-layers: at most " + std::to_string(gpt::max_layers));
   if (o.scale_layers == 0) o.scale_layers = default_scale_layers;
   if (o.quick) {  // the CTest smoke run: every part, small
     if (!preset_set) o.preset = "tiny";
@@ -224,8 +249,8 @@ options parse(int argc, char** argv) {
   if (o.warmup < 1) throw config_error("--warmup must be >= 1 (the first iteration is the untraced one)");
   for (int n : o.ranks)
     if (o.batch % static_cast<std::size_t>(n) != 0)
-      throw config_error("--batch " + std::to_string(o.batch) + " (the global batch) does not split evenly over " + std::to_string(n) +
-                         " ranks: pick a multiple of every --ranks value (12 for 1,2,3,4)");
+      throw config_error("--batch " + std::to_string(o.batch) + " (the global batch) does not split evenly over " +
+                         std::to_string(n) + " ranks: pick a multiple of every --ranks value (12 for 1,2,3,4)");
   return o;
 }
 
@@ -234,11 +259,13 @@ options parse(int argc, char** argv) {
 
 struct comm_theory {
   std::uint64_t gathers = 0, reductions = 0, chunks = 0;  // per iteration; chunks: padded count (the norm's doubles)
-  std::uint64_t gathers_ahead = 0;                        // of the gathers, those started while the scope before computes
-  std::uint64_t bytes_sent = 0, bytes_received = 0;        // per rank (equal in the group mode)
-  std::uint64_t agreement_bytes_each_way = 0;  // once, in the first traced iteration: the ranks agree on the gathers ahead
-                                               // (an allreduce of a double per moment of the trace)
-  std::uint64_t peak_collective_bytes = 0;  // most bytes in group buffers (N chunks each) and reduce scratch (one chunk) at once
+  std::uint64_t gathers_ahead = 0;                   // of the gathers, those started while the scope before computes
+  std::uint64_t bytes_sent = 0, bytes_received = 0;  // per rank (equal in the group mode)
+  std::uint64_t agreement_bytes_each_way =
+      0;  // once, in the first traced iteration: the ranks agree on the gathers ahead
+          // (an allreduce of a double per moment of the trace)
+  std::uint64_t peak_collective_bytes =
+      0;  // most bytes in group buffers (N chunks each) and reduce scratch (one chunk) at once
 };
 
 /** Replays the scopes chunked_gpt opens in one iteration through shard_manager.hpp's rules: a scope
@@ -248,8 +275,8 @@ struct comm_theory {
  *  and reduce-scattered once none of its gradient chunks is used again in the iteration. With
  *  @p ahead (the budget holds them all), once a scope is open the groups the next scope needs and
  *  that are not gathered are gathered then. */
-comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ranks, bool keep, bool ahead, std::size_t param_chunk_bytes,
-                        std::size_t grad_chunk_bytes, bool msc = false, int rank = 0) {
+comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ranks, bool keep, bool ahead,
+                        std::size_t param_chunk_bytes, std::size_t grad_chunk_bytes, bool msc = false, int rank = 0) {
   comm_theory t;
   if (ranks <= 1) return t;  // sharding is off at one rank: no collective at all
   ahead = ahead && !msc;     // the memory-saving mode gathers nothing ahead
@@ -285,17 +312,22 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
       next_param[m][chunk] = uses[m + 1][chunk] ? m + 1 : next_param[m + 1][chunk];
       next_grad[m][chunk] = uses[m + 1][chunk] && m + 1 >= first_backward ? m + 1 : next_grad[m + 1][chunk];
     }
-  auto next_use = [&](std::size_t chunk, std::size_t m, bool grads) { return (grads ? next_grad : next_param)[m][chunk]; };
+  auto next_use = [&](std::size_t chunk, std::size_t m, bool grads) {
+    return (grads ? next_grad : next_param)[m][chunk];
+  };
   std::vector<bool> gathered(groups, false), attached(groups, false);
   const std::uint64_t group_g = u * grad_chunk_bytes;
   const auto group_p = [&](std::size_t g) -> std::uint64_t { return msc && owns(g) ? 0 : u * param_chunk_bytes; };
   const std::uint64_t result = msc ? 0 : grad_chunk_bytes;  // the owner's result buffer (the mode's reduce is in place)
-  std::uint64_t live = 0;  // bytes in group buffers now
+  std::uint64_t live = 0;                                   // bytes in group buffers now
   std::uint64_t sent = 0, received = 0;
   const auto gather_bytes = [&](std::size_t g) {
-    if (!msc) sent += (n - 1) * param_chunk_bytes, received += (n - 1) * param_chunk_bytes;
-    else if (owns(g)) sent += (n - 1) * param_chunk_bytes;
-    else received += param_chunk_bytes;
+    if (!msc)
+      sent += (n - 1) * param_chunk_bytes, received += (n - 1) * param_chunk_bytes;
+    else if (owns(g))
+      sent += (n - 1) * param_chunk_bytes;
+    else
+      received += param_chunk_bytes;
   };
   // A reduce-scatter starts when a scope closes with its group final (or before the step) and
   // holds its group buffer and the owner's result chunk until the next scope has closed (or the
@@ -306,9 +338,12 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
     t.peak_collective_bytes = std::max(t.peak_collective_bytes, live);
     in_flight.push_back(g);
     ++t.reductions;
-    if (!msc) sent += (n - 1) * grad_chunk_bytes, received += (n - 1) * grad_chunk_bytes;
-    else if (owns(g)) received += (n - 1) * grad_chunk_bytes;
-    else sent += grad_chunk_bytes;
+    if (!msc)
+      sent += (n - 1) * grad_chunk_bytes, received += (n - 1) * grad_chunk_bytes;
+    else if (owns(g))
+      received += (n - 1) * grad_chunk_bytes;
+    else
+      sent += grad_chunk_bytes;
   };
   auto finish = [&] {
     for (std::size_t g : in_flight) attached[g] = false, live -= group_g + result;
@@ -373,11 +408,11 @@ static_assert(Communicator<link_comm>, "modelled_link must be a Communicator to 
 /** What one rank recorded. Per-iteration vectors hold every iteration, warm-up included. */
 struct rank_out {
   std::vector<double> iter_s, comm_model_s, losses;
-  std::vector<comm_stats> comm;                 // deltas
+  std::vector<comm_stats> comm;                    // deltas
   std::vector<std::uint64_t> gathers, reductions;  // deltas
-  runtime_stats stats;                          // at the end, since the reset after the warm-up (steady-state peaks)
-  runtime_stats warm;                           // at the end of the warm-up, before that reset (its peaks: the untraced first iteration)
-  std::uint64_t bytes_moved_measured = 0;       // host <-> device chunk bytes over the measured iterations
+  runtime_stats stats;                             // at the end, since the reset after the warm-up (steady-state peaks)
+  runtime_stats warm;  // at the end of the warm-up, before that reset (its peaks: the untraced first iteration)
+  std::uint64_t bytes_moved_measured = 0;  // host <-> device chunk bytes over the measured iterations
   std::size_t model_bytes = 0, device_capacity = 0, param_chunk_bytes = 0, num_chunks = 0;
   comm_theory theory;
   std::string error;  // the runtime's invariant violations at the end (empty: none)
@@ -391,15 +426,16 @@ struct train_setup {
   link_model link;
   bool keep_gathered = false;
   bool gather_ahead = true;
-  bool memory_saving = false;  // ZeRO's memory-saving mode: chunk by chunk
+  bool memory_saving = false;                                 // ZeRO's memory-saving mode: chunk by chunk
   std::size_t device_capacity = 0, host_capacity = SIZE_MAX;  // 0: sized per N (timing runs)
-  bool scale = false;  // auto placement + Belady at the given budgets (else everything on the device)
+  bool scale = false;                // auto placement + Belady at the given budgets (else everything on the device)
   searched_layout_options layout{};  // scale runs: the chunk layout (scale_layout: train_gpt's, chunk size capped)
 };
 
 /** The AdamW of bench_cpu_trainer and train_gpt (no decay on biases and norms, clipping at 1). */
 chunk_adam<> make_adam() {
-  return chunk_adam<>({.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = e2e::weight_decay}, .max_grad_norm = e2e::max_grad_norm},
+  return chunk_adam<>({.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = e2e::weight_decay},
+                       .max_grad_norm = e2e::max_grad_norm},
                       param_groups::with_default_decay(e2e::weight_decay));
 }
 
@@ -417,17 +453,21 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
     chunk_plan plan = layout.plan(gpt::param_specs(c));
     const std::size_t chunk_bytes = plan.chunk_elems * sizeof(float);
     plan.num_chunks = shard_map{ranks, 0}.padded(plan.num_chunks);
-    const auto theory = zero_theory(c, plan, ranks, s.keep_gathered, s.gather_ahead, chunk_bytes, chunk_bytes, s.memory_saving);
-    device_capacity = e2e::activation_bytes(c, B, T) + padded_model_bytes(layout, c, ranks) / static_cast<std::size_t>(ranks) +
+    const auto theory =
+        zero_theory(c, plan, ranks, s.keep_gathered, s.gather_ahead, chunk_bytes, chunk_bytes, s.memory_saving);
+    device_capacity = e2e::activation_bytes(c, B, T) +
+                      padded_model_bytes(layout, c, ranks) / static_cast<std::size_t>(ranks) +
                       theory.peak_collective_bytes + chunk_bytes;
   }
   simulated_device_space device({.capacity = device_capacity, .name = "device"});
   host_space host({.capacity = s.host_capacity});
   host_copy_engine copier;
   Runtime rt(device, host, copier, link,
-             {.sharding = {.enabled = ranks > 1, .keep_gathered = s.keep_gathered, .gather_ahead = s.gather_ahead, .memory_saving = s.memory_saving}},
-             std::move(layout),
-             std::move(placement));
+             {.sharding = {.enabled = ranks > 1,
+                           .keep_gathered = s.keep_gathered,
+                           .gather_ahead = s.gather_ahead,
+                           .memory_saving = s.memory_saving}},
+             std::move(layout), std::move(placement));
   gpt::chunked_gpt<Runtime> model(rt, c, {B, T}, e2e::model_seed);
   model.finalize();
   auto opt = make_adam();
@@ -437,8 +477,8 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
   me.num_chunks = rt.plan().num_chunks;
   // Under the scale runs' budgets only some gathers start ahead: the theory with all of them
   // ahead bounds the buffers (a gather ahead only starts a group's buffer one scope earlier).
-  me.theory = zero_theory(c, rt.plan(), ranks, s.keep_gathered, s.gather_ahead, me.param_chunk_bytes, me.param_chunk_bytes, s.memory_saving,
-                          link.rank());
+  me.theory = zero_theory(c, rt.plan(), ranks, s.keep_gathered, s.gather_ahead, me.param_chunk_bytes,
+                          me.param_chunk_bytes, s.memory_saving, link.rank());
   std::vector<int> tokens(B * T), targets(B * T);
   const std::size_t first = B * static_cast<std::size_t>(link.rank());  // this rank's slice of the global batch
   std::uint64_t moved0 = 0;
@@ -458,7 +498,8 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
     me.iter_s.push_back(e2e::seconds_since(t0));
     if (!std::isfinite(loss)) throw state_error("non-finite loss while training");
     const comm_stats c1 = link.stats();
-    me.comm.push_back({c1.bytes_sent - c0.bytes_sent, c1.bytes_received - c0.bytes_received, c1.collectives - c0.collectives});
+    me.comm.push_back(
+        {c1.bytes_sent - c0.bytes_sent, c1.bytes_received - c0.bytes_received, c1.collectives - c0.collectives});
     me.gathers.push_back(rt.stats().gathers - r0.gathers);
     me.reductions.push_back(rt.stats().reductions - r0.reductions);
     me.comm_model_s.push_back(link.modelled_seconds() - m0);
@@ -493,8 +534,12 @@ std::vector<rank_out> run_group(const train_setup& s, const gpt::text_data& data
 
 /** Peaks over the whole run (warm-up included) and over the steady state only. */
 std::size_t whole_peak_model(const rank_out& x) { return std::max(x.warm.peak_model_bytes, x.stats.peak_model_bytes); }
-std::size_t whole_peak_collective(const rank_out& x) { return std::max(x.warm.peak_collective_bytes, x.stats.peak_collective_bytes); }
-std::size_t whole_peak_device(const rank_out& x) { return std::max(x.warm.peak_device_bytes, x.stats.peak_device_bytes); }
+std::size_t whole_peak_collective(const rank_out& x) {
+  return std::max(x.warm.peak_collective_bytes, x.stats.peak_collective_bytes);
+}
+std::size_t whole_peak_device(const rank_out& x) {
+  return std::max(x.warm.peak_device_bytes, x.stats.peak_device_bytes);
+}
 
 template <class F>
 double max_over_ranks(const std::vector<rank_out>& r, F f) {
@@ -527,8 +572,8 @@ std::vector<double> global_losses(const std::vector<rank_out>& r) {
 struct zero_result {
   int ranks = 1;
   std::size_t model_bytes = 0, replica_bytes = 0, share = 0, device_capacity = 0;
-  std::size_t peak = 0, collective = 0, device_peak = 0;                    // steady state (after the warm-up)
-  std::size_t peak_all = 0, collective_all = 0, device_peak_all = 0;        // whole run (the untraced first iteration too)
+  std::size_t peak = 0, collective = 0, device_peak = 0;              // steady state (after the warm-up)
+  std::size_t peak_all = 0, collective_all = 0, device_peak_all = 0;  // whole run (the untraced first iteration too)
   std::size_t chunk_bytes = 0, num_chunks = 0;
   std::uint64_t bytes_moved = 0;
   comm_theory theory;
@@ -548,7 +593,8 @@ void check(bool ok, const std::string& what) {
 /** Memory and comm self-checks of one group's run; @p from: the first iteration the theory covers.
  *  @p ample: the budget holds every buffer the theory predicts, so the buffer peak equals it; under
  *  a tight budget the runtime completes reductions early for room, and the peak is at most it. */
-void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, const std::string& what, bool ample = true) {
+void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, const std::string& what,
+                 bool ample = true) {
   const std::string at = what + " at N = " + std::to_string(ranks);
   for (std::size_t k = 0; k < r.size(); ++k) {
     const auto& x = r[k];
@@ -556,8 +602,8 @@ void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, co
     if (!x.error.empty()) check(false, rk + ": invariant violations: " + x.error);
     const std::size_t share = x.model_bytes / static_cast<std::size_t>(ranks);
     check(x.stats.peak_model_bytes <= share + x.stats.peak_collective_bytes,
-          rk + ": steady-state model-data peak " + std::to_string(x.stats.peak_model_bytes) + " > share " + std::to_string(share) +
-              " + gather/reduce buffers " + std::to_string(x.stats.peak_collective_bytes));
+          rk + ": steady-state model-data peak " + std::to_string(x.stats.peak_model_bytes) + " > share " +
+              std::to_string(share) + " + gather/reduce buffers " + std::to_string(x.stats.peak_collective_bytes));
     check(whole_peak_model(x) <= share + whole_peak_collective(x),
           rk + ": model-data peak " + std::to_string(whole_peak_model(x)) + " > share " + std::to_string(share) +
               " + gather/reduce buffers " + std::to_string(whole_peak_collective(x)) + " (whole run)");
@@ -566,28 +612,36 @@ void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, co
     if (from > 0 && from < x.comm.size())  // the stats were reset after the warm-up: their peaks are the steady state's
       check(ample ? x.stats.peak_collective_bytes == x.theory.peak_collective_bytes
                   : x.stats.peak_collective_bytes <= x.theory.peak_collective_bytes,
-            rk + ": steady-state gather/reduce buffer peak " + std::to_string(x.stats.peak_collective_bytes) + " bytes, theory " +
-                std::to_string(x.theory.peak_collective_bytes));
+            rk + ": steady-state gather/reduce buffer peak " + std::to_string(x.stats.peak_collective_bytes) +
+                " bytes, theory " + std::to_string(x.theory.peak_collective_bytes));
     for (std::size_t i = from; i < x.comm.size(); ++i) {
       const std::string it = rk + ", iteration " + std::to_string(i + 1);
       const std::uint64_t agree = i == 1 ? x.theory.agreement_bytes_each_way : 0;  // i = 1: the first traced
-      check(x.comm[i].bytes_sent == x.theory.bytes_sent + agree && x.comm[i].bytes_received == x.theory.bytes_received + agree,
-            it + ": sent " + std::to_string(x.comm[i].bytes_sent) + " / received " + std::to_string(x.comm[i].bytes_received) +
-                " bytes, theory " + std::to_string(x.theory.bytes_sent + agree) + " / " + std::to_string(x.theory.bytes_received + agree));
+      check(x.comm[i].bytes_sent == x.theory.bytes_sent + agree &&
+                x.comm[i].bytes_received == x.theory.bytes_received + agree,
+            it + ": sent " + std::to_string(x.comm[i].bytes_sent) + " / received " +
+                std::to_string(x.comm[i].bytes_received) + " bytes, theory " +
+                std::to_string(x.theory.bytes_sent + agree) + " / " + std::to_string(x.theory.bytes_received + agree));
       check(x.gathers[i] == x.theory.gathers && x.reductions[i] == x.theory.reductions,
-            it + ": " + std::to_string(x.gathers[i]) + " gathers / " + std::to_string(x.reductions[i]) + " reductions, theory " +
-                std::to_string(x.theory.gathers) + " / " + std::to_string(x.theory.reductions));
+            it + ": " + std::to_string(x.gathers[i]) + " gathers / " + std::to_string(x.reductions[i]) +
+                " reductions, theory " + std::to_string(x.theory.gathers) + " / " +
+                std::to_string(x.theory.reductions));
     }
   }
 }
 
 zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text_data& data, int ranks) {
-  train_setup s{.config = c, .batch_per_rank = o.batch / static_cast<std::size_t>(ranks), .seq = o.seq,
-                .steps = o.warmup + o.iterations, .warmup = o.warmup,
+  train_setup s{.config = c,
+                .batch_per_rank = o.batch / static_cast<std::size_t>(ranks),
+                .seq = o.seq,
+                .steps = o.warmup + o.iterations,
+                .warmup = o.warmup,
                 // First compute only: nothing slept, as if the link were infinitely fast (the
                 // modelled seconds are still counted).
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
-                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .memory_saving = o.memory_saving};
+                .keep_gathered = o.keep_gathered,
+                .gather_ahead = o.gather_ahead,
+                .memory_saving = o.memory_saving};
   const auto compute = run_group(s, data, ranks);
   s.link.sleep = true;
   const auto modelled = run_group(s, data, ranks);
@@ -597,17 +651,22 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
   zero_result z;
   z.ranks = ranks;
   z.losses = global_losses(modelled);
-  check(z.losses == global_losses(compute), "N = " + std::to_string(ranks) + ": the compute-only and the modelled run gave different losses");
+  check(z.losses == global_losses(compute),
+        "N = " + std::to_string(ranks) + ": the compute-only and the modelled run gave different losses");
   const auto& r0 = modelled[0];
   z.model_bytes = r0.model_bytes;
   z.share = r0.model_bytes / static_cast<std::size_t>(ranks);
-  z.peak = static_cast<std::size_t>(max_over_ranks(modelled, [](const rank_out& x) { return x.stats.peak_model_bytes; }));
-  z.collective = static_cast<std::size_t>(max_over_ranks(modelled, [](const rank_out& x) { return x.stats.peak_collective_bytes; }));
-  z.device_peak = static_cast<std::size_t>(max_over_ranks(modelled, [](const rank_out& x) { return x.stats.peak_device_bytes; }));
+  z.peak =
+      static_cast<std::size_t>(max_over_ranks(modelled, [](const rank_out& x) { return x.stats.peak_model_bytes; }));
+  z.collective = static_cast<std::size_t>(
+      max_over_ranks(modelled, [](const rank_out& x) { return x.stats.peak_collective_bytes; }));
+  z.device_peak =
+      static_cast<std::size_t>(max_over_ranks(modelled, [](const rank_out& x) { return x.stats.peak_device_bytes; }));
   z.peak_all = static_cast<std::size_t>(max_over_ranks(modelled, whole_peak_model));
   z.collective_all = static_cast<std::size_t>(max_over_ranks(modelled, whole_peak_collective));
   z.device_peak_all = static_cast<std::size_t>(max_over_ranks(modelled, whole_peak_device));
-  z.bytes_moved = static_cast<std::uint64_t>(max_over_ranks(modelled, [](const rank_out& x) { return x.bytes_moved_measured; }));
+  z.bytes_moved =
+      static_cast<std::uint64_t>(max_over_ranks(modelled, [](const rank_out& x) { return x.bytes_moved_measured; }));
   z.device_capacity = r0.device_capacity;
   z.chunk_bytes = r0.param_chunk_bytes;
   z.num_chunks = r0.num_chunks;
@@ -622,10 +681,12 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
   z.comm_s = median_of_max(modelled, o.warmup, &rank_out::comm_model_s);
   std::printf("N = %d: iterations (ms, max over ranks) compute-only", ranks);
   for (std::size_t i = 0; i < compute[0].iter_s.size(); ++i)
-    std::printf(" %.0f%s", 1e3 * max_over_ranks(compute, [&](const rank_out& x) { return x.iter_s[i]; }), i < from ? "w" : "");
+    std::printf(" %.0f%s", 1e3 * max_over_ranks(compute, [&](const rank_out& x) { return x.iter_s[i]; }),
+                i < from ? "w" : "");
   std::printf(" | modelled link");
   for (std::size_t i = 0; i < modelled[0].iter_s.size(); ++i)
-    std::printf(" %.0f%s", 1e3 * max_over_ranks(modelled, [&](const rank_out& x) { return x.iter_s[i]; }), i < from ? "w" : "");
+    std::printf(" %.0f%s", 1e3 * max_over_ranks(modelled, [&](const rank_out& x) { return x.iter_s[i]; }),
+                i < from ? "w" : "");
   std::printf(" (w: warm-up)\n");
   std::fflush(stdout);
   return z;
@@ -664,7 +725,8 @@ struct scale_family {
 };
 
 std::string describe(const gpt::gpt_config& c) {
-  return std::to_string(c.layers) + " layers x width " + std::to_string(c.width) + " (" + std::to_string(c.heads) + " heads)";
+  return std::to_string(c.layers) + " layers x width " + std::to_string(c.width) + " (" + std::to_string(c.heads) +
+         " heads)";
 }
 
 /** The chunk layout of a scale run: train_gpt's (the least-waste size between lo, the largest
@@ -684,10 +746,10 @@ std::string describe(const gpt::gpt_config& c) {
 struct scale_chunks {
   searched_layout_options layout;
   std::size_t chunk_elems = 0, num_chunks = 0;  // the chosen plan; num_chunks padded to whole groups
-  std::size_t share = 0;      // model bytes / N at that plan
-  std::uint64_t buffers = 0;  // the replay's buffer peak at that plan (no gathers ahead)
-  bool capped = false;        // the plan differs from train_gpt's uncapped one
-  bool within = true;         // the buffers fit fraction x the device
+  std::size_t share = 0;                        // model bytes / N at that plan
+  std::uint64_t buffers = 0;                    // the replay's buffer peak at that plan (no gathers ahead)
+  bool capped = false;                          // the plan differs from train_gpt's uncapped one
+  bool within = true;                           // the buffers fit fraction x the device
 };
 
 scale_chunks scale_layout(const options& o, const gpt::gpt_config& c, int ranks) {
@@ -709,7 +771,8 @@ scale_chunks scale_layout(const options& o, const gpt::gpt_config& c, int ranks)
     for (const auto& l : make_chunk_lists(plan, {.param_type = dtype::f32}))
       if (!l.aliases_param) all += l.chunk_bytes * l.num_chunks;
     e.share = all / static_cast<std::size_t>(ranks);
-    e.buffers = zero_theory(c, plan, ranks, o.keep_gathered, /*ahead=*/false, bytes, bytes, o.memory_saving).peak_collective_bytes;
+    e.buffers = zero_theory(c, plan, ranks, o.keep_gathered, /*ahead=*/false, bytes, bytes, o.memory_saving)
+                    .peak_collective_bytes;
     e.within = e.buffers <= budget;
     return e;
   };
@@ -760,8 +823,8 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
     const tier_budgets budgets{.device = o.device_budget, .host = o.host_budget};
     const auto plan = [&](const scale_chunks& ch, bool saving) {
       return plan_memory(gpt::param_specs(c), searched_chunk_layout(ch.layout),
-                         {.sharding = {.enabled = true, .keep_gathered = o.keep_gathered, .memory_saving = saving}}, ranks,
-                         gpt::forward_scopes(c), profile);
+                         {.sharding = {.enabled = true, .keep_gathered = o.keep_gathered, .memory_saving = saving}},
+                         ranks, gpt::forward_scopes(c), profile);
     };
     if (!admit(plan(t.chunks, false), budgets).fits()) {
       options saving = o;
@@ -770,11 +833,19 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
       if (admit(plan(ch, true), budgets).fits()) t.chunks = ch, t.memory_saving = true;
     }
   }
-  train_setup s{.config = c, .batch_per_rank = o.scale_batch, .seq = o.scale_seq, .steps = o.scale_steps,
+  train_setup s{.config = c,
+                .batch_per_rank = o.scale_batch,
+                .seq = o.scale_seq,
+                .steps = o.scale_steps,
                 .warmup = o.scale_steps >= 2 ? 1 : 0,
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
-                .keep_gathered = o.keep_gathered, .gather_ahead = o.gather_ahead, .memory_saving = t.memory_saving, .device_capacity = o.device_budget, .host_capacity = o.host_budget,
-                .scale = true, .layout = t.chunks.layout};
+                .keep_gathered = o.keep_gathered,
+                .gather_ahead = o.gather_ahead,
+                .memory_saving = t.memory_saving,
+                .device_capacity = o.device_budget,
+                .host_capacity = o.host_budget,
+                .scale = true,
+                .layout = t.chunks.layout};
   const auto t0 = e2e::clock::now();
   try {
     t.ranks = run_group(s, data, ranks);
@@ -792,8 +863,8 @@ scale_result search_scale(const options& o, const scale_family& family, const gp
   scale_result r;
   r.ranks = ranks;
   r.limit_params = static_cast<double>(ranks) * static_cast<double>(o.device_budget + o.host_budget) / bytes_per_param;
-  std::printf("\n== scale, N = %d: %s + %s per rank, limit %.3f M parameters ==\n", ranks, format_bytes(o.device_budget).c_str(),
-              format_bytes(o.host_budget).c_str(), r.limit_params / 1e6);
+  std::printf("\n== scale, N = %d: %s + %s per rank, limit %.3f M parameters ==\n", ranks,
+              format_bytes(o.device_budget).c_str(), format_bytes(o.host_budget).c_str(), r.limit_params / 1e6);
   if (static_cast<double>(family.params(1)) > r.limit_params) {
     std::printf("even the smallest member (%s) is above the limit\n", describe(family.member(1)).c_str());
     return r;
@@ -813,15 +884,16 @@ scale_result search_scale(const options& o, const scale_family& family, const gp
     const int mid = lo + (hi - lo) / 2;
     scale_trial t = try_scale(o, family.member(mid), data, ranks);
     const auto& ch = t.chunks;
-    std::printf("  %s %8.3f M params (%5.1f%% of limit), %zu chunks x %s MiB%s, buffers %s MiB predicted%s: ", describe(t.config).c_str(),
-                static_cast<double>(t.params) / 1e6, 100 * static_cast<double>(t.params) / r.limit_params, ch.num_chunks,
+    std::printf("  %s %8.3f M params (%5.1f%% of limit), %zu chunks x %s MiB%s, buffers %s MiB predicted%s: ",
+                describe(t.config).c_str(), static_cast<double>(t.params) / 1e6,
+                100 * static_cast<double>(t.params) / r.limit_params, ch.num_chunks,
                 e2e::mib(double(ch.chunk_elems * sizeof(float))).c_str(), ch.capped ? " (capped)" : "",
                 e2e::mib(double(ch.buffers)).c_str(), ch.within ? "" : " (above the fraction)");
     if (t.memory_saving && !o.memory_saving) std::printf("memory-saving mode (only it fits), ");
     if (t.fits)
       std::printf("trains, peak model data %s MiB per rank, %s MiB of it gather/reduce buffers (%.1f s)\n",
-                  e2e::mib(max_over_ranks(t.ranks, whole_peak_model)).c_str(), e2e::mib(max_over_ranks(t.ranks, whole_peak_collective)).c_str(),
-                  t.seconds);
+                  e2e::mib(max_over_ranks(t.ranks, whole_peak_model)).c_str(),
+                  e2e::mib(max_over_ranks(t.ranks, whole_peak_collective)).c_str(), t.seconds);
     else
       std::printf("%s (%.1f s)\n", first_line(t.error).c_str(), t.seconds);
     std::fflush(stdout);
@@ -854,21 +926,25 @@ int write_plot(const options& o, const std::vector<zero_result>& zs, const std::
   std::string mem, tim, sca;
   char buf[256];
   for (const auto& z : zs) {
-    std::snprintf(buf, sizeof buf, "%d %.4f %.4f %.4f %.4f %.4f %.4f\n", z.ranks, z.model_bytes / 1048576.0, z.share / 1048576.0,
-                  z.peak / 1048576.0, z.collective / 1048576.0, z.replica_bytes / 1048576.0, z.peak_all / 1048576.0);
+    std::snprintf(buf, sizeof buf, "%d %.4f %.4f %.4f %.4f %.4f %.4f\n", z.ranks, z.model_bytes / 1048576.0,
+                  z.share / 1048576.0, z.peak / 1048576.0, z.collective / 1048576.0, z.replica_bytes / 1048576.0,
+                  z.peak_all / 1048576.0);
     mem += buf;
-    std::snprintf(buf, sizeof buf, "%d %.3f %.3f %.3f %.3f\n", z.ranks, 1e3 * z.iteration_s, 1e3 * z.compute_s, 1e3 * z.comm_s,
-                  1e3 * (z.compute_s + z.comm_s));
+    std::snprintf(buf, sizeof buf, "%d %.3f %.3f %.3f %.3f\n", z.ranks, 1e3 * z.iteration_s, 1e3 * z.compute_s,
+                  1e3 * z.comm_s, 1e3 * (z.compute_s + z.comm_s));
     tim += buf;
   }
   for (const auto& s : ss) {
-    std::snprintf(buf, sizeof buf, "%d %.4f %.4f\n", s.ranks, s.best.fits ? s.best.params / 1e6 : 0.0, s.limit_params / 1e6);
+    std::snprintf(buf, sizeof buf, "%d %.4f %.4f\n", s.ranks, s.best.fits ? s.best.params / 1e6 : 0.0,
+                  s.limit_params / 1e6);
     sca += buf;
   }
   const int panels = (zs.empty() ? 0 : 2) + (ss.empty() ? 0 : 1);
-  std::string script = "set termoption noenhanced\nset grid\nset key top left\nset xlabel 'ranks N'\nset xtics 1\nset multiplot layout 1," +
-                       std::to_string(panels) + " title 'bench_zero: ZeRO over chunks, in-process ranks (" + o.preset + ", global batch " +
-                       std::to_string(o.batch) + "x" + std::to_string(o.seq) + ")'\n";
+  std::string script =
+      "set termoption noenhanced\nset grid\nset key top left\nset xlabel 'ranks N'\nset xtics 1\nset multiplot layout "
+      "1," +
+      std::to_string(panels) + " title 'bench_zero: ZeRO over chunks, in-process ranks (" + o.preset +
+      ", global batch " + std::to_string(o.batch) + "x" + std::to_string(o.seq) + ")'\n";
   std::vector<std::pair<std::string, std::string>> files;
   if (!zs.empty()) {
     files.emplace_back("mem.dat", mem);
@@ -882,7 +958,8 @@ int write_plot(const options& o, const std::vector<zero_result>& zs, const std::
         "'' using 1:5 with linespoints lw 2 title 'gather/reduce buffers'\n";
     char t[160];
     std::snprintf(t, sizeof t, "link %.3g B/s + %.3g s", o.bandwidth, o.latency);
-    script += std::string("set title 'one iteration (") + t + ")'\nset ylabel 'ms'\n"
+    script += std::string("set title 'one iteration (") + t +
+              ")'\nset ylabel 'ms'\n"
               "plot '@DIR@/time.dat' using 1:2 with linespoints lw 2 title 'iteration (modelled link)', "
               "'' using 1:3 with linespoints lw 2 title 'compute (link infinite)', "
               "'' using 1:4 with linespoints lw 2 title 'comm (modelled)', "
@@ -890,10 +967,12 @@ int write_plot(const options& o, const std::vector<zero_result>& zs, const std::
   }
   if (!ss.empty()) {
     files.emplace_back("scale.dat", sca);
-    const std::string family = o.scale_grow == "depth" ? o.scale_preset + " family by depth"
-                                                         : o.scale_preset + " family by width, " + std::to_string(o.scale_layers) + " layers";
+    const std::string family = o.scale_grow == "depth"
+                                   ? o.scale_preset + " family by depth"
+                                   : o.scale_preset + " family by width, " + std::to_string(o.scale_layers) + " layers";
     script += "set title 'largest model (" + family + "), " + format_bytes(o.device_budget) + " + " +
-              format_bytes(o.host_budget) + " per rank'\nset ylabel 'parameters (M)'\n"
+              format_bytes(o.host_budget) +
+              " per rank'\nset ylabel 'parameters (M)'\n"
               "plot '@DIR@/scale.dat' using 1:3 with linespoints lw 2 title 'limit N(device+host)/16 B', "
               "'' using 1:2 with linespoints lw 2 title 'largest that trains'\n";
   }
@@ -910,56 +989,69 @@ int main(int argc, char** argv) try {
   std::vector<zero_result> zs;
   std::vector<scale_result> ss;
   const unsigned cores = std::thread::hardware_concurrency();
-  std::printf("bench_zero: in-process ranks (one thread each, OpenMP 1 thread per rank) on %u cores; CPU kernels %s\n", cores,
-              cpu_isa_report().c_str());
+  std::printf("bench_zero: in-process ranks (one thread each, OpenMP 1 thread per rank) on %u cores; CPU kernels %s\n",
+              cores, cpu_isa_report().c_str());
 
   if (o.mode != "scale") {
     const gpt::gpt_config c = gpt::parse_preset(o.preset);
     const gpt::text_data data = gpt::load_text("", o.seq);
     const searched_chunk_layout layout;
     const std::size_t replica = e2e::model_bytes(layout, c);
-    std::printf("timing: preset %s (%d layers, width %d): %zu parameters, model data %s MiB (one replica); global batch %zu x %zu "
-                "split over the ranks; fp32, AdamW + clipping, everything on the device (static placement); link %.3g B/s + %.3g s "
-                "per collective%s; %d warm-up + %d measured iterations\n",
-                o.preset.c_str(), c.layers, c.width, gpt::param_count(c), e2e::mib(static_cast<double>(replica)).c_str(), o.batch,
-                o.seq, o.bandwidth, o.latency, o.keep_gathered ? "; keep_gathered" : "", o.warmup, o.iterations);
+    std::printf(
+        "timing: preset %s (%d layers, width %d): %zu parameters, model data %s MiB (one replica); global batch %zu x "
+        "%zu "
+        "split over the ranks; fp32, AdamW + clipping, everything on the device (static placement); link %.3g B/s + "
+        "%.3g s "
+        "per collective%s; %d warm-up + %d measured iterations\n",
+        o.preset.c_str(), c.layers, c.width, gpt::param_count(c), e2e::mib(static_cast<double>(replica)).c_str(),
+        o.batch, o.seq, o.bandwidth, o.latency, o.keep_gathered ? "; keep_gathered" : "", o.warmup, o.iterations);
     std::fflush(stdout);
     for (int n : o.ranks) {
       zero_result z = run_zero(o, c, data, n);
       z.replica_bytes = replica;
       zs.push_back(z);
     }
-    std::printf("\nper-rank peaks, max over ranks: steady state (after the warm-up) and, in brackets, the whole run (its first, "
-                "untraced iteration included)\n"
-                "| N | model data MiB (all) | share MiB (all/N) | per-rank peak MiB | gather/reduce buf MiB | buf theory MiB | peak/share | "
-                "peak/replica | replica MiB | chunks (MiB each) | device peak / budget MiB | moved MiB/it |\n"
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf(
+        "\nper-rank peaks, max over ranks: steady state (after the warm-up) and, in brackets, the whole run (its "
+        "first, "
+        "untraced iteration included)\n"
+        "| N | model data MiB (all) | share MiB (all/N) | per-rank peak MiB | gather/reduce buf MiB | buf theory MiB | "
+        "peak/share | "
+        "peak/replica | replica MiB | chunks (MiB each) | device peak / budget MiB | moved MiB/it |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const auto& z : zs)
-      std::printf("| %d | %s | %s | %s [%s] | %s [%s] | %s | %.3f [%.3f] | %.3f [%.3f] | %s | %zu (%s) | %s [%s] / %s | %s |\n", z.ranks,
-                  e2e::mib(double(z.model_bytes)).c_str(), e2e::mib(double(z.share)).c_str(), e2e::mib(double(z.peak)).c_str(),
-                  e2e::mib(double(z.peak_all)).c_str(), e2e::mib(double(z.collective)).c_str(), e2e::mib(double(z.collective_all)).c_str(),
-                  e2e::mib(double(z.theory.peak_collective_bytes)).c_str(),
-                  double(z.peak) / double(z.share), double(z.peak_all) / double(z.share), double(z.peak) / double(z.replica_bytes),
-                  double(z.peak_all) / double(z.replica_bytes), e2e::mib(double(z.replica_bytes)).c_str(), z.num_chunks,
-                  e2e::mib(double(z.chunk_bytes)).c_str(), e2e::mib(double(z.device_peak)).c_str(),
-                  e2e::mib(double(z.device_peak_all)).c_str(), e2e::mib(double(z.device_capacity)).c_str(),
-                  e2e::mib(double(z.bytes_moved) / o.iterations).c_str());
-    std::printf("\n| N | gathers/it | reductions/it | collectives/it | comm MiB/it (sent+recv, one rank) | theory MiB | ratio | "
-                "iteration ms | compute ms | comm ms (modelled) | overlap = it/max | (c+m)/max |\n"
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      std::printf(
+          "| %d | %s | %s | %s [%s] | %s [%s] | %s | %.3f [%.3f] | %.3f [%.3f] | %s | %zu (%s) | %s [%s] / %s | %s |\n",
+          z.ranks, e2e::mib(double(z.model_bytes)).c_str(), e2e::mib(double(z.share)).c_str(),
+          e2e::mib(double(z.peak)).c_str(), e2e::mib(double(z.peak_all)).c_str(),
+          e2e::mib(double(z.collective)).c_str(), e2e::mib(double(z.collective_all)).c_str(),
+          e2e::mib(double(z.theory.peak_collective_bytes)).c_str(), double(z.peak) / double(z.share),
+          double(z.peak_all) / double(z.share), double(z.peak) / double(z.replica_bytes),
+          double(z.peak_all) / double(z.replica_bytes), e2e::mib(double(z.replica_bytes)).c_str(), z.num_chunks,
+          e2e::mib(double(z.chunk_bytes)).c_str(), e2e::mib(double(z.device_peak)).c_str(),
+          e2e::mib(double(z.device_peak_all)).c_str(), e2e::mib(double(z.device_capacity)).c_str(),
+          e2e::mib(double(z.bytes_moved) / o.iterations).c_str());
+    std::printf(
+        "\n| N | gathers/it | reductions/it | collectives/it | comm MiB/it (sent+recv, one rank) | theory MiB | ratio "
+        "| "
+        "iteration ms | compute ms | comm ms (modelled) | overlap = it/max | (c+m)/max |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const auto& z : zs) {
       const double mx = std::max(z.compute_s, z.comm_s), theory = double(z.theory.bytes_sent + z.theory.bytes_received);
       char ratio[32] = "-";
       if (theory > 0) std::snprintf(ratio, sizeof ratio, "%.6f", double(z.comm_bytes) / theory);
-      std::printf("| %d | %llu (theory %llu) | %llu (theory %llu) | %llu | %s | %s | %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n", z.ranks,
-                  static_cast<unsigned long long>(z.gathers), static_cast<unsigned long long>(z.theory.gathers),
-                  static_cast<unsigned long long>(z.reductions), static_cast<unsigned long long>(z.theory.reductions),
-                  static_cast<unsigned long long>(z.collectives), e2e::mib(double(z.comm_bytes)).c_str(), e2e::mib(theory).c_str(),
-                  ratio, 1e3 * z.iteration_s,
-                  1e3 * z.compute_s, 1e3 * z.comm_s, z.iteration_s / mx, (z.compute_s + z.comm_s) / mx);
+      std::printf(
+          "| %d | %llu (theory %llu) | %llu (theory %llu) | %llu | %s | %s | %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n",
+          z.ranks, static_cast<unsigned long long>(z.gathers), static_cast<unsigned long long>(z.theory.gathers),
+          static_cast<unsigned long long>(z.reductions), static_cast<unsigned long long>(z.theory.reductions),
+          static_cast<unsigned long long>(z.collectives), e2e::mib(double(z.comm_bytes)).c_str(),
+          e2e::mib(theory).c_str(), ratio, 1e3 * z.iteration_s, 1e3 * z.compute_s, 1e3 * z.comm_s, z.iteration_s / mx,
+          (z.compute_s + z.comm_s) / mx);
     }
-    std::printf("(overlap 1 would mean communication fully hidden behind compute; (c+m)/max, none of it hidden. The runtime "
-                "overlaps reduce-scatters with the next backward scope; allgathers are synchronous: gathering ahead is not built yet)\n");
+    std::printf(
+        "(overlap 1 would mean communication fully hidden behind compute; (c+m)/max, none of it hidden. The runtime "
+        "overlaps reduce-scatters with the next backward scope; allgathers are synchronous: gathering ahead is not "
+        "built yet)\n");
     std::printf("\nlosses per step (global batch mean; across N only the summation order differs):\n| step |");
     for (const auto& z : zs) std::printf(" N = %d |", z.ranks);
     std::printf("\n|---|");
@@ -980,14 +1072,16 @@ int main(int argc, char** argv) try {
       j.num("ranks", z.ranks).num("params", double(gpt::param_count(c))).num("model_bytes", double(z.model_bytes));
       j.num("replica_model_bytes", double(z.replica_bytes)).num("share_bytes", double(z.share));
       j.num("per_rank_model_bytes_peak", double(z.peak)).num("gather_buffer_bytes", double(z.collective));
-      j.num("per_rank_model_bytes_peak_whole_run", double(z.peak_all)).num("gather_buffer_bytes_whole_run", double(z.collective_all));
+      j.num("per_rank_model_bytes_peak_whole_run", double(z.peak_all))
+          .num("gather_buffer_bytes_whole_run", double(z.collective_all));
       j.num("gather_buffer_bytes_theory", double(z.theory.peak_collective_bytes));
       j.num("device_peak_bytes", double(z.device_peak)).num("device_peak_bytes_whole_run", double(z.device_peak_all));
       j.num("device_budget", double(z.device_capacity));
       j.num("chunk_bytes", double(z.chunk_bytes)).num("num_chunks", double(z.num_chunks));
       j.num("bytes_moved_per_iteration", double(z.bytes_moved) / o.iterations);
       j.num("gathers_per_iteration", double(z.gathers)).num("reductions_per_iteration", double(z.reductions));
-      j.num("comm_bytes", double(z.comm_bytes)).num("comm_bytes_theory", double(z.theory.bytes_sent + z.theory.bytes_received));
+      j.num("comm_bytes", double(z.comm_bytes))
+          .num("comm_bytes_theory", double(z.theory.bytes_sent + z.theory.bytes_received));
       j.num("iteration_s", z.iteration_s).num("compute_s", z.compute_s).num("comm_s", z.comm_s);
       j.num("overlap", z.iteration_s / mx).num("serial_overlap", (z.compute_s + z.comm_s) / mx);
       j.num("bandwidth", o.bandwidth).num("latency", o.latency).boolean("keep_gathered", o.keep_gathered);
@@ -997,39 +1091,53 @@ int main(int argc, char** argv) try {
   }
 
   if (o.mode != "timing") {
-    const scale_family family{.grow = o.scale_grow, .preset = gpt::parse_preset(o.scale_preset), .layers = o.scale_layers};
+    const scale_family family{
+        .grow = o.scale_grow, .preset = gpt::parse_preset(o.scale_preset), .layers = o.scale_layers};
     const gpt::text_data data = gpt::load_text("", o.scale_seq);
     if (family.grow == "depth")
-      std::printf("\nscale: %s family (width %d, %d heads), depth searched", o.scale_preset.c_str(), family.preset.width, family.preset.heads);
+      std::printf("\nscale: %s family (width %d, %d heads), depth searched", o.scale_preset.c_str(),
+                  family.preset.width, family.preset.heads);
     else
       std::printf("\nscale: %s family grown by width at %d layers and %d heads (width steps of %d), width searched",
                   o.scale_preset.c_str(), family.layers, family.preset.heads, family.preset.heads);
-    std::printf("; %zu x %zu tokens per rank, %d steps; auto placement + Belady; train_gpt's layout (chunks between the largest "
-                "tensor lo and 4 lo, least waste)", o.scale_batch, o.scale_seq, o.scale_steps);
+    std::printf(
+        "; %zu x %zu tokens per rank, %d steps; auto placement + Belady; train_gpt's layout (chunks between the "
+        "largest "
+        "tensor lo and 4 lo, least waste)",
+        o.scale_batch, o.scale_seq, o.scale_steps);
     if (o.chunk_cap)
-      std::printf(" with its largest chunk capped: of 49 caps lo..4 lo, the one whose plan minimises share + the replay's "
-                  "gather/reduce buffer peak (no gathers ahead), among those whose buffers fit %.2f x the device budget",
-                  o.scale_buffer_fraction);
+      std::printf(
+          " with its largest chunk capped: of 49 caps lo..4 lo, the one whose plan minimises share + the replay's "
+          "gather/reduce buffer peak (no gathers ahead), among those whose buffers fit %.2f x the device budget",
+          o.scale_buffer_fraction);
     std::printf("; limit = N (device + host) / %.0f bytes per parameter\n", bytes_per_param);
     for (int n : o.ranks) {
       scale_result r = search_scale(o, family, data, n);
       if (r.best.fits) {  // the largest: the same self-checks as the timing runs
-        check_group(r.best.ranks, n, static_cast<std::size_t>(o.scale_steps >= 2 ? 1 : o.scale_steps), "scale", /*ample=*/false);
-        check(static_cast<double>(r.best.params) <= r.limit_params, "scale at N = " + std::to_string(n) + ": above the limit");
+        check_group(r.best.ranks, n, static_cast<std::size_t>(o.scale_steps >= 2 ? 1 : o.scale_steps), "scale",
+                    /*ample=*/false);
+        check(static_cast<double>(r.best.params) <= r.limit_params,
+              "scale at N = " + std::to_string(n) + ": above the limit");
       } else {
         check(false, "scale at N = " + std::to_string(n) + ": nothing trains");
       }
       ss.push_back(std::move(r));
     }
-    std::printf("\nlargest model per N (%s); peaks: last step [whole run, the untraced first step included]; chunks: count padded "
-                "to whole groups x MiB each, * where the cap changed train_gpt's plan (buffer budget %.2f x device); activations: one micro-batch's "
-                "(e2e::activation_bytes)\n"
-                "| N | device + host per rank | limit M params | max M params | ratio | layers | width | chunks | model data MiB (all) | "
-                "per-rank peak MiB | gather/reduce buf MiB | activations MiB | device peak MiB | comm MiB/it | theory MiB | step ms | "
-                "comm ms (modelled, not slept) |\n"
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-                family.grow == "depth" ? "depth searched" : ("width searched at " + std::to_string(family.layers) + " layers").c_str(),
-                o.scale_buffer_fraction);
+    std::printf(
+        "\nlargest model per N (%s); peaks: last step [whole run, the untraced first step included]; chunks: count "
+        "padded "
+        "to whole groups x MiB each, * where the cap changed train_gpt's plan (buffer budget %.2f x device); "
+        "activations: one micro-batch's "
+        "(e2e::activation_bytes)\n"
+        "| N | device + host per rank | limit M params | max M params | ratio | layers | width | chunks | model data "
+        "MiB (all) | "
+        "per-rank peak MiB | gather/reduce buf MiB | activations MiB | device peak MiB | comm MiB/it | theory MiB | "
+        "step ms | "
+        "comm ms (modelled, not slept) |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        family.grow == "depth" ? "depth searched"
+                               : ("width searched at " + std::to_string(family.layers) + " layers").c_str(),
+        o.scale_buffer_fraction);
     for (const auto& r : ss) {
       e2e::json_record j;
       j.str("benchmark", "zero_scale").str("preset", o.scale_preset).str("grow", o.scale_grow).num("ranks", r.ranks);
@@ -1046,36 +1154,46 @@ int main(int argc, char** argv) try {
         const double cm = median_of_max(b.ranks, static_cast<int>(last), &rank_out::comm_model_s);
         const double peak = max_over_ranks(b.ranks, [](const rank_out& y) { return y.stats.peak_model_bytes; });
         const double coll = max_over_ranks(b.ranks, [](const rank_out& y) { return y.stats.peak_collective_bytes; });
-        const double peak_all = max_over_ranks(b.ranks, whole_peak_model), coll_all = max_over_ranks(b.ranks, whole_peak_collective);
+        const double peak_all = max_over_ranks(b.ranks, whole_peak_model),
+                     coll_all = max_over_ranks(b.ranks, whole_peak_collective);
         const double dev = max_over_ranks(b.ranks, [](const rank_out& y) { return y.stats.peak_device_bytes; });
         const double dev_all = max_over_ranks(b.ranks, whole_peak_device);
         const double act = double(e2e::activation_bytes(b.config, o.scale_batch, o.scale_seq));
-        std::printf("| %d | %s + %s | %.3f | %.3f | %.3f | %d | %d | %zu x %s%s | %s | %s [%s] | %s [%s] | %s | %s [%s] | %s | %s | %.1f | %.1f |\n",
-                    r.ranks, format_bytes(o.device_budget).c_str(), format_bytes(o.host_budget).c_str(), r.limit_params / 1e6,
-                    double(b.params) / 1e6, double(b.params) / r.limit_params, b.config.layers, b.config.width, x.num_chunks,
-                    e2e::mib(double(x.param_chunk_bytes)).c_str(), b.chunks.capped ? "*" : "", e2e::mib(double(x.model_bytes)).c_str(),
-                    e2e::mib(peak).c_str(), e2e::mib(peak_all).c_str(), e2e::mib(coll).c_str(), e2e::mib(coll_all).c_str(),
-                    e2e::mib(act).c_str(), e2e::mib(dev).c_str(), e2e::mib(dev_all).c_str(), e2e::mib(double(x.comm[last].bytes())).c_str(),
-                    e2e::mib(double(x.theory.bytes_sent + x.theory.bytes_received)).c_str(), 1e3 * it, 1e3 * cm);
+        std::printf(
+            "| %d | %s + %s | %.3f | %.3f | %.3f | %d | %d | %zu x %s%s | %s | %s [%s] | %s [%s] | %s | %s [%s] | %s | "
+            "%s | %.1f | %.1f |\n",
+            r.ranks, format_bytes(o.device_budget).c_str(), format_bytes(o.host_budget).c_str(), r.limit_params / 1e6,
+            double(b.params) / 1e6, double(b.params) / r.limit_params, b.config.layers, b.config.width, x.num_chunks,
+            e2e::mib(double(x.param_chunk_bytes)).c_str(), b.chunks.capped ? "*" : "",
+            e2e::mib(double(x.model_bytes)).c_str(), e2e::mib(peak).c_str(), e2e::mib(peak_all).c_str(),
+            e2e::mib(coll).c_str(), e2e::mib(coll_all).c_str(), e2e::mib(act).c_str(), e2e::mib(dev).c_str(),
+            e2e::mib(dev_all).c_str(), e2e::mib(double(x.comm[last].bytes())).c_str(),
+            e2e::mib(double(x.theory.bytes_sent + x.theory.bytes_received)).c_str(), 1e3 * it, 1e3 * cm);
         j.num("max_params", double(b.params)).num("ratio", double(b.params) / r.limit_params);
         j.num("layers", b.config.layers).num("width", b.config.width).num("heads", b.config.heads);
-        j.num("chunk_bytes", double(x.param_chunk_bytes)).num("num_chunks", double(x.num_chunks)).boolean("chunk_capped", b.chunks.capped);
-        j.num("chunk_cap_elems", double(b.chunks.layout.max_chunk_elems)).num("gather_buffer_bytes_theory_no_ahead", double(b.chunks.buffers));
+        j.num("chunk_bytes", double(x.param_chunk_bytes))
+            .num("num_chunks", double(x.num_chunks))
+            .boolean("chunk_capped", b.chunks.capped);
+        j.num("chunk_cap_elems", double(b.chunks.layout.max_chunk_elems))
+            .num("gather_buffer_bytes_theory_no_ahead", double(b.chunks.buffers));
         j.num("activation_bytes", act).num("device_peak_bytes", dev).num("device_peak_bytes_whole_run", dev_all);
-        j.num("model_bytes", double(x.model_bytes)).num("per_rank_model_bytes_peak", peak).num("gather_buffer_bytes", coll);
+        j.num("model_bytes", double(x.model_bytes))
+            .num("per_rank_model_bytes_peak", peak)
+            .num("gather_buffer_bytes", coll);
         j.num("per_rank_model_bytes_peak_whole_run", peak_all).num("gather_buffer_bytes_whole_run", coll_all);
         j.num("gather_buffer_bytes_theory", double(x.theory.peak_collective_bytes));
-        j.num("comm_bytes", double(x.comm[last].bytes())).num("comm_bytes_theory", double(x.theory.bytes_sent + x.theory.bytes_received));
+        j.num("comm_bytes", double(x.comm[last].bytes()))
+            .num("comm_bytes_theory", double(x.theory.bytes_sent + x.theory.bytes_received));
         j.num("iteration_s", it).num("compute_s", it).num("comm_s", cm);  // no link slept: compute is the iteration
       } else {
-        std::printf("| %d | %s + %s | %.3f | - | - | - | - | - | - | - | - | - | - |\n", r.ranks, format_bytes(o.device_budget).c_str(),
-                    format_bytes(o.host_budget).c_str(), r.limit_params / 1e6);
+        std::printf("| %d | %s + %s | %.3f | - | - | - | - | - | - | - | - | - | - |\n", r.ranks,
+                    format_bytes(o.device_budget).c_str(), format_bytes(o.host_budget).c_str(), r.limit_params / 1e6);
         j.num("max_params", 0).num("ratio", 0);
       }
       std::string tried;
       for (const auto& t : r.trials)
-        tried += (tried.empty() ? "" : "; ") + std::to_string(t.config.layers) + " layers x " + std::to_string(t.config.width) + " " +
-                 std::to_string(t.params) +
+        tried += (tried.empty() ? "" : "; ") + std::to_string(t.config.layers) + " layers x " +
+                 std::to_string(t.config.width) + " " + std::to_string(t.params) +
                  (t.fits ? " trains" : " " + t.error.substr(0, t.error.find(':')));
       j.str("trials", tried);
       records.push_back(j);
@@ -1088,9 +1206,10 @@ int main(int argc, char** argv) try {
     std::printf("\nbench_zero: %zu self-check(s) FAILED\n", failures.size());
     return 1;
   }
-  std::printf("\nbench_zero: all self-checks hold (model-data peak <= share + gather/reduce buffers, comm bytes = theory, "
-              "same losses with and without the modelled link%s)\n",
-              o.mode != "timing" ? ", largest model within the limit" : "");
+  std::printf(
+      "\nbench_zero: all self-checks hold (model-data peak <= share + gather/reduce buffers, comm bytes = theory, "
+      "same losses with and without the modelled link%s)\n",
+      o.mode != "timing" ? ", largest model within the limit" : "");
   return 0;
 } catch (const chunkstar::error& e) {
   std::fprintf(stderr, "bench_zero: %s\n", e.what());

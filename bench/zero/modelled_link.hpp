@@ -44,10 +44,11 @@ using chunkstar::reduce_op;
 /** @brief The link's model: duration(bytes) = latency + bytes / bandwidth. */
 struct link_model {
   double bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();  ///< infinity: bytes take no time
-  double latency_s = 0;                                                   ///< fixed cost per collective
+  double latency_s = 0;                                                    ///< fixed cost per collective
   bool sleep = true;  ///< false: only account the modelled seconds, never wait for them (compute-only runs)
   [[nodiscard]] double seconds(std::uint64_t bytes) const noexcept {
-    const double transfer = std::isinf(bandwidth_bytes_per_s) ? 0.0 : static_cast<double>(bytes) / bandwidth_bytes_per_s;
+    const double transfer =
+        std::isinf(bandwidth_bytes_per_s) ? 0.0 : static_cast<double>(bytes) / bandwidth_bytes_per_s;
     return latency_s + transfer;
   }
 };

@@ -41,14 +41,17 @@ class chunked_session {
  public:
   using placement_type = typename Runtime::placement_type;
 
-  chunked_session(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement, communicator_ref comm)
+  chunked_session(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement,
+                  communicator_ref comm)
       : o_(o), plan_(plan), comm_(comm), ranks_(comm.size()) {
     const gpt_config& cfg = plan.cfg;
     std::printf("device: %s (%s)\n", parts::describe(plan.device.gpu).c_str(), plan.device.why.c_str());
-    std::printf("data: %s, %zu train / %zu validation bytes\n", plan.data.source.c_str(), plan.data.train.size(), plan.data.val.size());
+    std::printf("data: %s, %zu train / %zu validation bytes\n", plan.data.source.c_str(), plan.data.train.size(),
+                plan.data.val.size());
     if (ranks_ > 1)
       std::printf("parallel: ZeRO over %d MPI ranks (%s), %lld sequences each of the global batch of %lld\n", ranks_,
-                  plan.transport.why.c_str(), static_cast<long long>(o.batch / ranks_), static_cast<long long>(o.batch));
+                  plan.transport.why.c_str(), static_cast<long long>(o.batch / ranks_),
+                  static_cast<long long>(o.batch));
 
     // What this rank's runtime will hold (its share of the model data under ZeRO, and ZeRO's
     // gather and reduce buffers at their peak), from the library's planner, before anything exists.
@@ -74,8 +77,11 @@ class chunked_session {
     // A real device's automatic budget is its free memory; the simulated device's holds all of the
     // model data (this rank's share under ZeRO) with --policy resident, and a share of it otherwise.
     const std::size_t device_free = shared_device_free<parts>(plan.device, comm);
-    device_capacity_ = device_budget_bytes(o, {.non_model = act_, .collective = need.collective_bytes, .model = model_bytes,
-                                               .device_free = device_free, .floor = need.device_floor()});
+    device_capacity_ = device_budget_bytes(o, {.non_model = act_,
+                                               .collective = need.collective_bytes,
+                                               .model = model_bytes,
+                                               .device_free = device_free,
+                                               .floor = need.device_floor()});
     require_within_free(device_capacity_, device_free);
     host_capacity_ = bytes_option("--host-budget", o.host_budget);
     const bool with_disk = !o.disk_dir.empty();
@@ -91,24 +97,28 @@ class chunked_session {
     }
     const std::size_t collective = need.collective_bytes;
     if (o.policy == "resident" && device_capacity_ < act_ + collective + model_bytes)
-      throw config_error("--policy resident keeps all model data on the device, which needs --device-budget of at least " +
-                         format_bytes(act_ + collective + model_bytes) + " (activations " + format_bytes(act_) + " + model data " +
-                         format_bytes(model_bytes) + (collective ? " + ZeRO buffers " + format_bytes(collective) : std::string()) +
-                         "), not " + format_bytes(device_capacity_) +
-                         ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
+      throw config_error(
+          "--policy resident keeps all model data on the device, which needs --device-budget of at least " +
+          format_bytes(act_ + collective + model_bytes) + " (activations " + format_bytes(act_) + " + model data " +
+          format_bytes(model_bytes) + (collective ? " + ZeRO buffers " + format_bytes(collective) : std::string()) +
+          "), not " + format_bytes(device_capacity_) +
+          ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
     require_admitted(need, budgets);
     // With a disk tier only what the device and the host budgets hold is in memory.
     const std::size_t in_memory =
-        with_disk ? std::min(model_bytes, host_capacity_ == SIZE_MAX ? model_bytes : host_capacity_ + device_capacity_) : model_bytes;
+        with_disk ? std::min(model_bytes, host_capacity_ == SIZE_MAX ? model_bytes : host_capacity_ + device_capacity_)
+                  : model_bytes;
     check_memory(host_memory_need(in_memory + collective, act_, device_capacity_, device_free == 0));
     cpu::blas_warm_up();  // the BLAS's buffers before the model data: under ulimit -v it never waits for room
     const double bandwidth = static_cast<double>(bytes_option("--link-bandwidth", o.link_bandwidth));
-    const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
+    const copy_model link{.bandwidth_bytes_per_s = bandwidth,
+                          .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
     memory_.emplace(plan.device.gpu, device_capacity_, host_capacity_, link, with_disk);
     open_disk(disk_, o, disk_capacity_);
 
     // The runtime and the model: every parameter registered in execution order.
-    rt_.emplace(memory_->device, memory_->host, memory_->copier, comm_, ro, layout, placement);  // held by reference: the member
+    rt_.emplace(memory_->device, memory_->host, memory_->copier, comm_, ro, layout,
+                placement);  // held by reference: the member
     if (disk_) rt_->attach_disk(disk_->tier());
     rt_->require_admitted(need);  // the runtime's own spaces take the plan, before the first step
     shape_ = {static_cast<std::size_t>(o.batch / ranks_), static_cast<std::size_t>(o.seq)};
@@ -167,9 +177,10 @@ class chunked_session {
   void begin_step() { before_ = rt_->stats(); }
   std::string step_report() {
     const runtime_stats& s = rt_->stats();
-    std::string line = "device " + format_bytes(memory_->device.usage().peak) + " / " + format_bytes(device_capacity_) + " | host " +
-                       format_bytes(rt_->host_chunk_bytes()) + " | moved " + format_bytes(s.bytes_moved() - before_.bytes_moved()) +
-                       " | stall " + one_decimal(1e3 * (s.stall_s - before_.stall_s)) + " ms";
+    std::string line = "device " + format_bytes(memory_->device.usage().peak) + " / " + format_bytes(device_capacity_) +
+                       " | host " + format_bytes(rt_->host_chunk_bytes()) + " | moved " +
+                       format_bytes(s.bytes_moved() - before_.bytes_moved()) + " | stall " +
+                       one_decimal(1e3 * (s.stall_s - before_.stall_s)) + " ms";
     if (disk_) line += disk_step_report(*rt_, before_);
     memory_->device.reset_peak();
     return line;
@@ -178,10 +189,11 @@ class chunked_session {
   /** The run's summary after the common line: what the runtime did, per tier and per rank. */
   void print_summary() {
     const runtime_stats& s = rt_->stats();
-    std::printf("chunks: %s to device, %s to host, %llu loads (%llu ahead of use, %llu of those used), %llu evictions, "
-                "%llu offloads, stall %.2f s; optimizer steps on device %llu, on host %llu\n",
-                format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(), ull(s.loads), ull(s.prefetches),
-                ull(s.prefetch_hits), ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps));
+    std::printf(
+        "chunks: %s to device, %s to host, %llu loads (%llu ahead of use, %llu of those used), %llu evictions, "
+        "%llu offloads, stall %.2f s; optimizer steps on device %llu, on host %llu\n",
+        format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(), ull(s.loads), ull(s.prefetches),
+        ull(s.prefetch_hits), ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps));
     if (disk_) print_disk_summary(s, host_capacity_, disk_capacity_);
     std::printf("peaks over the run: device %s of %s (chunks %s, non-model %s); trace divergences %zu\n",
                 format_bytes(s.peak_device_bytes).c_str(), format_bytes(device_capacity_).c_str(),
@@ -191,12 +203,14 @@ class chunked_session {
       double peaks[] = {static_cast<double>(s.peak_model_bytes), static_cast<double>(s.peak_collective_bytes),
                         static_cast<double>(s.peak_device_bytes)};
       comm_.allreduce(std::span<double>(peaks), reduce_op::max);
-      std::printf("per rank (largest): model data %s (share %s + gather/reduce buffers %s), device %s; "
-                  "%llu gathers, %llu reductions, %s sent by rank 0\n",
-                  format_bytes(static_cast<std::size_t>(peaks[0])).c_str(),
-                  format_bytes(rt_->model_bytes() / static_cast<std::size_t>(ranks_)).c_str(),
-                  format_bytes(static_cast<std::size_t>(peaks[1])).c_str(), format_bytes(static_cast<std::size_t>(peaks[2])).c_str(),
-                  ull(s.gathers), ull(s.reductions), format_bytes(comm_.stats().bytes_sent).c_str());
+      std::printf(
+          "per rank (largest): model data %s (share %s + gather/reduce buffers %s), device %s; "
+          "%llu gathers, %llu reductions, %s sent by rank 0\n",
+          format_bytes(static_cast<std::size_t>(peaks[0])).c_str(),
+          format_bytes(rt_->model_bytes() / static_cast<std::size_t>(ranks_)).c_str(),
+          format_bytes(static_cast<std::size_t>(peaks[1])).c_str(),
+          format_bytes(static_cast<std::size_t>(peaks[2])).c_str(), ull(s.gathers), ull(s.reductions),
+          format_bytes(comm_.stats().bytes_sent).c_str());
     }
   }
   Runtime& runtime() noexcept { return *rt_; }
@@ -214,12 +228,15 @@ class chunked_session {
     std::printf("%s\n", cpu_summary().c_str());
     std::printf("model: %d layers, width %d, %d heads, context %d: %zu parameters\n", plan_.cfg.layers, plan_.cfg.width,
                 plan_.cfg.heads, plan_.cfg.context, param_count(plan_.cfg));
-    std::printf("memory: model data %s in %zu chunks of %zu elements (waste %.1f%%)%s; device budget %s "
-                "(activations %s), host budget %s%s\n",
-                format_bytes(rt.model_bytes()).c_str(), rt.plan().num_chunks, rt.plan().chunk_elems, 100.0 * rt.plan().waste_fraction(),
-                ranks_ > 1 ? (", " + format_bytes(rt.model_bytes() / static_cast<std::size_t>(ranks_)) + " per rank").c_str() : "",
-                format_bytes(device_capacity_).c_str(), format_bytes(act_).c_str(), host_budget().c_str(),
-                model_bytes > device_capacity_ ? " -- the model data does not fit on the device: chunks will move" : "");
+    std::printf(
+        "memory: model data %s in %zu chunks of %zu elements (waste %.1f%%)%s; device budget %s "
+        "(activations %s), host budget %s%s\n",
+        format_bytes(rt.model_bytes()).c_str(), rt.plan().num_chunks, rt.plan().chunk_elems,
+        100.0 * rt.plan().waste_fraction(),
+        ranks_ > 1 ? (", " + format_bytes(rt.model_bytes() / static_cast<std::size_t>(ranks_)) + " per rank").c_str()
+                   : "",
+        format_bytes(device_capacity_).c_str(), format_bytes(act_).c_str(), host_budget().c_str(),
+        model_bytes > device_capacity_ ? " -- the model data does not fit on the device: chunks will move" : "");
     if (disk_)
       std::printf("disk tier: %s%s\n", disk_->describe().c_str(),
                   host_capacity_ != SIZE_MAX && model_bytes > host_capacity_ + (device_capacity_ - act_)

@@ -65,17 +65,20 @@ inline text_data load_text(const std::string& path, std::size_t seq, double val_
     struct stat st {};
     if (::fstat(fd, &st) != 0) fail(std::strerror(errno));
     if (!S_ISREG(st.st_mode))
-      fail(std::string(S_ISDIR(st.st_mode) ? "it is a directory" : S_ISFIFO(st.st_mode) ? "it is a FIFO" : "it is a device or socket") +
+      fail(std::string(S_ISDIR(st.st_mode)    ? "it is a directory"
+                       : S_ISFIFO(st.st_mode) ? "it is a FIFO"
+                                              : "it is a device or socket") +
            ", not a regular file; pass a text file");
     if (static_cast<std::uint64_t>(st.st_size) > max_bytes)
-      fail("it has " + chunkstar::format_bytes(static_cast<std::size_t>(st.st_size)) + ", more than the " + chunkstar::format_bytes(max_bytes) +
-           " train_gpt reads into memory; train on a part of it");
+      fail("it has " + chunkstar::format_bytes(static_cast<std::size_t>(st.st_size)) + ", more than the " +
+           chunkstar::format_bytes(max_bytes) + " train_gpt reads into memory; train on a part of it");
     // Read to the end (files in /proc report size 0), never past the cap.
     bytes.resize(static_cast<std::size_t>(st.st_size));
     std::size_t used = 0;
     for (;;) {
       if (used == bytes.size()) {
-        if (bytes.size() > max_bytes) fail("it grew past the " + chunkstar::format_bytes(max_bytes) + " train_gpt reads into memory");
+        if (bytes.size() > max_bytes)
+          fail("it grew past the " + chunkstar::format_bytes(max_bytes) + " train_gpt reads into memory");
         bytes.resize(std::max<std::size_t>(2 * bytes.size(), 1 << 16));
       }
       const ssize_t n = ::read(fd, bytes.data() + used, bytes.size() - used);
@@ -105,7 +108,8 @@ inline void fill_batch(const std::vector<std::uint8_t>& data, std::uint64_t seed
                        std::size_t T, int* tokens, int* targets, std::size_t first = 0) {
   const std::size_t span = data.size() - T - 1;
   for (std::size_t b = 0; b < B; ++b) {
-    const std::size_t start = detail::splitmix64(seed ^ detail::splitmix64(key * 0x100000001b3ull + first + b)) % (span + 1);
+    const std::size_t start =
+        detail::splitmix64(seed ^ detail::splitmix64(key * 0x100000001b3ull + first + b)) % (span + 1);
     for (std::size_t t = 0; t < T; ++t) {
       tokens[b * T + t] = data[start + t];
       targets[b * T + t] = data[start + t + 1];

@@ -48,7 +48,8 @@ class nccl_module {
     destroy_ = reinterpret_cast<decltype(destroy_)>(::dlsym(handle_, "gpt_nccl_destroy"));
     if (create_ == nullptr || destroy_ == nullptr) {
       ::dlclose(handle_);
-      throw chunkstar::config_error("--comm nccl: " + path_ + " is not train_gpt's NCCL module (no gpt_nccl_create): rebuild it");
+      throw chunkstar::config_error("--comm nccl: " + path_ +
+                                    " is not train_gpt's NCCL module (no gpt_nccl_create): rebuild it");
     }
   }
   nccl_module(const nccl_module&) = delete;

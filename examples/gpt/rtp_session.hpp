@@ -45,50 +45,59 @@ class rtp_session {
  public:
   using placement_type = typename Runtime::placement_type;
 
-  rtp_session(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement, communicator_ref comm)
+  rtp_session(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement,
+              communicator_ref comm)
       : o_(o), plan_(plan), comm_(comm), ranks_(comm.size()), one_ref_(one_) {
     const gpt_config& cfg = plan.cfg;
-    std::printf("device: %s%s (%s)\n", parts::describe(plan.device.gpu).c_str(), plan.device.cuda ? "" : ", one per rank",
-                plan.device.why.c_str());
-    std::printf("data: %s, %zu train / %zu validation bytes\n", plan.data.source.c_str(), plan.data.train.size(), plan.data.val.size());
-    std::printf("parallel: RTP over %d rank%s%s, %lld sequences each of the global batch of %lld\n", ranks_, ranks_ > 1 ? "s" : "",
-                plan.transport.why.empty() ? "" : (" (" + plan.transport.why + ")").c_str(), static_cast<long long>(o.batch / ranks_),
-                static_cast<long long>(o.batch));
+    std::printf("device: %s%s (%s)\n", parts::describe(plan.device.gpu).c_str(),
+                plan.device.cuda ? "" : ", one per rank", plan.device.why.c_str());
+    std::printf("data: %s, %zu train / %zu validation bytes\n", plan.data.source.c_str(), plan.data.train.size(),
+                plan.data.val.size());
+    std::printf("parallel: RTP over %d rank%s%s, %lld sequences each of the global batch of %lld\n", ranks_,
+                ranks_ > 1 ? "s" : "", plan.transport.why.empty() ? "" : (" (" + plan.transport.why + ")").c_str(),
+                static_cast<long long>(o.batch / ranks_), static_cast<long long>(o.batch));
     shape_ = {static_cast<std::size_t>(o.batch / ranks_), static_cast<std::size_t>(o.seq)};
 
     // This rank's shards in chunks (all four lists), beside the activations and the rotations'
     // transit buffers (non-model memory on the device), sized before anything is built.
     const auto layout = make_layout(o, cfg);
     const auto scopes = model_type::stage_scopes(cfg, ranks_, comm.rank());
-    const memory_plan need = plan_memory(
-        model_type::shard_tensors(cfg, ranks_, comm.rank()), layout, {.param_type = dtype::f32}, 1, scopes,
-        passes_non_model(scopes, model_type::compute_tier_bytes(cfg, ranks_, shape_.batch, shape_.seq) + activation_slack_bytes));
+    const memory_plan need =
+        plan_memory(model_type::shard_tensors(cfg, ranks_, comm.rank()), layout, {.param_type = dtype::f32}, 1, scopes,
+                    passes_non_model(scopes, model_type::compute_tier_bytes(cfg, ranks_, shape_.batch, shape_.seq) +
+                                                 activation_slack_bytes));
     const std::size_t model_bytes = need.model_bytes, act = need.non_model_bytes;
     const std::size_t device_free = shared_device_free<parts>(plan.device, comm);
-    device_capacity_ =
-        device_budget_bytes(o, {.non_model = act, .model = model_bytes, .device_free = device_free, .floor = need.device_floor()});
+    device_capacity_ = device_budget_bytes(
+        o, {.non_model = act, .model = model_bytes, .device_free = device_free, .floor = need.device_floor()});
     require_within_free(device_capacity_, device_free);
     host_capacity_ = bytes_option("--host-budget", o.host_budget);
     // With --disk-dir each rank's runtime spills to its own file, as a ZeRO rank's does.
     const bool with_disk = !o.disk_dir.empty();
-    disk_capacity_ = with_disk ? disk_budget_bytes(o, model_bytes, 2 * (8 + 4) * need.chunks.chunk_elems * sizeof(float)) : 0;
+    disk_capacity_ =
+        with_disk ? disk_budget_bytes(o, model_bytes, 2 * (8 + 4) * need.chunks.chunk_elems * sizeof(float)) : 0;
     require_admitted(need, {.device = device_capacity_, .host = host_capacity_, .disk = disk_capacity_});
     if (o.policy == "resident" && device_capacity_ < act + model_bytes)
-      throw config_error("--policy resident keeps all of this rank's shards on the device, which needs --device-budget of at least " +
-                         format_bytes(act + model_bytes) + ", not " + format_bytes(device_capacity_) +
-                         ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
+      throw config_error(
+          "--policy resident keeps all of this rank's shards on the device, which needs --device-budget of at least " +
+          format_bytes(act + model_bytes) + ", not " + format_bytes(device_capacity_) +
+          ": raise it (or leave it 'auto'), or use --policy patrickstar to move chunks");
     const std::size_t in_memory =
-        with_disk ? std::min(model_bytes, host_capacity_ == SIZE_MAX ? model_bytes : host_capacity_ + device_capacity_) : model_bytes;
+        with_disk ? std::min(model_bytes, host_capacity_ == SIZE_MAX ? model_bytes : host_capacity_ + device_capacity_)
+                  : model_bytes;
     check_memory(host_memory_need(in_memory, act, device_capacity_, device_free == 0));
     cpu::blas_warm_up();  // the BLAS's buffers before the model data: under ulimit -v it never waits for room
     const double bandwidth = static_cast<double>(bytes_option("--link-bandwidth", o.link_bandwidth));
-    const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
+    const copy_model link{.bandwidth_bytes_per_s = bandwidth,
+                          .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
     memory_.emplace(plan.device.gpu, device_capacity_, host_capacity_, link, with_disk);
     open_disk(disk_, o, disk_capacity_);
     backend_.emplace(memory_->make_backend());
     // The runtime's communicator is a one-rank one: RTP talks in the model's rotations.
     rt_.emplace(memory_->device, memory_->host, memory_->copier, one_ref_,
-                runtime_options{.param_type = dtype::f32, .prefetch_depth = static_cast<std::size_t>(o.prefetch), .timeline = !o.trace.empty()},
+                runtime_options{.param_type = dtype::f32,
+                                .prefetch_depth = static_cast<std::size_t>(o.prefetch),
+                                .timeline = !o.trace.empty()},
                 layout, placement);
     if (disk_) rt_->attach_disk(disk_->tier());
     rt_->require_admitted(need);
@@ -96,15 +105,16 @@ class rtp_session {
     model_.emplace(comm_, *store_, cfg, shape_.batch, shape_.seq, &*backend_);  // held by reference: the member
     model_->init(o.seed);
     std::printf("%s\n", cpu_summary().c_str());
-    std::printf("model: %d layers, width %d, %d heads, context %d: %zu parameters\n", cfg.layers, cfg.width, cfg.heads, cfg.context,
-                param_count(cfg));
-    std::printf("memory per rank: model data %s of the whole %s (its shards in %zu chunks of %zu elements, and the replicas); "
-                "device budget %s (activations %s, rotation buffers %s), host budget %s%s\n",
-                format_bytes(model_->model_bytes()).c_str(), format_bytes(whole_bytes()).c_str(), rt_->plan().num_chunks,
-                rt_->plan().chunk_elems, format_bytes(device_capacity_).c_str(), format_bytes(model_->activation_bytes()).c_str(),
-                format_bytes(model_->transient_bytes()).c_str(),
-                host_capacity_ == SIZE_MAX ? "unlimited" : format_bytes(host_capacity_).c_str(),
-                model_bytes + act > device_capacity_ ? " -- the shards do not fit on the device: chunks will move" : "");
+    std::printf("model: %d layers, width %d, %d heads, context %d: %zu parameters\n", cfg.layers, cfg.width, cfg.heads,
+                cfg.context, param_count(cfg));
+    std::printf(
+        "memory per rank: model data %s of the whole %s (its shards in %zu chunks of %zu elements, and the replicas); "
+        "device budget %s (activations %s, rotation buffers %s), host budget %s%s\n",
+        format_bytes(model_->model_bytes()).c_str(), format_bytes(whole_bytes()).c_str(), rt_->plan().num_chunks,
+        rt_->plan().chunk_elems, format_bytes(device_capacity_).c_str(),
+        format_bytes(model_->activation_bytes()).c_str(), format_bytes(model_->transient_bytes()).c_str(),
+        host_capacity_ == SIZE_MAX ? "unlimited" : format_bytes(host_capacity_).c_str(),
+        model_bytes + act > device_capacity_ ? " -- the shards do not fit on the device: chunks will move" : "");
     if (disk_) std::printf("disk tier: %s\n", disk_->describe().c_str());
     if (plan.resume) {
       rtp_load_view<communicator_ref, store_type, backend_type> view(*model_);
@@ -130,7 +140,9 @@ class rtp_session {
     step_bytes_ = comm_.stats().bytes_sent - sent_;
     return {true, o_.clip > 0 ? r.grad_norm : std::numeric_limits<double>::quiet_NaN()};
   }
-  double eval_loss(const int* tokens, const int* targets) { return model_->loss(tokens, targets); }  // untraced: not training
+  double eval_loss(const int* tokens, const int* targets) {
+    return model_->loss(tokens, targets);
+  }  // untraced: not training
   std::vector<float> next_token_probs(std::span<const int> text) { return model_->next_token_probs(text); }
   void save(std::int64_t step) {
     rtp_save_view<communicator_ref, store_type, backend_type> view(*model_, comm_);
@@ -145,9 +157,9 @@ class rtp_session {
     const runtime_stats& s = rt_->stats();
     char stall[32];
     std::snprintf(stall, sizeof stall, "%.1f", 1e3 * (s.stall_s - before_.stall_s));
-    std::string line = "sent " + format_bytes(step_bytes_) + " | device " + format_bytes(memory_->device.usage().peak) + " / " +
-                       format_bytes(device_capacity_) + " | moved " + format_bytes(s.bytes_moved() - before_.bytes_moved()) +
-                       " | stall " + stall + " ms";
+    std::string line = "sent " + format_bytes(step_bytes_) + " | device " + format_bytes(memory_->device.usage().peak) +
+                       " / " + format_bytes(device_capacity_) + " | moved " +
+                       format_bytes(s.bytes_moved() - before_.bytes_moved()) + " | stall " + stall + " ms";
     if (disk_) line += disk_step_report(*rt_, before_);
     memory_->device.reset_peak();
     return line;
@@ -155,22 +167,26 @@ class rtp_session {
 
   void print_summary() {
     const runtime_stats& s = rt_->stats();
-    std::printf("chunks (rank 0): %s to device, %s to host, %llu loads (%llu ahead of use), %llu evictions, %llu offloads, stall %.2f s; "
-                "optimizer steps on device %llu, on host %llu\n",
-                format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(), ull(s.loads), ull(s.prefetches),
-                ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps));
+    std::printf(
+        "chunks (rank 0): %s to device, %s to host, %llu loads (%llu ahead of use), %llu evictions, %llu offloads, "
+        "stall %.2f s; "
+        "optimizer steps on device %llu, on host %llu\n",
+        format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(), ull(s.loads), ull(s.prefetches),
+        ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps));
     if (disk_) print_disk_summary(s, host_capacity_, disk_capacity_);
     double peaks[] = {static_cast<double>(model_->model_bytes()), static_cast<double>(model_->transient_bytes()),
                       static_cast<double>(s.peak_device_bytes)};
     comm_.allreduce(std::span<double>(peaks), reduce_op::max);
     // The theory counts the ring's shards and the replicas' all-reduces; the step adds the clipping
     // norm's all-reduce (8 bytes) and --accum multiplies the passes.
-    std::printf("per rank (largest): model data %s (1/%d of the whole %s, plus replicas), rotation buffers %s (largest shard %s), "
-                "device %s; rank 0 sent %s in the last training iteration (theory for one micro-batch %s)\n",
-                format_bytes(static_cast<std::size_t>(peaks[0])).c_str(), ranks_, format_bytes(whole_bytes()).c_str(),
-                format_bytes(static_cast<std::size_t>(peaks[1])).c_str(), format_bytes(model_->largest_shard_bytes()).c_str(),
-                format_bytes(static_cast<std::size_t>(peaks[2])).c_str(), format_bytes(step_bytes_).c_str(),
-                format_bytes(model_->iteration_bytes_theory()).c_str());
+    std::printf(
+        "per rank (largest): model data %s (1/%d of the whole %s, plus replicas), rotation buffers %s (largest shard "
+        "%s), "
+        "device %s; rank 0 sent %s in the last training iteration (theory for one micro-batch %s)\n",
+        format_bytes(static_cast<std::size_t>(peaks[0])).c_str(), ranks_, format_bytes(whole_bytes()).c_str(),
+        format_bytes(static_cast<std::size_t>(peaks[1])).c_str(), format_bytes(model_->largest_shard_bytes()).c_str(),
+        format_bytes(static_cast<std::size_t>(peaks[2])).c_str(), format_bytes(step_bytes_).c_str(),
+        format_bytes(model_->iteration_bytes_theory()).c_str());
   }
   Runtime& runtime() noexcept { return *rt_; }
 

@@ -82,7 +82,8 @@ void write_trace(const train_options& o, Runtime& rt) {
 // The training run: one loop for every mode, over a session that holds the run's memory, runtime,
 // model and optimizer (chunked_session.hpp, rtp_session.hpp).
 template <class Session>
-int train(const train_options& o, const gpt::run_plan& plan, typename Session::placement_type placement, communicator_ref comm) {
+int train(const train_options& o, const gpt::run_plan& plan, typename Session::placement_type placement,
+          communicator_ref comm) {
   const int ranks = comm.size();
   const auto average = [&](double x) {  // over the ranks (each computed the same-sized slice)
     comm.allreduce(std::span<double>(&x, 1), reduce_op::sum);
@@ -90,7 +91,8 @@ int train(const train_options& o, const gpt::run_plan& plan, typename Session::p
   };
   Session s(o, plan, placement, comm);  // the memory plan, admitted; the runtime, the model, AdamW
   const gpt::batch_shape shape = s.shape();
-  const std::size_t first = shape.batch * static_cast<std::size_t>(comm.rank());  // this rank's slice of the global batch
+  const std::size_t first =
+      shape.batch * static_cast<std::size_t>(comm.rank());  // this rank's slice of the global batch
   const std::size_t N = shape.batch * shape.seq;
   std::vector<int> tokens(N), targets(N);
   const auto batch = [&](const std::vector<std::uint8_t>& text, std::uint64_t key) {
@@ -108,8 +110,8 @@ int train(const train_options& o, const gpt::run_plan& plan, typename Session::p
     try {
       s.save(step);
     } catch (const chunkstar::error& e) {
-      throw gpt::output_error(std::string("saving the checkpoint of step ") + std::to_string(step) + " failed (the previous checkpoint in '" +
-                              o.save + "', if any, is intact): " + e.what());
+      throw gpt::output_error(std::string("saving the checkpoint of step ") + std::to_string(step) +
+                              " failed (the previous checkpoint in '" + o.save + "', if any, is intact): " + e.what());
     }
     std::printf("saved checkpoint to %s (step %lld)\n", o.save.c_str(), static_cast<long long>(step));
   };
@@ -142,8 +144,9 @@ int train(const train_options& o, const gpt::run_plan& plan, typename Session::p
     char norm[16] = "     -";  // not computed: nothing needed it
     if (!std::isnan(r.grad_norm)) std::snprintf(norm, sizeof norm, "%6.3f", r.grad_norm);
     std::printf("step %5lld/%lld | loss %.6f | %7.0f tok/s | lr %.2e | norm %s%s | %s\n", static_cast<long long>(step),
-                static_cast<long long>(o.steps), loss, static_cast<double>(N * static_cast<std::size_t>(micro_batches)) / dt,
-                static_cast<double>(lr), norm, r.stepped ? "" : " (skipped: overflow)", s.step_report().c_str());
+                static_cast<long long>(o.steps), loss,
+                static_cast<double>(N * static_cast<std::size_t>(micro_batches)) / dt, static_cast<double>(lr), norm,
+                r.stepped ? "" : " (skipped: overflow)", s.step_report().c_str());
     std::fflush(stdout);  // a line per step as it happens, also into a pipe or a file (tail -f, mpirun)
     if (o.val_every > 0 && (step % o.val_every == 0 || step == plan.last_step)) {
       last_val = validation_loss();
@@ -169,13 +172,16 @@ int train(const train_options& o, const gpt::run_plan& plan, typename Session::p
 template <class Scaler, class Platform>
 int with_policy(const train_options& o, const gpt::run_plan& plan, communicator_ref comm) {
   using runtimes = gpt::trainer_runtimes<Platform>;  // compiled in trainer_runtimes*.cpp
-  if (o.parallel == "rtp") {  // fp32 (validated): no loss scaler
+  if (o.parallel == "rtp") {                         // fp32 (validated): no loss scaler
     if (o.policy == "patrickstar") return train<gpt::rtp_session<typename runtimes::belady>>(o, plan, {}, comm);
     if (o.policy == "lru") return train<gpt::rtp_session<typename runtimes::lru>>(o, plan, {}, comm);
-    if (o.policy == "resident") return train<gpt::rtp_session<typename runtimes::fixed>>(o, plan, static_placement::all_device(), comm);
-    return train<gpt::rtp_session<typename runtimes::fixed>>(o, plan, static_placement::all_host(), comm);  // "offload" (validated)
+    if (o.policy == "resident")
+      return train<gpt::rtp_session<typename runtimes::fixed>>(o, plan, static_placement::all_device(), comm);
+    return train<gpt::rtp_session<typename runtimes::fixed>>(o, plan, static_placement::all_host(),
+                                                             comm);  // "offload" (validated)
   }
-  if (o.policy == "patrickstar") return train<gpt::chunked_session<typename runtimes::belady, Scaler>>(o, plan, {}, comm);
+  if (o.policy == "patrickstar")
+    return train<gpt::chunked_session<typename runtimes::belady, Scaler>>(o, plan, {}, comm);
   if (o.policy == "lru") return train<gpt::chunked_session<typename runtimes::lru, Scaler>>(o, plan, {}, comm);
   if (o.policy == "resident")
     return train<gpt::chunked_session<typename runtimes::fixed, Scaler>>(o, plan, static_placement::all_device(), comm);
@@ -200,13 +206,16 @@ int on_platform(const train_options& o, const gpt::run_plan& plan, communicator_
 #if GPT_HAS_CUDA_BACKEND
   if (plan.device.cuda) {
     if (cudaSetDevice(plan.device.gpu) != cudaSuccess)  // for the default stream's device Adam, and cuBLAS
-      throw config_error("--device cuda: cannot select GPU " + std::to_string(plan.device.gpu) + " (is it visible? CUDA_VISIBLE_DEVICES)");
-    return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, cuda::cuda_platform>(o, plan, comm)
-                                                          : with_policy<static_loss_scaler, cuda::cuda_platform>(o, plan, comm);
+      throw config_error("--device cuda: cannot select GPU " + std::to_string(plan.device.gpu) +
+                         " (is it visible? CUDA_VISIBLE_DEVICES)");
+    return gpt::precision_type(o.precision) == dtype::f16
+               ? with_policy<dynamic_loss_scaler, cuda::cuda_platform>(o, plan, comm)
+               : with_policy<static_loss_scaler, cuda::cuda_platform>(o, plan, comm);
   }
 #endif
-  return gpt::precision_type(o.precision) == dtype::f16 ? with_policy<dynamic_loss_scaler, simulated_platform>(o, plan, comm)
-                                                        : with_policy<static_loss_scaler, simulated_platform>(o, plan, comm);
+  return gpt::precision_type(o.precision) == dtype::f16
+             ? with_policy<dynamic_loss_scaler, simulated_platform>(o, plan, comm)
+             : with_policy<static_loss_scaler, simulated_platform>(o, plan, comm);
 }
 
 int run(const train_options& o, communicator_ref comm, gpt::node_place node) {
@@ -215,7 +224,8 @@ int run(const train_options& o, communicator_ref comm, gpt::node_place node) {
     phase = "comparing the ranks' options";
     // Before any collective that depends on them: ranks given different options stop here, all of
     // them, naming the option, instead of diverging silently, crashing in MPI or hanging.
-    require_agreement(comm, gpt::rank_agreement(plan.record, o, plan.first_step, plan.transport, plan.device), "train_gpt");
+    require_agreement(comm, gpt::rank_agreement(plan.record, o, plan.first_step, plan.transport, plan.device),
+                      "train_gpt");
     phase = "connecting the ranks";
     // ZeRO and RTP on GPUs talk over NCCL, or over MPI through pinned host buffers (resolve_transport);
     // the staged path also runs on the simulated device (memcpy staging), to test it on a CPU.
@@ -280,21 +290,26 @@ int main(int argc, char** argv) {
       gpt::fatal(gpt::exit_internal, "cannot start MPI for --parallel " + o.parallel + ": " + e.what());
     }
     gpt::process_rank = world->rank();
-    if (gpt::process_rank != 0 && !std::freopen("/dev/null", "w", stdout)) gpt::fatal(gpt::exit_io, "cannot silence the output of rank " + std::to_string(gpt::process_rank));
+    if (gpt::process_rank != 0 && !std::freopen("/dev/null", "w", stdout))
+      gpt::fatal(gpt::exit_io, "cannot silence the output of rank " + std::to_string(gpt::process_rank));
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = run(o, *world, node_place());
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // What checking every collective's kind, size and order across the ranks cost (on in every build).
     const sequence_check_stats check = world->sequence_check();
     if (rc == 0 && check.calls > 0)
-      std::printf("collective-sequence check: %llu collectives, %.3f s of %.3f s (%.2f%% of the run, waits for slower ranks included)\n",
-                  static_cast<unsigned long long>(check.calls), check.seconds, wall, 100.0 * check.seconds / wall);
+      std::printf(
+          "collective-sequence check: %llu collectives, %.3f s of %.3f s (%.2f%% of the run, waits for slower ranks "
+          "included)\n",
+          static_cast<unsigned long long>(check.calls), check.seconds, wall, 100.0 * check.seconds / wall);
     std::fflush(stdout);
     return rc;
   }
 #else
   if (o.parallel == "zero" || o.parallel == "rtp")
-    gpt::fatal(gpt::exit_bad_input, "--parallel " + o.parallel + " needs MPI, and this build of train_gpt has none: install an MPI (libopenmpi-dev) and rebuild");
+    gpt::fatal(gpt::exit_bad_input,
+               "--parallel " + o.parallel +
+                   " needs MPI, and this build of train_gpt has none: install an MPI (libopenmpi-dev) and rebuild");
 #endif
   return run(o, one, {});
 }

@@ -55,9 +55,11 @@ struct platform_parts<simulated_platform> {
   host_copy_engine copier;
   // Large blocks are charged in 2 MiB pages; with a disk tier, whose host budget counts chunk bytes,
   // every block is charged what it asks for instead.
-  platform_parts(int /*gpu*/, std::size_t device_capacity, std::size_t host_capacity, copy_model link, bool exact_host = false)
+  platform_parts(int /*gpu*/, std::size_t device_capacity, std::size_t host_capacity, copy_model link,
+                 bool exact_host = false)
       : device({.capacity = device_capacity, .link = link, .name = "device"}),
-        host({.capacity = host_capacity, .large_block_threshold = exact_host ? SIZE_MAX : host_space_options{}.large_block_threshold}),
+        host({.capacity = host_capacity,
+              .large_block_threshold = exact_host ? SIZE_MAX : host_space_options{}.large_block_threshold}),
         copier(link) {}
   backend make_backend() { return {}; }
   static std::size_t device_free_bytes(int /*gpu*/) { return 0; }
@@ -100,11 +102,14 @@ struct disk_parts {
         uring.emplace(space, eo);
         return;
       } catch (const io_uring_unavailable& e) {
-        if (o.disk_engine == "uring") throw config_error(std::string("--disk-engine uring: ") + e.what() + "; use --disk-engine pool");
+        if (o.disk_engine == "uring")
+          throw config_error(std::string("--disk-engine uring: ") + e.what() + "; use --disk-engine pool");
       }
     }
 #else
-    if (o.disk_engine == "uring") throw config_error("--disk-engine uring: this build has no io_uring (install liburing-dev and rebuild); use --disk-engine pool");
+    if (o.disk_engine == "uring")
+      throw config_error(
+          "--disk-engine uring: this build has no io_uring (install liburing-dev and rebuild); use --disk-engine pool");
 #endif
     pool.emplace(space, eo);
   }
@@ -115,7 +120,8 @@ struct disk_parts {
     return {space, *pool};
   }
   [[nodiscard]] std::string describe() const {
-    return format_bytes(space.capacity()) + " in a file without a name in " + space.options().directory + ", " + (pool ? "pread/pwrite threads" : "io_uring") +
+    return format_bytes(space.capacity()) + " in a file without a name in " + space.options().directory + ", " +
+           (pool ? "pread/pwrite threads" : "io_uring") +
            (space.direct() ? ", O_DIRECT" : ", buffered (" + space.note() + ")");
   }
 };
@@ -127,7 +133,8 @@ inline void open_disk(std::optional<disk_parts>& disk, const train_options& o, s
   try {
     disk.emplace(o, capacity);
   } catch (const io_error& e) {
-    throw config_error("--disk-dir '" + o.disk_dir + "' cannot hold the disk tier's " + format_bytes(capacity) + ": " + e.what());
+    throw config_error("--disk-dir '" + o.disk_dir + "' cannot hold the disk tier's " + format_bytes(capacity) + ": " +
+                       e.what());
   }
 }
 
@@ -135,17 +142,21 @@ inline void open_disk(std::optional<disk_parts>& disk, const train_options& o, s
 template <class Runtime>
 std::string disk_step_report(const Runtime& rt, const runtime_stats& before) {
   const runtime_stats& s = rt.stats();
-  return " | disk " + format_bytes(rt.disk_chunk_bytes()) + ", moved " + format_bytes(s.disk_bytes_moved() - before.disk_bytes_moved()) +
-         ", stall " + std::to_string(static_cast<long long>(1e3 * (s.disk_stall_s - before.disk_stall_s))) + " ms";
+  return " | disk " + format_bytes(rt.disk_chunk_bytes()) + ", moved " +
+         format_bytes(s.disk_bytes_moved() - before.disk_bytes_moved()) + ", stall " +
+         std::to_string(static_cast<long long>(1e3 * (s.disk_stall_s - before.disk_stall_s))) + " ms";
 }
 
 /** The summary's disk line. */
 inline void print_disk_summary(const runtime_stats& s, std::size_t host_capacity, std::size_t disk_capacity) {
-  std::printf("disk: %s written, %s read (%llu reads, %llu ahead of use), stall %.2f s; peaks: host chunks %s of %s, disk chunks %s of %s\n",
-              format_bytes(s.bytes_to_disk).c_str(), format_bytes(s.bytes_from_disk).c_str(),
-              static_cast<unsigned long long>(s.disk_reads), static_cast<unsigned long long>(s.disk_prefetches), s.disk_stall_s,
-              format_bytes(s.peak_host_chunk_bytes).c_str(), host_capacity == SIZE_MAX ? "unlimited" : format_bytes(host_capacity).c_str(),
-              format_bytes(s.peak_disk_chunk_bytes).c_str(), format_bytes(disk_capacity).c_str());
+  std::printf(
+      "disk: %s written, %s read (%llu reads, %llu ahead of use), stall %.2f s; peaks: host chunks %s of %s, disk "
+      "chunks %s of %s\n",
+      format_bytes(s.bytes_to_disk).c_str(), format_bytes(s.bytes_from_disk).c_str(),
+      static_cast<unsigned long long>(s.disk_reads), static_cast<unsigned long long>(s.disk_prefetches), s.disk_stall_s,
+      format_bytes(s.peak_host_chunk_bytes).c_str(),
+      host_capacity == SIZE_MAX ? "unlimited" : format_bytes(host_capacity).c_str(),
+      format_bytes(s.peak_disk_chunk_bytes).c_str(), format_bytes(disk_capacity).c_str());
 }
 
 /** A GPU's free memory (0 on the simulated device), split between the ranks that share it; the
@@ -173,7 +184,8 @@ inline void require_within_free(std::size_t device_capacity, std::size_t device_
 inline std::string cpu_summary() {
   std::string s = "cpu: kernels " + cpu_isa_report();
 #if defined(_OPENMP)
-  s += "; " + std::to_string(omp_get_max_threads()) + " OpenMP threads run every kernel and GEMM (BLAS single-threaded)";
+  s +=
+      "; " + std::to_string(omp_get_max_threads()) + " OpenMP threads run every kernel and GEMM (BLAS single-threaded)";
   if (const char* spin = std::getenv("GOMP_SPINCOUNT")) s += std::string("; GOMP_SPINCOUNT=") + spin;
   if (const char* policy = std::getenv("OMP_WAIT_POLICY")) s += std::string("; OMP_WAIT_POLICY=") + policy;
 #endif

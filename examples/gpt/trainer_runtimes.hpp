@@ -16,8 +16,8 @@
 namespace gpt {
 
 template <class Placement, class Eviction, class Platform>
-using trainer_runtime = chunkstar::chunk_runtime<chunkstar::searched_chunk_layout, Placement, Eviction, chunkstar::warmup_tracer,
-                                                 chunkstar::communicator_ref, Platform>;
+using trainer_runtime = chunkstar::chunk_runtime<chunkstar::searched_chunk_layout, Placement, Eviction,
+                                                 chunkstar::warmup_tracer, chunkstar::communicator_ref, Platform>;
 /** --policy patrickstar, lru, resident|offload on @p Platform. */
 template <class Platform>
 struct trainer_runtimes {
@@ -32,14 +32,14 @@ using cuda_runtimes = trainer_runtimes<chunkstar::cuda::cuda_platform>;
 
 }  // namespace gpt
 
-#define GPT_TRAINER_RUNTIMES(KW, Set, Platform)           \
-  CHUNKSTAR_RUNTIME_STORE(KW, Platform);                  \
-  CHUNKSTAR_RUNTIME_POLICIES(KW, Set::belady);            \
-  CHUNKSTAR_RUNTIME_POLICIES(KW, Set::lru);               \
-  CHUNKSTAR_RUNTIME_POLICIES(KW, Set::fixed);             \
-  CHUNKSTAR_RUNTIME_SHARDS(KW, Set::belady);              \
-  CHUNKSTAR_RUNTIME_SHARDS(KW, Set::lru);                 \
-  CHUNKSTAR_RUNTIME_SHARDS(KW, Set::fixed);               \
+#define GPT_TRAINER_RUNTIMES(KW, Set, Platform)                    \
+  CHUNKSTAR_RUNTIME_STORE(KW, Platform);                           \
+  CHUNKSTAR_RUNTIME_POLICIES(KW, Set::belady);                     \
+  CHUNKSTAR_RUNTIME_POLICIES(KW, Set::lru);                        \
+  CHUNKSTAR_RUNTIME_POLICIES(KW, Set::fixed);                      \
+  CHUNKSTAR_RUNTIME_SHARDS(KW, Set::belady);                       \
+  CHUNKSTAR_RUNTIME_SHARDS(KW, Set::lru);                          \
+  CHUNKSTAR_RUNTIME_SHARDS(KW, Set::fixed);                        \
   KW template class CHUNKSTAR_RUNTIME_SPECIALIZATION(Set::belady); \
   KW template class CHUNKSTAR_RUNTIME_SPECIALIZATION(Set::lru);    \
   KW template class CHUNKSTAR_RUNTIME_SPECIALIZATION(Set::fixed)

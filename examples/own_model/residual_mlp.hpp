@@ -39,7 +39,8 @@ struct config {
 /** The tensors: E, then per block W1, b1, W2, b2, then g. */
 inline std::vector<chunkstar::tensor_spec> specs(const config& c) {
   using chunkstar::tensor_role;
-  const auto V = static_cast<std::int64_t>(c.vocab), C = static_cast<std::int64_t>(c.width), H = static_cast<std::int64_t>(c.hidden);
+  const auto V = static_cast<std::int64_t>(c.vocab), C = static_cast<std::int64_t>(c.width),
+             H = static_cast<std::int64_t>(c.hidden);
   std::vector<chunkstar::tensor_spec> s{{"emb", {V, C}, chunkstar::dtype::f32, tensor_role::embedding}};
   for (std::size_t l = 0; l < c.layers; ++l) {
     const std::string p = "h" + std::to_string(l) + ".";
@@ -59,8 +60,8 @@ inline std::size_t b2(std::size_t l) { return 4 + 4 * l; }
  *  tensor, index). */
 inline float init_value(const config& c, std::span<const chunkstar::tensor_spec> sp, std::size_t t, std::size_t i) {
   const chunkstar::rtp::counter_init r{.seed = c.seed, .key = chunkstar::rtp::tensor_key(sp[t].name)};
-  if (t + 1 == sp.size()) return r.uniform<float>(i, 0.9f, 1.1f);                 // gain
-  if (sp[t].shape.size() == 1) return r.uniform<float>(i, -0.05f, 0.05f);         // biases
+  if (t + 1 == sp.size()) return r.uniform<float>(i, 0.9f, 1.1f);          // gain
+  if (sp[t].shape.size() == 1) return r.uniform<float>(i, -0.05f, 0.05f);  // biases
   return r.normal<float>(i, 0.0f, t == 0 ? 0.5f : 1.0f / std::sqrt(static_cast<float>(sp[t].shape[1])));
 }
 
@@ -87,7 +88,8 @@ class residual_mlp {
     emb_ = m_.add_rotated(vocab_type::part(0, n, me, specs_));
     pair_ = chunkstar::rtp::make_weight_pair(c.width, c.hidden, c.width, n, "hidden units");
     for (std::size_t l = 0; l < c.layers; ++l)
-      blocks_.push_back(m_.add_rotated(chunkstar::rtp::weight_pair_part(pair_, me, w1(l), w1(l) + 1, w1(l) + 2, specs_)));
+      blocks_.push_back(
+          m_.add_rotated(chunkstar::rtp::weight_pair_part(pair_, me, w1(l), w1(l) + 1, w1(l) + 2, specs_)));
     std::vector<std::size_t> reps;
     for (std::size_t l = 0; l < c.layers; ++l) reps.push_back(b2(l));
     reps.push_back(specs_.size() - 1);
@@ -99,7 +101,9 @@ class residual_mlp {
   }
 
   /** Every element from `init_value` (flyweight: this rank's only). */
-  void init() { m_.init([this](std::size_t t, std::size_t i) { return init_value(c_, specs_, t, i); }); }
+  void init() {
+    m_.init([this](std::size_t t, std::size_t i) { return init_value(c_, specs_, t, i); });
+  }
 
   /** This rank's micro-batch of `rows` tokens: its mean loss; keeps the activations. Collective. */
   double forward(const int* tokens, const int* targets) {
@@ -108,7 +112,9 @@ class residual_mlp {
     for (std::size_t l = 0; l < c_.layers; ++l) {
       std::vector<float> y(R * C, 0.0f);
       m_.stage("h" + std::to_string(l), false, {blocks_[l]}, [&] {
-        m_.forward(blocks_[l], [&](int j, std::span<const float> s) { block_forward(l, static_cast<std::size_t>(j), s.data(), y.data()); });
+        m_.forward(blocks_[l], [&](int j, std::span<const float> s) {
+          block_forward(l, static_cast<std::size_t>(j), s.data(), y.data());
+        });
       });
       const float* bias = m_.replica(replicas_) + l * C;
       for (std::size_t i = 0; i < R * C; ++i) x(l + 1)[i] = x(l)[i] + (y[i] + bias[i % C]);
@@ -177,7 +183,8 @@ class residual_mlp {
       const float* a = a_.data() + (l * R + r) * H + j * k;
       for (std::size_t u = 0; u < k; ++u) {
         float dh = 0;
-        for (std::size_t o = 0; o < C; ++o) dh += dy[r * C + o] * W2[o * k + u], gW2[o * k + u] += dy[r * C + o] * gelu(a[u]);
+        for (std::size_t o = 0; o < C; ++o)
+          dh += dy[r * C + o] * W2[o * k + u], gW2[o * k + u] += dy[r * C + o] * gelu(a[u]);
         const float da = dh * gelu_grad(a[u]);
         for (std::size_t i = 0; i < C; ++i) gW1[u * C + i] += da * x(l)[r * C + i], dx[r * C + i] += da * W1[u * C + i];
         gb1[u] += da;

@@ -29,7 +29,8 @@ const auto groups = chunkstar::param_groups::with_default_decay(adamw.weight_dec
 void batch(int s, int m, std::vector<int>& tokens, std::vector<int>& targets) {
   tokens.resize(cfg.rows), targets.resize(cfg.rows);
   for (std::size_t i = 0; i < cfg.rows; ++i) {
-    tokens[i] = static_cast<int>((977u * static_cast<unsigned>(s) + 131u * static_cast<unsigned>(m) + 17u * i) % cfg.vocab);
+    tokens[i] =
+        static_cast<int>((977u * static_cast<unsigned>(s) + 131u * static_cast<unsigned>(m) + 17u * i) % cfg.vocab);
     targets[i] = (7 * tokens[i] + 3) % static_cast<int>(cfg.vocab);
   }
 }
@@ -68,7 +69,8 @@ int main(int argc, char** argv) {
       own_model::residual_mlp<in_process_communicator> sizing(comm, probe, cfg);
       model_bytes = probe.bytes();
     }
-    simulated_device_space device({.capacity = model_bytes / 2 + (32 << 10)});  // room for half of it beside 32 KiB of buffers
+    simulated_device_space device(
+        {.capacity = model_bytes / 2 + (32 << 10)});  // room for half of it beside 32 KiB of buffers
     host_space host;
     host_copy_engine copier;
     single_process_communicator one;
@@ -77,12 +79,14 @@ int main(int argc, char** argv) {
     own_model::residual_mlp<in_process_communicator, decltype(store)> model(comm, store, cfg);
     model.init();
     train(model, comm.rank(), n, n, 0, 6);
-    save_checkpoint(rtp::checkpoint_save_view(model.state(), comm), dir, {{"steps", std::to_string(model.state().step_count())}});
+    save_checkpoint(rtp::checkpoint_save_view(model.state(), comm), dir,
+                    {{"steps", std::to_string(model.state().step_count())}});
     if (comm.rank() != 0) return;
     saved.resize(model.state().parts()[0].elems);
     model.state().read(0, chunk_kind::param, saved);
-    std::printf("rank 0: %zu bytes of model data, device peak %zu of %zu bytes, %zu bytes moved between device and host\n",
-                model_bytes, device.usage().peak, device.capacity(), rt.stats().bytes_moved());
+    std::printf(
+        "rank 0: %zu bytes of model data, device peak %zu of %zu bytes, %zu bytes moved between device and host\n",
+        model_bytes, device.usage().peak, device.capacity(), rt.stats().bytes_moved());
   });
   std::printf("saved under RTP on %d ranks to %s; resuming in one process\n", n, dir.c_str());
   single_process_communicator comm;

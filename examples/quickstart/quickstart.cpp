@@ -40,14 +40,16 @@ result train(double share) {
   }
   // Model data is known before any memory exists, so the device can be sized from it.
   const std::size_t model = estimate_model_bytes(specs, searched_chunk_layout());
-  simulated_device_space device({.capacity = activations + static_cast<std::size_t>(share * static_cast<double>(model))});
+  simulated_device_space device(
+      {.capacity = activations + static_cast<std::size_t>(share * static_cast<double>(model))});
   host_space host;
   host_copy_engine copier;
   patrickstar_runtime rt(device, host, copier);
   std::vector<param_id> w, b;
   for (int l = 0; l < layers; ++l) {
     w.push_back(rt.register_param(specs[2 * l], [l](std::span<float> v) {
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.15f * std::sin(1.3f * static_cast<float>(i) + static_cast<float>(l));
+      for (std::size_t i = 0; i < v.size(); ++i)
+        v[i] = 0.15f * std::sin(1.3f * static_cast<float>(i) + static_cast<float>(l));
     }));
     b.push_back(rt.register_param(specs[2 * l + 1]));
   }
@@ -126,14 +128,15 @@ int main(int argc, char** argv) {
                 format_bytes(s.bytes_moved()).c_str(), static_cast<unsigned long long>(s.loads),
                 static_cast<unsigned long long>(s.prefetches), static_cast<unsigned long long>(s.prefetch_hits),
                 static_cast<unsigned long long>(s.evictions));
-    std::printf("loss %.5f -> %.5f; device peak %s (chunks %s, activations %s)\n", offloaded.first_loss, offloaded.last_loss,
-                format_bytes(s.peak_device_bytes).c_str(), format_bytes(s.peak_device_chunk_bytes).c_str(),
-                format_bytes(s.peak_non_model_bytes).c_str());
+    std::printf("loss %.5f -> %.5f; device peak %s (chunks %s, activations %s)\n", offloaded.first_loss,
+                offloaded.last_loss, format_bytes(s.peak_device_bytes).c_str(),
+                format_bytes(s.peak_device_chunk_bytes).c_str(), format_bytes(s.peak_non_model_bytes).c_str());
   }
   const bool same = offloaded.weights == resident.weights;
   const bool learned = offloaded.last_loss < 0.1f * offloaded.first_loss;
   const bool moved = s.bytes_to_host > 0 && s.peak_device_bytes <= offloaded.device_bytes;
-  std::printf("quickstart: %s (same weights as all-resident: %s, loss down tenfold: %s, chunks moved within the device: %s)\n",
-              same && learned && moved ? "OK" : "FAILED", same ? "yes" : "no", learned ? "yes" : "no", moved ? "yes" : "no");
+  std::printf(
+      "quickstart: %s (same weights as all-resident: %s, loss down tenfold: %s, chunks moved within the device: %s)\n",
+      same && learned && moved ? "OK" : "FAILED", same ? "yes" : "no", learned ? "yes" : "no", moved ? "yes" : "no");
   return same && learned && moved ? 0 : 1;
 }

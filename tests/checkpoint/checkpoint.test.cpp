@@ -33,7 +33,8 @@ struct temp_dir {
   fs::path path;
   temp_dir() {
     static int counter = 0;
-    path = fs::temp_directory_path() / ("chunkstar_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path =
+        fs::temp_directory_path() / ("chunkstar_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -60,14 +61,16 @@ struct trainer {
 
   explicit trainer(std::size_t chunk_elems, std::uint32_t seed = 5, int extra_layers = 0, int bias_width = width) {
     rt = std::make_unique<runtime_t>(dev, host, copier, runtime_options{.param_type = dtype_of_v<T>},
-                                     fixed_chunk_layout({.chunk_elems = chunk_elems, .align_elems = 8}), static_placement{});
+                                     fixed_chunk_layout({.chunk_elems = chunk_elems, .align_elems = 8}),
+                                     static_placement{});
     std::mt19937 gen(seed);
     for (int l = 0; l < layers + extra_layers; ++l) {
       std::normal_distribution<float> dist(0.0f, 0.4f);
       std::vector<float> init(width * width);
       for (auto& x : init) x = dist(gen);
-      w.push_back(rt->register_param({"l" + std::to_string(l) + ".w", {width, width}, dtype_of_v<T>, tensor_role::weight},
-                                     [init](std::span<float> v) { std::copy(init.begin(), init.end(), v.begin()); }));
+      w.push_back(
+          rt->register_param({"l" + std::to_string(l) + ".w", {width, width}, dtype_of_v<T>, tensor_role::weight},
+                             [init](std::span<float> v) { std::copy(init.begin(), init.end(), v.begin()); }));
       b.push_back(rt->register_param({"l" + std::to_string(l) + ".b", {bias_width}, dtype_of_v<T>, tensor_role::bias}));
     }
     rt->finalize();
@@ -123,7 +126,9 @@ struct trainer {
   }
 
   checkpoint_extra extra() const {
-    return {{"step", std::to_string(opt.step_count())}, {"data_position", std::to_string(data_pos)}, {"note", "toy \"mlp\""}};
+    return {{"step", std::to_string(opt.step_count())},
+            {"data_position", std::to_string(data_pos)},
+            {"note", "toy \"mlp\""}};
   }
   void restore(const checkpoint_extra& e) {
     opt.restore_step_count(std::stoll(e.at("step")));
@@ -306,8 +311,9 @@ TEST_CASE("load rejects a checkpoint that does not match, naming every tensor, a
     fewer.rt.reset();
     fewer.w.clear();
     fewer.b.clear();
-    fewer.rt = std::make_unique<runtime_t>(fewer.dev, fewer.host, fewer.copier, runtime_options{},
-                                           fixed_chunk_layout({.chunk_elems = 256, .align_elems = 8}), static_placement{});
+    fewer.rt =
+        std::make_unique<runtime_t>(fewer.dev, fewer.host, fewer.copier, runtime_options{},
+                                    fixed_chunk_layout({.chunk_elems = 256, .align_elems = 8}), static_placement{});
     (void)fewer.rt->register_param({"l0.w", {12, 12}, dtype::f32, tensor_role::weight});
     fewer.rt->finalize();
     const auto m = message(fewer);
@@ -370,7 +376,8 @@ TEST_CASE("corrupt, truncated or mixed checkpoint files give checkpoint_error") 
     simulated_device_space dev({.capacity = std::size_t{64} << 20});
     host_space host;
     host_copy_engine copier;
-    runtime_t plain(dev, host, copier, {.optimizer_state = false}, fixed_chunk_layout({.chunk_elems = 256, .align_elems = 8}));
+    runtime_t plain(dev, host, copier, {.optimizer_state = false},
+                    fixed_chunk_layout({.chunk_elems = 256, .align_elems = 8}));
     for (std::size_t t = 0; t < a.rt->params().size(); ++t) (void)plain.register_param(a.rt->params()[t]);
     plain.finalize();
     (void)load_checkpoint(plain, tmp.path / "two");  // state in the file, none in the runtime: fine
@@ -428,13 +435,15 @@ TEST_CASE("atomicity: a failed save leaves the previous checkpoint intact and no
     trainer<float> b(256, 3);
     CHECK(load_checkpoint(*b.rt, dir).at("step") == "2");
     CHECK(b.state() == newer);
-    for (const auto& e : fs::directory_iterator(tmp.path)) CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+    for (const auto& e : fs::directory_iterator(tmp.path))
+      CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
   }
   // An unwritable destination (a path under a regular file) fails cleanly.
   std::ofstream(tmp.path / "file") << "x";
   CHECK_THROWS_AS(save_checkpoint(*a.rt, tmp.path / "file" / "ck", {}), checkpoint_error);
   // A path that holds something else is never replaced.
-  CHECK_THROWS_WITH_AS(save_checkpoint(*a.rt, tmp.path / "file", {}), doctest::Contains("refusing to replace"), checkpoint_error);
+  CHECK_THROWS_WITH_AS(save_checkpoint(*a.rt, tmp.path / "file", {}), doctest::Contains("refusing to replace"),
+                       checkpoint_error);
   fs::create_directories(tmp.path / "other");
   std::ofstream(tmp.path / "other" / "notes.txt") << "keep me";
   CHECK_THROWS_AS(save_checkpoint(*a.rt, tmp.path / "other", {}), checkpoint_error);
@@ -470,7 +479,8 @@ TEST_CASE("directory replacement: atomic exchange and the portable rename path g
   temp_dir tmp;
   fs::create_directories(tmp.path / "ck.old.123.0");
   trainer<float> a(256);
-  CHECK_THROWS_WITH_AS((void)load_checkpoint(*a.rt, tmp.path / "ck"), doctest::Contains("ck.old.123.0': rename it"), checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)load_checkpoint(*a.rt, tmp.path / "ck"), doctest::Contains("ck.old.123.0': rename it"),
+                       checkpoint_error);
 }
 
 }  // namespace checkpoint_test

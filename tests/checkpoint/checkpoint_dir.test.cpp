@@ -38,7 +38,8 @@ struct temp_dir {
   fs::path path;
   temp_dir() {
     static int counter = 0;
-    path = fs::temp_directory_path() / ("chunkstar_ckdir_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path =
+        fs::temp_directory_path() / ("chunkstar_ckdir_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -116,7 +117,8 @@ TEST_CASE("a directory is replaced only when it is a chunkstar checkpoint and no
     // Hand-built, as other tools write it: no chunkstar.* metadata at all.
     const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
     std::string file(8, '\0');
-    for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+      file[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
     file += header + std::string(4, '\0');
     write_text(other / "model.safetensors", file);
     CHECK_THROWS_WITH_AS(save_checkpoint(m.rt, other), doctest::Contains("no chunkstar metadata"), checkpoint_error);
@@ -138,7 +140,8 @@ TEST_CASE("a directory is replaced only when it is a chunkstar checkpoint and no
     save_checkpoint(m.rt, tmp.path / "empty");
     CHECK(fs::exists(tmp.path / "empty" / "model.safetensors"));
     fs::create_directory_symlink(tmp.path / "empty", tmp.path / "link");
-    CHECK_THROWS_WITH_AS(save_checkpoint(m.rt, tmp.path / "link"), doctest::Contains("symbolic link"), checkpoint_error);
+    CHECK_THROWS_WITH_AS(save_checkpoint(m.rt, tmp.path / "link"), doctest::Contains("symbolic link"),
+                         checkpoint_error);
   }
 }
 
@@ -255,7 +258,8 @@ TEST_CASE("a lock file or a temporary that is a symbolic link or not a regular f
     fs::remove(tmp.path / "ck.lock");
     fs::create_symlink(precious, tmp.path / "ck.lock");
     model n(2.0f);
-    CHECK_THROWS_WITH_AS(save_checkpoint(n.rt, dir, {{"v", "2"}}), doctest::Contains("symbolic link"), checkpoint_error);
+    CHECK_THROWS_WITH_AS(save_checkpoint(n.rt, dir, {{"v", "2"}}), doctest::Contains("symbolic link"),
+                         checkpoint_error);
     CHECK_THROWS_WITH_AS(check_checkpoint_target(dir), doctest::Contains("symbolic link"), checkpoint_error);
     model r(0.0f);
     CHECK_THROWS_WITH_AS((void)load_checkpoint(r.rt, dir), doctest::Contains("symbolic link"), checkpoint_error);
@@ -320,7 +324,8 @@ TEST_CASE("temporaries of killed writers are removed by the next save; anything 
 TEST_CASE("check_checkpoint_target refuses up front what a save would refuse, and creates nothing that stays") {
   temp_dir tmp;
   write_text(tmp.path / "file", "x");
-  CHECK_THROWS_WITH_AS(check_checkpoint_target(tmp.path / "file"), doctest::Contains("not a directory"), checkpoint_error);
+  CHECK_THROWS_WITH_AS(check_checkpoint_target(tmp.path / "file"), doctest::Contains("not a directory"),
+                       checkpoint_error);
   CHECK_THROWS_AS(check_checkpoint_target(tmp.path / "file" / "ck"), checkpoint_error);
   CHECK_THROWS_AS(check_checkpoint_target(""), checkpoint_error);
   if (fs::is_directory("/proc/self")) CHECK_THROWS_AS(check_checkpoint_target("/proc/ck"), checkpoint_error);
@@ -333,14 +338,17 @@ TEST_CASE("loading: a regular file, a FIFO in a checkpoint's place, and reading 
   temp_dir tmp;
   model m(3.0f);
   write_text(tmp.path / "file", "x");
-  CHECK_THROWS_WITH_AS((void)load_checkpoint(m.rt, tmp.path / "file"), doctest::Contains("is not a directory"), checkpoint_error);
-  CHECK_THROWS_WITH_AS((void)read_checkpoint_extra(tmp.path / "file"), doctest::Contains("is not a directory"), checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)load_checkpoint(m.rt, tmp.path / "file"), doctest::Contains("is not a directory"),
+                       checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)read_checkpoint_extra(tmp.path / "file"), doctest::Contains("is not a directory"),
+                       checkpoint_error);
   save_checkpoint(m.rt, tmp.path / "ck", {{"step", "7"}});
   CHECK(read_checkpoint_extra(tmp.path / "ck") == checkpoint_extra{{"step", "7"}});
   fs::remove(tmp.path / "ck" / "model.safetensors");
   REQUIRE(::mkfifo((tmp.path / "ck" / "model.safetensors").c_str(), 0644) == 0);
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH_AS((void)load_checkpoint(m.rt, tmp.path / "ck"), doctest::Contains("not a regular file"), checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)load_checkpoint(m.rt, tmp.path / "ck"), doctest::Contains("not a regular file"),
+                       checkpoint_error);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
 }
 
@@ -353,9 +361,10 @@ struct big_model {
   runtime_t rt{dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 1 << 18}), static_placement{}};
   explicit big_model(float value) {
     for (int t = 0; t < 4; ++t)
-      rt.register_param({"w" + std::to_string(t), {512, 512}, dtype::f32, tensor_role::weight}, [value](std::span<float> v) {
-        for (float& x : v) x = value;
-      });
+      rt.register_param({"w" + std::to_string(t), {512, 512}, dtype::f32, tensor_role::weight},
+                        [value](std::span<float> v) {
+                          for (float& x : v) x = value;
+                        });
     rt.finalize();
   }
 };
@@ -402,7 +411,7 @@ TEST_CASE("a full disk (file-size limit) fails the save with checkpoint_error an
   }
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
-  if (pid == 0) {  // in a child: the limit must not reach the test runner
+  if (pid == 0) {                   // in a child: the limit must not reach the test runner
     std::signal(SIGXFSZ, SIG_IGN);  // writes past the limit then fail with EFBIG, as on a full disk
     rlimit lim{std::size_t{1} << 20, std::size_t{1} << 20};
     ::setrlimit(RLIMIT_FSIZE, &lim);

@@ -79,9 +79,10 @@ std::string message_of(const fs::path& p, safetensors_open_options o = {}) {
 TEST_CASE("xxh64 matches libxxhash 0.8 on every tail length, in one call and streamed") {
   // Reference digits computed with libxxhash (XXH64, seed 0) over bytes (i * 131 + 7) & 255.
   const std::pair<std::size_t, std::uint64_t> expected[] = {
-      {0, 0xef46db3751d8e999ull},  {1, 0xa96c7f0ce858bbb7ull},  {3, 0xbed43740ee6332bbull},  {4, 0xfa212ae44b3bb23dull},
-      {7, 0x2744460dd675d2c0ull},  {8, 0x994b676b71ce94ddull},  {31, 0x6711d55e306b5d8full}, {32, 0x07f7b8e3bc5d6e25ull},
-      {33, 0x09f85eeb4e1cbe9full}, {63, 0xb7c9968c066cb6a5ull}, {64, 0x50d4159a0411632eull}, {100, 0x9ddada11d3dc2d8full},
+      {0, 0xef46db3751d8e999ull},   {1, 0xa96c7f0ce858bbb7ull},  {3, 0xbed43740ee6332bbull},
+      {4, 0xfa212ae44b3bb23dull},   {7, 0x2744460dd675d2c0ull},  {8, 0x994b676b71ce94ddull},
+      {31, 0x6711d55e306b5d8full},  {32, 0x07f7b8e3bc5d6e25ull}, {33, 0x09f85eeb4e1cbe9full},
+      {63, 0xb7c9968c066cb6a5ull},  {64, 0x50d4159a0411632eull}, {100, 0x9ddada11d3dc2d8full},
       {1000, 0x0bf0bdbcc82eb373ull}};
   std::vector<std::byte> d(1000);
   for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<std::byte>((i * 131 + 7) & 255);
@@ -101,7 +102,8 @@ TEST_CASE("xxh64 matches libxxhash 0.8 on every tail length, in one call and str
 }
 
 TEST_CASE("JSON subset: accepted forms") {
-  const auto v = cd::json_reader::parse(R"( {"a\"b\\c\/\n\t\u00e9\ud83d\ude00": [0, -5, 9223372036854775807, -9223372036854775808], "k": {}, "e": []} )");
+  const auto v = cd::json_reader::parse(
+      R"( {"a\"b\\c\/\n\t\u00e9\ud83d\ude00": [0, -5, 9223372036854775807, -9223372036854775808], "k": {}, "e": []} )");
   REQUIRE(v.type == cd::json_value::kind::object);
   REQUIRE(v.members.size() == 3);
   CHECK(v.members[0].key == "a\"b\\c/\n\t\xc3\xa9\xf0\x9f\x98\x80");
@@ -115,12 +117,34 @@ TEST_CASE("JSON subset: accepted forms") {
 }
 
 TEST_CASE("JSON subset: everything else is rejected with a position") {
-  for (const char* bad : {"", "{", "{\"a\":1,}", "{\"a\":1 \"b\":2}", "{\"a\":1}x", "{\"a\":1.5}", "{\"a\":1e3}", "{\"a\":01}",
-                          "{\"a\":-}", "{\"a\":true}", "{\"a\":null}", "{\"a\":1,\"a\":2}", "{a:1}", "{\"a\":\"\x01\"}",
-                          "{\"a\":\"\\x\"}", "{\"a\":\"\\u12g4\"}", "{\"a\":\"\\ud800\"}", "{\"a\":\"\\udc00\"}",
-                          "{\"a\":\"\xff\"}", "{\"a\":\"\xc0\x80\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\":\"\xe2\x82\"}",
-                          "{\"a\":9223372036854775808}", "{\"a\":-9223372036854775809}", "[[[[[[[[[[1]]]]]]]]]]", "\"abc",
-                          "{\"a\":[1,2}", "+1"}) {
+  for (const char* bad : {"",
+                          "{",
+                          "{\"a\":1,}",
+                          "{\"a\":1 \"b\":2}",
+                          "{\"a\":1}x",
+                          "{\"a\":1.5}",
+                          "{\"a\":1e3}",
+                          "{\"a\":01}",
+                          "{\"a\":-}",
+                          "{\"a\":true}",
+                          "{\"a\":null}",
+                          "{\"a\":1,\"a\":2}",
+                          "{a:1}",
+                          "{\"a\":\"\x01\"}",
+                          "{\"a\":\"\\x\"}",
+                          "{\"a\":\"\\u12g4\"}",
+                          "{\"a\":\"\\ud800\"}",
+                          "{\"a\":\"\\udc00\"}",
+                          "{\"a\":\"\xff\"}",
+                          "{\"a\":\"\xc0\x80\"}",
+                          "{\"a\":\"\xed\xa0\x80\"}",
+                          "{\"a\":\"\xe2\x82\"}",
+                          "{\"a\":9223372036854775808}",
+                          "{\"a\":-9223372036854775809}",
+                          "[[[[[[[[[[1]]]]]]]]]]",
+                          "\"abc",
+                          "{\"a\":[1,2}",
+                          "+1"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS((void)cd::json_reader::parse(bad), cd::json_error);
   }
@@ -144,7 +168,8 @@ TEST_CASE("writer and reader round-trip every dtype, scalars and zero-size tenso
     for (std::size_t s = 0; s < shapes.size(); ++s) {
       item it{std::string(safetensors_dtype_name(t)) + "/" + std::to_string(s), t, shapes[s], {}};
       const auto n = *cd::checked_bytes(shapes[s], safetensors_dtype_size(t));
-      for (std::uint64_t i = 0; i < n; ++i) it.data.push_back(static_cast<std::byte>(t == safetensors_dtype::boolean ? byte(gen) & 1 : byte(gen)));
+      for (std::uint64_t i = 0; i < n; ++i)
+        it.data.push_back(static_cast<std::byte>(t == safetensors_dtype::boolean ? byte(gen) & 1 : byte(gen)));
       items.push_back(std::move(it));
     }
   safetensors_writer w;
@@ -170,18 +195,30 @@ TEST_CASE("writer and reader round-trip every dtype, scalars and zero-size tenso
   }
   // Conversions to float, against an independent per-type decode.
   for (const auto& it : items) {
-    if (it.type == safetensors_dtype::f32 || it.type == safetensors_dtype::f64) continue;  // NaN patterns compared below
+    if (it.type == safetensors_dtype::f32 || it.type == safetensors_dtype::f64)
+      continue;  // NaN patterns compared below
     const auto got = f.read_floats(it.name);
     for (std::size_t i = 0; i < got.size(); ++i) {
       const std::byte* p = it.data.data() + i * safetensors_dtype_size(it.type);
       float want = 0;
       switch (it.type) {
-        case safetensors_dtype::f16: want = f16_bits_to_float(static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) | std::to_integer<unsigned>(p[1]) << 8)); break;
-        case safetensors_dtype::bf16: want = bf16_bits_to_float(static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) | std::to_integer<unsigned>(p[1]) << 8)); break;
-        case safetensors_dtype::i8: want = static_cast<float>(static_cast<std::int8_t>(std::to_integer<unsigned>(p[0]))); break;
+        case safetensors_dtype::f16:
+          want = f16_bits_to_float(
+              static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) | std::to_integer<unsigned>(p[1]) << 8));
+          break;
+        case safetensors_dtype::bf16:
+          want = bf16_bits_to_float(
+              static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) | std::to_integer<unsigned>(p[1]) << 8));
+          break;
+        case safetensors_dtype::i8:
+          want = static_cast<float>(static_cast<std::int8_t>(std::to_integer<unsigned>(p[0])));
+          break;
         case safetensors_dtype::u8:
         case safetensors_dtype::boolean: want = static_cast<float>(std::to_integer<unsigned>(p[0])); break;
-        case safetensors_dtype::i16: want = static_cast<float>(static_cast<std::int16_t>(std::to_integer<unsigned>(p[0]) | std::to_integer<unsigned>(p[1]) << 8)); break;
+        case safetensors_dtype::i16:
+          want = static_cast<float>(
+              static_cast<std::int16_t>(std::to_integer<unsigned>(p[0]) | std::to_integer<unsigned>(p[1]) << 8));
+          break;
         case safetensors_dtype::i32: {
           std::uint32_t u = 0;
           for (int k = 3; k >= 0; --k) u = u << 8 | std::to_integer<std::uint32_t>(p[k]);
@@ -196,8 +233,10 @@ TEST_CASE("writer and reader round-trip every dtype, scalars and zero-size tenso
         }
         default: break;
       }
-      if (std::isnan(want)) CHECK(std::isnan(got[i]));
-      else CHECK(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want));
+      if (std::isnan(want))
+        CHECK(std::isnan(got[i]));
+      else
+        CHECK(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want));
     }
   }
   // F32 bits are copied as they are, NaN payloads included.
@@ -252,7 +291,8 @@ TEST_CASE("reader accepts a hand-built file as other tools write it (no checksum
   std::vector<std::byte> data(10);
   std::memcpy(data.data(), a, 8);
   std::memcpy(data.data() + 8, &b, 2);
-  const std::string header = R"({"b":{"dtype":"F16","shape":[1,1],"data_offsets":[8,10]}, "a" : {"shape":[2],"data_offsets":[0,8],"dtype":"F32"},"__metadata__":{"format":"pt"}})";
+  const std::string header =
+      R"({"b":{"dtype":"F16","shape":[1,1],"data_offsets":[8,10]}, "a" : {"shape":[2],"data_offsets":[0,8],"dtype":"F32"},"__metadata__":{"format":"pt"}})";
   const auto path = tmp.path / "foreign.safetensors";
   write_file(path, make_file(header, data));
   const auto f = safetensors_file::open(path);
@@ -292,13 +332,15 @@ TEST_CASE("reader rejects structurally bad files with a message that names the p
   expect(make_file("{" + t("a", "F32", "[-2]", "[0,8]") + "}", d8), "integers >= 0");
   expect(make_file("{" + t("a", "F32", "[2]", "[8,0]") + "}", d8), "0 <= begin <= end");
   expect(make_file("{" + t("a", "Q7", "[2]", "[0,8]") + "}", d8), "Q7");
-  expect(make_file("{" + t("a", "F32", "[2]", "[0,8]") + "," + t("a", "F32", "[2]", "[0,8]") + "}", d8), "duplicate key");
+  expect(make_file("{" + t("a", "F32", "[2]", "[0,8]") + "," + t("a", "F32", "[2]", "[0,8]") + "}", d8),
+         "duplicate key");
   expect(make_file(R"({"a":{"dtype":"F32","shape":[2]}})", d8), "lacks data_offsets");
   expect(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", d8), "unknown field");
   expect(make_file(R"({"__metadata__":{"k":1}})", {}), "must be a string");
   expect(make_file(R"({"__metadata__":{"chunkstar.checksum":"crc:1234"}})", {}), "xxh64");
   expect(make_file(R"([1,2])", {}), "not a JSON object");
-  expect(make_file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", d8), "more than 2^64");
+  expect(make_file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", d8),
+         "more than 2^64");
   expect(make_file("{" + t("a", "F32", "[2]", "[0,8]"), d8), "malformed JSON");
   expect(bytes_of("abc"), "shorter than the 8-byte header length");
   {
@@ -441,7 +483,8 @@ TEST_CASE("fuzz: every truncation, every byte flipped, garbage headers: data or 
     write_file(p, make_file(h, data));
     (void)open_and_read(p, {}, got);  // must not crash; any outcome is fine
   }
-  const std::string valid = R"({"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"b":{"dtype":"BF16","shape":[3],"data_offsets":[24,30]}})";
+  const std::string valid =
+      R"({"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"b":{"dtype":"BF16","shape":[3],"data_offsets":[24,30]}})";
   std::vector<std::byte> data30(30);
   for (int iter = 0; iter < 5000; ++iter) {
     std::string h = valid;

@@ -33,7 +33,8 @@ template <class Comm>
 void collect(const mlp_replica<Comm>& r, state& out, std::mutex& m) {
   std::lock_guard lock(m);
   for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
-    if (r.rt.where({chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)}) == tier::remote) continue;
+    if (r.rt.where({chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)}) == tier::remote)
+      continue;
     for (auto k : {chunk_kind::param, chunk_kind::momentum, chunk_kind::variance}) {
       std::vector<float> v(r.rt.params()[t].numel());
       r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);
@@ -75,8 +76,14 @@ state run(int ranks, int from, int to, const fs::path& load, const fs::path& sav
 
 struct temp_dir {
   fs::path path = fs::temp_directory_path() / ("chunkstar_zero_ckpt_" + std::to_string(::getpid()));
-  temp_dir() { fs::remove_all(path); fs::create_directories(path); }
-  ~temp_dir() { std::error_code ec; fs::remove_all(path, ec); }
+  temp_dir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
 };
 
 }  // namespace
@@ -118,20 +125,24 @@ TEST_CASE("a shard of another save copied into a sharded checkpoint is refused a
   (void)run(3, 1, 3, {}, tmp.path / "b");  // a later save of the same run
   const auto files_of_rank = [](int r) {
     const std::string n = std::to_string(r);
-    return std::vector<std::string>{"model-0000" + n + "-of-00003.safetensors", "optimizer-0000" + n + "-of-00003.safetensors"};
+    return std::vector<std::string>{"model-0000" + n + "-of-00003.safetensors",
+                                    "optimizer-0000" + n + "-of-00003.safetensors"};
   };
-  for (const auto& f : files_of_rank(2)) fs::copy_file(tmp.path / "b" / f, tmp.path / "a" / f, fs::copy_options::overwrite_existing);
+  for (const auto& f : files_of_rank(2))
+    fs::copy_file(tmp.path / "b" / f, tmp.path / "a" / f, fs::copy_options::overwrite_existing);
   // Each pair is whole and matches (the optimizer shard names its model shard's checksum): only
   // the save's identity tells them apart.
-  CHECK_THROWS_WITH_AS((void)read_checkpoint_extra(tmp.path / "a"), doctest::Contains("mixes the files of two saves"), checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)read_checkpoint_extra(tmp.path / "a"), doctest::Contains("mixes the files of two saves"),
+                       checkpoint_error);
   for (int m : {1, 2, 3}) {
     CAPTURE(m);
-    CHECK_THROWS_WITH_AS((void)run(m, 3, 3, tmp.path / "a", {}), doctest::Contains("model-00002-of-00003.safetensors belongs to a different save"),
+    CHECK_THROWS_WITH_AS((void)run(m, 3, 3, tmp.path / "a", {}),
+                         doctest::Contains("model-00002-of-00003.safetensors belongs to a different save"),
                          checkpoint_error);
   }
   // An optimizer shard alone from the other save: refused too.
-  fs::copy_file(tmp.path / "b" / "optimizer-00003-of-00003.safetensors", tmp.path / "a" / "optimizer-00003-of-00003.safetensors",
-                fs::copy_options::overwrite_existing);
+  fs::copy_file(tmp.path / "b" / "optimizer-00003-of-00003.safetensors",
+                tmp.path / "a" / "optimizer-00003-of-00003.safetensors", fs::copy_options::overwrite_existing);
   CHECK_THROWS_AS((void)run(1, 3, 3, tmp.path / "a", {}), checkpoint_error);
   // The untouched save still loads.
   CHECK(read_checkpoint_extra(tmp.path / "b").at("optimizer_steps") == "3");

@@ -34,57 +34,27 @@ using namespace chunkstar;
 
 // A type with every required expression, each switchable off (or to a wrong shape) to show that
 // the concept notices. All switches on = a valid model (the positive control).
-template <bool ConstRank = true, bool IntRank = true, bool DoubleAllreduce = true, bool Ring = true, bool AsyncHandle = true,
-          bool Barrier = true, bool Reduce = true>
+template <bool ConstRank = true, bool IntRank = true, bool DoubleAllreduce = true, bool Ring = true,
+          bool AsyncHandle = true, bool Barrier = true, bool Reduce = true>
 struct fake_comm {
-  int rank() const noexcept
-    requires(ConstRank && IntRank)
-  {
-    return 0;
-  }
-  int rank() noexcept
-    requires(!ConstRank)
-  {
-    return 0;
-  }
-  std::size_t rank() const noexcept
-    requires(ConstRank && !IntRank)
-  {
-    return 0;
-  }
+  int rank() const noexcept requires(ConstRank&& IntRank) { return 0; }
+  int rank() noexcept requires(!ConstRank) { return 0; }
+  std::size_t rank() const noexcept requires(ConstRank && !IntRank) { return 0; }
   int size() const noexcept { return 1; }
   void allreduce(void*, std::size_t, dtype, reduce_op) {}
-  void allreduce(std::span<double>, reduce_op)
-    requires DoubleAllreduce
-  {}
+  void allreduce(std::span<double>, reduce_op) requires DoubleAllreduce {}
   void allgather(const void*, void*, std::size_t) {}
   void reduce_scatter(const void*, void*, std::size_t, dtype, reduce_op) {}
-  void reduce(const void*, void*, std::size_t, dtype, reduce_op, int)
-    requires Reduce
-  {}
+  void reduce(const void*, void*, std::size_t, dtype, reduce_op, int) requires Reduce {}
   void broadcast(void*, std::size_t, int) {}
-  void ring_shift(const void*, void*, std::size_t)
-    requires Ring
-  {}
-  void barrier()
-    requires Barrier
-  {}
-  comm_handle allreduce_async(void*, std::size_t, dtype, reduce_op)
-    requires AsyncHandle
-  {
-    return {};
-  }
-  void allreduce_async(void*, std::size_t, dtype, reduce_op)
-    requires(!AsyncHandle)
-  {}
+  void ring_shift(const void*, void*, std::size_t) requires Ring {}
+  void barrier() requires Barrier {}
+  comm_handle allreduce_async(void*, std::size_t, dtype, reduce_op) requires AsyncHandle { return {}; }
+  void allreduce_async(void*, std::size_t, dtype, reduce_op) requires(!AsyncHandle) {}
   comm_handle allreduce_async(std::span<double>, reduce_op) { return {}; }
   comm_handle allgather_async(const void*, void*, std::size_t) { return {}; }
   comm_handle reduce_scatter_async(const void*, void*, std::size_t, dtype, reduce_op) { return {}; }
-  comm_handle reduce_async(const void*, void*, std::size_t, dtype, reduce_op, int)
-    requires Reduce
-  {
-    return {};
-  }
+  comm_handle reduce_async(const void*, void*, std::size_t, dtype, reduce_op, int) requires Reduce { return {}; }
   comm_handle broadcast_async(void*, std::size_t, int) { return {}; }
   comm_handle ring_shift_async(const void*, void*, std::size_t) { return {}; }
 };
@@ -187,12 +157,18 @@ class swapped_ops_communicator {
   void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { c_->allreduce(p, n, t, swap(op)); }
   void allreduce(std::span<double> d, reduce_op op) { c_->allreduce(d, swap(op)); }
   void allgather(const void* s, void* r, std::size_t n) { c_->allgather(s, r, n); }
-  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { c_->reduce_scatter(s, r, n, t, swap(op)); }
-  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { c_->reduce(s, r, n, t, swap(op), root); }
+  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    c_->reduce_scatter(s, r, n, t, swap(op));
+  }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    c_->reduce(s, r, n, t, swap(op), root);
+  }
   void broadcast(void* p, std::size_t n, int root) { c_->broadcast(p, n, root); }
   void ring_shift(const void* s, void* r, std::size_t n) { c_->ring_shift(s, r, n); }
   void barrier() { c_->barrier(); }
-  comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) { return c_->allreduce_async(p, n, t, swap(op)); }
+  comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) {
+    return c_->allreduce_async(p, n, t, swap(op));
+  }
   comm_handle allreduce_async(std::span<double> d, reduce_op op) { return c_->allreduce_async(d, swap(op)); }
   comm_handle allgather_async(const void* s, void* r, std::size_t n) { return c_->allgather_async(s, r, n); }
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
@@ -220,14 +196,16 @@ TEST_CASE("communicator conformance: a model with max and min swapped fails on e
     run_ranks(2, [&](in_process_communicator& comm) {
       swapped_ops_communicator broken(comm);
       reports[static_cast<std::size_t>(comm.rank())] = chunkstar::testing::check_communicator(
-          broken, {.only = {communicator_check::allreduce, communicator_check::reduce_scatter, communicator_check::allgather}});
+          broken,
+          {.only = {communicator_check::allreduce, communicator_check::reduce_scatter, communicator_check::allgather}});
     });
     for (const auto& r : reports) {
       CHECK(!r.ok());
       CHECK(std::any_of(r.failures.begin(), r.failures.end(), [](const std::string& f) {
         return contains(f, "allreduce f32 max") && contains(f, "differs from the rank-order reduction");
       }));
-      CHECK(std::none_of(r.failures.begin(), r.failures.end(), [](const std::string& f) { return contains(f, "allgather"); }));
+      CHECK(std::none_of(r.failures.begin(), r.failures.end(),
+                         [](const std::string& f) { return contains(f, "allgather"); }));
     }
     const auto all = chunkstar::testing::combine_rank_reports(reports);
     CHECK(all.failed == reports[0].failed + reports[1].failed);
@@ -244,10 +222,15 @@ TEST_CASE("communicator conformance: a model with max and min swapped fails on e
     for (int rank = 0; rank < 2; ++rank) {
       const auto& r = reports[static_cast<std::size_t>(rank)];
       CHECK(!r.ok());
-      CHECK_MESSAGE(std::any_of(r.failures.begin(), r.failures.end(), [&](const std::string& f) {
-        return contains(f, "reduce f32 max") && contains(f, "to root " + std::to_string(rank)) && contains(f, "at the root differs");
-      }), r.to_string());
-      CHECK(std::none_of(r.failures.begin(), r.failures.end(), [](const std::string& f) { return contains(f, "sum"); }));
+      CHECK_MESSAGE(std::any_of(r.failures.begin(), r.failures.end(),
+                                [&](const std::string& f) {
+                                  return contains(f, "reduce f32 max") &&
+                                         contains(f, "to root " + std::to_string(rank)) &&
+                                         contains(f, "at the root differs");
+                                }),
+                    r.to_string());
+      CHECK(
+          std::none_of(r.failures.begin(), r.failures.end(), [](const std::string& f) { return contains(f, "sum"); }));
     }
   });
 }
@@ -273,7 +256,9 @@ TEST_CASE("in_process_group: a rank that throws makes every peer fail with commu
                                    }),
                          "boom", std::runtime_error);  // the root cause, not a peer's resulting error
     CHECK(peers_failed == 3);
-    for (int r : {0, 1, 3}) CHECK_MESSAGE(contains(errors[static_cast<std::size_t>(r)], "rank 2 failed: boom"), errors[static_cast<std::size_t>(r)]);
+    for (int r : {0, 1, 3})
+      CHECK_MESSAGE(contains(errors[static_cast<std::size_t>(r)], "rank 2 failed: boom"),
+                    errors[static_cast<std::size_t>(r)]);
   });
 }
 
@@ -335,15 +320,34 @@ TEST_CASE("in_process_group: same kind but different sizes, dtypes, ops or roots
     void (*call)(in_process_communicator&, std::vector<float>&);
   };
   const variant variants[] = {
-      {"count", [](in_process_communicator& c, std::vector<float>& b) { c.allreduce(b.data(), c.rank() == 0 ? 4 : 5, dtype::f32, reduce_op::sum); }},
-      {"dtype", [](in_process_communicator& c, std::vector<float>& b) { c.allreduce(b.data(), 4, c.rank() == 0 ? dtype::f32 : dtype::bf16, reduce_op::sum); }},
-      {"op", [](in_process_communicator& c, std::vector<float>& b) { c.allreduce(b.data(), 4, dtype::f32, c.rank() == 0 ? reduce_op::sum : reduce_op::max); }},
-      {"root", [](in_process_communicator& c, std::vector<float>& b) { c.broadcast(b.data(), 16, c.rank() == 0 ? 0 : 1); }},
-      {"reduce root", [](in_process_communicator& c, std::vector<float>& b) { c.reduce(b.data(), b.data(), 4, dtype::f32, reduce_op::sum, c.rank()); }},
-      {"reduce op", [](in_process_communicator& c, std::vector<float>& b) { c.reduce(b.data(), b.data(), 4, dtype::f32, c.rank() == 0 ? reduce_op::min : reduce_op::max, 0); }},
-      {"reduce vs allreduce", [](in_process_communicator& c, std::vector<float>& b) {
-         if (c.rank() == 0) c.reduce(b.data(), b.data(), 4, dtype::f32, reduce_op::sum, 0);
-         else c.allreduce(b.data(), 4, dtype::f32, reduce_op::sum);
+      {"count",
+       [](in_process_communicator& c, std::vector<float>& b) {
+         c.allreduce(b.data(), c.rank() == 0 ? 4 : 5, dtype::f32, reduce_op::sum);
+       }},
+      {"dtype",
+       [](in_process_communicator& c, std::vector<float>& b) {
+         c.allreduce(b.data(), 4, c.rank() == 0 ? dtype::f32 : dtype::bf16, reduce_op::sum);
+       }},
+      {"op",
+       [](in_process_communicator& c, std::vector<float>& b) {
+         c.allreduce(b.data(), 4, dtype::f32, c.rank() == 0 ? reduce_op::sum : reduce_op::max);
+       }},
+      {"root",
+       [](in_process_communicator& c, std::vector<float>& b) { c.broadcast(b.data(), 16, c.rank() == 0 ? 0 : 1); }},
+      {"reduce root",
+       [](in_process_communicator& c, std::vector<float>& b) {
+         c.reduce(b.data(), b.data(), 4, dtype::f32, reduce_op::sum, c.rank());
+       }},
+      {"reduce op",
+       [](in_process_communicator& c, std::vector<float>& b) {
+         c.reduce(b.data(), b.data(), 4, dtype::f32, c.rank() == 0 ? reduce_op::min : reduce_op::max, 0);
+       }},
+      {"reduce vs allreduce",
+       [](in_process_communicator& c, std::vector<float>& b) {
+         if (c.rank() == 0)
+           c.reduce(b.data(), b.data(), 4, dtype::f32, reduce_op::sum, 0);
+         else
+           c.allreduce(b.data(), 4, dtype::f32, reduce_op::sum);
        }},
   };
   for (const auto& v : variants) {
@@ -372,10 +376,13 @@ TEST_CASE("in_process_group: a reduce to another root is a mismatch naming both 
     CHECK_THROWS_AS(run_ranks(3,
                               [&](in_process_communicator& comm) {
                                 std::vector<float> buf(8, 1.0f), out(8);
-                                comm.reduce(buf.data(), out.data(), 8, dtype::f32, reduce_op::sum, 1);  // call #0 matches
+                                comm.reduce(buf.data(), out.data(), 8, dtype::f32, reduce_op::sum,
+                                            1);  // call #0 matches
                                 try {
                                   // rank 2 thinks it owns the chunk; the others think rank 0 does
-                                  comm.reduce_async(buf.data(), out.data(), 8, dtype::bf16, reduce_op::sum, comm.rank() == 2 ? 2 : 0).wait();
+                                  comm.reduce_async(buf.data(), out.data(), 8, dtype::bf16, reduce_op::sum,
+                                                    comm.rank() == 2 ? 2 : 0)
+                                      .wait();
                                 } catch (const communication_error& e) {
                                   errors[static_cast<std::size_t>(comm.rank())] = e.what();
                                   throw;
@@ -383,8 +390,11 @@ TEST_CASE("in_process_group: a reduce to another root is a mismatch naming both 
                               }),
                     communication_error);
     for (const auto& e : errors) {
-      CHECK_MESSAGE(contains(e, "collective mismatch at call #1: rank 0 called reduce(8 x bf16, sum, to root 0) but rank 2 "
-                                "called reduce(8 x bf16, sum, to root 2)"), e);
+      CHECK_MESSAGE(
+          contains(e,
+                   "collective mismatch at call #1: rank 0 called reduce(8 x bf16, sum, to root 0) but rank 2 "
+                   "called reduce(8 x bf16, sum, to root 2)"),
+          e);
     }
   });
 }
@@ -405,7 +415,8 @@ TEST_CASE("reduce: the root gets the rank-order fold, the other ranks' buffers a
       // Not in place, null recv on the ranks other than the root.
       std::vector<float> out(6, -1.0f);
       comm.reduce(mine.data(), r == 0 ? out.data() : nullptr, mine.size(), dtype::f32, reduce_op::max, 0);
-      if (r == 0) for (float x : out) CHECK(x == 10.0f);  // rank 2's 10 is the largest
+      if (r == 0)
+        for (float x : out) CHECK(x == 10.0f);  // rank 2's 10 is the largest
       // Over communicator_ref, asynchronously.
       communicator_ref ref(comm);
       std::vector<float> x(3, static_cast<float>(r)), y(3, -1.0f);
@@ -431,8 +442,8 @@ TEST_CASE("communicator conformance over communicator_ref: the rooted reduce and
     std::vector<chunkstar::testing::conformance_report> reports(3);
     run_ranks(3, [&](in_process_communicator& comm) {
       communicator_ref ref(comm);
-      reports[static_cast<std::size_t>(comm.rank())] =
-          chunkstar::testing::check_communicator(ref, {.only = {communicator_check::reduce, communicator_check::async}});
+      reports[static_cast<std::size_t>(comm.rank())] = chunkstar::testing::check_communicator(
+          ref, {.only = {communicator_check::reduce, communicator_check::async}});
     });
     const auto all = chunkstar::testing::combine_rank_reports(reports);
     CHECK_MESSAGE(all.ok(), all.to_string());

@@ -26,8 +26,10 @@ TEST_CASE("first_differing_field: the first field whose hash differs from rank 0
   const std::vector<std::uint64_t> reference = {1, 2, 3};
   CHECK(first_differing_field(std::vector<std::uint64_t>{1, 2, 3}, reference) == 3);
   CHECK(first_differing_field(std::vector<std::uint64_t>{1, 2, 4}, reference) == 2);
-  CHECK(first_differing_field(std::vector<std::uint64_t>{1, 9, 0}, reference) == 1);  // also lacks field 2: the first counts
-  CHECK(first_differing_field(std::vector<std::uint64_t>{1, 2, 0}, reference) == 2);  // a field rank 0 has and this rank lacks
+  CHECK(first_differing_field(std::vector<std::uint64_t>{1, 9, 0}, reference) ==
+        1);  // also lacks field 2: the first counts
+  CHECK(first_differing_field(std::vector<std::uint64_t>{1, 2, 0}, reference) ==
+        2);  // a field rank 0 has and this rank lacks
   CHECK(first_differing_field({}, {}) == 0);
 }
 
@@ -46,7 +48,8 @@ std::vector<std::string> finalize_on_ranks(const std::function<void(int rank, in
   return messages;
 }
 
-using runtime_t = chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, in_process_communicator>;
+using runtime_t =
+    chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, in_process_communicator>;
 
 struct model {
   simulated_device_space dev{{.capacity = 1 << 20}};
@@ -76,7 +79,8 @@ void build(int rank, in_process_communicator& comm, int odd_rank, const std::str
 }  // namespace
 
 TEST_CASE("Ranks configured alike finalize; one that differs is a config_error on every rank naming the difference") {
-  for (const std::string& m : finalize_on_ranks([](int r, in_process_communicator& c) { build(r, c, -1, ""); })) CHECK(m.empty());
+  for (const std::string& m : finalize_on_ranks([](int r, in_process_communicator&c) { build(r, c, -1, ""); }))
+    CHECK(m.empty());
 
   struct expectation {
     std::string what;
@@ -85,17 +89,23 @@ TEST_CASE("Ranks configured alike finalize; one that differs is a config_error o
   };
   const std::vector<expectation> cases = {
       {"extra", 2, {"rank 0 has parameters = 2", "rank 2 has parameters = 3"}},
-      {"shape", 1, {"rank 0 has parameter 1 = 'w1' [12, 12] f32 weight", "rank 1 has parameter 1 = 'w1' [12, 13] f32 weight"}},
+      {"shape",
+       1,
+       {"rank 0 has parameter 1 = 'w1' [12, 12] f32 weight", "rank 1 has parameter 1 = 'w1' [12, 13] f32 weight"}},
       {"keep", 1, {"sharding = on, keep_gathered off", "rank 1 has sharding = on, keep_gathered on"}},
       {"chunk", 2, {"chunks of 256 elements", "rank 2 has chunk layout = fixed", "chunks of 512 elements"}},
-      {"memory-saving", 1, {"rank 0 has sharding = on", "memory_saving off", "rank 1 has sharding = on", "memory_saving on"}},
+      {"memory-saving",
+       1,
+       {"rank 0 has sharding = on", "memory_saving off", "rank 1 has sharding = on", "memory_saving on"}},
       {"gather-ahead", 2, {"gather_ahead on", "rank 2 has sharding = on", "gather_ahead off"}},
       {"seed", 1, {"rank 0 has seed = 1337", "rank 1 has seed = 7"}},
   };
-  for (const auto& m : finalize_on_ranks([](int r, in_process_communicator& c) { build(r, c, 1, "prefetch"); })) CHECK(m.empty());
+  for (const auto& m : finalize_on_ranks([](int r, in_process_communicator&c) { build(r, c, 1, "prefetch"); }))
+    CHECK(m.empty());
   for (const auto& c : cases) {
     CAPTURE(c.what);
-    const auto messages = finalize_on_ranks([&](int r, in_process_communicator& comm) { build(r, comm, c.odd_rank, c.what); });
+    const auto messages =
+        finalize_on_ranks([&](int r, in_process_communicator& comm) { build(r, comm, c.odd_rank, c.what); });
     for (const auto& m : messages) {  // the same error on every rank, the odd one included
       CAPTURE(m);
       CHECK(m == messages[0]);
@@ -137,12 +147,14 @@ TEST_CASE("require_agreement: the first field that differs on any rank, then the
 
 namespace rank_agreement_test {
 
-TEST_CASE("chunk_adam: ranks stepping with different optimizer options fail together at the first step, naming the option") {
+TEST_CASE(
+    "chunk_adam: ranks stepping with different optimizer options fail together at the first step, naming the option") {
   const auto step_on_ranks = [](const std::function<void(int rank, chunk_adam_options&, int& micro_batches)>& vary) {
     std::vector<std::string> messages(3);
     run_ranks(3, [&](in_process_communicator& comm) {
       model m(comm, {.sharding = {.enabled = true}}, 256);
-      (void)m.rt.register_param({"w0", {12, 12}, dtype::f32, tensor_role::weight}, [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); });
+      (void)m.rt.register_param({"w0", {12, 12}, dtype::f32, tensor_role::weight},
+                                [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); });
       m.rt.finalize();
       chunk_adam_options o{.max_grad_norm = 1.0f};
       int micro_batches = 1;
@@ -161,13 +173,17 @@ TEST_CASE("chunk_adam: ranks stepping with different optimizer options fail toge
     return messages;
   };
   for (const auto& m : step_on_ranks([](int, chunk_adam_options&, int&) {})) CHECK(m.empty());
-  const auto clip = step_on_ranks([](int r, chunk_adam_options& o, int&) { if (r == 2) o.max_grad_norm = 0.0f; });
-  const auto micro = step_on_ranks([](int r, chunk_adam_options&, int& mb) { if (r == 1) mb = 2; });
+  const auto clip = step_on_ranks([](int r, chunk_adam_options& o, int&) {
+    if (r == 2) o.max_grad_norm = 0.0f;
+  });
+  const auto micro = step_on_ranks([](int r, chunk_adam_options&, int& mb) {
+    if (r == 1) mb = 2;
+  });
   for (const auto& m : clip) {
     CAPTURE(m);
     CHECK(m == clip[0]);
-    CHECK(m.find("chunk_adam::step: the ranks are not configured alike: rank 0 has max_grad_norm = 1 but rank 2 has max_grad_norm = 0") !=
-          std::string::npos);
+    CHECK(m.find("chunk_adam::step: the ranks are not configured alike: rank 0 has max_grad_norm = 1 but rank 2 has "
+                 "max_grad_norm = 0") != std::string::npos);
   }
   for (const auto& m : micro) {
     CAPTURE(m);

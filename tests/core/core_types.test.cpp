@@ -102,7 +102,8 @@ TEST_CASE("format_bytes: three significant figures in IEC units") {
     const std::string s = format_bytes(n);
     const auto back = parse_bytes(s.substr(0, s.find(' ')) + s.substr(s.find(' ') + 1));
     REQUIRE_MESSAGE(back.has_value(), s);
-    const double rel = std::fabs(static_cast<double>(*back) - static_cast<double>(n)) / std::max(1.0, static_cast<double>(n));
+    const double rel =
+        std::fabs(static_cast<double>(*back) - static_cast<double>(n)) / std::max(1.0, static_cast<double>(n));
     CHECK_MESSAGE(rel <= 0.005, n << " -> " << s << " -> " << *back);
   }
 }
@@ -135,8 +136,10 @@ TEST_CASE("every error type is a chunkstar::error and keeps its message") {
 
 TEST_CASE("out_of_memory_error carries the report and names what failed") {
   memory_report r;
-  r.spaces.push_back({"cuda:0", std::size_t{80} << 30, std::size_t{79} << 30, std::size_t{80} << 30, std::size_t{256} << 20});
-  r.spaces.push_back({"host", std::numeric_limits<std::size_t>::max(), 12u << 20, 20u << 20, std::numeric_limits<std::size_t>::max()});
+  r.spaces.push_back(
+      {"cuda:0", std::size_t{80} << 30, std::size_t{79} << 30, std::size_t{80} << 30, std::size_t{256} << 20});
+  r.spaces.push_back(
+      {"host", std::numeric_limits<std::size_t>::max(), 12u << 20, 20u << 20, std::numeric_limits<std::size_t>::max()});
   const out_of_memory_error e("allocating chunk 7 of the param list (512 MiB) on cuda:0", std::size_t{512} << 20, r);
 
   CHECK(e.requested_bytes() == std::size_t{512} << 20);

@@ -53,7 +53,9 @@ struct format16 {
   int exp_bits;
   int man_bits;
   [[nodiscard]] int bias() const { return (1 << (exp_bits - 1)) - 1; }
-  [[nodiscard]] std::uint16_t inf_bits() const { return static_cast<std::uint16_t>(((1u << exp_bits) - 1u) << man_bits); }
+  [[nodiscard]] std::uint16_t inf_bits() const {
+    return static_cast<std::uint16_t>(((1u << exp_bits) - 1u) << man_bits);
+  }
 };
 constexpr format16 f16_format{5, 10};
 constexpr format16 bf16_format{8, 7};
@@ -64,9 +66,12 @@ double reference_value(format16 f, std::uint16_t bits) {
   const unsigned e = (bits >> f.man_bits) & ((1u << f.exp_bits) - 1u);
   const unsigned m = bits & ((1u << f.man_bits) - 1u);
   double v;
-  if (e == (1u << f.exp_bits) - 1u) v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
-  else if (e == 0) v = std::ldexp(static_cast<double>(m), 1 - f.bias() - f.man_bits);
-  else v = std::ldexp(static_cast<double>((1u << f.man_bits) + m), static_cast<int>(e) - f.bias() - f.man_bits);
+  if (e == (1u << f.exp_bits) - 1u)
+    v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  else if (e == 0)
+    v = std::ldexp(static_cast<double>(m), 1 - f.bias() - f.man_bits);
+  else
+    v = std::ldexp(static_cast<double>((1u << f.man_bits) + m), static_cast<int>(e) - f.bias() - f.man_bits);
   return neg ? -v : v;
 }
 
@@ -115,15 +120,29 @@ std::vector<float> rounding_inputs(const std::vector<double>& mags) {
       in.push_back(s * std::nextafter(fmid, std::numeric_limits<float>::infinity()));
     }
   }
-  const float specials[] = {0.0f, 65504.0f, 65519.99f, std::nextafter(65520.0f, 0.0f), 65520.0f,
-                            std::nextafter(65520.0f, 1e9f), 65536.0f, 1e6f,
-                            std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), std::nextafter(std::ldexp(1.0f, -25), 1.0f),
-                            std::nextafter(std::ldexp(1.0f, -25), 0.0f), std::ldexp(1.5f, -25), std::ldexp(1.0f, -26),
-                            std::ldexp(1.0f, -14), std::nextafter(std::ldexp(1.0f, -14), 0.0f),
+  const float specials[] = {0.0f,
+                            65504.0f,
+                            65519.99f,
+                            std::nextafter(65520.0f, 0.0f),
+                            65520.0f,
+                            std::nextafter(65520.0f, 1e9f),
+                            65536.0f,
+                            1e6f,
+                            std::ldexp(1.0f, -24),
+                            std::ldexp(1.0f, -25),
+                            std::nextafter(std::ldexp(1.0f, -25), 1.0f),
+                            std::nextafter(std::ldexp(1.0f, -25), 0.0f),
+                            std::ldexp(1.5f, -25),
+                            std::ldexp(1.0f, -26),
+                            std::ldexp(1.0f, -14),
+                            std::nextafter(std::ldexp(1.0f, -14), 0.0f),
                             std::ldexp(1023.5f, -24),  // between the largest subnormal half and the smallest normal
-                            std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
-                            std::nextafter(std::numeric_limits<float>::min(), 0.0f), std::numeric_limits<float>::max(),
-                            std::ldexp(1.0f, 127) * 1.99609375f, std::nextafter(std::ldexp(1.0f, 127) * 1.99609375f, 0.0f),
+                            std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::min(),
+                            std::nextafter(std::numeric_limits<float>::min(), 0.0f),
+                            std::numeric_limits<float>::max(),
+                            std::ldexp(1.0f, 127) * 1.99609375f,
+                            std::nextafter(std::ldexp(1.0f, 127) * 1.99609375f, 0.0f),
                             std::numeric_limits<float>::infinity()};
   for (float s : specials) {
     in.push_back(s);
@@ -158,9 +177,11 @@ static_assert(float_to_f16_bits(1.0f) == 0x3c00 && float_to_f16_bits(-2.0f) == 0
 static_assert(float_to_f16_bits(65504.0f) == 0x7bff && float_to_f16_bits(65520.0f) == 0x7c00);
 static_assert(f16_bits_to_float(0x0001) == 0x1p-24f && f16_bits_to_float(0x3555) == 0x1.554p-2f);
 static_assert(float_to_bf16_bits(1.0f) == 0x3f80 && bf16_bits_to_float(0xc040) == -3.0f);
-static_assert(std::is_same_v<dtype_storage_t<dtype::f16>, float16> && std::is_same_v<dtype_storage_t<dtype::bf16>, bfloat16> &&
+static_assert(std::is_same_v<dtype_storage_t<dtype::f16>, float16> &&
+              std::is_same_v<dtype_storage_t<dtype::bf16>, bfloat16> &&
               std::is_same_v<dtype_storage_t<dtype::f32>, float>);
-static_assert(dtype_of_v<float> == dtype::f32 && dtype_of_v<float16> == dtype::f16 && dtype_of_v<bfloat16> == dtype::bf16);
+static_assert(dtype_of_v<float> == dtype::f32 && dtype_of_v<float16> == dtype::f16 &&
+              dtype_of_v<bfloat16> == dtype::bf16);
 static_assert(!is_element_type_v<double> && !is_element_type_v<std::uint16_t>);
 
 TEST_CASE("dtype sizes and names") {
@@ -187,7 +208,8 @@ TEST_CASE("f16 -> float: all 65536 patterns against the field-by-field reference
     } else {
       ok = static_cast<double>(got) == want && std::signbit(got) == std::signbit(want);
     }
-    ok = ok && same_float(to_float(float16::from_bits(h)), got) && same_float(static_cast<float>(float16::from_bits(h)), got);
+    ok = ok && same_float(to_float(float16::from_bits(h)), got) &&
+         same_float(static_cast<float>(float16::from_bits(h)), got);
     if (!ok && ++bad <= 10) FAIL_CHECK("pattern 0x" << std::hex << b << ": got " << got << ", want " << want);
   }
   CHECK(bad == 0);
@@ -201,7 +223,8 @@ TEST_CASE("bf16 -> float: all 65536 patterns against the field-by-field referenc
     const float got = bf16_bits_to_float(h);
     bool ok = std::isnan(want) ? std::isnan(got) && std::signbit(got) == static_cast<bool>(h & 0x8000u)
                                : static_cast<double>(got) == want && std::signbit(got) == std::signbit(want);
-    ok = ok && same_float(to_float(bfloat16::from_bits(h)), got) && same_float(static_cast<float>(bfloat16::from_bits(h)), got);
+    ok = ok && same_float(to_float(bfloat16::from_bits(h)), got) &&
+         same_float(static_cast<float>(bfloat16::from_bits(h)), got);
     if (!ok && ++bad <= 10) FAIL_CHECK("pattern 0x" << std::hex << b << ": got " << got << ", want " << want);
   }
   CHECK(bad == 0);
@@ -217,7 +240,8 @@ TEST_CASE("float -> f16 rounds to nearest even: widened patterns, midpoints, nei
     const std::uint16_t got = float_to_f16_bits(x);
     ++checked;
     if ((got != want || float16(x).bits != got || from_float<float16>(x).bits != got) && ++bad <= 10)
-      FAIL_CHECK("x = " << x << " (0x" << std::hex << std::bit_cast<std::uint32_t>(x) << "): got 0x" << got << ", want 0x" << want);
+      FAIL_CHECK("x = " << x << " (0x" << std::hex << std::bit_cast<std::uint32_t>(x) << "): got 0x" << got
+                        << ", want 0x" << want);
   }
   CHECK(bad == 0);
   CHECK(checked > 8 * 31744);
@@ -225,10 +249,10 @@ TEST_CASE("float -> f16 rounds to nearest even: widened patterns, midpoints, nei
   CHECK(float_to_f16_bits(65519.99f) == 0x7bff);
   CHECK(float_to_f16_bits(65520.0f) == 0x7c00);
   CHECK(float_to_f16_bits(-65520.0f) == 0xfc00);
-  CHECK(float_to_f16_bits(std::ldexp(1.0f, -25)) == 0x0000);                                   // tie: to even (zero)
+  CHECK(float_to_f16_bits(std::ldexp(1.0f, -25)) == 0x0000);  // tie: to even (zero)
   CHECK(float_to_f16_bits(std::nextafter(std::ldexp(1.0f, -25), 1.0f)) == 0x0001);
-  CHECK(float_to_f16_bits(std::ldexp(1.5f, -24)) == 0x0002);                                   // tie: to even
-  CHECK(float_to_f16_bits(std::ldexp(1023.5f, -24)) == 0x0400);                                // up into the normals
+  CHECK(float_to_f16_bits(std::ldexp(1.5f, -24)) == 0x0002);     // tie: to even
+  CHECK(float_to_f16_bits(std::ldexp(1023.5f, -24)) == 0x0400);  // up into the normals
   CHECK(float_to_f16_bits(-0.0f) == 0x8000);
 }
 
@@ -240,7 +264,8 @@ TEST_CASE("float -> bf16 rounds to nearest even: widened patterns, midpoints, ne
     const std::uint16_t want = reference_round(mags, x);
     const std::uint16_t got = float_to_bf16_bits(x);
     if ((got != want || bfloat16(x).bits != got || from_float<bfloat16>(x).bits != got) && ++bad <= 10)
-      FAIL_CHECK("x = " << x << " (0x" << std::hex << std::bit_cast<std::uint32_t>(x) << "): got 0x" << got << ", want 0x" << want);
+      FAIL_CHECK("x = " << x << " (0x" << std::hex << std::bit_cast<std::uint32_t>(x) << "): got 0x" << got
+                        << ", want 0x" << want);
   }
   CHECK(bad == 0);
   CHECK(float_to_bf16_bits(std::numeric_limits<float>::max()) == 0x7f80);  // above the last midpoint
@@ -267,8 +292,8 @@ TEST_CASE("16 -> 32 -> 16 is the identity for every non-NaN pattern") {
       FAIL_CHECK("f16 0x" << std::hex << b);
     if (!std::isnan(bf16_bits_to_float(h)) && float_to_bf16_bits(bf16_bits_to_float(h)) != h && ++bad <= 10)
       FAIL_CHECK("bf16 0x" << std::hex << b);
-    if (!std::isnan(f16_bits_to_float(h)) && !(from_float<float16>(to_float(float16::from_bits(h))) == float16::from_bits(h)) &&
-        ++bad <= 10)
+    if (!std::isnan(f16_bits_to_float(h)) &&
+        !(from_float<float16>(to_float(float16::from_bits(h))) == float16::from_bits(h)) && ++bad <= 10)
       FAIL_CHECK("float16 0x" << std::hex << b);
   }
   CHECK(bad == 0);
@@ -283,7 +308,8 @@ TEST_CASE("randomised sweep: 10 million floats against the references") {
   random_floats(10'000'000, [&](float x) {
     if (std::isnan(x)) {
       ++nans;
-      const bool ok = std::isnan(f16_bits_to_float(float_to_f16_bits(x))) && std::isnan(bf16_bits_to_float(float_to_bf16_bits(x))) &&
+      const bool ok = std::isnan(f16_bits_to_float(float_to_f16_bits(x))) &&
+                      std::isnan(bf16_bits_to_float(float_to_bf16_bits(x))) &&
                       static_cast<bool>(float_to_f16_bits(x) & 0x8000u) == std::signbit(x) &&
                       static_cast<bool>(float_to_bf16_bits(x) & 0x8000u) == std::signbit(x);
       if (!ok && ++bad <= 10) FAIL_CHECK("NaN 0x" << std::hex << std::bit_cast<std::uint32_t>(x));
@@ -292,8 +318,8 @@ TEST_CASE("randomised sweep: 10 million floats against the references") {
     const std::uint16_t h = float_to_f16_bits(x), hw = reference_round(f16_mags, x);
     const std::uint16_t b = float_to_bf16_bits(x), bw = reference_round(bf16_mags, x);
     if ((h != hw || b != bw) && ++bad <= 10)
-      FAIL_CHECK("x = 0x" << std::hex << std::bit_cast<std::uint32_t>(x) << ": f16 0x" << h << " want 0x" << hw << ", bf16 0x" << b
-                          << " want 0x" << bw);
+      FAIL_CHECK("x = 0x" << std::hex << std::bit_cast<std::uint32_t>(x) << ": f16 0x" << h << " want 0x" << hw
+                          << ", bf16 0x" << b << " want 0x" << bw);
   });
   CHECK(bad == 0);
   CHECK(nans > 0);  // the uniform half hits NaNs (about 1 in 256)
@@ -316,8 +342,8 @@ TEST_CASE("fp16 conversions agree with the F16C instructions bit for bit") {
   const auto mags = magnitude_table(f16_format);
   auto compare = [&](float x) {
     if (float_to_f16_bits(x) != hw_float_to_f16(x) && ++bad <= 10)
-      FAIL_CHECK("x = 0x" << std::hex << std::bit_cast<std::uint32_t>(x) << ": library 0x" << float_to_f16_bits(x) << ", F16C 0x"
-                          << hw_float_to_f16(x));
+      FAIL_CHECK("x = 0x" << std::hex << std::bit_cast<std::uint32_t>(x) << ": library 0x" << float_to_f16_bits(x)
+                          << ", F16C 0x" << hw_float_to_f16(x));
   };
   for (float x : rounding_inputs(mags)) compare(x);
   for (float x : nan_inputs()) compare(x);  // quietened, sign and top payload bits kept, as the hardware does

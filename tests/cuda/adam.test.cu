@@ -73,9 +73,9 @@ void compare(std::size_t n, std::size_t offset) {
 using namespace adam_test;
 
 TEST_CASE_TEMPLATE("device Adam matches the host kernel", G, float, float16, bfloat16) {
-  compare<G, float>(1 << 20, 0);      // vectorised loads
-  compare<G, float16>(100003, 0);     // vectorised with a tail
-  compare<G, bfloat16>(100003, 1);    // misaligned: scalar path
+  compare<G, float>(1 << 20, 0);    // vectorised loads
+  compare<G, float16>(100003, 0);   // vectorised with a tail
+  compare<G, bfloat16>(100003, 1);  // misaligned: scalar path
 }
 
 TEST_CASE("adam_step_device dispatches like adam_step_host") {
@@ -84,11 +84,23 @@ TEST_CASE("adam_step_device dispatches like adam_step_host") {
   std::vector<float16> g(n, float16(0.25f)), p(n);
   dev_buf<float> dmaster(master), dm(m), dv(v);
   dev_buf<float16> dg(g), dp(p);
-  adam_step_host({.master = master.data(), .m = m.data(), .v = v.data(), .count = n, .grad = g.data(),
-                  .grad_type = dtype::f16, .param = p.data(), .param_type = dtype::f16},
+  adam_step_host({.master = master.data(),
+                  .m = m.data(),
+                  .v = v.data(),
+                  .count = n,
+                  .grad = g.data(),
+                  .grad_type = dtype::f16,
+                  .param = p.data(),
+                  .param_type = dtype::f16},
                  {.lr = 0.01f}, {.step = 1});
-  cuda::adam_step_device({.master = dmaster.p, .m = dm.p, .v = dv.p, .count = n, .grad = dg.p,
-                          .grad_type = dtype::f16, .param = dp.p, .param_type = dtype::f16},
+  cuda::adam_step_device({.master = dmaster.p,
+                          .m = dm.p,
+                          .v = dv.p,
+                          .count = n,
+                          .grad = dg.p,
+                          .grad_type = dtype::f16,
+                          .param = dp.p,
+                          .param_type = dtype::f16},
                          {.lr = 0.01f}, {.step = 1}, nullptr);
   ok(cudaDeviceSynchronize());
   CHECK(dmaster.get() == master);

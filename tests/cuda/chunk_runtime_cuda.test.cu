@@ -23,10 +23,10 @@ std::vector<float> train(typename Platform::device_space& dev, typename Platform
   rt_t rt(dev, host, copier, {.param_type = dtype::bf16}, fixed_chunk_layout({.chunk_elems = 4096}), placement);
   std::vector<param_id> ids;
   for (int i = 0; i < 8; ++i)
-    ids.push_back(rt.register_param({"w" + std::to_string(i), {4000}, dtype::bf16, tensor_role::weight},
-                                    [i](std::span<float> v) {
-                                      for (std::size_t k = 0; k < v.size(); ++k) v[k] = std::sin(0.01f * k + i);
-                                    }));
+    ids.push_back(
+        rt.register_param({"w" + std::to_string(i), {4000}, dtype::bf16, tensor_role::weight}, [i](std::span<float> v) {
+          for (std::size_t k = 0; k < v.size(); ++k) v[k] = std::sin(0.01f * k + i);
+        }));
   rt.finalize();
   chunk_adam<static_loss_scaler, Kernels> opt({.max_grad_norm = 1.0f});
   std::vector<bfloat16> g(4000);
@@ -54,15 +54,16 @@ TEST_CASE("CUDA platform: same bits as the simulated platform, with and without 
   simulated_device_space sdev({.capacity = 64 << 20});
   host_space shost;
   host_copy_engine scopier;
-  const auto reference = train<simulated_platform, host_adam_kernels>(sdev, shost, scopier, static_placement::all_device());
+  const auto reference =
+      train<simulated_platform, host_adam_kernels>(sdev, shost, scopier, static_placement::all_device());
   for (double fraction : {1.0, 0.3}) {
     CAPTURE(fraction);
     // 8 chunks x (bf16 param + grad + fp32 master, m, v) = 8 x 56 KiB; a 30% budget forces moves.
     cuda::device_space dev({.capacity = fraction == 1.0 ? (64u << 20) : 160u << 10});
     cuda::pinned_host_space host;
     cuda::cuda_copy_engine copier;
-    const auto got = train<cuda::cuda_platform, cuda::device_adam_kernels>(dev, host, copier,
-                                                                           static_placement::fraction(fraction));
+    const auto got =
+        train<cuda::cuda_platform, cuda::device_adam_kernels>(dev, host, copier, static_placement::fraction(fraction));
     CHECK(got == reference);
   }
 }

@@ -11,9 +11,10 @@ int main(int argc, char** argv) {
   int devices = 0;
   const cudaError_t status = cudaGetDeviceCount(&devices);
   if (status != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device found (cudaGetDeviceCount: %s, %d devices); "
-                "run tests/gpu/run.sh on a GPU machine\n",
-                status == cudaSuccess ? "ok" : cudaGetErrorString(status), devices);
+    std::printf(
+        "SKIPPED: no CUDA device found (cudaGetDeviceCount: %s, %d devices); "
+        "run tests/gpu/run.sh on a GPU machine\n",
+        status == cudaSuccess ? "ok" : cudaGetErrorString(status), devices);
     return 77;
   }
   doctest::Context ctx(argc, argv);

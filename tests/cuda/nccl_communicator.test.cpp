@@ -36,14 +36,17 @@ void cuda_ok(cudaError_t rc, const char* what) {
 /** @brief Device memory as a conformance-suite buffer. */
 class device_buffer {
  public:
-  explicit device_buffer(std::size_t bytes) : bytes_(bytes) { cuda_ok(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), "cudaMalloc"); }
+  explicit device_buffer(std::size_t bytes) : bytes_(bytes) {
+    cuda_ok(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
   ~device_buffer() { cudaFree(data_); }
   void* data() noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
   void write(const void* src, std::size_t n, std::size_t offset = 0) {
-    if (n != 0) cuda_ok(cudaMemcpy(static_cast<std::byte*>(data_) + offset, src, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    if (n != 0)
+      cuda_ok(cudaMemcpy(static_cast<std::byte*>(data_) + offset, src, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
   }
   [[nodiscard]] std::vector<std::byte> read() const {
     std::vector<std::byte> out(bytes_);
@@ -92,4 +95,3 @@ TEST_CASE("nccl_communicator: one rank, rank 0, on the current device") {
 }  // namespace nccl_communicator_test
 
 #endif  // CHUNKSTAR_HAS_NCCL()
-

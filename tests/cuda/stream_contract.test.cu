@@ -34,8 +34,8 @@ __global__ void spin_then_write(float* out, std::size_t n, unsigned long long sp
 constexpr unsigned long long spin_ns = 200'000'000;  // 200 ms: far longer than any copy here
 constexpr std::size_t n = 1 << 16;                   // one chunk of fp32
 
-using rt_t = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer, single_process_communicator,
-                           cuda::cuda_platform>;
+using rt_t = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer,
+                           single_process_communicator, cuda::cuda_platform>;
 
 /** The user's own non-blocking stream (no implicit ordering with any other stream). */
 struct user_stream {
@@ -79,7 +79,7 @@ TEST_CASE("CUDA stream contract: an offload after close(stream) carries the user
   {
     auto s = rt.forward("f", {w});
     launch(s.param<float>(w), user.s, 3.0f);
-    s.close(user.s);  // hands the memory back; does not synchronise
+    s.close(user.s);                                      // hands the memory back; does not synchronise
     CHECK(cudaStreamQuery(user.s) == cudaErrorNotReady);  // the kernel is still running
   }
   rt.offload({chunk_kind::param, 0});  // the eviction's copy waits for the kernel on the device
@@ -90,7 +90,9 @@ TEST_CASE("CUDA stream contract: an offload after close(stream) carries the user
   rt.end_iteration();
 }
 
-TEST_CASE("CUDA stream contract: a budget eviction after close(stream) is ordered after the kernel, and the host does not wait") {
+TEST_CASE(
+    "CUDA stream contract: a budget eviction after close(stream) is ordered after the kernel, and the host does not "
+    "wait") {
   cuda::device_space dev({.capacity = 64u << 20});
   cuda::pinned_host_space host;
   cuda::cuda_copy_engine copier;

@@ -23,7 +23,8 @@ TEST_CASE("ZeRO over NCCL, one rank per GPU: the owned parameters of 2 ranks equ
   int devices = 0;
   REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
   if (devices < 2) {
-    std::printf("SKIPPED: ZeRO over NCCL needs 2 GPUs (NCCL puts one rank of a communicator per GPU); %d found\n", devices);
+    std::printf("SKIPPED: ZeRO over NCCL needs 2 GPUs (NCCL puts one rank of a communicator per GPU); %d found\n",
+                devices);
     std::exit(77);
   }
   for (bool memory_saving : {false, true}) {
@@ -34,7 +35,8 @@ TEST_CASE("ZeRO over NCCL, one rank per GPU: the owned parameters of 2 ranks equ
       simulated_device_space dev({.capacity = 64 << 20});
       host_space host;
       host_copy_engine copier;
-      expected[static_cast<std::size_t>(c.rank())] = train<simulated_platform, host_adam_kernels>(c, dev, host, copier, memory_saving);
+      expected[static_cast<std::size_t>(c.rank())] =
+          train<simulated_platform, host_adam_kernels>(c, dev, host, copier, memory_saving);
     });
     ncclUniqueId id{};
     REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
@@ -48,7 +50,8 @@ TEST_CASE("ZeRO over NCCL, one rank per GPU: the owned parameters of 2 ranks equ
           cuda::device_space dev({.capacity = 64u << 20});
           cuda::pinned_host_space host;
           cuda::cuda_copy_engine copier;
-          got[static_cast<std::size_t>(r)] = train<cuda::cuda_platform, cuda::device_adam_kernels>(comm, dev, host, copier, memory_saving);
+          got[static_cast<std::size_t>(r)] =
+              train<cuda::cuda_platform, cuda::device_adam_kernels>(comm, dev, host, copier, memory_saving);
         } catch (const std::exception& e) {
           errors[static_cast<std::size_t>(r)] = e.what();
         }

@@ -27,16 +27,19 @@ constexpr std::size_t elems = 3000;
  *  rank, the layer and the step; Adam on the device (or the host kernel on the simulated one).
  *  Returns the owned fp32 master weights by name. */
 template <class Platform, class Kernels, class Comm>
-std::map<std::string, std::vector<float>> train(Comm& comm, typename Platform::device_space& dev, typename Platform::host_space& host,
+std::map<std::string, std::vector<float>> train(Comm& comm, typename Platform::device_space& dev,
+                                                typename Platform::host_space& host,
                                                 typename Platform::copy_engine& copier, bool memory_saving) {
   using rt_t = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer, Comm, Platform>;
-  rt_t rt(dev, host, copier, comm, {.sharding = {.enabled = true, .memory_saving = memory_saving}}, fixed_chunk_layout({.chunk_elems = 4096}),
-          static_placement::all_device());
+  rt_t rt(dev, host, copier, comm, {.sharding = {.enabled = true, .memory_saving = memory_saving}},
+          fixed_chunk_layout({.chunk_elems = 4096}), static_placement::all_device());
   std::vector<param_id> ids;
   for (int i = 0; i < layers; ++i)
-    ids.push_back(rt.register_param({"w" + std::to_string(i), {elems}, dtype::f32, tensor_role::weight}, [i](std::span<float> v) {
-      for (std::size_t k = 0; k < v.size(); ++k) v[k] = std::sin(0.01f * static_cast<float>(k) + static_cast<float>(i));
-    }));
+    ids.push_back(
+        rt.register_param({"w" + std::to_string(i), {elems}, dtype::f32, tensor_role::weight}, [i](std::span<float> v) {
+          for (std::size_t k = 0; k < v.size(); ++k)
+            v[k] = std::sin(0.01f * static_cast<float>(k) + static_cast<float>(i));
+        }));
   rt.finalize();
   chunk_adam<static_loss_scaler, Kernels> opt({.max_grad_norm = 1.0f});
   std::vector<float> g(elems);
@@ -46,7 +49,8 @@ std::map<std::string, std::vector<float>> train(Comm& comm, typename Platform::d
       auto s = rt.backward("w" + std::to_string(i), {ids[i]});
       auto span = s.template grad<float>(ids[i]);
       for (std::size_t k = 0; k < g.size(); ++k)
-        g[k] = std::cos(0.03f * static_cast<float>(k) + static_cast<float>(i + step)) * static_cast<float>(1 + comm.rank());
+        g[k] = std::cos(0.03f * static_cast<float>(k) + static_cast<float>(i + step)) *
+               static_cast<float>(1 + comm.rank());
       if constexpr (can_access_v<host_exec, typename Platform::device_space>)
         std::copy(g.begin(), g.end(), span.begin());
       else

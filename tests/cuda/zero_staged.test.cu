@@ -17,7 +17,8 @@ namespace zero_staged_test {
 
 using zero_cuda::train;
 
-TEST_CASE("ZeRO with 3 ranks on one GPU through host staging: the owned parameters equal the simulated platform's bits") {
+TEST_CASE(
+    "ZeRO with 3 ranks on one GPU through host staging: the owned parameters equal the simulated platform's bits") {
   for (bool memory_saving : {false, true}) {
     CAPTURE(memory_saving);
     constexpr int ranks = 3;
@@ -26,7 +27,8 @@ TEST_CASE("ZeRO with 3 ranks on one GPU through host staging: the owned paramete
       simulated_device_space dev({.capacity = 64 << 20});
       host_space host;
       host_copy_engine copier;
-      expected[static_cast<std::size_t>(c.rank())] = train<simulated_platform, host_adam_kernels>(c, dev, host, copier, memory_saving);
+      expected[static_cast<std::size_t>(c.rank())] =
+          train<simulated_platform, host_adam_kernels>(c, dev, host, copier, memory_saving);
     });
     std::vector<std::pair<std::uint64_t, std::uint64_t>> staged(ranks);
     run_ranks(ranks, [&](in_process_communicator& inner) {
@@ -35,7 +37,8 @@ TEST_CASE("ZeRO with 3 ranks on one GPU through host staging: the owned paramete
       cuda::device_space dev({.capacity = 64u << 20});
       cuda::pinned_host_space host;
       cuda::cuda_copy_engine copier;
-      got[static_cast<std::size_t>(comm.rank())] = train<cuda::cuda_platform, cuda::device_adam_kernels>(comm, dev, host, copier, memory_saving);
+      got[static_cast<std::size_t>(comm.rank())] =
+          train<cuda::cuda_platform, cuda::device_adam_kernels>(comm, dev, host, copier, memory_saving);
       staged[static_cast<std::size_t>(comm.rank())] = comm.staged_bytes();
     });
     for (int r = 0; r < ranks; ++r) {

@@ -43,8 +43,8 @@ struct thread_pool_one_thread {
 };
 
 disk_space make_space(const char* name, bool direct = true) {
-  return disk_space({.directory = chunkstar::test::engine_dir().path(), .capacity = 8 * mib, .name = name,
-                     .use_direct_io = direct});
+  return disk_space(
+      {.directory = chunkstar::test::engine_dir().path(), .capacity = 8 * mib, .name = name, .use_direct_io = direct});
 }
 
 std::string what_of(const disk_copy_handle& h) {

@@ -39,13 +39,15 @@ using lru_rt = chunk_runtime<fixed_chunk_layout, auto_placement, lru_eviction>;
 using host_step_rt = chunk_runtime<fixed_chunk_layout, static_placement>;
 
 toy_result reference_run() {
-  static const toy_result r = train_toy<chunk_runtime<fixed_chunk_layout, static_placement>>(toy_config{}, 1.0, static_placement::all_device());
+  static const toy_result r =
+      train_toy<chunk_runtime<fixed_chunk_layout, static_placement>>(toy_config{}, 1.0, static_placement::all_device());
   return r;
 }
 
 }  // namespace
 
-TEST_CASE("disk tier: the same bits at any device and host budget, policy and disk prefetch; data beyond device + host") {
+TEST_CASE(
+    "disk tier: the same bits at any device and host budget, policy and disk prefetch; data beyond device + host") {
   const toy_result reference = reference_run();
   REQUIRE(reference.losses.back() < reference.losses.front());
   chunkstar::test::scratch_dir dir;
@@ -77,8 +79,10 @@ TEST_CASE("disk tier: the same bits at any device and host budget, policy and di
           CHECK(r->disk_engine[copy_direction::to_device].bytes >= r->stats.bytes_from_disk);
           CHECK(r->disk_engine[copy_direction::to_device].bytes <= r->stats.bytes_from_disk + r->model_bytes / 4);
         }
-        if (disk_prefetch > 0) CHECK(bel.stats.disk_prefetches > 0);
-        else CHECK(bel.stats.disk_prefetches == 0);
+        if (disk_prefetch > 0)
+          CHECK(bel.stats.disk_prefetches > 0);
+        else
+          CHECK(bel.stats.disk_prefetches == 0);
       }
     }
   }
@@ -154,7 +158,8 @@ TEST_CASE("disk prefetch: reads start ahead of use and replace demand reads") {
   CHECK(ahead.params == demand.params);
 }
 
-TEST_CASE("disk planner: reads in order of need, exchanges only for chunks used later, in-use victims, horizon, depth") {
+TEST_CASE(
+    "disk planner: reads in order of need, exchanges only for chunks used later, in-use victims, horizon, depth") {
   // Four param chunks and no other list; moment k needs param k. Chunks 2 and 3 on disk.
   disk_snapshot s;
   s.moment = 0;
@@ -162,7 +167,8 @@ TEST_CASE("disk planner: reads in order of need, exchanges only for chunks used 
   s.per_kind = 4;
   s.bytes[static_cast<std::size_t>(chunk_kind::param)] = 100;
   s.chunks.resize(num_chunk_kinds * 4);
-  for (std::uint32_t c = 0; c < 4; ++c) s.chunks[s.dense({chunk_kind::param, c})].where = c < 2 ? tier::host : tier::disk;
+  for (std::uint32_t c = 0; c < 4; ++c)
+    s.chunks[s.dense({chunk_kind::param, c})].where = c < 2 ? tier::host : tier::disk;
   s.host_resident = 200;
   s.host_budget = 400;
   s.depth = 8;
@@ -171,22 +177,29 @@ TEST_CASE("disk planner: reads in order of need, exchanges only for chunks used 
     v.assign(1, chunk_id{chunk_kind::param, static_cast<std::uint32_t>(k)});
     return std::span<const chunk_id>(v);
   };
-  const auto next_use = [&](chunk_id id) { return id.index == 0 ? std::size_t{4} : std::size_t{id.index}; };  // from moment 0
+  const auto next_use = [&](chunk_id id) {
+    return id.index == 0 ? std::size_t{4} : std::size_t{id.index};
+  };  // from moment 0
   const belady_eviction belady;
   using op = disk_op;
   // Room for both: read 2, then 3.
-  CHECK(plan_disk_prefetch(s, needs, next_use, belady) == std::vector<op>{{op::kind::read, {chunk_kind::param, 2}}, {op::kind::read, {chunk_kind::param, 3}}});
+  CHECK(plan_disk_prefetch(s, needs, next_use, belady) ==
+        std::vector<op>{{op::kind::read, {chunk_kind::param, 2}}, {op::kind::read, {chunk_kind::param, 3}}});
   // Room for one: read 2 into the room; for 3, chunk 0 (next used at 4, after 3) goes down.
   s.host_budget = 300;
-  CHECK(plan_disk_prefetch(s, needs, next_use, belady) ==
-        std::vector<op>{{op::kind::read, {chunk_kind::param, 2}}, {op::kind::write, {chunk_kind::param, 0}}, {op::kind::read, {chunk_kind::param, 3}}});
-  // No room: 2 needs a victim used after moment 2: chunk 0 (4), not chunk 1 (1). Then 3 has none left but 2 itself? No: 2 is needed at 2 < 3.
+  CHECK(plan_disk_prefetch(s, needs, next_use, belady) == std::vector<op>{{op::kind::read, {chunk_kind::param, 2}},
+                                                                          {op::kind::write, {chunk_kind::param, 0}},
+                                                                          {op::kind::read, {chunk_kind::param, 3}}});
+  // No room: 2 needs a victim used after moment 2: chunk 0 (4), not chunk 1 (1). Then 3 has none left but 2 itself? No:
+  // 2 is needed at 2 < 3.
   s.host_budget = 200;
-  CHECK(plan_disk_prefetch(s, needs, next_use, belady) == std::vector<op>{{op::kind::write, {chunk_kind::param, 0}}, {op::kind::read, {chunk_kind::param, 2}}});
+  CHECK(plan_disk_prefetch(s, needs, next_use, belady) ==
+        std::vector<op>{{op::kind::write, {chunk_kind::param, 0}}, {op::kind::read, {chunk_kind::param, 2}}});
   // Whatever the strategy: LRU would pick chunk 1 (older), which is used sooner; it is not a candidate.
   s.chunks[s.dense({chunk_kind::param, 1})].last_use = 0;
   s.chunks[s.dense({chunk_kind::param, 0})].last_use = 5;
-  CHECK(plan_disk_prefetch(s, needs, next_use, lru_eviction{}) == std::vector<op>{{op::kind::write, {chunk_kind::param, 0}}, {op::kind::read, {chunk_kind::param, 2}}});
+  CHECK(plan_disk_prefetch(s, needs, next_use, lru_eviction{}) ==
+        std::vector<op>{{op::kind::write, {chunk_kind::param, 0}}, {op::kind::read, {chunk_kind::param, 2}}});
   // A pinned victim cannot go; depth limits the reads in flight.
   s.chunks[s.dense({chunk_kind::param, 0})].pinned = true;
   CHECK(plan_disk_prefetch(s, needs, next_use, belady).empty());
@@ -206,11 +219,16 @@ TEST_CASE("disk planner: reads in order of need, exchanges only for chunks used 
   s.arriving.clear();
   // A chunk in use now that the demand path would send down first (used latest): the plan waits
   // for it instead of sending down the next best; when it is not the best, the best goes.
-  const auto later = [](chunk_id id) { return id.index == 1 ? std::size_t{6} : id.index == 0 ? std::size_t{4} : std::size_t{id.index}; };
+  const auto later = [](chunk_id id) {
+    return id.index == 1 ? std::size_t{6} : id.index == 0 ? std::size_t{4} : std::size_t{id.index};
+  };
   s.chunks[s.dense({chunk_kind::param, 1})].pinned = true;
   CHECK(plan_disk_prefetch(s, needs, later, belady).empty());
-  const auto sooner = [](chunk_id id) { return id.index == 1 ? std::size_t{3} : id.index == 0 ? std::size_t{4} : std::size_t{id.index}; };
-  CHECK(plan_disk_prefetch(s, needs, sooner, belady) == std::vector<op>{{op::kind::write, {chunk_kind::param, 0}}, {op::kind::read, {chunk_kind::param, 2}}});
+  const auto sooner = [](chunk_id id) {
+    return id.index == 1 ? std::size_t{3} : id.index == 0 ? std::size_t{4} : std::size_t{id.index};
+  };
+  CHECK(plan_disk_prefetch(s, needs, sooner, belady) ==
+        std::vector<op>{{op::kind::write, {chunk_kind::param, 0}}, {op::kind::read, {chunk_kind::param, 2}}});
   // The horizon: nothing needed beyond it is read.
   s.chunks[s.dense({chunk_kind::param, 1})].pinned = false;
   s.host_budget = 400;
@@ -220,7 +238,8 @@ TEST_CASE("disk planner: reads in order of need, exchanges only for chunks used 
   CHECK(plan_disk_prefetch(s, needs, next_use, belady).empty());
 }
 
-TEST_CASE("disk faults: a failed read or write leaves the chunk where it was; retried, the run is bit for bit the same") {
+TEST_CASE(
+    "disk faults: a failed read or write leaves the chunk where it was; retried, the run is bit for bit the same") {
   const toy_result reference = reference_run();
   chunkstar::test::scratch_dir dir;
   for (int which = 0; which < 2; ++which) {
@@ -271,7 +290,8 @@ TEST_CASE("disk faults: a full disk is a typed error with the memory report; the
     disk_copy_engine io(disk);
     belady_rt rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 2048, .align_elems = 32}));
     rt.attach_disk({disk, io});
-    for (int l = 0; l < 8; ++l) (void)rt.register_param({"w" + std::to_string(l), {32, 32}, dtype::f32, tensor_role::weight});
+    for (int l = 0; l < 8; ++l)
+      (void)rt.register_param({"w" + std::to_string(l), {32, 32}, dtype::f32, tensor_role::weight});
     try {
       rt.finalize();  // 4 chunks x 3 lists x 8 KiB = 96 KiB > 16 + 32 + 16 KiB
       FAIL("a model larger than device + host + disk was accepted");
@@ -295,7 +315,9 @@ TEST_CASE("disk faults: a full disk is a typed error with the memory report; the
   CHECK(dir.entries() == 0);
 }
 
-TEST_CASE("disk tier: a host too small to pass chunks through says so, naming the disk's room, not 'host and device are both full'") {
+TEST_CASE(
+    "disk tier: a host too small to pass chunks through says so, naming the disk's room, not 'host and device are both "
+    "full'") {
   chunkstar::test::scratch_dir dir;
   simulated_device_space dev({.capacity = 16 << 10});
   host_space host({.capacity = 8 << 10});  // one chunk: a host-side step needs several at once
@@ -305,7 +327,8 @@ TEST_CASE("disk tier: a host too small to pass chunks through says so, naming th
   belady_rt rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 2048, .align_elems = 32}));
   rt.attach_disk({disk, io});
   std::vector<param_id> ids;
-  for (int l = 0; l < 8; ++l) ids.push_back(rt.register_param({"w" + std::to_string(l), {32, 32}, dtype::f32, tensor_role::weight}));
+  for (int l = 0; l < 8; ++l)
+    ids.push_back(rt.register_param({"w" + std::to_string(l), {32, 32}, dtype::f32, tensor_role::weight}));
   std::string what;
   try {
     rt.finalize();
@@ -355,9 +378,11 @@ TEST_CASE("disk tier: checkpoints read and write through the tiers, the format u
   const fixed_chunk_layout layout({.chunk_elems = 2048, .align_elems = 32});
   auto build = [&](belady_rt& rt) {
     for (int l = 0; l < 8; ++l)
-      (void)rt.register_param({"w" + std::to_string(l), {32, 32}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
-        for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(l) + 0.001f * static_cast<float>(i);
-      });
+      (void)rt.register_param({"w" + std::to_string(l), {32, 32}, dtype::f32, tensor_role::weight},
+                              [l](std::span<float> v) {
+                                for (std::size_t i = 0; i < v.size(); ++i)
+                                  v[i] = static_cast<float>(l) + 0.001f * static_cast<float>(i);
+                              });
     rt.finalize();
   };
   std::vector<float> expect(32 * 32), got(32 * 32);
@@ -373,7 +398,8 @@ TEST_CASE("disk tier: checkpoints read and write through the tiers, the format u
     CHECK(rt.disk_chunk_bytes() > 0);
     // Moments on disk get values a checkpoint must carry.
     for (int l = 0; l < 8; ++l) {
-      for (std::size_t i = 0; i < expect.size(); ++i) expect[i] = 100.0f * static_cast<float>(l) + static_cast<float>(i);
+      for (std::size_t i = 0; i < expect.size(); ++i)
+        expect[i] = 100.0f * static_cast<float>(l) + static_cast<float>(i);
       rt.write_tensor(param_id{static_cast<std::uint32_t>(l)}, chunk_kind::momentum, expect);
     }
     save_checkpoint(rt, ckpt);
@@ -387,7 +413,8 @@ TEST_CASE("disk tier: checkpoints read and write through the tiers, the format u
     (void)load_checkpoint(rt, ckpt);
     for (int l = 0; l < 8; ++l) {
       rt.read_tensor(param_id{static_cast<std::uint32_t>(l)}, chunk_kind::momentum, got);
-      for (std::size_t i = 0; i < expect.size(); ++i) expect[i] = 100.0f * static_cast<float>(l) + static_cast<float>(i);
+      for (std::size_t i = 0; i < expect.size(); ++i)
+        expect[i] = 100.0f * static_cast<float>(l) + static_cast<float>(i);
       CHECK(got == expect);
     }
   }
@@ -403,7 +430,8 @@ TEST_CASE("disk tier: checkpoints read and write through the tiers, the format u
     (void)load_checkpoint(rt, ckpt);
     for (int l = 0; l < 8; ++l) {
       rt.read_tensor(param_id{static_cast<std::uint32_t>(l)}, chunk_kind::momentum, got);
-      for (std::size_t i = 0; i < expect.size(); ++i) expect[i] = 100.0f * static_cast<float>(l) + static_cast<float>(i);
+      for (std::size_t i = 0; i < expect.size(); ++i)
+        expect[i] = 100.0f * static_cast<float>(l) + static_cast<float>(i);
       CHECK(got == expect);
       rt.read_tensor(param_id{static_cast<std::uint32_t>(l)}, chunk_kind::param, got);
       CHECK(got[5] == static_cast<float>(l) + 0.001f * 5.0f);

@@ -69,8 +69,11 @@ struct disk_direct : file_io {
 struct disk_buffered : file_io {
   using space_type = disk_space;
   static std::unique_ptr<disk_space> make() {
-    auto s = std::make_unique<disk_space>(disk_space_options{
-        .directory = dir().path(), .capacity = 64 * mib, .block_alignment = 512, .name = "buffered", .use_direct_io = false});
+    auto s = std::make_unique<disk_space>(disk_space_options{.directory = dir().path(),
+                                                             .capacity = 64 * mib,
+                                                             .block_alignment = 512,
+                                                             .name = "buffered",
+                                                             .use_direct_io = false});
     attach(*s);
     return s;
   }
@@ -161,19 +164,20 @@ TEST_CASE("disk_space: first fit reuses the lowest hole, frees coalesce, fragmen
   disk_space s({.directory = dir().path(), .capacity = 16 * blk});
   std::vector<void*> p;
   for (int i = 0; i < 4; ++i) p.push_back(s.allocate(4 * blk, 1));
-  for (int i = 0; i < 4; ++i) CHECK(s.offset_of(p[static_cast<std::size_t>(i)]) == static_cast<std::uint64_t>(i) * 4 * blk);
+  for (int i = 0; i < 4; ++i)
+    CHECK(s.offset_of(p[static_cast<std::size_t>(i)]) == static_cast<std::uint64_t>(i) * 4 * blk);
   CHECK(s.try_allocate(1, 1) == nullptr);
   CHECK(s.usage().largest_free_block == 0);
   s.deallocate(p[1], 4 * blk, 1);
   s.deallocate(p[3], 4 * blk, 1);
-  CHECK(s.usage().largest_free_block == 4 * blk);         // two holes of 4 blocks, not one of 8
-  CHECK(s.try_allocate(5 * blk, 1) == nullptr);            // 8 blocks free, but not contiguous
+  CHECK(s.usage().largest_free_block == 4 * blk);  // two holes of 4 blocks, not one of 8
+  CHECK(s.try_allocate(5 * blk, 1) == nullptr);    // 8 blocks free, but not contiguous
   void* q = s.allocate(2 * blk, 1);
-  CHECK(s.offset_of(q) == 4 * blk);                        // the first hole
+  CHECK(s.offset_of(q) == 4 * blk);  // the first hole
   void* r = s.allocate(3 * blk, 1);
-  CHECK(s.offset_of(r) == 12 * blk);                       // the first hole that fits
+  CHECK(s.offset_of(r) == 12 * blk);  // the first hole that fits
   s.deallocate(q, 2 * blk, 1);
-  s.deallocate(p[2], 4 * blk, 1);                          // joins [4,8) and [8,12)
+  s.deallocate(p[2], 4 * blk, 1);  // joins [4,8) and [8,12)
   CHECK(s.usage().largest_free_block == 8 * blk);
   void* big = s.allocate(8 * blk, 1);
   CHECK(s.offset_of(big) == 4 * blk);
@@ -229,7 +233,11 @@ TEST_CASE("disk_space: bad options and bad directories are typed errors that nam
   CHECK(message([&] { disk_space s({.directory = missing, .capacity = mib}); }).find(missing) != std::string::npos);
 
   const std::string file = dir().path() + "/plain_file";
-  { const int fd = ::open(file.c_str(), O_CREAT | O_WRONLY, 0600); REQUIRE(fd >= 0); ::close(fd); }
+  {
+    const int fd = ::open(file.c_str(), O_CREAT | O_WRONLY, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
   CHECK_THROWS_AS(disk_space({.directory = file, .capacity = mib}), config_error);
   std::filesystem::remove(file);
 
@@ -252,7 +260,8 @@ TEST_CASE("disk_space: a capacity beyond the filesystem's free space is an io_er
   const std::string small = dir().path() + "/small_fs";
   std::filesystem::create_directory(small);
   if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=1m") != 0) {
-    MESSAGE("cannot mount a 1 MiB tmpfs here (" << std::strerror(errno) << "; needs root and CAP_SYS_ADMIN): ENOSPC case skipped");
+    MESSAGE("cannot mount a 1 MiB tmpfs here (" << std::strerror(errno)
+                                                << "; needs root and CAP_SYS_ADMIN): ENOSPC case skipped");
     return;
   }
   std::string m;

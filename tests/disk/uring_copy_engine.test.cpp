@@ -49,7 +49,8 @@ TEST_CASE_TEMPLATE_INVOKE(disk_engine_suite, uring, uring_one_request_per_lane);
 
 TEST_CASE("uring_copy_engine: a lost descriptor is an io_error naming the request, offset, bytes and errno") {
   if (!uring_usable()) return;
-  disk_space s({.directory = chunkstar::test::engine_dir().path(), .capacity = std::size_t{4} << 20, .name = "uring_ebadf"});
+  disk_space s(
+      {.directory = chunkstar::test::engine_dir().path(), .capacity = std::size_t{4} << 20, .name = "uring_ebadf"});
   uring_copy_engine e(s);
   void* block = s.allocate(8192, 4096);
   chunkstar::test::host_buffer buf(8192);
@@ -72,15 +73,17 @@ TEST_CASE("make_uring_or_pool_engine: io_uring where allowed, the thread pool ot
   disk_space s({.directory = chunkstar::test::engine_dir().path(), .capacity = std::size_t{1} << 20, .name = "choose"});
   auto any = make_uring_or_pool_engine(s);
   CHECK(std::holds_alternative<std::unique_ptr<uring_copy_engine>>(any) == io_uring_available());
-  std::visit([&](auto& e) {
-    void* block = s.allocate(100, 1);
-    chunkstar::test::host_buffer a(100), b(100);
-    for (int i = 0; i < 100; ++i) a.p[i] = static_cast<unsigned char>(i);
-    e->copy(block, a.p, 100, copy_direction::to_host);
-    e->copy(b.p, block, 100, copy_direction::to_device);
-    CHECK(std::equal(a.p, a.p + 100, b.p));
-    s.deallocate(block, 100, 1);
-  }, any);
+  std::visit(
+      [&](auto& e) {
+        void* block = s.allocate(100, 1);
+        chunkstar::test::host_buffer a(100), b(100);
+        for (int i = 0; i < 100; ++i) a.p[i] = static_cast<unsigned char>(i);
+        e->copy(block, a.p, 100, copy_direction::to_host);
+        e->copy(b.p, block, 100, copy_direction::to_device);
+        CHECK(std::equal(a.p, a.p + 100, b.p));
+        s.deallocate(block, 100, 1);
+      },
+      any);
 }
 
 }  // namespace uring_copy_engine_test
@@ -92,4 +95,3 @@ TEST_CASE("uring_copy_engine: not built") {
 }
 
 #endif
-

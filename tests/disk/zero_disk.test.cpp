@@ -47,18 +47,20 @@ std::vector<rank_result> train(int ranks, bool memory_saving, std::size_t host_b
     std::optional<disk_space> disk;
     std::optional<disk_copy_engine> disk_io;
     if (host_blocks > 0) {
-      disk.emplace(disk_space_options{.directory = dir, .capacity = 64 * block, .name = "rank" + std::to_string(comm.rank())});
+      disk.emplace(
+          disk_space_options{.directory = dir, .capacity = 64 * block, .name = "rank" + std::to_string(comm.rank())});
       disk_io.emplace(*disk);
     }
     using replica = mlp_replica<in_process_communicator>;
     // A device too small for the model data: group buffers (4N + 1 chunks) or the memory-saving mode's 4.
     const std::size_t device = act_bytes + (memory_saving ? 6 : 4 * static_cast<std::size_t>(ranks) + 2) * chunk_bytes;
-    replica r({.sharding = {.enabled = true, .memory_saving = memory_saving}}, device,
-              host_space_options{.capacity = host_blocks > 0 ? host_blocks * block : host_space_options{}.capacity},
-              [&](replica::runtime_type& rt) {
-                if (disk) rt.attach_disk(disk_tier(*disk, *disk_io));
-              },
-              comm);
+    replica r(
+        {.sharding = {.enabled = true, .memory_saving = memory_saving}}, device,
+        host_space_options{.capacity = host_blocks > 0 ? host_blocks * block : host_space_options{}.capacity},
+        [&](replica::runtime_type& rt) {
+          if (disk) rt.attach_disk(disk_tier(*disk, *disk_io));
+        },
+        comm);
     auto opt = mlp_adam();
     for (int step = 1; step <= steps; ++step) {
       me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
@@ -74,7 +76,9 @@ std::vector<rank_result> train(int ranks, bool memory_saving, std::size_t host_b
 
 }  // namespace
 
-TEST_CASE("ZeRO with a disk tier per rank: the bits of the same ranks without a disk, each rank's share moving through its disk") {
+TEST_CASE(
+    "ZeRO with a disk tier per rank: the bits of the same ranks without a disk, each rank's share moving through its "
+    "disk") {
   chunkstar::test::scratch_dir dir;
   for (int ranks : {2, 3}) {
     for (bool memory_saving : {false, true}) {

@@ -32,7 +32,8 @@ fixed_chunk_layout make_fixed(std::size_t bound, std::size_t align) {
   return fixed_chunk_layout({.chunk_elems = bound, .align_elems = align});
 }
 searched_chunk_layout make_searched(std::size_t bound, std::size_t align) {
-  return searched_chunk_layout({.min_chunk_elems = align, .max_chunk_elems = bound, .step_elems = align, .align_elems = align});
+  return searched_chunk_layout(
+      {.min_chunk_elems = align, .max_chunk_elems = bound, .step_elems = align, .align_elems = align});
 }
 
 // "" when the plan keeps every ChunkLayout law, else the first broken one (for CHECK(... == "")).
@@ -128,7 +129,9 @@ std::size_t reference_waste(const std::vector<std::size_t>& sizes, std::size_t c
   return chunks * c - used;
 }
 
-std::vector<tensor_spec> specs_of(const std::vector<std::size_t>& sizes) { return chunkstar::testing::specs_of_numels(sizes); }
+std::vector<tensor_spec> specs_of(const std::vector<std::size_t>& sizes) {
+  return chunkstar::testing::specs_of_numels(sizes);
+}
 
 // Bytes of one element, from the storage types (not from dtype_size).
 std::size_t element_bytes(dtype t) {
@@ -205,27 +208,26 @@ TEST_CASE("both layouts pack next-fit: checked on every small tensor list") {
     ++checked;
     if (!bad.empty() && ++failures <= 10) FAIL_CHECK(who << ": " << bad);
   };
-  for_each_small_layout_case(
-      make_fixed, {},
-      [&](const fixed_chunk_layout& l, std::size_t, std::size_t chunk, const std::vector<std::size_t>& sizes,
-          const std::vector<tensor_spec>& specs) {
-        if (!sizes.empty() && *std::max_element(sizes.begin(), sizes.end()) > chunk) return;
-        const chunk_plan p = l.plan(specs);
-        if (p.chunk_elems != chunk && ++failures <= 10) FAIL_CHECK("fixed plan changed the chunk size");
-        check(p, sizes, "fixed");
-        // make_chunk_lists is the same for every layout: checked on the plans of one.
-        if (sizes.size() <= 2) {
-          const std::string bad = chunk_lists_violation(p);
-          if (!bad.empty() && ++failures <= 10) FAIL_CHECK("make_chunk_lists: " << bad);
-        }
-      });
-  for_each_small_layout_case(
-      make_searched, {},
-      [&](const searched_chunk_layout& l, std::size_t, std::size_t chunk, const std::vector<std::size_t>& sizes,
-          const std::vector<tensor_spec>& specs) {
-        if (!sizes.empty() && *std::max_element(sizes.begin(), sizes.end()) > chunk) return;
-        check(l.plan(specs), sizes, "searched");
-      });
+  for_each_small_layout_case(make_fixed, {},
+                             [&](const fixed_chunk_layout& l, std::size_t, std::size_t chunk,
+                                 const std::vector<std::size_t>& sizes, const std::vector<tensor_spec>& specs) {
+                               if (!sizes.empty() && *std::max_element(sizes.begin(), sizes.end()) > chunk) return;
+                               const chunk_plan p = l.plan(specs);
+                               if (p.chunk_elems != chunk && ++failures <= 10)
+                                 FAIL_CHECK("fixed plan changed the chunk size");
+                               check(p, sizes, "fixed");
+                               // make_chunk_lists is the same for every layout: checked on the plans of one.
+                               if (sizes.size() <= 2) {
+                                 const std::string bad = chunk_lists_violation(p);
+                                 if (!bad.empty() && ++failures <= 10) FAIL_CHECK("make_chunk_lists: " << bad);
+                               }
+                             });
+  for_each_small_layout_case(make_searched, {},
+                             [&](const searched_chunk_layout& l, std::size_t, std::size_t chunk,
+                                 const std::vector<std::size_t>& sizes, const std::vector<tensor_spec>& specs) {
+                               if (!sizes.empty() && *std::max_element(sizes.begin(), sizes.end()) > chunk) return;
+                               check(l.plan(specs), sizes, "searched");
+                             });
   CHECK(failures == 0);
   CHECK(checked > 100000);
 }
@@ -329,13 +331,20 @@ TEST_CASE("searched_chunk_layout picks the least waste among its candidates (bru
       worst_w = std::max(worst_w, w);
     }
     std::string bad;
-    if (r.plan.chunk_elems != best_c) bad = "chose " + std::to_string(r.plan.chunk_elems) + ", best is " + std::to_string(best_c);
-    else if (r.plan.waste_elems() != best_w) bad = "plan waste differs from the reference";
-    else if (r.report.best_chunk_elems != best_c || r.report.best_waste_elems != best_w) bad = "report best wrong";
-    else if (r.report.worst_waste_elems != worst_w) bad = "report worst wrong";
-    else if (r.report.candidates_tried != count) bad = "candidates_tried " + std::to_string(r.report.candidates_tried) + " != " + std::to_string(count);
-    else if (r.report.first_candidate_elems != first) bad = "first candidate wrong";
-    else bad = plan_law_violation(r.plan, specs, align, max_c);
+    if (r.plan.chunk_elems != best_c)
+      bad = "chose " + std::to_string(r.plan.chunk_elems) + ", best is " + std::to_string(best_c);
+    else if (r.plan.waste_elems() != best_w)
+      bad = "plan waste differs from the reference";
+    else if (r.report.best_chunk_elems != best_c || r.report.best_waste_elems != best_w)
+      bad = "report best wrong";
+    else if (r.report.worst_waste_elems != worst_w)
+      bad = "report worst wrong";
+    else if (r.report.candidates_tried != count)
+      bad = "candidates_tried " + std::to_string(r.report.candidates_tried) + " != " + std::to_string(count);
+    else if (r.report.first_candidate_elems != first)
+      bad = "first candidate wrong";
+    else
+      bad = plan_law_violation(r.plan, specs, align, max_c);
     if (!bad.empty() && ++failures <= 10) FAIL_CHECK("round " << round << ": " << bad);
   }
   CHECK(failures == 0);
@@ -388,8 +397,8 @@ TEST_CASE("searched_chunk_layout: the candidate count is capped for large ranges
   CHECK(r.report.best_waste_elems <= r.report.worst_waste_elems);
   CHECK(plan_law_violation(r.plan, specs, 32, std::size_t{64} << 20) == "");
 
-  const searched_chunk_layout one({.min_chunk_elems = 32, .max_chunk_elems = 4096, .step_elems = 32,
-                                   .align_elems = 32, .max_candidates = 1});
+  const searched_chunk_layout one(
+      {.min_chunk_elems = 32, .max_chunk_elems = 4096, .step_elems = 32, .align_elems = 32, .max_candidates = 1});
   const searched_layout_result r1 = one.search(specs_of({100}));
   CHECK(r1.report.candidates_tried == 1);
   CHECK(r1.plan.chunk_elems == 128);
@@ -408,7 +417,8 @@ TEST_CASE("both layouts plan GPT-2 small within their laws; searched wastes no m
   CHECK(plan_law_violation(r.plan, specs, 32, searched.options().fitted_to(specs).max_chunk_elems) == "");
   CHECK(r.plan.used_elems() == total);
   CHECK(r.report.candidates_tried <= searched.options().max_candidates);
-  CHECK(r.plan.waste_elems() <= fixed_chunk_layout({.chunk_elems = r.report.worst_chunk_elems}).plan(specs).waste_elems());
+  CHECK(r.plan.waste_elems() <=
+        fixed_chunk_layout({.chunk_elems = r.report.worst_chunk_elems}).plan(specs).waste_elems());
   CHECK(r.plan.chunk_elems >= 50257u * 768u);
   MESSAGE("GPT-2 small: searched chunk " << r.plan.chunk_elems << " elems, " << r.plan.num_chunks << " chunks, waste "
                                          << r.plan.waste_fraction() * 100 << "%");
@@ -452,8 +462,10 @@ TEST_CASE("searched_chunk_layout: options and oversized tensors") {
 TEST_CASE_TEMPLATE("both layouts: edge cases particular to the library's models", L, fixed_chunk_layout,
                    searched_chunk_layout) {
   const L layout = [] {
-    if constexpr (std::is_same_v<L, fixed_chunk_layout>) return make_fixed(64, 8);
-    else return make_searched(64, 8);
+    if constexpr (std::is_same_v<L, fixed_chunk_layout>)
+      return make_fixed(64, 8);
+    else
+      return make_searched(64, 8);
   }();
   SUBCASE("zero-element tensors get aligned slots in a chunk") {
     std::vector<tensor_spec> specs{spec_of_numel(0, 0), spec_of_numel(5, 1), spec_of_numel(0, 2), spec_of_numel(3, 3)};
@@ -464,7 +476,8 @@ TEST_CASE_TEMPLATE("both layouts: edge cases particular to the library's models"
     CHECK(p.used_elems() == 8);
   }
   SUBCASE("a tensor over the chunk bound is refused with its name, shape and size") {
-    std::vector<tensor_spec> specs{spec_of_numel(10, 0), {"h.3.mlp.c_fc.weight", {13, 5}, dtype::f16, tensor_role::weight}};
+    std::vector<tensor_spec> specs{spec_of_numel(10, 0),
+                                   {"h.3.mlp.c_fc.weight", {13, 5}, dtype::f16, tensor_role::weight}};
     try {
       (void)layout.plan(specs);
       FAIL("accepted a 65-element tensor with chunks of at most 64");
@@ -513,7 +526,14 @@ class chunk_per_tensor_layout {
 static_assert(ChunkLayout<chunk_per_tensor_layout>);
 
 // Layouts that break one law each, built on fixed_chunk_layout's plan.
-enum class layout_bug { unaligned, reversed_lists, accepts_oversized, wrong_exception, name_dependent, nondeterministic };
+enum class layout_bug {
+  unaligned,
+  reversed_lists,
+  accepts_oversized,
+  wrong_exception,
+  name_dependent,
+  nondeterministic
+};
 
 template <layout_bug Bug>
 class broken_layout {
@@ -564,13 +584,15 @@ chunkstar::testing::conformance_report check_broken() {
 }
 
 bool mentions(const chunkstar::testing::conformance_report& r, const std::string& part) {
-  return std::any_of(r.failures.begin(), r.failures.end(), [&](const std::string& f) { return f.find(part) != std::string::npos; });
+  return std::any_of(r.failures.begin(), r.failures.end(),
+                     [&](const std::string& f) { return f.find(part) != std::string::npos; });
 }
 
 }  // namespace
 
 TEST_CASE("ChunkLayout: a layout written outside the library passes the installed check") {
-  const auto r = chunkstar::testing::check_chunk_layout([](std::size_t b, std::size_t a) { return chunk_per_tensor_layout(b, a); });
+  const auto r = chunkstar::testing::check_chunk_layout(
+      [](std::size_t b, std::size_t a) { return chunk_per_tensor_layout(b, a); });
   CHECK_MESSAGE(r.ok(), r.to_string());
   CHECK(r.subject == "ChunkLayout 'chunk-per-tensor'");
 }

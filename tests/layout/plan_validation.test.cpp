@@ -173,7 +173,8 @@ TEST_CASE("plan_violation: each law, on a corruption of a valid plan, names the 
   }
   SUBCASE("elements past the chunk's end, offsets and sizes near SIZE_MAX") {
     p.slots[2].offset = 8;  // [8, 18) in a chunk of 16
-    CHECK(has(violation(f.specs, p), "'layer2.w' (#2) in chunk 1: elements [8, 8 + 10) run past the chunk's end at 16"));
+    CHECK(
+        has(violation(f.specs, p), "'layer2.w' (#2) in chunk 1: elements [8, 8 + 10) run past the chunk's end at 16"));
     p.slots[2].offset = top - 7;  // aligned to 8, offset + numel wraps
     CHECK(has(violation(f.specs, p), "run past the chunk's end"));
     f.specs[2].shape = {static_cast<std::int64_t>(std::numeric_limits<std::int64_t>::max())};
@@ -247,28 +248,41 @@ TEST_CASE("plan_violation: random corruptions agree with an element-by-element o
     for (auto& s : sizes) s = static_cast<std::int64_t>(below(4) == 0 ? below(2) : below(24));
     auto specs = specs_of(sizes);
     const std::size_t align = std::size_t{1} << below(3);
-    chunk_plan p = fixed_chunk_layout({.chunk_elems = 24, .align_elems = align}).plan(specs);  // 24: a multiple of 1, 2, 4
+    chunk_plan p =
+        fixed_chunk_layout({.chunk_elems = 24, .align_elems = align}).plan(specs);  // 24: a multiple of 1, 2, 4
     for (std::size_t k = 0, mutations = below(4); k < mutations; ++k) {
       switch (below(14)) {
         case 0: p.align_elems = below(3) == 0 ? 0 : wild(8); break;
         case 1: p.chunk_elems = wild(40); break;
         case 2: p.num_chunks = wild(4); break;
-        case 3: if (!p.slots.empty()) p.slots[below(p.slots.size())].chunk = wild(4); break;
-        case 4: if (!p.slots.empty()) p.slots[below(p.slots.size())].offset = wild(40); break;
-        case 5: if (!p.slots.empty()) p.slots[below(p.slots.size())].numel = wild(24); break;
+        case 3:
+          if (!p.slots.empty()) p.slots[below(p.slots.size())].chunk = wild(4);
+          break;
+        case 4:
+          if (!p.slots.empty()) p.slots[below(p.slots.size())].offset = wild(40);
+          break;
+        case 5:
+          if (!p.slots.empty()) p.slots[below(p.slots.size())].numel = wild(24);
+          break;
         case 6:
-          if (below(2)) p.slots.push_back({below(3), below(3) * align, below(3)});
-          else if (!p.slots.empty()) p.slots.pop_back();
+          if (below(2))
+            p.slots.push_back({below(3), below(3) * align, below(3)});
+          else if (!p.slots.empty())
+            p.slots.pop_back();
           break;
         case 7:
-          if (below(2)) p.chunk_tensors.emplace_back();
-          else if (!p.chunk_tensors.empty()) p.chunk_tensors.pop_back();
+          if (below(2))
+            p.chunk_tensors.emplace_back();
+          else if (!p.chunk_tensors.empty())
+            p.chunk_tensors.pop_back();
           break;
         case 8:
           if (!p.chunk_tensors.empty()) {
             auto& l = p.chunk_tensors[below(p.chunk_tensors.size())];
-            if (below(2) || l.empty()) l.push_back(wild(6));
-            else l.erase(l.begin() + static_cast<std::ptrdiff_t>(below(l.size())));
+            if (below(2) || l.empty())
+              l.push_back(wild(6));
+            else
+              l.erase(l.begin() + static_cast<std::ptrdiff_t>(below(l.size())));
           }
           break;
         case 9:
@@ -277,9 +291,17 @@ TEST_CASE("plan_violation: random corruptions agree with an element-by-element o
             if (l.size() > 1) std::swap(l[below(l.size())], l[below(l.size())]);
           }
           break;
-        case 10: if (!specs.empty()) specs[below(specs.size())].shape = {static_cast<std::int64_t>(below(30)) - 3}; break;
-        case 11: if (!specs.empty()) specs[below(specs.size())].shape = {std::int64_t{1} << 33, std::int64_t{1} << 33, static_cast<std::int64_t>(below(2))}; break;
-        case 12: if (p.slots.size() > 1) std::swap(p.slots[0], p.slots[below(p.slots.size())]); break;
+        case 10:
+          if (!specs.empty()) specs[below(specs.size())].shape = {static_cast<std::int64_t>(below(30)) - 3};
+          break;
+        case 11:
+          if (!specs.empty())
+            specs[below(specs.size())].shape = {std::int64_t{1} << 33, std::int64_t{1} << 33,
+                                                static_cast<std::int64_t>(below(2))};
+          break;
+        case 12:
+          if (p.slots.size() > 1) std::swap(p.slots[0], p.slots[below(p.slots.size())]);
+          break;
         default:  // a consistent move: the slot and its chunk_tensors entry together
           if (!p.slots.empty() && p.num_chunks == p.chunk_tensors.size() && p.num_chunks > 0) {
             const std::size_t t = below(p.slots.size());

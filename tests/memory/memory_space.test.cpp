@@ -44,8 +44,11 @@ struct host_capped : host_memcpy {
 struct host_no_prefault_small_cache : host_memcpy {
   using space_type = host_space;
   static std::unique_ptr<host_space> make() {
-    return std::make_unique<host_space>(host_space_options{
-        .capacity = 64 * mib, .large_block_threshold = 64 * 1024, .cache_limit = 4 * mib, .prefault = false, .huge_pages = false});
+    return std::make_unique<host_space>(host_space_options{.capacity = 64 * mib,
+                                                           .large_block_threshold = 64 * 1024,
+                                                           .cache_limit = 4 * mib,
+                                                           .prefault = false,
+                                                           .huge_pages = false});
   }
 };
 struct simulated_device : host_memcpy {
@@ -226,7 +229,7 @@ TEST_CASE("host_space: a capacity bounds handed-out plus cached bytes") {
 TEST_CASE("simulated_device_space: freed large blocks are reused, used() stays exact, the cache is bounded") {
   simulated_device_space d({.capacity = 10 * mib, .cache_limit = 6 * mib});
   void* a = d.allocate(3 * mib + 5, 64);  // large: mapped in whole 2 MiB pages (4 MiB)
-  CHECK(d.used() == 3 * mib + 5);        // requested bytes, exactly
+  CHECK(d.used() == 3 * mib + 5);         // requested bytes, exactly
   CHECK(reinterpret_cast<std::uintptr_t>(a) % (2 * mib) == 0);
   std::memset(a, 0x5a, 3 * mib + 5);
   d.deallocate(a, 3 * mib + 5, 64);
@@ -270,8 +273,9 @@ TEST_CASE("host_space: uncapped usage reports unlimited") {
 
 TEST_CASE("simulated_device_space: capacity is required, the link is exposed, peak stays within capacity") {
   CHECK_THROWS_AS(simulated_device_space(simulated_device_options{}), config_error);
-  CHECK_THROWS_AS(simulated_device_space(simulated_device_options{.capacity = 1, .link = {.bandwidth_bytes_per_s = -1}}),
-                  config_error);
+  CHECK_THROWS_AS(
+      simulated_device_space(simulated_device_options{.capacity = 1, .link = {.bandwidth_bytes_per_s = -1}}),
+      config_error);
   simulated_device_space d(simulated_device_options{
       .capacity = 10000, .link = {.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-5}, .name = "sim0"});
   CHECK(d.link().modelled());

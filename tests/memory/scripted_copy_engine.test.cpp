@@ -161,7 +161,7 @@ TEST_CASE("scripted engine: failed jobs rethrow from wait; injected faults throw
   const auto first = e.copy_async(d.data(), a.data(), sizeof a, copy_direction::to_device);
   CHECK_THROWS_AS((void)e.copy_async(d.data(), a.data(), sizeof a, copy_direction::to_device), scripted_fault);
   CHECK(e.ops().back().threw);
-  CHECK(e.queued(copy_direction::to_device) == 1);  // only the first
+  CHECK(e.queued(copy_direction::to_device) == 1);                              // only the first
   (void)e.copy_async(d.data(), a.data(), sizeof a, copy_direction::to_device);  // the fault fired once
   CHECK(e.queued(copy_direction::to_device) == 2);
   e.throw_on(scripted_op_kind::order_after);

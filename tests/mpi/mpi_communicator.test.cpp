@@ -27,7 +27,8 @@ static_assert(Communicator<mpi_communicator>);
 static_assert(!std::copyable<mpi_communicator>, "it owns a duplicated MPI_Comm");
 
 mpi_communicator& world() {
-  static mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});  // freed after MPI_Finalize is a no-op by design
+  static mpi_communicator comm(MPI_COMM_WORLD,
+                               {.check_sequence = true});  // freed after MPI_Finalize is a no-op by design
   return comm;
 }
 
@@ -73,8 +74,10 @@ TEST_CASE("mpi_communicator gives the same bits as in_process_group for the same
       for (std::size_t i = 0; i < count; ++i) {
         const float v = chunkstar::testing::communicator_test_value(seed, rank, i);
         const std::uint16_t half = t == dtype::f16 ? float16(v).bits : bfloat16(v).bits;
-        if (t == dtype::f32) std::memcpy(bytes.data() + i * 4, &v, 4);
-        else std::memcpy(bytes.data() + i * 2, &half, 2);
+        if (t == dtype::f32)
+          std::memcpy(bytes.data() + i * 4, &v, 4);
+        else
+          std::memcpy(bytes.data() + i * 2, &half, 2);
       }
       return bytes;
     };
@@ -155,7 +158,8 @@ TEST_CASE("mpi_communicator: MPI failures become communication_error carrying MP
   CHECK(x == double(comm.size()));
 }
 
-TEST_CASE("mpi_communicator's sequence check: a divergent call is the same communication_error on every rank, naming it") {
+TEST_CASE(
+    "mpi_communicator's sequence check: a divergent call is the same communication_error on every rank, naming it") {
   if (world().size() < 2) return;
   CHECK(world().checks_sequence());
   mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
@@ -163,14 +167,18 @@ TEST_CASE("mpi_communicator's sequence check: a divergent call is the same commu
   comm.allgather(send.data(), recv.data(), 16);  // call #0 agrees
   std::string what;
   try {
-    if (comm.rank() == 1) comm.allgather(send.data(), recv.data(), 8);  // call #1: rank 1 asks for less
-    else comm.allgather(send.data(), recv.data(), 16);
+    if (comm.rank() == 1)
+      comm.allgather(send.data(), recv.data(), 8);  // call #1: rank 1 asks for less
+    else
+      comm.allgather(send.data(), recv.data(), 16);
     FAIL_CHECK("a divergent collective did not throw");
   } catch (const communication_error& e) {
     what = e.what();
   }
-  CHECK_MESSAGE(what.find("collective mismatch at call #1: rank 0 called allgather(16 bytes per rank) but rank 1 called "
-                          "allgather(8 bytes per rank)") != std::string::npos, what);
+  CHECK_MESSAGE(
+      what.find("collective mismatch at call #1: rank 0 called allgather(16 bytes per rank) but rank 1 called "
+                "allgather(8 bytes per rank)") != std::string::npos,
+      what);
   // Every rank got the same message.
   std::vector<char> mine(256, '\0'), all(256 * static_cast<std::size_t>(comm.size()));
   what.copy(mine.data(), std::min<std::size_t>(what.size(), 255));
@@ -183,13 +191,16 @@ TEST_CASE("mpi_communicator's sequence check: a divergent call is the same commu
   mpi_communicator other(MPI_COMM_WORLD, {.check_sequence = true});
   try {
     float x = 1;
-    if (other.rank() == other.size() - 1) other.barrier();
-    else other.allreduce(&x, 1, dtype::f32, reduce_op::max);
+    if (other.rank() == other.size() - 1)
+      other.barrier();
+    else
+      other.allreduce(&x, 1, dtype::f32, reduce_op::max);
     FAIL_CHECK("a divergent collective did not throw");
   } catch (const communication_error& e) {
     const std::string w = e.what();
-    CHECK_MESSAGE(w.find("rank 0 called allreduce(1 x f32, max) but rank " + std::to_string(other.size() - 1) + " called barrier()") !=
-                      std::string::npos, w);
+    CHECK_MESSAGE(w.find("rank 0 called allreduce(1 x f32, max) but rank " + std::to_string(other.size() - 1) +
+                         " called barrier()") != std::string::npos,
+                  w);
   }
 }
 
@@ -209,10 +220,11 @@ TEST_CASE("mpi_communicator's sequence check: a reduce to another root names bot
     what = e.what();
   }
   CHECK_MESSAGE(what.find("collective mismatch at call #1: rank 0 called reduce(8 x f16, max, to root 0) but rank " +
-                          std::to_string(last) + " called reduce(8 x f16, max, to root " + std::to_string(last) + ")") !=
-                    std::string::npos,
+                          std::to_string(last) + " called reduce(8 x f16, max, to root " + std::to_string(last) +
+                          ")") != std::string::npos,
                 what);
-  CHECK_THROWS_AS(comm.reduce(send.data(), recv.data(), 8, dtype::f32, reduce_op::sum, 0), communication_error);  // poisoned
+  CHECK_THROWS_AS(comm.reduce(send.data(), recv.data(), 8, dtype::f32, reduce_op::sum, 0),
+                  communication_error);  // poisoned
   // A bad root is an argument error at the call, before any communication (on every rank alike).
   mpi_communicator fresh(MPI_COMM_WORLD, {.check_sequence = true});
   CHECK_THROWS_AS(fresh.reduce(send.data(), recv.data(), 8, dtype::f32, reduce_op::sum, fresh.size()), config_error);
@@ -220,8 +232,9 @@ TEST_CASE("mpi_communicator's sequence check: a reduce to another root names bot
   if (fresh.rank() == last) CHECK(recv[0] == float(fresh.size()));
 }
 
-TEST_CASE("mpi_communicator's sequence check on asynchronous calls: transfers start in issue order once agreed; a "
-          "divergent one fails its handle and the rank's next call alike") {
+TEST_CASE(
+    "mpi_communicator's sequence check on asynchronous calls: transfers start in issue order once agreed; a "
+    "divergent one fails its handle and the rank's next call alike") {
   if (world().size() < 2) return;
   mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
   const int n = comm.size();
@@ -255,7 +268,8 @@ TEST_CASE("mpi_communicator's sequence check on asynchronous calls: transfers st
     what = e.what();
   }
   CHECK_MESSAGE(what.find("collective mismatch at call #3: rank 0 called allgather(8 bytes per rank) but rank 1 called "
-                          "allgather(4 bytes per rank)") != std::string::npos, what);
+                          "allgather(4 bytes per rank)") != std::string::npos,
+                what);
   if (bad) {  // the issue returned a handle: it reports the same failure
     try {
       bad->wait();
@@ -277,7 +291,9 @@ TEST_CASE("mpi_communicator: ranks given different check_sequence options refuse
     what = e.what();
   }
   CHECK_MESSAGE(what.find("the ranks disagree on mpi_options::check_sequence") != std::string::npos, what);
-  CHECK_MESSAGE(what.find(world().rank() == 1 ? "): off, another rank: on" : "): on, another rank: off") != std::string::npos, what);
+  CHECK_MESSAGE(
+      what.find(world().rank() == 1 ? "): off, another rank: on" : "): on, another rank: off") != std::string::npos,
+      what);
   // Nothing was left half-made: the world still talks, and agreeing ranks construct as before.
   mpi_communicator off(MPI_COMM_WORLD, {.check_sequence = false});
   CHECK_FALSE(off.checks_sequence());

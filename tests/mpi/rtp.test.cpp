@@ -52,7 +52,8 @@ std::vector<std::string> bit_differences(const rank_record& got, const rank_reco
     std::size_t i = 0;
     while (i < std::min(x.size(), y.size()) && std::memcmp(&x[i], &y[i], sizeof x[i]) == 0) ++i;
     if (i < std::min(x.size(), y.size()))
-      line << "[" << i << "] is " << std::hexfloat << static_cast<double>(x[i]) << " over MPI, " << static_cast<double>(y[i]) << " in-process";
+      line << "[" << i << "] is " << std::hexfloat << static_cast<double>(x[i]) << " over MPI, "
+           << static_cast<double>(y[i]) << " in-process";
     else
       line << " has " << x.size() << " elements over MPI, " << y.size() << " in-process";
     out.push_back(line.str());
@@ -84,7 +85,8 @@ rank_record unflatten(std::span<const float> flat, std::size_t shard_elems, cons
   rank_record r;
   std::size_t at = 0;
   auto take = [&](std::size_t n) {
-    std::vector<float> v(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.begin() + static_cast<std::ptrdiff_t>(at + n));
+    std::vector<float> v(flat.begin() + static_cast<std::ptrdiff_t>(at),
+                         flat.begin() + static_cast<std::ptrdiff_t>(at + n));
     at += n;
     return v;
   };
@@ -105,11 +107,14 @@ struct injected_fault : std::runtime_error {
 
 }  // namespace
 
-TEST_CASE("RTP MLP on MPI ranks: the bits of the same rank in-process, every iteration, and the serial reference's tolerance") {
+TEST_CASE(
+    "RTP MLP on MPI ranks: the bits of the same rank in-process, every iteration, and the serial reference's "
+    "tolerance") {
   mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
   REQUIRE(comm.checks_sequence());
   const int n = comm.size(), me = comm.rank();
-  REQUIRE_MESSAGE(hidden % static_cast<std::size_t>(n) == 0, "the test MLP's " << hidden << " hidden units do not divide over " << n << " ranks");
+  REQUIRE_MESSAGE(hidden % static_cast<std::size_t>(n) == 0,
+                  "the test MLP's " << hidden << " hidden units do not divide over " << n << " ranks");
 
   const rank_record mine = train_rank(comm);
   const std::vector<rank_record> threads = train_in_process(n);
@@ -134,13 +139,17 @@ TEST_CASE("RTP MLP on MPI ranks: the bits of the same rank in-process, every ite
   const std::size_t shard_elems = mine.shard_grad[0].size();
   std::vector<rank_record> ranks;
   for (int r = 0; r < n; ++r)
-    ranks.push_back(unflatten(std::span<const float>(all).subspan(static_cast<std::size_t>(r) * flat.size(), flat.size()), shard_elems, mine));
+    ranks.push_back(
+        unflatten(std::span<const float>(all).subspan(static_cast<std::size_t>(r) * flat.size(), flat.size()),
+                  shard_elems, mine));
   const run_record mpi_run = assemble(ranks);
   CHECK(same_bits(mpi_run, assemble(threads)));
   check_against_reference(mpi_run, n);
 }
 
-TEST_CASE("RTP on MPI ranks: a kernel that throws on one rank gives every rank communication_error within seconds, not a hang") {
+TEST_CASE(
+    "RTP on MPI ranks: a kernel that throws on one rank gives every rank communication_error within seconds, not a "
+    "hang") {
   // MPI cannot tell the peers that a rank left the schedule: they would wait in their next shift
   // for ever. With the collective-sequence check, the failing rank's next collective (here a
   // barrier, its "I failed" to the others) differs from the peers' (a shift or an all-reduce), so
@@ -175,7 +184,8 @@ TEST_CASE("RTP on MPI ranks: a kernel that throws on one rank gives every rank c
     try {
       try {
         (void)train_rank(comm, [&](int it, pass p, int step) {
-          if (me == f.rank && it == f.iteration && p == f.where && step == f.step) throw injected_fault("injected kernel failure");
+          if (me == f.rank && it == f.iteration && p == f.where && step == f.step)
+            throw injected_fault("injected kernel failure");
         });
       } catch (const injected_fault&) {
         injected = true;

@@ -23,9 +23,12 @@ using chunkstar::testing::mlp_replica;
 namespace {
 
 constexpr int steps = 10;
-constexpr std::size_t tight = 12 * chunkstar::testing::mlp_batch * chunkstar::testing::mlp_width * sizeof(float) + 10 * 1024;
+constexpr std::size_t tight =
+    12 * chunkstar::testing::mlp_batch * chunkstar::testing::mlp_width * sizeof(float) + 10 * 1024;
 
-chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
+chunk_adam<> make_adam() {
+  return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1});
+}
 
 template <class Comm>
 std::map<std::string, std::vector<float>> train(Comm& comm, std::size_t capacity, bool memory_saving = false) {
@@ -37,7 +40,8 @@ std::map<std::string, std::vector<float>> train(Comm& comm, std::size_t capacity
   }
   std::map<std::string, std::vector<float>> out;
   for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
-    if (r.rt.where({chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)}) == tier::remote) continue;
+    if (r.rt.where({chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)}) == tier::remote)
+      continue;
     std::vector<float> v(r.rt.params()[t].numel());
     r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
     out[r.rt.params()[t].name] = v;
@@ -47,7 +51,8 @@ std::map<std::string, std::vector<float>> train(Comm& comm, std::size_t capacity
 
 }  // namespace
 
-TEST_CASE("ZeRO on MPI ranks gives the bits of the same ranks in-process, at a loose and a tight budget, in both modes") {
+TEST_CASE(
+    "ZeRO on MPI ranks gives the bits of the same ranks in-process, at a loose and a tight budget, in both modes") {
   mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
   for (bool memory_saving : {false, true}) {
     for (std::size_t capacity : {std::size_t{1} << 20, tight}) {

@@ -34,7 +34,8 @@ struct setup {
     const tensor_role roles[] = {tensor_role::weight, tensor_role::bias, tensor_role::weight, tensor_role::norm};
     for (int i = 0; i < 4; ++i)
       ids.push_back(rt.register_param({"t" + std::to_string(i), {sizes[i]}, t, roles[i]}, [i](std::span<float> v) {
-        for (std::size_t k = 0; k < v.size(); ++k) v[k] = std::sin(0.1f * static_cast<float>(k) + static_cast<float>(i));
+        for (std::size_t k = 0; k < v.size(); ++k)
+          v[k] = std::sin(0.1f * static_cast<float>(k) + static_cast<float>(i));
       }));
     rt.finalize();
   }
@@ -47,8 +48,7 @@ struct setup {
     for (int i = 0; i < 4; ++i) {
       auto sc = rt.backward("t" + std::to_string(i), {ids[static_cast<std::size_t>(i)]});
       auto g = sc.template grad<T>(ids[static_cast<std::size_t>(i)]);
-      for (std::size_t k = 0; k < g.size(); ++k)
-        g[k] = from_float<T>(to_float(g[k]) + grad_value(i, k, s, mb) * scale);
+      for (std::size_t k = 0; k < g.size(); ++k) g[k] = from_float<T>(to_float(g[k]) + grad_value(i, k, s, mb) * scale);
       if (inject_inf && i == 2) g[5] = from_float<T>(std::numeric_limits<float>::infinity());
     }
   }
@@ -69,7 +69,8 @@ TEST_CASE("chunk_adam matches a float64 AdamW reference and is placement-indepen
   constexpr int steps = 5, accum = 2;
   const float lr = 1e-2f, wd = 0.1f, max_norm = 0.5f;
   std::vector<std::vector<float>> results;
-  for (auto placement : {static_placement::all_device(), static_placement::all_host(), static_placement::fraction(0.5)}) {
+  for (auto placement :
+       {static_placement::all_device(), static_placement::all_host(), static_placement::fraction(0.5)}) {
     setup s(dtype::f32, placement);
     chunk_adam<> opt({.hyper = {.weight_decay = wd}, .max_grad_norm = max_norm}, param_groups::with_default_decay(wd));
     for (int st = 0; st < steps; ++st) {
@@ -92,7 +93,8 @@ TEST_CASE("chunk_adam matches a float64 AdamW reference and is placement-indepen
     p[i].resize(static_cast<std::size_t>(sizes[i]));
     m[i].assign(p[i].size(), 0.0);
     v[i].assign(p[i].size(), 0.0);
-    for (std::size_t k = 0; k < p[i].size(); ++k) p[i][k] = std::sin(0.1f * static_cast<float>(k) + static_cast<float>(i));
+    for (std::size_t k = 0; k < p[i].size(); ++k)
+      p[i][k] = std::sin(0.1f * static_cast<float>(k) + static_cast<float>(i));
   }
   for (int st = 0; st < steps; ++st) {
     std::vector<std::vector<double>> g(4);
@@ -204,8 +206,10 @@ TEST_CASE("without clipping, a dynamic scaler or report_norm the norm scan is sk
         const auto r = opt.step(s.rt, 1e-2f);
         CHECK(r.stepped);
         CHECK(r.clip_coefficient == 1.0f);
-        if (report) CHECK(std::isfinite(r.grad_norm));
-        else CHECK(std::isnan(r.grad_norm));  // not computed
+        if (report)
+          CHECK(std::isfinite(r.grad_norm));
+        else
+          CHECK(std::isnan(r.grad_norm));  // not computed
       }
       results.push_back(s.values());
     }
@@ -235,7 +239,8 @@ namespace {
 struct opaque_device_space : simulated_device_space {
   using simulated_device_space::simulated_device_space;
 };
-using opaque_platform = platform<opaque_device_space, host_space, chunkstar::testing::scripted_copy_engine, chunkstar::testing::scripted_stream>;
+using opaque_platform = platform<opaque_device_space, host_space, chunkstar::testing::scripted_copy_engine,
+                                 chunkstar::testing::scripted_stream>;
 
 /** Device kernels whose Adam "runs" on scripted stream 5 (the math happens at the call: the memory
  *  is host memory underneath). */
@@ -243,7 +248,9 @@ struct async_device_kernels {
   static grad_stats scan(const void* g, dtype t, std::size_t n, float scale, int threads) {
     return host_adam_kernels::scan(g, t, n, scale, threads);
   }
-  static void adam(const adam_chunk&, const adam_hyper&, const adam_step_args&) { FAIL("the synchronous device step ran"); }
+  static void adam(const adam_chunk&, const adam_hyper&, const adam_step_args&) {
+    FAIL("the synchronous device step ran");
+  }
   static void adam_async(const adam_chunk& c, const adam_hyper& h, const adam_step_args& a) {
     ++calls;
     host_adam_kernels::adam(c, h, a);
@@ -262,11 +269,13 @@ void check_async_steps(dtype t) {
     REQUIRE(ref_opt.step(ref.rt, 1e-2f).stepped);
   }
 
-  using rt_async = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer, single_process_communicator, opaque_platform>;
+  using rt_async = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer,
+                                 single_process_communicator, opaque_platform>;
   opaque_device_space dev({.capacity = 1 << 22});
   host_space host;
   chunkstar::testing::scripted_copy_engine engine;
-  rt_async rt(dev, host, engine, {.param_type = t}, fixed_chunk_layout({.chunk_elems = 1024, .align_elems = 32}), static_placement{0.5});
+  rt_async rt(dev, host, engine, {.param_type = t}, fixed_chunk_layout({.chunk_elems = 1024, .align_elems = 32}),
+              static_placement{0.5});
   std::vector<param_id> ids;
   for (const auto& spec : ref.rt.params()) {
     const int i = static_cast<int>(ids.size());
@@ -280,7 +289,8 @@ void check_async_steps(dtype t) {
   std::vector<std::pair<int, std::uint64_t>> waits;  // (pass, host steps done by then)
   engine.on_stall = [&](std::uint64_t id) {
     for (const auto& h : engine.user_handles({5}))
-      if (h.id() == id && (waits.empty() || waits.back().first != pass)) waits.emplace_back(pass, rt.stats().host_steps);
+      if (h.id() == id && (waits.empty() || waits.back().first != pass))
+        waits.emplace_back(pass, rt.stats().host_steps);
   };
   async_device_kernels::calls = 0;
   chunk_adam<static_loss_scaler, async_device_kernels> opt({.hyper = {.lr = 1e-2f, .weight_decay = 0.1f}});
@@ -288,7 +298,8 @@ void check_async_steps(dtype t) {
     for (std::size_t i = 0; i < ids.size(); ++i) {
       auto sc = rt.backward("t" + std::to_string(i), {ids[i]});
       auto g = sc.template grad<T>(ids[i]);  // device memory the test may touch: host memory underneath
-      for (std::size_t k = 0; k < g.size(); ++k) g[k] = from_float<T>(to_float(g[k]) + setup::grad_value(static_cast<int>(i), k, pass, 0));
+      for (std::size_t k = 0; k < g.size(); ++k)
+        g[k] = from_float<T>(to_float(g[k]) + setup::grad_value(static_cast<int>(i), k, pass, 0));
     }
     REQUIRE(opt.step(rt, 1e-2f).stepped);
     for (const auto& h : engine.user_handles({5})) CHECK(h.ready());  // the step ends with every update done
@@ -313,7 +324,9 @@ void check_async_steps(dtype t) {
 
 }  // namespace
 
-TEST_CASE("Asynchronous device steps overlap the host steps after them, free each gradient once its step is done, and end the step done; same bits") {
+TEST_CASE(
+    "Asynchronous device steps overlap the host steps after them, free each gradient once its step is done, and end "
+    "the step done; same bits") {
   check_async_steps<float>(dtype::f32);
   check_async_steps<bfloat16>(dtype::bf16);
 }

@@ -21,8 +21,10 @@ namespace {
 
 template <class T>
 std::uint32_t bits_of(T x) {
-  if constexpr (sizeof(T) == 4) return std::bit_cast<std::uint32_t>(x);
-  else return x.bits;
+  if constexpr (sizeof(T) == 4)
+    return std::bit_cast<std::uint32_t>(x);
+  else
+    return x.bits;
 }
 
 template <class T>
@@ -266,8 +268,14 @@ TEST_CASE("adam_step_host dispatches on run-time dtypes to the typed kernel") {
   auto master2 = master, m2 = m, v2 = v;
   std::vector<bfloat16> p(n), p2(n);
   const adam_hyper h{.lr = 1e-2f, .weight_decay = 0.1f, .mode = adam_mode::adam};
-  adam_step_host({.master = master.data(), .m = m.data(), .v = v.data(), .count = n, .grad = g.data(),
-                  .grad_type = dtype::f16, .param = p.data(), .param_type = dtype::bf16},
+  adam_step_host({.master = master.data(),
+                  .m = m.data(),
+                  .v = v.data(),
+                  .count = n,
+                  .grad = g.data(),
+                  .grad_type = dtype::f16,
+                  .param = p.data(),
+                  .param_type = dtype::bf16},
                  h, {.step = 2, .grad_scale = 0.25f});
   adam_update<float16, bfloat16>(master2, m2, v2, std::span<const float16>(g), std::span<bfloat16>(p2), h,
                                  {.step = 2, .grad_scale = 0.25f});
@@ -276,9 +284,9 @@ TEST_CASE("adam_step_host dispatches on run-time dtypes to the typed kernel") {
   CHECK(same_bits(v, v2));
   CHECK(same_bits(p, p2));
   // Without a parameter copy, master is the parameter.
-  adam_step_host({.master = master.data(), .m = m.data(), .v = v.data(), .count = n, .grad = g.data(),
-                  .grad_type = dtype::f16},
-                 h, {.step = 3});
+  adam_step_host(
+      {.master = master.data(), .m = m.data(), .v = v.data(), .count = n, .grad = g.data(), .grad_type = dtype::f16}, h,
+      {.step = 3});
   adam_update<float16, float>(master2, m2, v2, std::span<const float16>(g), std::span<float>{}, h, {.step = 3});
   CHECK(same_bits(master, master2));
 }
@@ -293,9 +301,9 @@ TEST_CASE("bad arguments throw config_error") {
   CHECK_THROWS_AS((adam_update<float, float>(a, b, c, gs, {}, {.beta1 = 1.0f}, {})), config_error);
   CHECK_THROWS_AS((adam_update<float, float>(a, b, c, gs, {}, {.eps = 0.0f}, {})), config_error);
   CHECK_THROWS_AS((adam_update<float, float>(a, b, c, gs, {}, {.weight_decay = -1.0f}, {})), config_error);
-  CHECK_THROWS_AS((adam_update<float, float>(a, b, c, gs, {}, {},
-                                             {.grad_scale = std::numeric_limits<float>::infinity()})),
-                  config_error);
+  CHECK_THROWS_AS(
+      (adam_update<float, float>(a, b, c, gs, {}, {}, {.grad_scale = std::numeric_limits<float>::infinity()})),
+      config_error);
   CHECK_NOTHROW((adam_update<float, float>({}, {}, {}, {}, {}, {}, {})));  // empty range: nothing to do
 }
 

@@ -78,7 +78,8 @@ TEST_CASE("clipping across an in-process rank group equals single-rank clipping"
     // rank's partial sums its own chunks first): a few units of 2^-53 relative. The coefficient
     // is that norm rounded to float, so at most one float ulp apart.
     CHECK(results[0].norm == doctest::Approx(one.norm).epsilon(1e-14));
-    CHECK(std::abs(results[0].coefficient - one.coefficient) <= std::nextafter(one.coefficient, 2.0f) - one.coefficient);
+    CHECK(std::abs(results[0].coefficient - one.coefficient) <=
+          std::nextafter(one.coefficient, 2.0f) - one.coefficient);
   }
 }
 

@@ -20,7 +20,7 @@ TEST_CASE("constant_lr and warmup_cosine") {
   s.validate();
   CHECK(s(1) == doctest::Approx(1e-4));  // linear from peak/warmup
   CHECK(s(5) == doctest::Approx(5e-4));
-  CHECK(s(10) == doctest::Approx(1e-3));  // peak at the end of warm-up
+  CHECK(s(10) == doctest::Approx(1e-3));                 // peak at the end of warm-up
   CHECK(s(60) == doctest::Approx(1e-4 + 0.9e-3 * 0.5));  // half-way through the cosine
   const double q = 0.5 * (1 + std::cos(std::numbers::pi * 0.25));
   CHECK(s(35) == doctest::Approx(1e-4 + 0.9e-3 * q));

@@ -44,14 +44,16 @@ run_result run(const std::vector<int>& sequence, int num_chunks, std::size_t cap
   forward_rt<Eviction> rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = prefetch},
                           fixed_chunk_layout({.chunk_elems = chunk_elems, .align_elems = 32}));
   std::vector<param_id> ids;
-  for (int c = 0; c < num_chunks; ++c) ids.push_back(rt.register_param({"p" + std::to_string(c), {1000}, dtype::f32, tensor_role::weight}));
+  for (int c = 0; c < num_chunks; ++c)
+    ids.push_back(rt.register_param({"p" + std::to_string(c), {1000}, dtype::f32, tensor_role::weight}));
   rt.finalize();
   run_result r;
   for (int it = 0; it < iterations; ++it) {
     if (it == iterations - 1) {
       r.loads_last = rt.stats().loads;
       for (int c = 0; c < num_chunks; ++c)
-        if (rt.where({chunk_kind::param, static_cast<std::uint32_t>(c)}) == tier::device) r.resident_before_last.insert(static_cast<std::uint32_t>(c));
+        if (rt.where({chunk_kind::param, static_cast<std::uint32_t>(c)}) == tier::device)
+          r.resident_before_last.insert(static_cast<std::uint32_t>(c));
     }
     for (std::size_t i = 0; i < sequence.size(); ++i) {
       auto s = rt.forward("s" + std::to_string(i), {ids[static_cast<std::size_t>(sequence[i])]});
@@ -110,7 +112,7 @@ std::size_t brute_force_min_loads(const std::vector<int>& seq, std::set<int> sta
 TEST_CASE("Belady matches the brute-force offline optimum on small traces") {
   std::mt19937 gen(42);
   for (int trial = 0; trial < 60; ++trial) {
-    const int chunks = 3 + trial % 4;                       // 3..6 chunks
+    const int chunks = 3 + trial % 4;                                            // 3..6 chunks
     const std::size_t cap = 1 + static_cast<std::size_t>(trial % (chunks - 1));  // 1..chunks-1 slots
     std::uniform_int_distribution<int> pick(0, chunks - 1);
     std::vector<int> seq(6 + static_cast<std::size_t>(trial % 7));

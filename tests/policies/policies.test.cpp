@@ -29,7 +29,8 @@ using chunkstar::testing::conformance_report;
 namespace {
 
 bool mentions(const conformance_report& r, const std::string& part) {
-  return std::any_of(r.failures.begin(), r.failures.end(), [&](const std::string& f) { return f.find(part) != std::string::npos; });
+  return std::any_of(r.failures.begin(), r.failures.end(),
+                     [&](const std::string& f) { return f.find(part) != std::string::npos; });
 }
 
 // A strategy outside the library, from docs/concepts.md alone: first in, first out.
@@ -325,9 +326,9 @@ TEST_CASE("warmup tracer: a moment that allocates more than recorded raises its 
 // --- PlacementPolicy ------------------------------------------------------------------------------
 TEST_CASE("PlacementPolicy: the installed conformance check passes") {
   using chunkstar::testing::check_placement_policy;
-  for (const static_placement& p : {static_placement::all_device(), static_placement::all_host(),
-                                    static_placement::fraction(0.3), static_placement::fraction(-1.0),
-                                    static_placement::fraction(2.0)}) {
+  for (const static_placement& p :
+       {static_placement::all_device(), static_placement::all_host(), static_placement::fraction(0.3),
+        static_placement::fraction(-1.0), static_placement::fraction(2.0)}) {
     CAPTURE(p.device_fraction);
     const auto r = check_placement_policy(p);
     CHECK_MESSAGE(r.ok(), r.to_string());
@@ -365,9 +366,16 @@ TEST_CASE_TEMPLATE("PlacementPolicy: the library's models never budget more than
 }
 
 TEST_CASE("static placement fractions and auto placement margins") {
-  placement_inputs in{.device_capacity = 1000, .non_model_now = 100, .trace_ready = true, .non_model_peak_here = 100,
-                      .non_model_peak_next = 300, .non_model_peak_max = 400, .total_chunk_bytes = 2000,
-                      .compute_chunk_bytes = 200, .step_chunk_bytes = 100, .num_chunks = 10};
+  placement_inputs in{.device_capacity = 1000,
+                      .non_model_now = 100,
+                      .trace_ready = true,
+                      .non_model_peak_here = 100,
+                      .non_model_peak_next = 300,
+                      .non_model_peak_max = 400,
+                      .total_chunk_bytes = 2000,
+                      .compute_chunk_bytes = 200,
+                      .step_chunk_bytes = 100,
+                      .num_chunks = 10};
   CHECK(static_placement::all_device().chunk_budget(in) == 900);
   CHECK(static_placement::all_host().chunk_budget(in) == 0);
   CHECK(static_placement::fraction(0.25).chunk_budget(in) == 500);
@@ -441,7 +449,7 @@ struct minimal_strategy {
 };
 struct not_a_strategy {
   std::size_t pick(std::span<const eviction_candidate>) const { return 0; }
-};  // no name(), no uses_trace
+};                           // no name(), no uses_trace
 struct runtime_uses_trace {  // a static member, but not a constant expression
   static inline bool uses_trace = false;
   std::size_t pick(std::span<const eviction_candidate>) const;
@@ -517,30 +525,22 @@ template <bool KindOf = true, bool ConstReady = true, bool SpanAccesses = true, 
           bool PeakFrom = true>
 struct tracer_parts {
   void begin_iteration();
-  std::size_t open_moment(moment_kind, std::string_view)
-    requires OpenReturnsIndex;
-  void open_moment(moment_kind, std::string_view)
-    requires(!OpenReturnsIndex);
+  std::size_t open_moment(moment_kind, std::string_view) requires OpenReturnsIndex;
+  void open_moment(moment_kind, std::string_view) requires(!OpenReturnsIndex);
   void record_access(chunk_id);
   void record_non_model(std::size_t);
   void end_iteration();
-  bool ready() const
-    requires ConstReady;
-  bool ready()
-    requires(!ConstReady);
+  bool ready() const requires ConstReady;
+  bool ready() requires(!ConstReady);
   std::size_t current_moment() const;
   std::size_t num_moments() const;
   std::size_t non_model_peak(std::size_t) const;
-  std::size_t non_model_peak_from(std::size_t, std::size_t) const
-    requires PeakFrom;
+  std::size_t non_model_peak_from(std::size_t, std::size_t) const requires PeakFrom;
   std::size_t next_use(chunk_id, std::size_t) const;
-  std::span<const trace_access> accesses() const
-    requires SpanAccesses;
-  std::vector<trace_access> accesses() const
-    requires(!SpanAccesses);
+  std::span<const trace_access> accesses() const requires SpanAccesses;
+  std::vector<trace_access> accesses() const requires(!SpanAccesses);
   std::size_t first_access_after(std::size_t) const;
-  moment_kind kind_of(std::size_t) const
-    requires KindOf;
+  moment_kind kind_of(std::size_t) const requires KindOf;
   tracer_stats stats() const;
 };
 static_assert(Tracer<tracer_parts<>>);

@@ -74,14 +74,17 @@ transfer_op zero(chunk_id id) { return {transfer_op::kind::zero, id}; }
 std::string show(const std::vector<transfer_op>& ops) {
   std::string s = "[";
   for (const auto& o : ops)
-    s += std::string(o.what == transfer_op::kind::evict ? " evict " : o.what == transfer_op::kind::load ? " load " : " zero ") +
+    s += std::string(o.what == transfer_op::kind::evict  ? " evict "
+                     : o.what == transfer_op::kind::load ? " load "
+                                                         : " zero ") +
          to_string(o.id);
   return s + " ]";
 }
 
 template <class E, class Skip = bool (*)(chunk_id)>
-std::vector<transfer_op> plan(const prefetch_snapshot& s, const warmup_tracer& t, const E& e, const prefetch_budgets& b,
-                              Skip skip = [](chunk_id) { return false; }) {
+std::vector<transfer_op> plan(
+    const prefetch_snapshot& s, const warmup_tracer& t, const E& e, const prefetch_budgets& b,
+    Skip skip = [](chunk_id) { return false; }) {
   trace_needs needs;
   needs.refresh(t);
   return plan_prefetch(s, t, needs, e, b, skip);
@@ -89,7 +92,7 @@ std::vector<transfer_op> plan(const prefetch_snapshot& s, const warmup_tracer& t
 
 // The trace of the main cases: moments 0..5 use p0, p1, p2, p3, p2, p1 (a U-shaped reuse).
 std::vector<moment> u_trace() {
-  return {{moment_kind::forward, {P(0)}}, {moment_kind::forward, {P(1)}}, {moment_kind::forward, {P(2)}},
+  return {{moment_kind::forward, {P(0)}}, {moment_kind::forward, {P(1)}},  {moment_kind::forward, {P(2)}},
           {moment_kind::forward, {P(3)}}, {moment_kind::backward, {P(2)}}, {moment_kind::backward, {P(1)}}};
 }
 // Now: moment 2 (p2 in use, pinned); p0, p1, p2 on the device, p3 on the host; budget 3 chunks.
@@ -139,8 +142,10 @@ TEST_CASE("plan_prefetch: the depth limit stops loads beyond the next moment, ne
     CHECK(ops == std::vector<transfer_op>{evict(P(0)), load(P(3))});
   }
   SUBCASE("a forward chain with room for everything: depth bounds the loads in flight") {
-    const auto chain = traced({{moment_kind::forward, {P(0)}}, {moment_kind::forward, {P(1)}},
-                               {moment_kind::forward, {P(2)}}, {moment_kind::forward, {P(3)}}});
+    const auto chain = traced({{moment_kind::forward, {P(0)}},
+                               {moment_kind::forward, {P(1)}},
+                               {moment_kind::forward, {P(2)}},
+                               {moment_kind::forward, {P(3)}}});
     auto s = snapshot(0, 4, 4 * chunk, 0);
     put(s, P(0), tier::device, 1, true);
     for (std::uint32_t c = 1; c < 4; ++c) put(s, P(c), tier::host);
@@ -164,8 +169,11 @@ TEST_CASE("plan_prefetch: the depth limit stops loads beyond the next moment, ne
 TEST_CASE("plan_prefetch: a victim in use now stops the plan") {
   // Five moments p0, p1, p2, p3, p1, now at moment 2 (p2 pinned). For moment 3 Belady's victim is
   // p2 (next used a whole iteration later) — but p2 is in use now: nothing can be planned.
-  const auto t = traced({{moment_kind::forward, {P(0)}}, {moment_kind::forward, {P(1)}}, {moment_kind::forward, {P(2)}},
-                         {moment_kind::forward, {P(3)}}, {moment_kind::backward, {P(1)}}});
+  const auto t = traced({{moment_kind::forward, {P(0)}},
+                         {moment_kind::forward, {P(1)}},
+                         {moment_kind::forward, {P(2)}},
+                         {moment_kind::forward, {P(3)}},
+                         {moment_kind::backward, {P(1)}}});
   const auto ops = plan(u_snapshot(2), t, belady_eviction{}, flat(3 * chunk));
   CAPTURE(show(ops));
   CHECK(ops.empty());
@@ -193,7 +201,8 @@ TEST_CASE("plan_prefetch: the skip predicate stops the plan at the chunk it reje
 TEST_CASE("plan_prefetch: a smaller budget at an intermediate moment bounds what loads early") {
   // p0 in use now; p1 at moment 1, p2 at moment 2. Moment 1's budget is 2 chunks: p2 cannot be on
   // the device during moment 1 beside p0 and p1, so only p1 is fetched now.
-  const auto t = traced({{moment_kind::forward, {P(0)}}, {moment_kind::forward, {P(1)}}, {moment_kind::forward, {P(2)}}});
+  const auto t =
+      traced({{moment_kind::forward, {P(0)}}, {moment_kind::forward, {P(1)}}, {moment_kind::forward, {P(2)}}});
   auto s = snapshot(0, 3, 3 * chunk, 2);
   put(s, P(0), tier::device, 1, true);
   put(s, P(1), tier::host);
@@ -215,8 +224,8 @@ TEST_CASE("plan_prefetch: a host-side optimizer step (a moment with no device ac
   CHECK(plan_prefetch(s, t, stale, belady_eviction{}, flat(2 * chunk), [](chunk_id) { return false; }).empty());
 }
 
-TEST_CASE_TEMPLATE("plan_prefetch property: carrying out the plan is legal and never exceeds a budget before the use", E,
-                   lru_eviction, belady_eviction) {
+TEST_CASE_TEMPLATE("plan_prefetch property: carrying out the plan is legal and never exceeds a budget before the use",
+                   E, lru_eviction, belady_eviction) {
   std::mt19937 gen(20240611);
   const E eviction{};
   std::size_t plans_with_ops = 0, loads = 0, evictions = 0, zeros = 0;
@@ -229,7 +238,8 @@ TEST_CASE_TEMPLATE("plan_prefetch property: carrying out the plan is legal and n
       for (std::size_t i = 0; i < k; ++i) {
         const auto c = static_cast<std::uint32_t>(gen() % per_kind);
         if (std::find(m.uses.begin(), m.uses.end(), P(c)) == m.uses.end()) m.uses.push_back(P(c));
-        if (m.kind == moment_kind::backward && std::find(m.uses.begin(), m.uses.end(), G(c)) == m.uses.end()) m.uses.push_back(G(c));
+        if (m.kind == moment_kind::backward && std::find(m.uses.begin(), m.uses.end(), G(c)) == m.uses.end())
+          m.uses.push_back(G(c));
       }
     }
     const auto t = traced(ms);
@@ -243,15 +253,18 @@ TEST_CASE_TEMPLATE("plan_prefetch property: carrying out the plan is legal and n
       for (auto id : {P(c), G(c)}) {
         const bool used_now = std::find(ms[now].uses.begin(), ms[now].uses.end(), id) != ms[now].uses.end();
         const auto r = gen() % 3;
-        const tier where = used_now ? tier::device
-                           : id.kind == chunk_kind::grad ? (r == 0 ? tier::free : r == 1 ? tier::host : tier::device)
-                                                          : (r == 0 ? tier::host : tier::device);
+        const tier where = used_now                      ? tier::device
+                           : id.kind == chunk_kind::grad ? (r == 0   ? tier::free
+                                                            : r == 1 ? tier::host
+                                                                     : tier::device)
+                                                         : (r == 0 ? tier::host : tier::device);
         put(s, id, where, ++tick + gen() % 5, used_now);
       }
     }
     s.tick += 5;
     s.fits = budget[now];
-    const prefetch_budgets b{[&](std::size_t k) { return budget[k % n]; }, [&](std::size_t k) { return budget[k % n]; }};
+    const prefetch_budgets b{[&](std::size_t k) { return budget[k % n]; },
+                             [&](std::size_t k) { return budget[k % n]; }};
     const auto ops = plan(s, t, eviction, b);
     if (!ops.empty()) ++plans_with_ops;
 
@@ -260,8 +273,8 @@ TEST_CASE_TEMPLATE("plan_prefetch property: carrying out the plan is legal and n
     for (std::size_t x = 0; x < where.size(); ++x) where[x] = s.chunks[x].where;
     std::size_t resident = s.device_resident, loads_so_far = 0;
     std::ostringstream ctx;
-    ctx << "round " << round << " now " << now << " fits " << s.fits << " depth " << s.depth << " in_flight " << s.in_flight
-        << " ops " << show(ops);
+    ctx << "round " << round << " now " << now << " fits " << s.fits << " depth " << s.depth << " in_flight "
+        << s.in_flight << " ops " << show(ops);
     CAPTURE(ctx.str());
     for (const auto& op : ops) {
       const std::size_t x = s.dense(op.id);
@@ -296,7 +309,8 @@ TEST_CASE_TEMPLATE("plan_prefetch property: carrying out the plan is legal and n
       }
     }
   }
-  MESSAGE("plans with ops: " << plans_with_ops << ", loads " << loads << ", zero fills " << zeros << ", evictions " << evictions);
+  MESSAGE("plans with ops: " << plans_with_ops << ", loads " << loads << ", zero fills " << zeros << ", evictions "
+                             << evictions);
   CHECK(plans_with_ops > 300);  // the generator exercises the planner, not only its early exits
   CHECK(loads > 0);
   CHECK(zeros > 0);

@@ -24,7 +24,8 @@ using namespace chunkstar;
 /** A's (8 x 6) rows and bias and B's (5 x 8) columns split over the ranks, and c (5) replicated. */
 class pair_model {
  public:
-  explicit pair_model(int world, int rank) : pair_(rtp::make_weight_pair(6, 8, 5, world, "units")), rank_(static_cast<std::size_t>(rank)) {
+  explicit pair_model(int world, int rank)
+      : pair_(rtp::make_weight_pair(6, 8, 5, world, "units")), rank_(static_cast<std::size_t>(rank)) {
     specs_ = {{"a.w", {8, 6}, dtype::f32, tensor_role::weight},
               {"a.b", {8}, dtype::f32, tensor_role::bias},
               {"b.w", {5, 8}, dtype::f32, tensor_role::weight},
@@ -32,7 +33,9 @@ class pair_model {
     parts_.resize(2);
     parts_[0].elems = pair_.shard_elems();
     parts_[0].for_each = [this](const auto& f) {
-      pair_.for_each(rank_, [&](rtp::weight_pair::part p, std::size_t i, std::size_t off) { f(static_cast<std::size_t>(p), i, off); });
+      pair_.for_each(rank_, [&](rtp::weight_pair::part p, std::size_t i, std::size_t off) {
+        f(static_cast<std::size_t>(p), i, off);
+      });
     };
     parts_[0].segments = {{pair_.a_weight_offset(), pair_.a_bias_offset(), 0},
                           {pair_.a_bias_offset(), pair_.b_weight_offset(), 1},
@@ -64,7 +67,8 @@ class pair_model {
   void fill() {
     for (std::size_t k = 0; k < 2; ++k)
       for (const auto kind : {chunk_kind::param, chunk_kind::momentum, chunk_kind::variance})
-        parts_[k].for_each([&](std::size_t t, std::size_t i, std::size_t off) { lists_[k][slot(kind)][off] = value(t, i, kind); });
+        parts_[k].for_each(
+            [&](std::size_t t, std::size_t i, std::size_t off) { lists_[k][slot(kind)][off] = value(t, i, kind); });
   }
   /** Elements that differ from value(): 0 after a faithful load. */
   [[nodiscard]] std::size_t wrong() const {
@@ -89,7 +93,9 @@ class pair_model {
 
 static_assert(rtp::ShardedModel<pair_model>);
 
-TEST_CASE("RTP checkpoint views: a non-GPT model saved at N ranks loads at M ranks with every element's bits, N, M in 1, 2, 4") {
+TEST_CASE(
+    "RTP checkpoint views: a non-GPT model saved at N ranks loads at M ranks with every element's bits, N, M in 1, 2, "
+    "4") {
   for (const int n : {1, 2, 4})
     for (const int m : {1, 2, 4}) {
       CAPTURE(n);

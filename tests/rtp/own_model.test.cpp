@@ -56,8 +56,9 @@ micro_batch make_batch(int step, int m) {
   const rtp::counter_init r{.seed = 11, .key = rtp::tensor_key("tokens")};
   micro_batch b;
   for (std::size_t i = 0; i < cfg.rows; ++i) {
-    const auto t = static_cast<int>(r.uniform01((static_cast<std::uint64_t>(step) * 64 + static_cast<std::uint64_t>(m)) * cfg.rows + i) *
-                                    static_cast<double>(cfg.vocab));
+    const auto t = static_cast<int>(
+        r.uniform01((static_cast<std::uint64_t>(step) * 64 + static_cast<std::uint64_t>(m)) * cfg.rows + i) *
+        static_cast<double>(cfg.vocab));
     b.tokens.push_back(t);
     b.targets.push_back((7 * t + 3) % static_cast<int>(cfg.vocab));
   }
@@ -85,7 +86,8 @@ void gather(const State& m, chunk_kind kind, tensors& out) {
 }
 bool same_bits(const tensors& a, const tensors& b) {
   for (std::size_t t = 0; t < a.size(); ++t)
-    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
+    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0)
+      return false;
   return true;
 }
 
@@ -98,7 +100,8 @@ struct run {
   bool operator==(const run& o) const {
     for (std::size_t s = 0; s < params.size(); ++s)
       if (!same_bits(params[s], o.params[s]) || !same_bits(grads[s], o.grads[s])) return false;
-    return losses == o.losses && same_bits(final_params, o.final_params) && same_bits(final_m, o.final_m) && same_bits(final_v, o.final_v);
+    return losses == o.losses && same_bits(final_params, o.final_params) && same_bits(final_m, o.final_m) &&
+           same_bits(final_v, o.final_v);
   }
 };
 
@@ -107,8 +110,8 @@ struct run {
  *  process), loading @p load first and saving to @p save after. Records into @p rec (shared by the
  *  ranks: each writes its own elements, rank 0 the scalars). */
 template <class Comm, class Store>
-void train(Comm& comm, Store& store, int world, int from, int to, float clip, run& rec, const std::filesystem::path& load = {},
-           const std::filesystem::path& save = {}) {
+void train(Comm& comm, Store& store, int world, int from, int to, float clip, run& rec,
+           const std::filesystem::path& load = {}, const std::filesystem::path& save = {}) {
   own_model::residual_mlp<Comm, Store> model(comm, store, cfg);
   model.init();
   auto& m = model.state();
@@ -119,7 +122,8 @@ void train(Comm& comm, Store& store, int world, int from, int to, float clip, ru
   for (int s = from; s < to; ++s) {
     const auto us = static_cast<std::size_t>(s - from);
     comm.barrier();  // every rank is done writing the last step's records before rank 0 grows them
-    if (comm.rank() == 0) rec.params.push_back(empty_tensors()), rec.grads.push_back(empty_tensors()), rec.losses.emplace_back(world);
+    if (comm.rank() == 0)
+      rec.params.push_back(empty_tensors()), rec.grads.push_back(empty_tensors()), rec.losses.emplace_back(world);
     comm.barrier();
     gather(m, chunk_kind::param, rec.params[us]);
     for (int mb = comm.rank(); mb < world; mb += comm.size()) {
@@ -132,7 +136,8 @@ void train(Comm& comm, Store& store, int world, int from, int to, float clip, ru
     if (comm.rank() == 0) rec.norms.push_back(r.grad_norm);
   }
   comm.barrier();
-  if (comm.rank() == 0) rec.final_params = empty_tensors(), rec.final_m = empty_tensors(), rec.final_v = empty_tensors();
+  if (comm.rank() == 0)
+    rec.final_params = empty_tensors(), rec.final_m = empty_tensors(), rec.final_v = empty_tensors();
   comm.barrier();
   gather(m, chunk_kind::param, rec.final_params);
   gather(m, chunk_kind::momentum, rec.final_m);
@@ -143,7 +148,8 @@ void train(Comm& comm, Store& store, int world, int from, int to, float clip, ru
   }
 }
 
-run run_host(int n, int from, int to, float clip, const std::filesystem::path& load = {}, const std::filesystem::path& save = {}) {
+run run_host(int n, int from, int to, float clip, const std::filesystem::path& load = {},
+             const std::filesystem::path& save = {}) {
   run rec;
   run_ranks(n, [&](in_process_communicator& comm) {
     rtp::host_shard_store store;
@@ -164,7 +170,8 @@ run run_chunked(int n, double share, float clip, typename Runtime::placement_typ
       own_model::residual_mlp<in_process_communicator> sizing(comm, probe, cfg);
       model_bytes = probe.bytes();
     }
-    simulated_device_space device({.capacity = static_cast<std::size_t>(share * static_cast<double>(model_bytes)) + (64 << 10)});
+    simulated_device_space device(
+        {.capacity = static_cast<std::size_t>(share * static_cast<double>(model_bytes)) + (64 << 10)});
     host_space host;
     host_copy_engine copier;
     single_process_communicator one;
@@ -199,14 +206,17 @@ reference evaluate(const tensors& P, const std::vector<micro_batch>& mbs) {
       std::vector<std::vector<double>> x(L + 1, std::vector<double>(C)), mx = x, a(L, std::vector<double>(H)), ma = a;
       for (std::size_t i = 0; i < C; ++i) x[0][i] = E[tok * C + i], mx[0][i] = std::abs(x[0][i]);
       for (std::size_t l = 0; l < L; ++l) {
-        const auto &W1 = P[own_model::w1(l)], &b1 = P[own_model::w1(l) + 1], &W2 = P[own_model::w1(l) + 2], &b2 = P[own_model::b2(l)];
+        const auto &W1 = P[own_model::w1(l)], &b1 = P[own_model::w1(l) + 1], &W2 = P[own_model::w1(l) + 2],
+                   &b2 = P[own_model::b2(l)];
         for (std::size_t h = 0; h < H; ++h) {
           a[l][h] = b1[h], ma[l][h] = std::abs(b1[h]);
-          for (std::size_t i = 0; i < C; ++i) a[l][h] += W1[h * C + i] * x[l][i], ma[l][h] += std::abs(W1[h * C + i]) * mx[l][i];
+          for (std::size_t i = 0; i < C; ++i)
+            a[l][h] += W1[h * C + i] * x[l][i], ma[l][h] += std::abs(W1[h * C + i]) * mx[l][i];
         }
         for (std::size_t o = 0; o < C; ++o) {
           double y = b2[o], my = std::abs(b2[o]);
-          for (std::size_t h = 0; h < H; ++h) y += W2[o * H + h] * own_model::gelu(a[l][h]), my += std::abs(W2[o * H + h]) * gelu_slope * ma[l][h];
+          for (std::size_t h = 0; h < H; ++h)
+            y += W2[o * H + h] * own_model::gelu(a[l][h]), my += std::abs(W2[o * H + h]) * gelu_slope * ma[l][h];
           x[l + 1][o] = x[l][o] + y, mx[l + 1][o] = mx[l][o] + my;
         }
       }
@@ -236,24 +246,29 @@ reference evaluate(const tensors& P, const std::vector<micro_batch>& mbs) {
         }
       }
       for (std::size_t i = 0; i < C; ++i) {
-        out.grad.back()[i] += df[i] * x[L][i], out.mag.back()[i] += mdf[i] * std::abs(x[L][i]) + std::abs(df[i]) * mx[L][i];
+        out.grad.back()[i] += df[i] * x[L][i],
+            out.mag.back()[i] += mdf[i] * std::abs(x[L][i]) + std::abs(df[i]) * mx[L][i];
         dx[i] = df[i] * g[i], mdx[i] = mdf[i] * std::abs(g[i]);
       }
       for (std::size_t l = L; l-- > 0;) {
         const std::size_t t1 = own_model::w1(l);
         const auto &W1 = P[t1], &W2 = P[t1 + 2];
         std::vector<double> px = dx, mpx = mdx;
-        for (std::size_t o = 0; o < C; ++o) out.grad[own_model::b2(l)][o] += dx[o], out.mag[own_model::b2(l)][o] += mdx[o];
+        for (std::size_t o = 0; o < C; ++o)
+          out.grad[own_model::b2(l)][o] += dx[o], out.mag[own_model::b2(l)][o] += mdx[o];
         for (std::size_t h = 0; h < H; ++h) {
           double dh = 0, mdh = 0;
           const double act = own_model::gelu(a[l][h]), mact = gelu_slope * ma[l][h];
           for (std::size_t o = 0; o < C; ++o) {
             dh += dx[o] * W2[o * H + h], mdh += mdx[o] * std::abs(W2[o * H + h]);
-            out.grad[t1 + 2][o * H + h] += dx[o] * act, out.mag[t1 + 2][o * H + h] += mdx[o] * std::abs(act) + std::abs(dx[o]) * mact;
+            out.grad[t1 + 2][o * H + h] += dx[o] * act,
+                out.mag[t1 + 2][o * H + h] += mdx[o] * std::abs(act) + std::abs(dx[o]) * mact;
           }
-          const double da = dh * own_model::gelu_grad(a[l][h]), mda = mdh * gelu_slope + std::abs(dh) * gelu_curvature * ma[l][h];
+          const double da = dh * own_model::gelu_grad(a[l][h]),
+                       mda = mdh * gelu_slope + std::abs(dh) * gelu_curvature * ma[l][h];
           for (std::size_t i = 0; i < C; ++i) {
-            out.grad[t1][h * C + i] += da * x[l][i], out.mag[t1][h * C + i] += mda * std::abs(x[l][i]) + std::abs(da) * mx[l][i];
+            out.grad[t1][h * C + i] += da * x[l][i],
+                out.mag[t1][h * C + i] += mda * std::abs(x[l][i]) + std::abs(da) * mx[l][i];
             px[i] += da * W1[h * C + i], mpx[i] += mda * std::abs(W1[h * C + i]);
           }
           out.grad[t1 + 1][h] += da, out.mag[t1 + 1][h] += mda;
@@ -277,7 +292,8 @@ reference evaluate(const tensors& P, const std::vector<micro_batch>& mbs) {
 double chain(int n, int world) {
   const auto N = static_cast<double>(n), C = static_cast<double>(cfg.width), H = static_cast<double>(cfg.hidden),
              V = static_cast<double>(cfg.vocab), L = static_cast<double>(cfg.layers), R = static_cast<double>(cfg.rows);
-  return L * (C + 1 + 8 + H + N + 2) + 1 + C + V + N + 8 + 2 + 8 + V + N + L * (C + 9 + H + N + 1) + 1 + R + N + 1 + world;
+  return L * (C + 1 + 8 + H + N + 2) + 1 + C + V + N + 8 + 2 + 8 + V + N + L * (C + 9 + H + N + 1) + 1 + R + N + 1 +
+         world;
 }
 
 /** Every step of @p rec (of @p n ranks, @p world micro-batches per step, from step @p from) against
@@ -295,7 +311,8 @@ double check_against_reference(const run& rec, int n, int world, int from, float
       for (std::size_t i = 0; i < ref.grad[t].size(); ++i) {
         const double got = rec.grads[s][t][i], want = ref.grad[t][i], tol = k * ref.mag[t][i];
         worst = std::max(worst, std::abs(got - want) / tol);
-        if (std::abs(got - want) > tol) FAIL_CHECK("tensor " << t << "[" << i << "]: " << got << " vs " << want << " (tolerance " << tol << ")");
+        if (std::abs(got - want) > tol)
+          FAIL_CHECK("tensor " << t << "[" << i << "]: " << got << " vs " << want << " (tolerance " << tol << ")");
         own_sq += (got / world) * (got / world);
       }
     for (int m = 0; m < world; ++m) {
@@ -311,7 +328,8 @@ double check_against_reference(const run& rec, int n, int world, int from, float
       const reference lost = evaluate(rec.params[s], std::vector<micro_batch>(mbs.begin(), mbs.end() - 1));
       double gap = 0;
       for (std::size_t t = 0; t < ref.grad.size(); ++t)
-        for (std::size_t i = 0; i < ref.grad[t].size(); ++i) gap = std::max(gap, std::abs(lost.grad[t][i] - ref.grad[t][i]) / (k * ref.mag[t][i]));
+        for (std::size_t i = 0; i < ref.grad[t].size(); ++i)
+          gap = std::max(gap, std::abs(lost.grad[t][i] - ref.grad[t][i]) / (k * ref.mag[t][i]));
       CHECK(gap > 10);
     }
   }
@@ -324,19 +342,23 @@ double mean(const std::vector<double>& v) {
   return s / static_cast<double>(v.size());
 }
 
-TEST_CASE("own model under RTP on 1-4 ranks: losses and gradients within the derived bound of a float64 serial model, the clipping norm counts replicas once; it trains") {
+TEST_CASE(
+    "own model under RTP on 1-4 ranks: losses and gradients within the derived bound of a float64 serial model, the "
+    "clipping norm counts replicas once; it trains") {
   for (const int n : {1, 2, 3, 4}) {
     CAPTURE(n);
     const run rec = run_host(n, 0, steps, 0.5f);
     const double worst = check_against_reference(rec, n, n, 0, 0.5f);
-    MESSAGE("N = " << n << ": largest error / tolerance " << worst << ", loss " << mean(rec.losses.front()) << " -> " << mean(rec.losses.back()));
+    MESSAGE("N = " << n << ": largest error / tolerance " << worst << ", loss " << mean(rec.losses.front()) << " -> "
+                   << mean(rec.losses.back()));
     CHECK(mean(rec.losses.back()) < mean(rec.losses.front()));
     // Flyweight initialisation: every world size starts from the same model.
     CHECK(same_bits(rec.params[0], run_host(1, 0, 0, 0.5f).final_params));
   }
 }
 
-TEST_CASE("own model under RTP: the same bits in the host store and in a chunk runtime at any budget, placement and policy") {
+TEST_CASE(
+    "own model under RTP: the same bits in the host store and in a chunk runtime at any budget, placement and policy") {
   using namespace chunkstar::testing;
   for (const int n : {1, 3}) {
     CAPTURE(n);
@@ -353,7 +375,9 @@ TEST_CASE("own model under RTP: the same bits in the host store and in a chunk r
   }
 }
 
-TEST_CASE("own model under RTP: a checkpoint resumes at the same world size bit for bit and loads in one process with every bit") {
+TEST_CASE(
+    "own model under RTP: a checkpoint resumes at the same world size bit for bit and loads in one process with every "
+    "bit") {
   test::scratch_dir dir;
   for (const int n : {2, 4}) {
     CAPTURE(n);
@@ -378,7 +402,8 @@ TEST_CASE("own model under RTP: a checkpoint resumes at the same world size bit 
     rtp::host_shard_store store;
     train(comm, store, n, steps, 2 * steps, 0.5f, one, half);
     check_against_reference(one, 1, n, steps, 0.5f);
-    MESSAGE("N = " << n << " resumed in one process: loss " << mean(one.losses.back()) << " (at " << n << " ranks: " << mean(straight.losses.back()) << ")");
+    MESSAGE("N = " << n << " resumed in one process: loss " << mean(one.losses.back()) << " (at " << n
+                   << " ranks: " << mean(straight.losses.back()) << ")");
   }
 }
 

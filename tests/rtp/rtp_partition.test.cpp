@@ -69,9 +69,9 @@ TEST_CASE("a dimension the world size does not divide is a config_error naming i
   }
   CHECK_THROWS_WITH_AS(require_divisible("w2.cols", 7, 2), doctest::Contains("'w2.cols'"), config_error);
   CHECK_NOTHROW(require_divisible("w2.cols", 8, 2));
-  CHECK_THROWS_AS((void)shard_range(12, 0, 0, "hidden"), config_error);   // no ranks
-  CHECK_THROWS_AS((void)shard_range(0, 2, 0, "hidden"), config_error);    // nothing to shard
-  CHECK_THROWS_AS((void)shard_range(12, 4, 4, "hidden"), config_error);   // rank outside the world
+  CHECK_THROWS_AS((void)shard_range(12, 0, 0, "hidden"), config_error);  // no ranks
+  CHECK_THROWS_AS((void)shard_range(0, 2, 0, "hidden"), config_error);   // nothing to shard
+  CHECK_THROWS_AS((void)shard_range(12, 4, 4, "hidden"), config_error);  // rank outside the world
   CHECK_THROWS_AS((void)shard_range(12, 4, -1, "hidden"), config_error);
 }
 
@@ -115,7 +115,8 @@ TEST_CASE("counter_init: the shard each rank materialises is its slice of the te
       bool columns_match = true;
       for (std::size_t o = 0; o < d; ++o)
         for (std::size_t k = rows.begin; k < rows.end; ++k)  // the columns are strided: element by element
-          columns_match = columns_match && same_bits(w2.uniform<float>(o * hidden + k, -0.5f, 0.5f), full2[o * hidden + k]);
+          columns_match =
+              columns_match && same_bits(w2.uniform<float>(o * hidden + k, -0.5f, 0.5f), full2[o * hidden + k]);
       CHECK(columns_match);
     }
 }
@@ -144,9 +145,9 @@ TEST_CASE("counter_init: uniform and normal values have the asked mean and varia
   CHECK(hi <= 1.0f);
   CHECK(lo < -0.999f);  // the whole range is reached
   CHECK(hi > 0.999f);
-  CHECK(std::abs(mean) < 5 * std::sqrt(1.0 / 3.0) / sn);                  // Var X = 1/3
+  CHECK(std::abs(mean) < 5 * std::sqrt(1.0 / 3.0) / sn);                     // Var X = 1/3
   CHECK(std::abs(var - 1.0 / 3.0) < 5 * std::sqrt(1.0 / 5 - 1.0 / 9) / sn);  // Var X^2 = 1/5 - 1/9
-  CHECK(std::abs(lag / (n - 1) / (1.0 / 3.0)) < 5 / sn);                  // neighbours uncorrelated
+  CHECK(std::abs(lag / (n - 1) / (1.0 / 3.0)) < 5 / sn);                     // neighbours uncorrelated
 
   std::vector<float> z(n);
   g.fill_normal<float>(z, 0, 0.5f, 2.0f);
@@ -172,7 +173,9 @@ TEST_CASE("counter_init: uniform and normal values have the asked mean and varia
   CHECK(std::abs(cross / n / (1.0 / 3.0)) < 5 / sn);
 }
 
-TEST_CASE("weight_pair: the shards hold every element of A, its bias and B exactly once, each shard a permutation of its buffer") {
+TEST_CASE(
+    "weight_pair: the shards hold every element of A, its bias and B exactly once, each shard a permutation of its "
+    "buffer") {
   for (const std::size_t groups : {std::size_t{1}, std::size_t{3}})
     for (const bool bias : {true, false})
       for (int n = 1; n <= 4; ++n) {
@@ -181,7 +184,8 @@ TEST_CASE("weight_pair: the shards hold every element of A, its bias and B exact
         CAPTURE(n);
         const weight_pair p = make_weight_pair(5, 12, 7, n, "units", groups, bias);
         CHECK(p.shard_units() == 12 / static_cast<std::size_t>(n));
-        CHECK(p.shard_elems() * static_cast<std::size_t>(n) == p.a_weight_elems() + p.a_bias_elems() + p.b_weight_elems());
+        CHECK(p.shard_elems() * static_cast<std::size_t>(n) ==
+              p.a_weight_elems() + p.a_bias_elems() + p.b_weight_elems());
         std::vector<int> a(p.a_weight_elems()), ab(p.a_bias_elems()), b(p.b_weight_elems());
         for (std::size_t s = 0; s < static_cast<std::size_t>(n); ++s) {
           std::vector<int> at(p.shard_elems());
@@ -192,7 +196,9 @@ TEST_CASE("weight_pair: the shards hold every element of A, its bias and B exact
             REQUIRE(i < whole.size());
             ++whole[i];
             // A's rows of this shard's units, B's columns of the same units.
-            const std::size_t unit = part == weight_pair::part::b_weight ? i % p.units : (part == weight_pair::part::a_weight ? i / p.in : i) % p.units;
+            const std::size_t unit = part == weight_pair::part::b_weight
+                                         ? i % p.units
+                                         : (part == weight_pair::part::a_weight ? i / p.in : i) % p.units;
             CHECK(unit / p.shard_units() == s);
             // Offsets by part: A's rows, then the bias, then B's columns.
             if (part == weight_pair::part::a_weight) CHECK(off < p.a_bias_offset());

@@ -38,12 +38,15 @@ using rtp::rotation;
 constexpr std::size_t elems = 7;  // odd, so nothing lines up by accident
 
 /** Shard j's weights, as its owner fills them: distinct per shard and element. */
-float weight_value(int shard, std::size_t i) { return static_cast<float>(shard) * 100.0f + static_cast<float>(i) * 0.25f; }
+float weight_value(int shard, std::size_t i) {
+  return static_cast<float>(shard) * 100.0f + static_cast<float>(i) * 0.25f;
+}
 
 /** What rank r's kernel adds to shard j's gradient at element i: not exactly representable
  *  sums, so the order of addition shows in the bits. */
 float contribution(int rank, int shard, std::size_t i) {
-  return 0.1f * static_cast<float>(rank + 1) + 0.013f * static_cast<float>(shard) + 1e-3f * static_cast<float>(i * i) + 1.0f / 3.0f;
+  return 0.1f * static_cast<float>(rank + 1) + 0.013f * static_cast<float>(shard) + 1e-3f * static_cast<float>(i * i) +
+         1.0f / 3.0f;
 }
 
 template <class Rot>
@@ -91,9 +94,11 @@ struct ring_log {
     events.push_back({event::kernel, -1, shard});
     for (const auto& f : in_flight) {
       if (overlaps(data, bytes, f.recv, f.bytes))
-        violations.push_back("kernel of shard " + std::to_string(shard) + " reads a buffer shift " + std::to_string(f.id) + " is receiving into");
+        violations.push_back("kernel of shard " + std::to_string(shard) + " reads a buffer shift " +
+                             std::to_string(f.id) + " is receiving into");
       if (grad != nullptr && (overlaps(grad, bytes, f.recv, f.bytes) || overlaps(grad, bytes, f.send, f.bytes)))
-        violations.push_back("kernel of shard " + std::to_string(shard) + " writes a buffer shift " + std::to_string(f.id) + " uses");
+        violations.push_back("kernel of shard " + std::to_string(shard) + " writes a buffer shift " +
+                             std::to_string(f.id) + " uses");
     }
   }
 };
@@ -106,8 +111,12 @@ class recording_ring {
   void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { c_.allreduce(p, n, t, op); }
   void allreduce(std::span<double> d, reduce_op op) { c_.allreduce(d, op); }
   void allgather(const void* s, void* r, std::size_t n) { c_.allgather(s, r, n); }
-  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { c_.reduce_scatter(s, r, n, t, op); }
-  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { c_.reduce(s, r, n, t, op, root); }
+  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    c_.reduce_scatter(s, r, n, t, op);
+  }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    c_.reduce(s, r, n, t, op, root);
+  }
   void broadcast(void* p, std::size_t n, int root) { c_.broadcast(p, n, root); }
   void ring_shift(const void* s, void* r, std::size_t n) {
     log_.violations.push_back("a blocking ring_shift: nothing can overlap it");
@@ -126,10 +135,13 @@ class recording_ring {
   comm_handle broadcast_async(void* p, std::size_t n, int root) { return c_.broadcast_async(p, n, root); }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) {
     const int id = log_.next_id++;
-    if (ring_log::overlaps(s, n, r, n)) log_.violations.push_back("shift " + std::to_string(id) + " sends from and receives into the same buffer");
+    if (ring_log::overlaps(s, n, r, n))
+      log_.violations.push_back("shift " + std::to_string(id) + " sends from and receives into the same buffer");
     for (const auto& f : log_.in_flight)
-      if (ring_log::overlaps(r, n, f.recv, f.bytes) || ring_log::overlaps(r, n, f.send, f.bytes) || ring_log::overlaps(s, n, f.recv, f.bytes))
-        log_.violations.push_back("shift " + std::to_string(id) + " touches a buffer of shift " + std::to_string(f.id) + ", still in flight");
+      if (ring_log::overlaps(r, n, f.recv, f.bytes) || ring_log::overlaps(r, n, f.send, f.bytes) ||
+          ring_log::overlaps(s, n, f.recv, f.bytes))
+        log_.violations.push_back("shift " + std::to_string(id) + " touches a buffer of shift " + std::to_string(f.id) +
+                                  ", still in flight");
     log_.events.push_back({ring_log::event::start, id, -1});
     log_.in_flight.push_back({id, static_cast<const std::byte*>(s), static_cast<const std::byte*>(r), n});
     return comm_handle(std::make_shared<logged>(c_.ring_shift_async(s, r, n), log_, id));
@@ -159,9 +171,12 @@ std::vector<int> kernels_overlapping(const ring_log& log) {
   std::vector<int> kernels_before(static_cast<std::size_t>(log.next_id), 0);
   int kernels = 0;
   for (const auto& e : log.events) {
-    if (e.kind == ring_log::event::kernel) ++kernels;
-    else if (e.kind == ring_log::event::start) kernels_before[static_cast<std::size_t>(e.id)] = kernels;
-    else out[static_cast<std::size_t>(e.id)] = kernels - kernels_before[static_cast<std::size_t>(e.id)];
+    if (e.kind == ring_log::event::kernel)
+      ++kernels;
+    else if (e.kind == ring_log::event::start)
+      kernels_before[static_cast<std::size_t>(e.id)] = kernels;
+    else
+      out[static_cast<std::size_t>(e.id)] = kernels - kernels_before[static_cast<std::size_t>(e.id)];
   }
   return out;
 }
@@ -196,7 +211,8 @@ class scripted_ring {
   comm_handle broadcast_async(void*, std::size_t, int) { return {}; }
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) {
     const int k = shifts++;
-    if (k == fail_at && !fail_in_wait) throw communication_error("scripted: shift " + std::to_string(k) + " failed at the call");
+    if (k == fail_at && !fail_in_wait)
+      throw communication_error("scripted: shift " + std::to_string(k) + " failed at the call");
     ++outstanding;
     return comm_handle(std::make_shared<pending>(*this, s, r, n, k == fail_at));
   }
@@ -208,7 +224,8 @@ class scripted_ring {
     void* recv;
     std::size_t bytes;
     bool fail;
-    pending(scripted_ring& g, const void* s, void* r, std::size_t n, bool f) : ring(g), send(s), recv(r), bytes(n), fail(f) {}
+    pending(scripted_ring& g, const void* s, void* r, std::size_t n, bool f)
+        : ring(g), send(s), recv(r), bytes(n), fail(f) {}
     void wait() {
       --ring.outstanding;
       if (fail) throw communication_error("scripted: a shift failed in flight");
@@ -249,7 +266,8 @@ TEST_CASE("ring order: forward and backward visit every shard once, consistently
       CHECK(bwd.size() == static_cast<std::size_t>(n));
       CHECK(rtp::forward_shard(r, n, 0) == r);       // forward starts at home: no shift before it
       CHECK(rtp::backward_shard(r, n, n - 1) == r);  // backward ends at home: the gradient arrives there
-      if (n > 1) CHECK(rtp::backward_shard(r, n, 0) == rtp::forward_shard((r - 1 + n) % n, n, 0));  // fetched from r - 1
+      if (n > 1)
+        CHECK(rtp::backward_shard(r, n, 0) == rtp::forward_shard((r - 1 + n) % n, n, 0));  // fetched from r - 1
     }
     for (int j = 0; j < n; ++j) {
       std::set<int> contributors;
@@ -266,7 +284,8 @@ TEST_CASE("ring order: forward and backward visit every shard once, consistently
   }
 }
 
-TEST_CASE("rotation: each forward kernel sees the shard it is told, and evaluation leaves the owned shard bit-unchanged") {
+TEST_CASE(
+    "rotation: each forward kernel sees the shard it is told, and evaluation leaves the owned shard bit-unchanged") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     std::vector<std::vector<int>> order(static_cast<std::size_t>(n));
@@ -300,7 +319,8 @@ TEST_CASE("rotation: backward brings each shard's gradient home summed over all 
     CAPTURE(n);
     std::vector<std::vector<float>> grads(static_cast<std::size_t>(n));
     std::vector<std::vector<int>> order(static_cast<std::size_t>(n));
-    std::vector<int> wrong(static_cast<std::size_t>(n), 0), dirty(static_cast<std::size_t>(n), 0), moved(static_cast<std::size_t>(n), 0);
+    std::vector<int> wrong(static_cast<std::size_t>(n), 0), dirty(static_cast<std::size_t>(n), 0),
+        moved(static_cast<std::size_t>(n), 0);
     run_ranks(n, [&](in_process_communicator& comm) {
       const auto me = static_cast<std::size_t>(comm.rank());
       rotation<in_process_communicator> rot(comm, elems);
@@ -366,7 +386,8 @@ TEST_CASE("rotation: rotations sharing one set of transit buffers give the bits 
             rot->forward([&](int j, std::span<const float> w) { CHECK(holds_shard(w, j)); });
             rot->backward([&](int j, std::span<const float> w, std::span<float> g) {
               CHECK(holds_shard(w, j));
-              for (std::size_t i = 0; i < g.size(); ++i) g[i] += contribution(comm.rank(), j, i) * static_cast<float>(pass + 1);
+              for (std::size_t i = 0; i < g.size(); ++i)
+                g[i] += contribution(comm.rank(), j, i) * static_cast<float>(pass + 1);
             });
             out.insert(out.end(), rot->owned_grad().begin(), rot->owned_grad().end());
           }
@@ -380,12 +401,14 @@ TEST_CASE("rotation: rotations sharing one set of transit buffers give the bits 
   }
 }
 
-TEST_CASE("rotation with an external shard: load and store at the documented points, the bits of a rotation that holds it") {
+TEST_CASE(
+    "rotation with an external shard: load and store at the documented points, the bits of a rotation that holds it") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     std::vector<std::vector<float>> own(static_cast<std::size_t>(n)), ext(static_cast<std::size_t>(n));
-    std::vector<int> loads_fwd(static_cast<std::size_t>(n)), loads_bwd(static_cast<std::size_t>(n)), stores(static_cast<std::size_t>(n)),
-        wrong(static_cast<std::size_t>(n)), after_throw(static_cast<std::size_t>(n));
+    std::vector<int> loads_fwd(static_cast<std::size_t>(n)), loads_bwd(static_cast<std::size_t>(n)),
+        stores(static_cast<std::size_t>(n)), wrong(static_cast<std::size_t>(n)),
+        after_throw(static_cast<std::size_t>(n));
     for (const bool external : {false, true})
       run_ranks(n, [&](in_process_communicator& comm) {
         const auto me = static_cast<std::size_t>(comm.rank());
@@ -422,9 +445,11 @@ TEST_CASE("rotation with an external shard: load and store at the documented poi
         // A throwing kernel: the store is never called (one rank alone, so nobody waits on it).
         if (n == 1) {
           phase = 2;
-          CHECK_THROWS_AS(rot.backward(load, [](int, std::span<const float>, std::span<float>) { throw std::runtime_error("k"); },
-                                       [&](std::span<const float>) { ++after_throw[me]; }),
-                          std::runtime_error);
+          CHECK_THROWS_AS(
+              rot.backward(
+                  load, [](int, std::span<const float>, std::span<float>) { throw std::runtime_error("k"); },
+                  [&](std::span<const float>) { ++after_throw[me]; }),
+              std::runtime_error);
         }
       });
     for (int r = 0; r < n; ++r) {
@@ -439,7 +464,8 @@ TEST_CASE("rotation with an external shard: load and store at the documented poi
   }
 }
 
-TEST_CASE("rotation: every shift starts before a kernel and is waited for after it; send and receive buffers are distinct") {
+TEST_CASE(
+    "rotation: every shift starts before a kernel and is waited for after it; send and receive buffers are distinct") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     std::vector<ring_log> logs(static_cast<std::size_t>(n));
@@ -453,7 +479,9 @@ TEST_CASE("rotation: every shift starts before a kernel and is waited for after 
       rot.forward([&](int j, std::span<const float> w) { log.kernel(j, w.data(), nullptr, w.size_bytes()); });
       fwd_logs[me] = log;
       log = ring_log{};
-      rot.backward([&](int j, std::span<const float> w, std::span<float> g) { log.kernel(j, w.data(), g.data(), w.size_bytes()); });
+      rot.backward([&](int j, std::span<const float> w, std::span<float> g) {
+        log.kernel(j, w.data(), g.data(), w.size_bytes());
+      });
     });
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
@@ -494,7 +522,8 @@ TEST_CASE("rotation: every shift starts before a kernel and is waited for after 
 TEST_CASE("rotation: bytes per pass are (N-1) shards forward and (N-1)(shard + gradient) backward, by comm_stats") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
-    std::vector<comm_stats> fwd(static_cast<std::size_t>(n)), bwd(static_cast<std::size_t>(n)), rep(static_cast<std::size_t>(n));
+    std::vector<comm_stats> fwd(static_cast<std::size_t>(n)), bwd(static_cast<std::size_t>(n)),
+        rep(static_cast<std::size_t>(n));
     run_ranks(n, [&](in_process_communicator& comm) {
       const auto me = static_cast<std::size_t>(comm.rank());
       rotation<in_process_communicator> rot(comm, elems);
@@ -619,47 +648,48 @@ TEST_CASE("rotation faults: a kernel that throws on one rank gives its peers com
         const int victim = n - 1;
         std::vector<std::string> outcome(static_cast<std::size_t>(n));
         std::vector<int> intact(static_cast<std::size_t>(n), -1);
-        CHECK_THROWS_AS(run_ranks(n,
-                                  [&](in_process_communicator& comm) {
-                                    const auto me = static_cast<std::size_t>(comm.rank());
-                                    rotation<in_process_communicator> rot(comm, elems);
-                                    fill_owned(rot);
-                                    auto fwd = [&](int, std::span<const float>) {};
-                                    auto bwd = [&](int j, std::span<const float>, std::span<float> g) {
-                                      for (std::size_t i = 0; i < g.size(); ++i) g[i] += contribution(comm.rank(), j, i);
-                                    };
-                                    rot.forward(fwd);
-                                    rot.backward(bwd);  // a gradient to keep intact
-                                    const std::vector<float> w0(rot.owned().begin(), rot.owned().end());
-                                    const std::vector<float> g0(rot.owned_grad().begin(), rot.owned_grad().end());
-                                    int step = 0;
-                                    auto failing_fwd = [&](int j, std::span<const float> w) {
-                                      if (comm.rank() == victim && !in_backward && step == fail_step) throw injected_error();
-                                      ++step;
-                                      fwd(j, w);
-                                    };
-                                    auto failing_bwd = [&](int j, std::span<const float> w, std::span<float> g) {
-                                      if (comm.rank() == victim && in_backward && step == fail_step) throw injected_error();
-                                      ++step;
-                                      bwd(j, w, g);
-                                    };
-                                    try {
-                                      for (int it = 0; it < 3; ++it) {  // peers keep training until the error reaches them
-                                        step = 0;
-                                        rot.forward(failing_fwd);
-                                        step = 0;
-                                        rot.backward(failing_bwd);
-                                      }
-                                      outcome[me] = "finished";
-                                    } catch (const injected_error&) {
-                                      outcome[me] = "injected";
-                                      intact[me] = same_bits(rot.owned(), w0) && same_bits(rot.owned_grad(), g0) ? 1 : 0;
-                                      throw;
-                                    } catch (const communication_error&) {
-                                      outcome[me] = "communication_error";
-                                    }
-                                  }),
-                        injected_error);
+        CHECK_THROWS_AS(
+            run_ranks(n,
+                      [&](in_process_communicator& comm) {
+                        const auto me = static_cast<std::size_t>(comm.rank());
+                        rotation<in_process_communicator> rot(comm, elems);
+                        fill_owned(rot);
+                        auto fwd = [&](int, std::span<const float>) {};
+                        auto bwd = [&](int j, std::span<const float>, std::span<float> g) {
+                          for (std::size_t i = 0; i < g.size(); ++i) g[i] += contribution(comm.rank(), j, i);
+                        };
+                        rot.forward(fwd);
+                        rot.backward(bwd);  // a gradient to keep intact
+                        const std::vector<float> w0(rot.owned().begin(), rot.owned().end());
+                        const std::vector<float> g0(rot.owned_grad().begin(), rot.owned_grad().end());
+                        int step = 0;
+                        auto failing_fwd = [&](int j, std::span<const float> w) {
+                          if (comm.rank() == victim && !in_backward && step == fail_step) throw injected_error();
+                          ++step;
+                          fwd(j, w);
+                        };
+                        auto failing_bwd = [&](int j, std::span<const float> w, std::span<float> g) {
+                          if (comm.rank() == victim && in_backward && step == fail_step) throw injected_error();
+                          ++step;
+                          bwd(j, w, g);
+                        };
+                        try {
+                          for (int it = 0; it < 3; ++it) {  // peers keep training until the error reaches them
+                            step = 0;
+                            rot.forward(failing_fwd);
+                            step = 0;
+                            rot.backward(failing_bwd);
+                          }
+                          outcome[me] = "finished";
+                        } catch (const injected_error&) {
+                          outcome[me] = "injected";
+                          intact[me] = same_bits(rot.owned(), w0) && same_bits(rot.owned_grad(), g0) ? 1 : 0;
+                          throw;
+                        } catch (const communication_error&) {
+                          outcome[me] = "communication_error";
+                        }
+                      }),
+            injected_error);
         for (int r = 0; r < n; ++r) {
           CAPTURE(r);
           CHECK(outcome[static_cast<std::size_t>(r)] == (r == victim ? "injected" : "communication_error"));
@@ -670,7 +700,8 @@ TEST_CASE("rotation faults: a kernel that throws on one rank gives its peers com
   }
 }
 
-TEST_CASE("rotation faults: a communicator failing at any shift, at the call or in flight, leaves the owned buffers intact") {
+TEST_CASE(
+    "rotation faults: a communicator failing at any shift, at the call or in flight, leaves the owned buffers intact") {
   // One rank of a scripted 3-ring whose shifts land when waited for. For each shift of a
   // forward + backward, fail it (at the call, then in flight): the pass throws
   // communication_error, nothing is left in flight, the owned shard and gradient are unchanged,
@@ -737,11 +768,13 @@ TEST_CASE("rotation faults: one rank retries after a throwing kernel and gets th
   CHECK(same_bits(rot.owned(), clean.owned()));
 }
 
-TEST_CASE("rotation: a kernel that starts a pass on its own schedule gets state_error; an empty shard is a config_error") {
+TEST_CASE(
+    "rotation: a kernel that starts a pass on its own schedule gets state_error; an empty shard is a config_error") {
   single_process_communicator comm;
   rotation<single_process_communicator> rot(comm, elems);
   fill_owned(rot);
-  CHECK_THROWS_AS(rot.forward([&](int, std::span<const float>) { rot.forward([](int, std::span<const float>) {}); }), state_error);
+  CHECK_THROWS_AS(rot.forward([&](int, std::span<const float>) { rot.forward([](int, std::span<const float>) {}); }),
+                  state_error);
   CHECK_THROWS_AS(rot.backward([&](int, std::span<const float>, std::span<float>) {
     rot.forward([](int, std::span<const float>) {});
   }),
@@ -791,7 +824,9 @@ static_assert(rtp::BufferOps<deferred_ops, float>);
 
 }  // namespace
 
-TEST_CASE("rotation on buffers whose operations run only when settled: the host bits, a settle before every shift, a failed pass settles") {
+TEST_CASE(
+    "rotation on buffers whose operations run only when settled: the host bits, a settle before every shift, a failed "
+    "pass settles") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     std::vector<std::vector<float>> host(static_cast<std::size_t>(n)), deferred(static_cast<std::size_t>(n));
@@ -804,16 +839,20 @@ TEST_CASE("rotation on buffers whose operations run only when settled: the host 
         rtp::transit_buffers<float> set;
         auto& out = defer ? deferred[me] : host[me];
         const auto run = [&](auto& rot, auto enqueue) {
-          const auto load = [&](std::span<float> dst) { enqueue([&mine, dst] { std::copy(mine.begin(), mine.end(), dst.begin()); }); };
-          rot.forward(load, [&](int j, std::span<const float> w) { enqueue([&, j, w] { wrong[me] += !holds_shard(w, j); }); });
-          rot.backward(load,
-                       [&](int j, std::span<const float> w, std::span<float> g) {
-                         enqueue([&, j, w, g] {
-                           wrong[me] += !holds_shard(w, j);
-                           for (std::size_t i = 0; i < g.size(); ++i) g[i] += contribution(comm.rank(), j, i);
-                         });
-                       },
-                       [&](std::span<const float> sum) { enqueue([&out, sum] { out.assign(sum.begin(), sum.end()); }); });
+          const auto load = [&](std::span<float> dst) {
+            enqueue([&mine, dst] { std::copy(mine.begin(), mine.end(), dst.begin()); });
+          };
+          rot.forward(
+              load, [&](int j, std::span<const float> w) { enqueue([&, j, w] { wrong[me] += !holds_shard(w, j); }); });
+          rot.backward(
+              load,
+              [&](int j, std::span<const float> w, std::span<float> g) {
+                enqueue([&, j, w, g] {
+                  wrong[me] += !holds_shard(w, j);
+                  for (std::size_t i = 0; i < g.size(); ++i) g[i] += contribution(comm.rank(), j, i);
+                });
+              },
+              [&](std::span<const float> sum) { enqueue([&out, sum] { out.assign(sum.begin(), sum.end()); }); });
         };
         if (!defer) {
           rotation<in_process_communicator> rot(comm, elems, set, rtp::external_shard);

@@ -21,10 +21,12 @@ static_assert(rtp::ShardStore<rtp::chunk_shard_store<testing::fixed_runtime>>);
 static_assert(!rtp::ShardStore<int>);
 
 TEST_CASE("ShardStore laws: host_shard_store") {
-  const auto r = testing::check_shard_store<rtp::host_shard_store>([](auto&& body) {
-    rtp::host_shard_store store;
-    body(store);
-  }, "host_shard_store");
+  const auto r = testing::check_shard_store<rtp::host_shard_store>(
+      [](auto&& body) {
+        rtp::host_shard_store store;
+        body(store);
+      },
+      "host_shard_store");
   CHECK_MESSAGE(r.ok(), r.to_string());
   CHECK(r.checks > 40);
 }
@@ -61,15 +63,18 @@ TEST_CASE("ShardStore laws: chunk_shard_store, everything on the device and a de
   for (const std::size_t capacity : {std::size_t{1} << 20, std::size_t{8} << 10}) {
     CAPTURE(capacity);
     std::size_t to_host = 0;
-    const auto r = testing::check_shard_store<store_type>([&](auto&& body) {
-      simulated_device_space device({.capacity = capacity});
-      host_space host;
-      host_copy_engine copier;
-      testing::fixed_runtime rt(device, host, copier, {}, fixed_chunk_layout({.chunk_elems = 64, .align_elems = 8}));
-      store_type store(rt);
-      body(store);
-      to_host += rt.stats().bytes_to_host;
-    }, "chunk_shard_store");
+    const auto r = testing::check_shard_store<store_type>(
+        [&](auto&& body) {
+          simulated_device_space device({.capacity = capacity});
+          host_space host;
+          host_copy_engine copier;
+          testing::fixed_runtime rt(device, host, copier, {},
+                                    fixed_chunk_layout({.chunk_elems = 64, .align_elems = 8}));
+          store_type store(rt);
+          body(store);
+          to_host += rt.stats().bytes_to_host;
+        },
+        "chunk_shard_store");
     CHECK_MESSAGE(r.ok(), r.to_string());
     if (capacity < (std::size_t{64} << 10)) CHECK(to_host > 0);  // the tight budget did move chunks
   }
@@ -92,7 +97,8 @@ TEST_CASE("chunk_shard_store::allocate returns zeroed floats, also in memory fre
     store.deallocate(p, n);
     float* q = store.allocate(n);
     reused = reused || q == p;
-    CHECK_MESSAGE(std::all_of(q, q + n, [](float x) { return x == 0.0f; }), "round ", round, (q == p ? ": the same memory" : ""));
+    CHECK_MESSAGE(std::all_of(q, q + n, [](float x) { return x == 0.0f; }), "round ", round,
+                  (q == p ? ": the same memory" : ""));
     store.deallocate(q, n);
   }
   MESSAGE("the runtime handed the freed memory back: ", reused);

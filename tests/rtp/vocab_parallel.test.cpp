@@ -22,7 +22,9 @@ using namespace chunkstar;
 
 constexpr std::size_t V = 11, C = 6, R = 5, T = 3;  // 11 words: padded at N = 2, 3, 4
 
-TEST_CASE("rtp::vocab_parallel on the host kernels: the embedding's bits, and loss, logits and gradients of a dense float64 model, N = 1-4") {
+TEST_CASE(
+    "rtp::vocab_parallel on the host kernels: the embedding's bits, and loss, logits and gradients of a dense float64 "
+    "model, N = 1-4") {
   const rtp::counter_init init{.seed = 3, .key = rtp::tensor_key("E")};
   std::vector<float> E(V * C), P(T * C), x(R * C);
   init.fill_normal<float>(E, 0, 0.0f, 1.0f);
@@ -51,9 +53,11 @@ TEST_CASE("rtp::vocab_parallel on the host kernels: the embedding's bits, and lo
     std::vector<float> got_dE(V * C, 0.0f);
     std::vector<std::vector<float>> got_dx(static_cast<std::size_t>(n));
     std::vector<double> got_loss(static_cast<std::size_t>(n));
-    std::vector<int> embed_wrong(static_cast<std::size_t>(n)), logits_off(static_cast<std::size_t>(n)), padding_nonzero(static_cast<std::size_t>(n));
+    std::vector<int> embed_wrong(static_cast<std::size_t>(n)), logits_off(static_cast<std::size_t>(n)),
+        padding_nonzero(static_cast<std::size_t>(n));
     run_ranks(n, [&](in_process_communicator& comm) {
-      const std::vector<tensor_spec> specs{{"E", {static_cast<std::int64_t>(V), static_cast<std::int64_t>(C)}, dtype::f32, tensor_role::embedding}};
+      const std::vector<tensor_spec> specs{
+          {"E", {static_cast<std::int64_t>(V), static_cast<std::int64_t>(C)}, dtype::f32, tensor_role::embedding}};
       rtp::host_shard_store store;
       rtp::sharded_model<in_process_communicator> m(comm, store, specs);
       using vocab = rtp::vocab_parallel<rtp::sharded_model<in_process_communicator>>;
@@ -69,12 +73,14 @@ TEST_CASE("rtp::vocab_parallel on the host kernels: the embedding's bits, and lo
       for (std::size_t r = 0; r < R; ++r)
         for (std::size_t k = 0; k < C; ++k) {
           const float e = E[static_cast<std::size_t>(tokens[r]) * C + k], p = e + P[(r % T) * C + k];
-          embed_wrong[me] += std::memcmp(&out[r * C + k], &e, sizeof e) != 0 || std::memcmp(&with_pos[r * C + k], &p, sizeof p) != 0;
+          embed_wrong[me] +=
+              std::memcmp(&out[r * C + k], &e, sizeof e) != 0 || std::memcmp(&with_pos[r * C + k], &p, sizeof p) != 0;
         }
       // The loss, with row 2's logits over the whole vocabulary.
       std::vector<float> logits(V);
       got_loss[me] = vp.loss(x.data(), targets.data(), R, 2, logits.data());
-      for (std::size_t v = 0; v < V; ++v) logits_off[me] += std::abs(logits[v] - z[2 * V + v]) > 1e-5 * (1 + std::abs(z[2 * V + v]));
+      for (std::size_t v = 0; v < V; ++v)
+        logits_off[me] += std::abs(logits[v] - z[2 * V + v]) > 1e-5 * (1 + std::abs(z[2 * V + v]));
       got_dx[me].assign(R * C, 0.0f);
       vp.loss_backward(x.data(), targets.data(), R, 1.0f, got_dx[me].data());
       // E's gradient: the head's (summed over the ranks' rows: every rank passed the same batch,
@@ -84,8 +90,10 @@ TEST_CASE("rtp::vocab_parallel on the host kernels: the embedding's bits, and lo
       const std::size_t vs = vp.shard_rows(), v0 = me * vs;
       for (std::size_t r = 0; r < vs; ++r)
         for (std::size_t k = 0; k < C; ++k) {
-          if (v0 + r < V) got_dE[(v0 + r) * C + k] = g[r * C + k] / static_cast<float>(n);
-          else padding_nonzero[me] += g[r * C + k] != 0.0f;
+          if (v0 + r < V)
+            got_dE[(v0 + r) * C + k] = g[r * C + k] / static_cast<float>(n);
+          else
+            padding_nonzero[me] += g[r * C + k] != 0.0f;
         }
     });
     for (int r = 0; r < n; ++r) {
@@ -100,10 +108,12 @@ TEST_CASE("rtp::vocab_parallel on the host kernels: the embedding's bits, and lo
   }
 }
 
-TEST_CASE("rtp::vocab_parallel: more ranks than words is refused naming the limit; batches beyond max_rows are refused") {
+TEST_CASE(
+    "rtp::vocab_parallel: more ranks than words is refused naming the limit; batches beyond max_rows are refused") {
   const std::vector<tensor_spec> specs{{"E", {3, 2}, dtype::f32, tensor_role::embedding}};
   using model = rtp::sharded_model<single_process_communicator>;
-  CHECK_THROWS_WITH_AS(rtp::vocab_parallel<model>::part(0, 4, 3, specs), doctest::Contains("use at most 3 ranks"), config_error);
+  CHECK_THROWS_WITH_AS(rtp::vocab_parallel<model>::part(0, 4, 3, specs), doctest::Contains("use at most 3 ranks"),
+                       config_error);
   single_process_communicator comm;
   rtp::host_shard_store store;
   model m(comm, store, specs);

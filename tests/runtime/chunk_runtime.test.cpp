@@ -148,7 +148,6 @@ TEST_CASE("same bits whatever the budget, eviction policy and prefetch") {
       CHECK(bel.stats.bytes_moved() <= lru.stats.bytes_moved());
       CHECK(bel.peak_device <= bel.capacity);
       CHECK(lru.peak_device <= lru.capacity);
-
     }
   }
   // Static placements give the same bits too.
@@ -167,7 +166,8 @@ TEST_CASE("divergence from the trace is detected, counted, survived and re-trace
   host_copy_engine copier;
   chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {}, small_layout());
   std::vector<param_id> ids;
-  for (int i = 0; i < 6; ++i) ids.push_back(rt.register_param({"w" + std::to_string(i), {2000}, dtype::f32, tensor_role::weight}));
+  for (int i = 0; i < 6; ++i)
+    ids.push_back(rt.register_param({"w" + std::to_string(i), {2000}, dtype::f32, tensor_role::weight}));
   rt.finalize();
   auto iteration = [&](std::vector<int> order) {
     for (int i : order) {
@@ -238,7 +238,8 @@ TEST_CASE("timeline: a Chrome trace with scopes, transfers and counters") {
   host_copy_engine copier;
   chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.timeline = true}, small_layout());
   std::vector<param_id> ids;
-  for (int i = 0; i < 4; ++i) ids.push_back(rt.register_param({"w" + std::to_string(i), {2000}, dtype::f32, tensor_role::weight}));
+  for (int i = 0; i < 4; ++i)
+    ids.push_back(rt.register_param({"w" + std::to_string(i), {2000}, dtype::f32, tensor_role::weight}));
   rt.finalize();
   for (int it = 0; it < 2; ++it) {
     for (auto id : ids) auto s = rt.forward("f", {id});
@@ -269,7 +270,8 @@ TEST_CASE("worked example of docs/design.md: budgets from the trace, Belady's vi
   host_copy_engine copier;
   chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.prefetch_depth = 0}, small_layout());
   std::vector<param_id> w;
-  for (int l = 0; l < 4; ++l) w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight}));
+  for (int l = 0; l < 4; ++l)
+    w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight}));
   rt.finalize();
   CHECK(rt.model_bytes() == 128 * KiB);
   auto iteration = [&](auto&& at_bwd_l3) {
@@ -351,7 +353,8 @@ TEST_CASE("prefetch: loads ahead into free budget, hits, and never adds traffic"
     chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = depth},
                                          small_layout());
     std::vector<param_id> ids;
-    for (int i = 0; i < 6; ++i) ids.push_back(rt.register_param({"w" + std::to_string(i), {2000}, dtype::f32, tensor_role::weight}));
+    for (int i = 0; i < 6; ++i)
+      ids.push_back(rt.register_param({"w" + std::to_string(i), {2000}, dtype::f32, tensor_role::weight}));
     rt.finalize();
     for (int it = 0; it < 4; ++it) {
       for (auto id : ids) auto s = rt.forward(rt.spec(id).name, {id});
@@ -376,23 +379,25 @@ namespace {
  *  them (so the budget follows the tide, within moments too), stepped where RT's placement says.
  *  Returns the stats of the iterations after `warmup` and the final parameters. */
 template <class RT>
-std::pair<runtime_stats, std::vector<float>> train_layers(double budget_fraction, std::size_t depth, int warmup, int measured) {
+std::pair<runtime_stats, std::vector<float>> train_layers(double budget_fraction, std::size_t depth, int warmup,
+                                                          int measured) {
   constexpr int layers = 8;
   constexpr std::size_t act = 4096, chunk_bytes = 2048 * sizeof(float);
   std::size_t acts_peak = 0;
   for (int l = 0; l < layers; ++l) acts_peak += act * static_cast<std::size_t>(1 + l % 3);
   const std::size_t model = 2 * layers * chunk_bytes;  // params and grads
-  simulated_device_space dev({.capacity = acts_peak + static_cast<std::size_t>(budget_fraction * static_cast<double>(model)),
-                              .link = {.bandwidth_bytes_per_s = 2e9, .latency_s = 5e-6}});
+  simulated_device_space dev(
+      {.capacity = acts_peak + static_cast<std::size_t>(budget_fraction * static_cast<double>(model)),
+       .link = {.bandwidth_bytes_per_s = 2e9, .latency_s = 5e-6}});
   host_space host;
   host_copy_engine copier(copy_model{.bandwidth_bytes_per_s = 2e9, .latency_s = 5e-6});
   RT rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = depth}, small_layout());
   std::vector<param_id> w;
   for (int l = 0; l < layers; ++l)
-    w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight},
-                                  [l](std::span<float> v) {
-                                    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(l) + 1e-3f * static_cast<float>(i % 97);
-                                  }));
+    w.push_back(
+        rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(l) + 1e-3f * static_cast<float>(i % 97);
+        }));
   rt.finalize();
   runtime_stats before;
   for (int it = 0; it < warmup + measured; ++it) {
@@ -482,9 +487,11 @@ TEST_CASE("the tide within a moment: freeing activations raises the budget and s
   simulated_device_space dev({.capacity = 64 * KiB});
   host_space host;
   host_copy_engine copier;
-  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = 1}, small_layout());
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = 1},
+                                       small_layout());
   std::vector<param_id> w;
-  for (int l = 0; l < 4; ++l) w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight}));
+  for (int l = 0; l < 4; ++l)
+    w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight}));
   rt.finalize();
   std::size_t rises = 0, started = 0;
   for (int it = 0; it < 3; ++it) {
@@ -516,13 +523,14 @@ TEST_CASE("a chunk moves again before its last copy landed: copies are ordered, 
   simulated_device_space dev({.capacity = 2 * 8192, .link = {.bandwidth_bytes_per_s = 5e7}});
   host_space host;
   host_copy_engine copier(copy_model{.bandwidth_bytes_per_s = 5e7});  // 8 KiB takes ~160 us
-  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = 0}, small_layout());
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false, .prefetch_depth = 0},
+                                       small_layout());
   std::vector<param_id> w;
   for (int l = 0; l < 3; ++l)
-    w.push_back(rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight},
-                                  [l](std::span<float> v) {
-                                    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(100 * l) + static_cast<float>(i);
-                                  }));
+    w.push_back(
+        rt.register_param({"l" + std::to_string(l), {2000}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(100 * l) + static_cast<float>(i);
+        }));
   rt.finalize();
   for (int round = 0; round < 20; ++round) {
     for (int l = 0; l < 3; ++l) {
@@ -549,7 +557,8 @@ TEST_CASE("an input batch allocated before the first scope counts towards the fi
   simulated_device_space dev({.capacity = 1 << 20});
   host_space host;
   host_copy_engine copier;
-  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false}, fixed_chunk_layout({.chunk_elems = 256}));
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {.optimizer_state = false},
+                                       fixed_chunk_layout({.chunk_elems = 256}));
   const auto a = rt.register_param({"a", {128}, dtype::f32, tensor_role::weight});
   const auto b = rt.register_param({"b", {128}, dtype::f32, tensor_role::weight});
   rt.finalize();
@@ -598,7 +607,8 @@ TEST_CASE("a remote chunk is never read as zeros: reading or writing it is a sta
   store.release({chunk_kind::param, 1});
   store.at({chunk_kind::param, 1}).where = tier::remote;  // as ZeRO leaves a chunk another rank owns
   std::vector<float> v(8);
-  CHECK_THROWS_WITH_AS(chunk_values(store).read({chunk_kind::param, 1}, 0, v), doctest::Contains("held by rank 1"), state_error);
+  CHECK_THROWS_WITH_AS(chunk_values(store).read({chunk_kind::param, 1}, 0, v), doctest::Contains("held by rank 1"),
+                       state_error);
   CHECK_THROWS_AS(chunk_values(store).write({chunk_kind::param, 1}, 0, v), state_error);
   chunk_values(store).read({chunk_kind::grad, 1}, 0, v);  // FREE: zeros
   CHECK(v == std::vector<float>(8, 0.0f));

@@ -32,7 +32,8 @@ constexpr chunk_id param(std::uint32_t i) { return {chunk_kind::param, i}; }
 constexpr chunk_id grad(std::uint32_t i) { return {chunk_kind::grad, i}; }
 
 std::vector<chunk_list_desc> lists(dtype t, std::size_t chunks) {
-  return {{chunk_kind::param, t, elems * dtype_size(t), chunks}, {chunk_kind::grad, t, elems * dtype_size(t), chunks},
+  return {{chunk_kind::param, t, elems * dtype_size(t), chunks},
+          {chunk_kind::grad, t, elems * dtype_size(t), chunks},
           {chunk_kind::master, dtype::f32, elems * 4, chunks}};
 }
 
@@ -95,8 +96,10 @@ struct fixture {
   scripted_copy_engine engine;
   runtime_stats stats;
   chunk_store<P> store;
-  explicit fixture(std::size_t device_capacity, std::size_t host_capacity = unlimited, dtype t = dtype::f32, std::size_t chunks = 4)
-      : device(make_device(device_capacity)), host(host_space_options{.capacity = host_capacity}),
+  explicit fixture(std::size_t device_capacity, std::size_t host_capacity = unlimited, dtype t = dtype::f32,
+                   std::size_t chunks = 4)
+      : device(make_device(device_capacity)),
+        host(host_space_options{.capacity = host_capacity}),
         store(device, host, engine, align, stats) {
     store.build(lists(t, chunks), 1);
   }
@@ -104,8 +107,10 @@ struct fixture {
     engine.on_stall = nullptr;  // the store's destructor synchronises; no test is watching then
   }
   static auto make_device(std::size_t c) {
-    if constexpr (std::is_same_v<device_type, simulated_device_space>) return simulated_device_options{.capacity = c};
-    else return c;
+    if constexpr (std::is_same_v<device_type, simulated_device_space>)
+      return simulated_device_options{.capacity = c};
+    else
+      return c;
   }
   std::size_t bytes() const { return store.bytes_of(chunk_kind::param); }
 
@@ -150,8 +155,16 @@ struct levels {
 };
 template <class F>
 levels levels_of(F& f) {
-  return {f.store.resident(tier::device), f.store.resident(tier::host), f.store.retiring(tier::device), f.store.retiring(tier::host),
-          f.device.used(), f.host.used(), f.stats.loads, f.stats.evictions, f.stats.bytes_to_device, f.stats.bytes_to_host,
+  return {f.store.resident(tier::device),
+          f.store.resident(tier::host),
+          f.store.retiring(tier::device),
+          f.store.retiring(tier::host),
+          f.device.used(),
+          f.host.used(),
+          f.stats.loads,
+          f.stats.evictions,
+          f.stats.bytes_to_device,
+          f.stats.bytes_to_host,
           f.stats.materialised};
 }
 
@@ -387,7 +400,7 @@ TEST_CASE("chunk_store: strong guarantee when the engine throws (copy_async, ord
   }
   SUBCASE("the host is full on an eviction: out_of_memory_error naming the host, nothing changes") {
     fixture f(1 << 20, /*host=*/elems * 4);
-    f.on_device(param(0), 1);  // its host buffer freed after the load
+    f.on_device(param(0), 1);            // its host buffer freed after the load
     f.store.allocate_initial(param(1));  // fills the host
     const auto before = levels_of(f);
     try {
@@ -481,19 +494,20 @@ TEST_CASE("chunk_store: wait rethrows a failed copy, the chunk keeps its logical
   f.check_clean();
 }
 
-TEST_CASE_TEMPLATE("chunk_store: read_values / write_values on both tiers, narrowed with round-to-nearest-even", T, float, float16,
-                   bfloat16) {
+TEST_CASE_TEMPLATE("chunk_store: read_values / write_values on both tiers, narrowed with round-to-nearest-even", T,
+                   float, float16, bfloat16) {
   constexpr dtype t = dtype_of_v<T>;
   fixture f(1 << 20, unlimited, t);
-  const std::vector<float> in = {1.0f, -2.25f, 0.1f, 1.0f + 0x1p-8f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65504.0f, 1e-3f, 3.0e38f, -0.0f};
+  const std::vector<float> in = {1.0f,     -2.25f, 0.1f,    1.0f + 0x1p-8f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f,
+                                 65504.0f, 1e-3f,  3.0e38f, -0.0f};
   std::vector<float> expected;
   for (float x : in) expected.push_back(to_float(from_float<T>(x)));
   if constexpr (t == dtype::bf16) {
     CHECK(expected[3] == 1.0f);  // 1 + 2^-8 is a tie: to even
   } else if constexpr (t == dtype::f16) {
-    CHECK(expected[4] == 1.0f);                 // a tie: to even
-    CHECK(expected[5] == 1.0f + 0x1p-9f);       // a tie: to even (up)
-    CHECK(std::isinf(expected[8]));             // overflow
+    CHECK(expected[4] == 1.0f);            // a tie: to even
+    CHECK(expected[5] == 1.0f + 0x1p-9f);  // a tie: to even (up)
+    CHECK(std::isinf(expected[8]));        // overflow
   }
   const auto read = [&](chunk_id id, std::size_t offset) {
     std::vector<float> out(in.size());

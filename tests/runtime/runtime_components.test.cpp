@@ -33,8 +33,12 @@ namespace runtime_components_test {
 
 namespace {
 
-tensor_spec spec(std::string name, std::int64_t n, dtype t = dtype::f32) { return {std::move(name), {n}, t, tensor_role::weight}; }
-fixed_chunk_layout layout(std::size_t chunk_elems = 256) { return fixed_chunk_layout({.chunk_elems = chunk_elems, .align_elems = 32}); }
+tensor_spec spec(std::string name, std::int64_t n, dtype t = dtype::f32) {
+  return {std::move(name), {n}, t, tensor_role::weight};
+}
+fixed_chunk_layout layout(std::size_t chunk_elems = 256) {
+  return fixed_chunk_layout({.chunk_elems = chunk_elems, .align_elems = 32});
+}
 std::string what_of(const std::function<void()>& f) {
   try {
     f();
@@ -98,9 +102,9 @@ TEST_CASE("tensor_state_table: the transition table, exhaustively") {
     for (auto e : events) {
       CAPTURE(tensor_state_name(s));
       CAPTURE(static_cast<int>(e));
-      const bool legal = e == E::open_scope           ? s != S::compute
+      const bool legal = e == E::open_scope                                ? s != S::compute
                          : e == E::close_forward || e == E::close_backward ? s == S::compute
-                                                                            : s != S::compute;
+                                                                           : s != S::compute;
       if (!legal) {
         CHECK(contains(what_of([&] { (void)transition(s, e, "t.x"); }), "'t.x'"));
         continue;
@@ -153,9 +157,9 @@ struct broken_layout {
     p.slots.at(1).offset = 32;
     p.chunk_tensors = {{0, 1}};
     switch (f) {
-      case fault::past_end: p.slots[1].offset = 48; break;    // [48, 80) past 64
-      case fault::overlap: p.slots[1].offset = 16; break;     // [16, 48) overlaps [0, 32)
-      case fault::bad_chunk: p.slots[1].chunk = 7; break;     // no chunk 7
+      case fault::past_end: p.slots[1].offset = 48; break;  // [48, 80) past 64
+      case fault::overlap: p.slots[1].offset = 16; break;   // [16, 48) overlaps [0, 32)
+      case fault::bad_chunk: p.slots[1].chunk = 7; break;   // no chunk 7
       case fault::bad_list_entry: p.chunk_tensors[0].push_back(99); break;
       case fault::missing_slot: p.slots.pop_back(); break;
       case fault::unlisted: p.chunk_tensors[0] = {0}; break;
@@ -181,7 +185,8 @@ TEST_CASE("param_registry: duplicate names and another dtype are config_errors n
   CHECK_THROWS_AS((void)r.add(spec("h.1.w", 4, dtype::bf16), {}, dtype::f32), config_error);
   CHECK(r.size() == 1);  // failed registrations left nothing behind
   CHECK_THROWS_AS((void)r.spec(param_id{5}), config_error);
-  const auto b = r.add(spec("h.1.w", 4), [](std::span<float> v) { v[0] = 1; }, dtype::f32);
+  const auto b = r.add(
+      spec("h.1.w", 4), [](std::span<float> v) { v[0] = 1; }, dtype::f32);
   CHECK(b.value == 1);
   CHECK(static_cast<bool>(r.initializer(1)));
   CHECK(!static_cast<bool>(r.initializer(0)));
@@ -232,8 +237,10 @@ TEST_CASE("estimate_model_bytes equals a finalized runtime's model_bytes for eve
     dtype t;
     optimizer_state_lists lists;
     std::size_t num_lists;
-  } cases[] = {{dtype::f32, optimizer_state_lists::adam(), 4},   {dtype::bf16, optimizer_state_lists::adam(), 5},
-               {dtype::f16, optimizer_state_lists::sgd_momentum(), 4}, {dtype::f32, optimizer_state_lists::sgd_momentum(), 3},
+  } cases[] = {{dtype::f32, optimizer_state_lists::adam(), 4},
+               {dtype::bf16, optimizer_state_lists::adam(), 5},
+               {dtype::f16, optimizer_state_lists::sgd_momentum(), 4},
+               {dtype::f32, optimizer_state_lists::sgd_momentum(), 3},
                {dtype::bf16, optimizer_state_lists::none(), 2}};
   for (const auto& c : cases) {
     CAPTURE(dtype_name(c.t));
@@ -249,17 +256,20 @@ TEST_CASE("estimate_model_bytes equals a finalized runtime's model_bytes for eve
     for (const auto& s : specs) (void)rt.register_param(s);
     rt.finalize();
     CHECK(estimate == rt.model_bytes());
-    CHECK(rt.host_chunk_bytes() + rt.device_chunk_bytes() + rt.plan().num_chunks * 1024 * dtype_size(c.t) == rt.model_bytes());
+    CHECK(rt.host_chunk_bytes() + rt.device_chunk_bytes() + rt.plan().num_chunks * 1024 * dtype_size(c.t) ==
+          rt.model_bytes());
     std::size_t lists = 0;
-    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) lists += rt.has_list(k);
+    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+      lists += rt.has_list(k);
     CHECK(lists == c.num_lists);
   }
 }
 
 TEST_CASE("default_layout_options: chunk bounds from the largest tensor (a 150k-parameter model gets small chunks)") {
-  const std::vector<tensor_spec> specs = {
-      {"wte", {200, 250}, dtype::f32, tensor_role::embedding}, {"w1", {250, 200}, dtype::f32, tensor_role::weight},
-      {"w2", {200, 250}, dtype::f32, tensor_role::weight}, {"b", {250}, dtype::f32, tensor_role::bias}};
+  const std::vector<tensor_spec> specs = {{"wte", {200, 250}, dtype::f32, tensor_role::embedding},
+                                          {"w1", {250, 200}, dtype::f32, tensor_role::weight},
+                                          {"w2", {200, 250}, dtype::f32, tensor_role::weight},
+                                          {"b", {250}, dtype::f32, tensor_role::bias}};
   const auto o = default_layout_options(specs);
   CHECK(o.min_chunk_elems == 50016);  // 50000 rounded up to 32
   CHECK(o.max_chunk_elems == 4 * 50016);
@@ -371,7 +381,9 @@ TEST_CASE("non_model_buffer: RAII frees exactly once, across moves, resets and f
   CHECK(dev.used() == 0);
 }
 
-TEST_CASE("non-model memory through the runtime: allocate_buffer is counted, evicts idle chunks, names the scope when it cannot") {
+TEST_CASE(
+    "non-model memory through the runtime: allocate_buffer is counted, evicts idle chunks, names the scope when it "
+    "cannot") {
   // Four 1 KiB chunks (param + grad lists of two chunks); the device holds 3 KiB.
   simulated_device_space dev({.capacity = 3 * 1024});
   host_space host;
@@ -421,8 +433,8 @@ TEST_CASE("step_chunk: pointers are null exactly for the lists the optimizer_sta
     simulated_device_space dev({.capacity = 1 << 20});
     host_space host;
     host_copy_engine copier;
-    chunk_runtime<fixed_chunk_layout, static_placement> rt(dev, host, copier, {.param_type = c.t, .optimizer_state = c.lists}, layout(),
-                                                           static_placement::fraction(0.5));
+    chunk_runtime<fixed_chunk_layout, static_placement> rt(
+        dev, host, copier, {.param_type = c.t, .optimizer_state = c.lists}, layout(), static_placement::fraction(0.5));
     std::vector<param_id> ids;
     for (int i = 0; i < 4; ++i) ids.push_back(rt.register_param(spec("w" + std::to_string(i), 200, c.t)));
     rt.finalize();
@@ -454,7 +466,9 @@ namespace {
 class engine_without_record {
  public:
   void copy(void* d, const void* s, std::size_t n, copy_direction dir) { inner_.copy(d, s, n, dir); }
-  host_copy_handle copy_async(void* d, const void* s, std::size_t n, copy_direction dir) { return inner_.copy_async(d, s, n, dir); }
+  host_copy_handle copy_async(void* d, const void* s, std::size_t n, copy_direction dir) {
+    return inner_.copy_async(d, s, n, dir);
+  }
   host_copy_handle zero_async(void* d, std::size_t n) { return inner_.zero_async(d, n); }
   void order_after(const host_copy_handle& h, copy_direction d) { inner_.order_after(h, d); }
   void synchronize() { inner_.synchronize(); }
@@ -502,9 +516,12 @@ static_assert(Platform<scripted_platform>);
 static_assert(Platform<platform<simulated_device_space, host_space, recording_engine>>);
 static_assert(Platform<platform<simulated_device_space, host_space, recording_engine, scripted_stream>>);
 static_assert(!Platform<platform<simulated_device_space, host_space, engine_without_record>>, "no record(stream)");
-static_assert(!Platform<platform<simulated_device_space, host_space, recording_engine, move_only_stream>>, "stream not copyable");
-static_assert(!Platform<platform<simulated_device_space, host_space, host_copy_engine, scripted_stream>>, "no record for this stream");
-static_assert(!Platform<platform<simulated_device_space, host_space, mismatched_engine>>, "record's handle is not the copy handle");
+static_assert(!Platform<platform<simulated_device_space, host_space, recording_engine, move_only_stream>>,
+              "stream not copyable");
+static_assert(!Platform<platform<simulated_device_space, host_space, host_copy_engine, scripted_stream>>,
+              "no record for this stream");
+static_assert(!Platform<platform<simulated_device_space, host_space, mismatched_engine>>,
+              "record's handle is not the copy handle");
 static_assert(!Platform<hand_platform>, "device is not a MemorySpace");
 static_assert(!Platform<no_stream_platform>, "no stream_type");
 
@@ -580,7 +597,8 @@ std::vector<float> train_small(small_rt& rt, int iterations = 2) {
   std::vector<param_id> w;
   for (int l = 0; l < 3; ++l)
     w.push_back(rt.register_param(spec("l" + std::to_string(l), 200), [l](std::span<float> v) {
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>(i % 7) - 0.02f * static_cast<float>(l);
+      for (std::size_t i = 0; i < v.size(); ++i)
+        v[i] = 0.01f * static_cast<float>(i % 7) - 0.02f * static_cast<float>(l);
     }));
   rt.finalize();
   for (int it = 0; it < iterations; ++it) {
@@ -626,9 +644,18 @@ TEST_CASE("observer: a user's observer sees scopes in order, copies, the step an
   recording_observer obs;
   rt.set_observer(obs);
   (void)train_small(rt, 1);
-  const std::vector<std::string> want = {"open forward l0",  "close forward l0",  "open forward l1",  "close forward l1",
-                                         "open forward l2",  "close forward l2",  "open backward l2", "close backward l2",
-                                         "open backward l1", "close backward l1", "open backward l0", "close backward l0",
+  const std::vector<std::string> want = {"open forward l0",
+                                         "close forward l0",
+                                         "open forward l1",
+                                         "close forward l1",
+                                         "open forward l2",
+                                         "close forward l2",
+                                         "open backward l2",
+                                         "close backward l2",
+                                         "open backward l1",
+                                         "close backward l1",
+                                         "open backward l0",
+                                         "close backward l0",
                                          "step"};
   CHECK(join(obs.events) == join(want));
   CHECK(obs.bad_spans == 0);
@@ -660,7 +687,8 @@ TEST_CASE("observer: a nested scope's close is reported with its own name") {
     auto outer = rt.forward("embed", {emb});
     { auto inner = rt.forward("lm_head", {emb, head}); }
   }
-  const std::vector<std::string> want = {"open forward embed", "open forward lm_head", "close forward lm_head", "close forward embed"};
+  const std::vector<std::string> want = {"open forward embed", "open forward lm_head", "close forward lm_head",
+                                         "close forward embed"};
   CHECK(join(obs.events) == join(want));
   rt.end_iteration();
 }
@@ -701,7 +729,9 @@ struct short_lived_observer : null_observer {
 };
 }  // namespace
 
-TEST_CASE("observer: an observer attached after the runtime was built (so destroyed before it) gets no call from its destructor") {
+TEST_CASE(
+    "observer: an observer attached after the runtime was built (so destroyed before it) gets no call from its "
+    "destructor") {
   calls_after_destruction = 0;
   {
     simulated_device_space dev({.capacity = 2048});
@@ -717,8 +747,9 @@ TEST_CASE("observer: an observer attached after the runtime was built (so destro
     { auto s = rt.forward("b", {b}); }  // the loads' host buffers retire later: at the next scope, or in the destructor
     rt.end_iteration();
   }
-  CHECK_MESSAGE(calls_after_destruction == 0, "the runtime's destructor reported " << calls_after_destruction
-                                                                                  << " event(s) to an observer already destroyed");
+  CHECK_MESSAGE(calls_after_destruction == 0, "the runtime's destructor reported "
+                                                  << calls_after_destruction
+                                                  << " event(s) to an observer already destroyed");
 }
 
 namespace {
@@ -726,7 +757,8 @@ namespace {
 int in_child(const std::function<int()>& f) {
   const pid_t pid = ::fork();
   if (pid == 0) {
-    for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTERM}) std::signal(sig, SIG_DFL);  // not doctest's handlers
+    for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTERM})
+      std::signal(sig, SIG_DFL);  // not doctest's handlers
     int code = 99;
     try {
       code = f();
@@ -758,7 +790,8 @@ TEST_CASE("observer: a throwing clock (now_us) is ignored like a throwing event"
     }
     return rt.invariant_violations(true).empty() ? 0 : 2;
   });
-  CHECK_MESSAGE(open_and_step == 0, "a scope or step with a throwing observer clock: child exit status " << open_and_step);
+  CHECK_MESSAGE(open_and_step == 0,
+                "a scope or step with a throwing observer clock: child exit status " << open_and_step);
   const int close_only = in_child([] {
     simulated_device_space dev({.capacity = small_device});
     host_space host;
@@ -818,7 +851,10 @@ class json_checker {
       ws();
       if (!value()) return false;
       ws();
-      if (peek(',')) { ++i_; continue; }
+      if (peek(',')) {
+        ++i_;
+        continue;
+      }
       if (peek('}')) return ++i_, true;
       return false;
     }
@@ -831,7 +867,10 @@ class json_checker {
       ws();
       if (!value()) return false;
       ws();
-      if (peek(',')) { ++i_; continue; }
+      if (peek(',')) {
+        ++i_;
+        continue;
+      }
       if (peek(']')) return ++i_, true;
       return false;
     }
@@ -858,8 +897,10 @@ class json_checker {
   bool number() {
     const std::size_t start = i_;
     if (peek('-')) ++i_;
-    if (peek('0')) ++i_;
-    else if (!digits()) return false;
+    if (peek('0'))
+      ++i_;
+    else if (!digits())
+      return false;
     if (peek('.')) {
       ++i_;
       if (!digits()) return false;
@@ -969,8 +1010,8 @@ TEST_CASE("runtime_stats agree with the device space: peaks, their parts, loads,
 // ---- the façade over the scripted platform: the stream contract through scopes --------------------
 
 namespace {
-using scripted_rt = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer, single_process_communicator,
-                                  scripted_platform>;
+using scripted_rt = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer,
+                                  single_process_communicator, scripted_platform>;
 }  // namespace
 
 TEST_CASE("scripted platform: a scope closed on a stream holds its chunk's eviction until the user's work completes") {
@@ -996,12 +1037,13 @@ TEST_CASE("scripted platform: a scope closed on a stream holds its chunk's evict
   const auto stalls_before = engine.stalls().size();
   { auto s = rt.forward("fb", {b}); }  // evicts a's chunk to stay within the budget
   CHECK(rt.where({chunk_kind::param, 0}) == tier::host);
-  CHECK(!users[0].ready());  // opening fb did not wait for the user's work...
-  CHECK(engine.blocked(copy_direction::to_host));  // ... and the eviction waits for it
+  CHECK(!users[0].ready());                            // opening fb did not wait for the user's work...
+  CHECK(engine.blocked(copy_direction::to_host));      // ... and the eviction waits for it
   CHECK(engine.stalls().size() == stalls_before + 1);  // fb waited for its own load only
   bool ordered = false;
   for (const auto& op : engine.ops())
-    if (op.kind == scripted_op_kind::order_after && op.handle == users[0].id() && op.lane == copy_direction::to_host) ordered = true;
+    if (op.kind == scripted_op_kind::order_after && op.handle == users[0].id() && op.lane == copy_direction::to_host)
+      ordered = true;
   CHECK(ordered);
   // The kernel's writes land now, after the scope closed: the eviction must carry them.
   for (std::size_t i = 0; i < 256; ++i) kernel_out[i] = 7.0f + static_cast<float>(i);
@@ -1020,7 +1062,8 @@ TEST_CASE("scripted platform: the optimizer step runs after the user's backward 
   simulated_device_space dev({.capacity = 1 << 20});
   host_space host;
   scripted_copy_engine engine;
-  scripted_rt rt(dev, host, engine, {.optimizer_state = optimizer_state_lists::none()}, layout(), static_placement::all_device());
+  scripted_rt rt(dev, host, engine, {.optimizer_state = optimizer_state_lists::none()}, layout(),
+                 static_placement::all_device());
   const auto a = rt.register_param(spec("a", 256));
   rt.finalize();
   const scripted_stream stream{9};
@@ -1036,7 +1079,9 @@ TEST_CASE("scripted platform: the optimizer step runs after the user's backward 
   engine.complete(users[0]);
 }
 
-TEST_CASE("scripted platform: with the trace, prefetch has every forward scope's chunks in place when copies finish during compute") {
+TEST_CASE(
+    "scripted platform: with the trace, prefetch has every forward scope's chunks in place when copies finish during "
+    "compute") {
   // Six layers, one param chunk each (param + grad lists: 12 chunks of 1 KiB), a device budget of
   // 5 chunks. The engine finishes every queued copy while a scope "computes" (release_all inside
   // the scope); from the second iteration on, no forward scope may wait for a copy: the prefetcher
@@ -1072,21 +1117,26 @@ TEST_CASE("scripted platform: with the trace, prefetch has every forward scope's
     rt.step([](const step_chunk&) {});
     engine.release_all();
   }
-  CHECK_MESSAGE(forward_stalls.empty(), "forward scopes that waited for a copy after warm-up: " << join(forward_stalls));
-  MESSAGE("backward scopes that waited after warm-up (planner stops at the gradient in use): " << join(backward_stalls));
+  CHECK_MESSAGE(forward_stalls.empty(),
+                "forward scopes that waited for a copy after warm-up: " << join(forward_stalls));
+  MESSAGE(
+      "backward scopes that waited after warm-up (planner stops at the gradient in use): " << join(backward_stalls));
   CHECK(rt.stats().prefetches > 0);
   CHECK(rt.stats().prefetch_hits > 0);
   CHECK(rt.stats().peak_device_chunk_bytes <= 5 * 1024);
   CHECK(rt.invariant_violations(true).empty());
 }
 
-TEST_CASE("scripted platform: holding a gradient for a collective waits for the user's backward work on it (stream contract)") {
+TEST_CASE(
+    "scripted platform: holding a gradient for a collective waits for the user's backward work on it (stream "
+    "contract)") {
   // replicated_gradients all-reduces a gradient chunk as soon as its backward scope closed; with
   // close(stream) the user's work may still be writing it.
   simulated_device_space dev({.capacity = 1 << 20});
   host_space host;
   scripted_copy_engine engine;
-  scripted_rt rt(dev, host, engine, {.optimizer_state = optimizer_state_lists::none()}, layout(), static_placement::all_device());
+  scripted_rt rt(dev, host, engine, {.optimizer_state = optimizer_state_lists::none()}, layout(),
+                 static_placement::all_device());
   const auto a = rt.register_param(spec("a", 256));
   rt.finalize();
   const scripted_stream stream{4};

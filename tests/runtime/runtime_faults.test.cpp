@@ -178,14 +178,19 @@ outcome train(fault_plan& fp) {
   runtime_t rt(dev, host, copier, {.prefetch_depth = 2}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}));
   std::vector<param_id> w, b;
   for (int l = 0; l < L; ++l) {
-    w.push_back(rt.register_param({"w" + std::to_string(l), {D, D}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.3f * std::sin(0.7f * static_cast<float>(i) + static_cast<float>(l));
-    }));
+    w.push_back(
+        rt.register_param({"w" + std::to_string(l), {D, D}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
+          for (std::size_t i = 0; i < v.size(); ++i)
+            v[i] = 0.3f * std::sin(0.7f * static_cast<float>(i) + static_cast<float>(l));
+        }));
     b.push_back(rt.register_param({"b" + std::to_string(l), {D}, dtype::f32, tensor_role::bias}));
   }
   retry(rt, out.faults, [&] { rt.finalize(); });
-  chunk_adam<> opt({.hyper = {.lr = 1e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.5f}, param_groups::with_default_decay(0.01f));
-  const auto alloc = [&] { return static_cast<float*>(retry(rt, out.faults, [&] { return rt.allocate_non_model(act); })); };
+  chunk_adam<> opt({.hyper = {.lr = 1e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.5f},
+                   param_groups::with_default_decay(0.01f));
+  const auto alloc = [&] {
+    return static_cast<float*>(retry(rt, out.faults, [&] { return rt.allocate_non_model(act); }));
+  };
 
   for (int step = 1; step <= steps; ++step) {
     std::vector<float*> h;
@@ -251,7 +256,9 @@ outcome train(fault_plan& fp) {
 
 }  // namespace
 
-TEST_CASE("a throw from the copy engine, the eviction, the placement or an allocation at any call: same bits after retrying") {
+TEST_CASE(
+    "a throw from the copy engine, the eviction, the placement or an allocation at any call: same bits after "
+    "retrying") {
   fault_plan none;
   const outcome reference = train(none);
   REQUIRE(reference.faults == 0);
@@ -284,9 +291,11 @@ TEST_CASE("a throw from inside the optimizer's update: step() called again finis
   simulated_device_space dev({.capacity = 1 << 22});
   host_space host;
   host_copy_engine copier;
-  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 64, .align_elems = 32}));
+  chunk_runtime<fixed_chunk_layout> rt(dev, host, copier, {},
+                                       fixed_chunk_layout({.chunk_elems = 64, .align_elems = 32}));
   std::vector<param_id> ids;
-  for (int i = 0; i < 5; ++i) ids.push_back(rt.register_param({"t" + std::to_string(i), {64}, dtype::f32, tensor_role::weight}));
+  for (int i = 0; i < 5; ++i)
+    ids.push_back(rt.register_param({"t" + std::to_string(i), {64}, dtype::f32, tensor_role::weight}));
   rt.finalize();
   for (auto id : ids) {
     auto s = rt.backward("t", {id});

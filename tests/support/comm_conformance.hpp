@@ -25,7 +25,8 @@ using chunkstar::testing::host_buffer;
 template <class F>
 void run_conformance(chunkstar::testing::communicator_check group) {
   F::run([&](auto& comm) {
-    const auto report = chunkstar::testing::check_communicator<typename F::buffer>(comm, {.exact = F::exact, .only = {group}});
+    const auto report =
+        chunkstar::testing::check_communicator<typename F::buffer>(comm, {.exact = F::exact, .only = {group}});
     CHECK_MESSAGE(report.ok(), report.to_string());
     CHECK(report.checks > 0);
   });

@@ -173,8 +173,9 @@ class memory_checked_communicator : public blocking_collectives<memory_checked_c
                                 " bytes) is not device memory; a device communicator (NCCL) would fault on it");
     } else {
       if (n != 0 && tracked_device_space::any_overlaps(p, n))
-        throw device_buffer_error(std::string(call) + ": the " + which + " buffer (" + std::to_string(n) +
-                                  " bytes) is device memory; a host-only communicator (MPI without CUDA) would fault on it");
+        throw device_buffer_error(
+            std::string(call) + ": the " + which + " buffer (" + std::to_string(n) +
+            " bytes) is device memory; a host-only communicator (MPI without CUDA) would fault on it");
     }
     ++checked_;
   }

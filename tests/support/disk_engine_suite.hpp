@@ -28,8 +28,8 @@ namespace chunkstar::test {
 /** @brief Host bytes aligned to 4096, viewed at `shift` bytes past the aligned start. */
 struct host_buffer {
   host_buffer(std::size_t n, std::size_t shift = 0)
-      : raw(static_cast<unsigned char*>(::operator new(n + shift + 1, std::align_val_t{4096}))), p(raw + shift) {}
-  ~host_buffer() { ::operator delete(raw, std::align_val_t{4096}); }
+      : raw(static_cast<unsigned char*>(::operator new (n + shift + 1, std::align_val_t{4096}))), p(raw + shift) {}
+  ~host_buffer() { ::operator delete (raw, std::align_val_t{4096}); }
   host_buffer(const host_buffer&) = delete;
   host_buffer& operator=(const host_buffer&) = delete;
   unsigned char* raw;
@@ -54,8 +54,10 @@ TEST_CASE_TEMPLATE_DEFINE("disk engine: round trips, order, concurrency, zero fi
     for (bool checksums : {true, false}) {
       CAPTURE(direct);
       CAPTURE(checksums);
-      disk_space space({.directory = chunkstar::test::engine_dir().path(), .capacity = 16 * mib,
-                        .name = direct ? "direct" : "buffered", .use_direct_io = direct});
+      disk_space space({.directory = chunkstar::test::engine_dir().path(),
+                        .capacity = 16 * mib,
+                        .name = direct ? "direct" : "buffered",
+                        .use_direct_io = direct});
       disk_copy_engine_options o;
       o.verify_checksums = checksums;
       o.piece_bytes = 256 * 1024;  // several pieces per copy
@@ -116,7 +118,8 @@ TEST_CASE_TEMPLATE_DEFINE("disk engine: round trips, order, concurrency, zero fi
           std::copy(d.begin(), d.end(), srcs.back()->p);
           std::copy(d.begin(), d.end(), expect.begin());
         }
-        for (int i = 0; i < writes; ++i) hs.push_back(e.copy_async(block, srcs[static_cast<std::size_t>(i)]->p, n >> i, copy_direction::to_host));
+        for (int i = 0; i < writes; ++i)
+          hs.push_back(e.copy_async(block, srcs[static_cast<std::size_t>(i)]->p, n >> i, copy_direction::to_host));
         // A load of the same range, ordered after the last eviction through order_after.
         e.order_after(hs.back(), copy_direction::to_device);
         host_buffer back(n);

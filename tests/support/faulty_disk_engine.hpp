@@ -22,9 +22,9 @@ namespace chunkstar::test {
 class faulty_disk_engine {
  public:
   struct faults {
-    long fail_read = -1;     ///< this read (0: the first) fails with io_error, nothing read
-    long fail_write = -1;    ///< this write fails with io_error, nothing written
-    long corrupt_write = -1; ///< this write lands, then one byte of it is flipped in the file
+    long fail_read = -1;      ///< this read (0: the first) fails with io_error, nothing read
+    long fail_write = -1;     ///< this write fails with io_error, nothing written
+    long corrupt_write = -1;  ///< this write lands, then one byte of it is flipped in the file
   };
   faulty_disk_engine(disk_space& space, disk_copy_engine_options options, faults f)
       : space_(space), inner_(space, options), faults_(f) {}
@@ -37,7 +37,8 @@ class faulty_disk_engine {
     if (read ? i == faults_.fail_read : i == faults_.fail_write) {
       ++injected_;
       std::promise<void> p;
-      p.set_exception(std::make_exception_ptr(io_error(std::string("injected ") + (read ? "read" : "write") + " failure")));
+      p.set_exception(
+          std::make_exception_ptr(io_error(std::string("injected ") + (read ? "read" : "write") + " failure")));
       return disk_copy_handle(p.get_future().share());
     }
     auto h = inner_.copy_async(dst, src, n, d);

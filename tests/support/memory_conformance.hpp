@@ -59,8 +59,12 @@ std::size_t impossible_request(const S& s) {
 
 /** @brief Which side of a copy a buffer lives on. */
 enum class copy_side { host, device };
-constexpr copy_side src_side(copy_direction d) { return d == copy_direction::to_host ? copy_side::device : copy_side::host; }
-constexpr copy_side dst_side(copy_direction d) { return d == copy_direction::to_device ? copy_side::device : copy_side::host; }
+constexpr copy_side src_side(copy_direction d) {
+  return d == copy_direction::to_host ? copy_side::device : copy_side::host;
+}
+constexpr copy_side dst_side(copy_direction d) {
+  return d == copy_direction::to_device ? copy_side::device : copy_side::host;
+}
 inline constexpr copy_direction all_directions[] = {copy_direction::to_device, copy_direction::to_host,
                                                     copy_direction::host_to_host};
 
@@ -204,7 +208,11 @@ TEST_CASE_TEMPLATE_DEFINE("MemorySpace conformance", F, memory_space_conformance
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {
         std::mt19937 rng(static_cast<std::uint32_t>(t) + 7u);
-        struct block { void* p; std::size_t n; std::uint32_t seed; };
+        struct block {
+          void* p;
+          std::size_t n;
+          std::uint32_t seed;
+        };
         std::vector<block> mine;
         for (int i = 0; i < iterations; ++i) {
           const std::size_t n = (i % 50 == 49) ? (std::size_t{2} << 20) + rng() % 4096 : 1 + rng() % 20000;
@@ -254,7 +262,9 @@ TEST_CASE_TEMPLATE_DEFINE("CopyEngine conformance", F, copy_engine_conformance) 
     void* src;
     void* dst;
     buffers(F& fx, copy_direction dir, std::size_t n)
-        : f(fx), d(dir), cap(n + 64),
+        : f(fx),
+          d(dir),
+          cap(n + 64),
           src(fx.alloc(chunkstar::test::src_side(dir), cap)),
           dst(fx.alloc(chunkstar::test::dst_side(dir), cap)) {}
     ~buffers() {
@@ -291,7 +301,8 @@ TEST_CASE_TEMPLATE_DEFINE("CopyEngine conformance", F, copy_engine_conformance) 
           std::vector<unsigned char> back(b.cap);
           f.get(chunkstar::test::dst_side(d), back.data(), b.dst, b.cap);
           std::vector<unsigned char> expect = junk;
-          std::copy_n(data.begin() + static_cast<std::ptrdiff_t>(so), n, expect.begin() + static_cast<std::ptrdiff_t>(dof));
+          std::copy_n(data.begin() + static_cast<std::ptrdiff_t>(so), n,
+                      expect.begin() + static_cast<std::ptrdiff_t>(dof));
           CHECK(back == expect);
         }
       }

@@ -25,7 +25,9 @@ inline constexpr std::size_t mlp_chunk_bytes = mlp_chunk_elems * sizeof(float),
                              mlp_act_bytes = 12 * mlp_batch * mlp_width * sizeof(float);
 
 /** The optimizer the multi-rank tests step with: AdamW, clipping that is active, one thread. */
-inline chunk_adam<> mlp_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1}); }
+inline chunk_adam<> mlp_adam() {
+  return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f, .threads = 1});
+}
 
 template <class Comm, class Placement = auto_placement, class Eviction = belady_eviction, class P = simulated_platform>
 using mlp_runtime = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, Comm, P>;
@@ -53,12 +55,16 @@ struct mlp_replica {
   template <class... CommArg>
   mlp_replica(runtime_options options, std::size_t capacity, host_space_options host_options,
               const std::function<void(runtime_type&)>& before_finalize, CommArg&... comm)
-      : dev({.capacity = capacity}), host(host_options),
-        rt(dev, host, copier, comm..., options, fixed_chunk_layout({.chunk_elems = mlp_chunk_elems, .align_elems = 32})) {
+      : dev({.capacity = capacity}),
+        host(host_options),
+        rt(dev, host, copier, comm..., options,
+           fixed_chunk_layout({.chunk_elems = mlp_chunk_elems, .align_elems = 32})) {
     for (int l = 0; l < mlp_layers; ++l) {
-      w.push_back(rt.register_param({"w" + std::to_string(l), {mlp_width, mlp_width}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
-        for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.4f * std::sin(0.9f * static_cast<float>(i) + static_cast<float>(l));
-      }));
+      w.push_back(rt.register_param({"w" + std::to_string(l), {mlp_width, mlp_width}, dtype::f32, tensor_role::weight},
+                                    [l](std::span<float> v) {
+                                      for (std::size_t i = 0; i < v.size(); ++i)
+                                        v[i] = 0.4f * std::sin(0.9f * static_cast<float>(i) + static_cast<float>(l));
+                                    }));
       b.push_back(rt.register_param({"b" + std::to_string(l), {mlp_width}, dtype::f32, tensor_role::bias}));
     }
     if (before_finalize) before_finalize(rt);
@@ -69,11 +75,14 @@ struct mlp_replica {
    *  backward scope closes, @p after_forward after each forward one. @return the micro-batch's
    *  loss, sum((y - t)^2) / (2 batch). */
   template <class After, class AfterForward = void (*)()>
-  float forward_backward(int step, int mb, After&& after_backward, AfterForward&& after_forward = [] {}) {
+  float forward_backward(
+      int step, int mb, After&& after_backward, AfterForward&& after_forward = [] {}) {
     const std::size_t act = mlp_batch * mlp_width * sizeof(float);
     std::vector<non_model_buffer<float, runtime_type>> h;
     for (int l = 0; l <= mlp_layers; ++l) h.push_back(rt.template allocate_buffer<float>(mlp_batch * mlp_width));
-    for (int i = 0; i < mlp_batch * mlp_width; ++i) h[0].data()[i] = std::cos(0.21f * static_cast<float>(i) + 1.7f * static_cast<float>(mb) + static_cast<float>(step));
+    for (int i = 0; i < mlp_batch * mlp_width; ++i)
+      h[0].data()[i] =
+          std::cos(0.21f * static_cast<float>(i) + 1.7f * static_cast<float>(mb) + static_cast<float>(step));
     for (int l = 0; l < mlp_layers; ++l) {
       auto s = rt.forward("l" + std::to_string(l), {w[l], b[l]});
       const auto W = s.template param<float>(w[l]);
@@ -87,7 +96,8 @@ struct mlp_replica {
       s.close();
       after_forward();
     }
-    auto dh = rt.template allocate_buffer<float>(mlp_batch * mlp_width), dprev = rt.template allocate_buffer<float>(mlp_batch * mlp_width);
+    auto dh = rt.template allocate_buffer<float>(mlp_batch * mlp_width),
+         dprev = rt.template allocate_buffer<float>(mlp_batch * mlp_width);
     float loss = 0;
     for (int i = 0; i < mlp_batch * mlp_width; ++i) {
       const float e = h[mlp_layers].data()[i] - 0.1f * static_cast<float>(mb);
@@ -104,7 +114,8 @@ struct mlp_replica {
         for (int n = 0; n < mlp_batch; ++n)
           for (int o = 0; o < mlp_width; ++o) {
             gb[o] += dh.data()[n * mlp_width + o];
-            for (int i = 0; i < mlp_width; ++i) gW[o * mlp_width + i] += dh.data()[n * mlp_width + o] * h[l].data()[n * mlp_width + i];
+            for (int i = 0; i < mlp_width; ++i)
+              gW[o * mlp_width + i] += dh.data()[n * mlp_width + o] * h[l].data()[n * mlp_width + i];
           }
         for (int n = 0; n < mlp_batch; ++n)
           for (int i = 0; i < mlp_width; ++i) {

@@ -50,8 +50,8 @@ inline constexpr std::size_t d = 8, hidden = 12, dout = 8, batch = 4;
 inline constexpr int iterations = 12;
 inline constexpr float lr = 0.1f;
 inline constexpr std::uint64_t seed = 42;
-inline constexpr double u = 0x1.0p-24;       // fp32 unit roundoff
-inline constexpr double gelu_slope = 1.2;    // >= max |gelu'(z)| (1.13 for the tanh form)
+inline constexpr double u = 0x1.0p-24;     // fp32 unit roundoff
+inline constexpr double gelu_slope = 1.2;  // >= max |gelu'(z)| (1.13 for the tanh form)
 
 // ---- data and initial weights, shared by both sides (inputs, not model math) ---------------
 
@@ -346,7 +346,8 @@ struct evaluation {
 
 inline evaluation evaluate(const model<double>& p, bool eval, int step, int n, int skip = -1) {
   evaluation r;
-  for (auto* t : {&r.grad, &r.grad_mag}) t->each([](const char*, std::vector<double>& v) { std::fill(v.begin(), v.end(), 0.0); });
+  for (auto* t : {&r.grad, &r.grad_mag})
+    t->each([](const char*, std::vector<double>& v) { std::fill(v.begin(), v.end(), 0.0); });
   const double scale = 1.0 / static_cast<double>(static_cast<std::size_t>(n) * batch);
   for (int m = 0; m < n; ++m) {
     if (m == skip) continue;
@@ -362,7 +363,8 @@ inline evaluation evaluate(const model<double>& p, bool eval, int step, int n, i
       }
       std::vector<double> yp(dout), myp(dout), dy(dout), mdy(dout);
       for (std::size_t o = 0; o < dout; ++o) {
-        for (std::size_t h = 0; h < hidden; ++h) yp[o] += p.w2[o * hidden + h] * a[h], myp[o] += std::abs(p.w2[o * hidden + h]) * mz[h];
+        for (std::size_t h = 0; h < hidden; ++h)
+          yp[o] += p.w2[o * hidden + h] * a[h], myp[o] += std::abs(p.w2[o * hidden + h]) * mz[h];
         const double y = p.s[o] * yp[o] + p.b2[o], my = std::abs(p.s[o]) * myp[o] + std::abs(p.b2[o]);
         const double t = mb.t[b * dout + o];
         r.loss += 0.5 * (y - t) * (y - t) * scale;
@@ -380,7 +382,8 @@ inline evaluation evaluate(const model<double>& p, bool eval, int step, int n, i
           r.grad.w2[o * hidden + h] += du * a[h], r.grad_mag.w2[o * hidden + h] += mdu * mz[h];
         }
         const double dz = da * gelu_grad(z[h]), mdz = mda * gelu_slope;
-        for (std::size_t i = 0; i < d; ++i) r.grad.w1[h * d + i] += dz * x[i], r.grad_mag.w1[h * d + i] += mdz * std::abs(x[i]);
+        for (std::size_t i = 0; i < d; ++i)
+          r.grad.w1[h * d + i] += dz * x[i], r.grad_mag.w1[h * d + i] += mdz * std::abs(x[i]);
         r.grad.b1[h] += dz, r.grad_mag.b1[h] += mdz;
       }
     }
@@ -452,7 +455,6 @@ inline bool same_bits(const run_record& a, const run_record& b) {
          std::memcmp(a.eval_loss.data(), b.eval_loss.data(), iterations * sizeof(double)) == 0;
 }
 
-
 /** Checks run @p rec of @p n ranks against the serial reference (doctest CHECKs): no evaluation
  *  moved a shard; replicas agree across ranks; the initial shards are the one-rank model; every
  *  iteration's gradients and losses, and the parameters along the trajectory, within the derived
@@ -481,12 +483,14 @@ inline void check_against_reference(const run_record& rec, int n) {
     const evaluation ref = evaluate(at, false, static_cast<int>(it), n);
     const model<double> got = widen(rec.grads[it]);
     double tol_max = 0;
-    auto check = [&](const char* name, const std::vector<double>& g, const std::vector<double>& want, const std::vector<double>& mag) {
+    auto check = [&](const char* name, const std::vector<double>& g, const std::vector<double>& want,
+                     const std::vector<double>& mag) {
       for (std::size_t i = 0; i < g.size(); ++i) {
         const double tol = 2 * chain(n) * u * mag[i];
         tol_max = std::max(tol_max, tol);
         worst_ratio = std::max(worst_ratio, std::abs(g[i] - want[i]) / tol);
-        if (std::abs(g[i] - want[i]) > tol) FAIL_CHECK(name << "[" << i << "]: " << g[i] << " vs " << want[i] << " (tolerance " << tol << ")");
+        if (std::abs(g[i] - want[i]) > tol)
+          FAIL_CHECK(name << "[" << i << "]: " << g[i] << " vs " << want[i] << " (tolerance " << tol << ")");
       }
     };
     check("w1", got.w1, ref.grad.w1, ref.grad_mag.w1);
@@ -501,7 +505,8 @@ inline void check_against_reference(const run_record& rec, int n) {
     auto far_outside = [&](const evaluation& wrong) {
       double worst = 0;
       auto gap = [&](const std::vector<double>& x, const std::vector<double>& y, const std::vector<double>& mag) {
-        for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]) / (2 * chain(n) * u * mag[i]));
+        for (std::size_t i = 0; i < x.size(); ++i)
+          worst = std::max(worst, std::abs(x[i] - y[i]) / (2 * chain(n) * u * mag[i]));
       };
       gap(wrong.grad.w1, ref.grad.w1, ref.grad_mag.w1), gap(wrong.grad.w2, ref.grad.w2, ref.grad_mag.w2);
       return worst > 10;
@@ -550,7 +555,8 @@ inline void check_against_reference(const run_record& rec, int n) {
     auto cmp = [&](const std::vector<double>& x, const std::vector<double>& y) {
       for (std::size_t i = 0; i < x.size(); ++i) err = std::max(err, std::abs(x[i] - y[i]));
     };
-    cmp(got.w1, ref[it].w1), cmp(got.b1, ref[it].b1), cmp(got.w2, ref[it].w2), cmp(got.s, ref[it].s), cmp(got.b2, ref[it].b2);
+    cmp(got.w1, ref[it].w1), cmp(got.b1, ref[it].b1), cmp(got.w2, ref[it].w2), cmp(got.s, ref[it].s),
+        cmp(got.b2, ref[it].b2);
     worst_param_ratio = std::max(worst_param_ratio, err / tol);
     CHECK(err <= tol);
     // Losses at those parameters: their own rounding plus the parameters' error through the gradient.
@@ -574,8 +580,8 @@ inline void check_against_reference(const run_record& rec, int n) {
       CHECK(gap > 10 * tol);
     }
   }
-  MESSAGE("N = " << n << ": amplification " << amplification << ", largest parameter error / tolerance = " << worst_param_ratio
-                 << ", losses " << rec.train_loss.front() << " -> " << rec.train_loss.back());
+  MESSAGE("N = " << n << ": amplification " << amplification << ", largest parameter error / tolerance = "
+                 << worst_param_ratio << ", losses " << rec.train_loss.front() << " -> " << rec.train_loss.back());
   CHECK(rec.train_loss.back() < rec.train_loss.front());  // it trains
 }
 

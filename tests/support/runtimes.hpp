@@ -23,10 +23,12 @@ using fixed_static_runtime = chunk_runtime<fixed_chunk_layout, static_placement>
 /** Auto placement with LRU eviction. */
 using fixed_lru_runtime = chunk_runtime<fixed_chunk_layout, auto_placement, lru_eviction>;
 /** The same three over an in-process rank group (ZeRO and replicated data parallelism). */
-using fixed_group_runtime = chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, in_process_communicator>;
+using fixed_group_runtime =
+    chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, in_process_communicator>;
 using fixed_static_group_runtime =
     chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer, in_process_communicator>;
-using fixed_lru_group_runtime = chunk_runtime<fixed_chunk_layout, auto_placement, lru_eviction, warmup_tracer, in_process_communicator>;
+using fixed_lru_group_runtime =
+    chunk_runtime<fixed_chunk_layout, auto_placement, lru_eviction, warmup_tracer, in_process_communicator>;
 
 /** The same on the searched layout: the library's named assemblies (runtime/assemblies.hpp). */
 using searched_runtime = patrickstar_runtime;
@@ -37,17 +39,17 @@ using searched_lru_runtime = lru_runtime;
 
 // Compiled in support/runtimes/<placement>_<eviction>.cpp (each one policy pair's parts and
 // assemblies), store.cpp and kernels.cpp.
-#define CHUNKSTAR_TEST_RUNTIMES(KW, single, group, searched) \
-  CHUNKSTAR_RUNTIME_POLICIES(KW, single);                    \
-  CHUNKSTAR_RUNTIME_SHARDS(KW, single);                      \
-  CHUNKSTAR_RUNTIME_SHARDS(KW, group);                       \
+#define CHUNKSTAR_TEST_RUNTIMES(KW, single, group, searched)  \
+  CHUNKSTAR_RUNTIME_POLICIES(KW, single);                     \
+  CHUNKSTAR_RUNTIME_SHARDS(KW, single);                       \
+  CHUNKSTAR_RUNTIME_SHARDS(KW, group);                        \
   KW template class CHUNKSTAR_RUNTIME_SPECIALIZATION(single); \
-  KW template class CHUNKSTAR_RUNTIME_SPECIALIZATION(group); \
+  KW template class CHUNKSTAR_RUNTIME_SPECIALIZATION(group);  \
   KW template class CHUNKSTAR_RUNTIME_SPECIALIZATION(searched)
 CHUNKSTAR_TEST_RUNTIMES(extern, chunkstar::testing::fixed_runtime, chunkstar::testing::fixed_group_runtime,
                         chunkstar::testing::searched_runtime);
-CHUNKSTAR_TEST_RUNTIMES(extern, chunkstar::testing::fixed_static_runtime, chunkstar::testing::fixed_static_group_runtime,
-                        chunkstar::testing::searched_static_runtime);
+CHUNKSTAR_TEST_RUNTIMES(extern, chunkstar::testing::fixed_static_runtime,
+                        chunkstar::testing::fixed_static_group_runtime, chunkstar::testing::searched_static_runtime);
 CHUNKSTAR_TEST_RUNTIMES(extern, chunkstar::testing::fixed_lru_runtime, chunkstar::testing::fixed_lru_group_runtime,
                         chunkstar::testing::searched_lru_runtime);
 CHUNKSTAR_RUNTIME_STORE(extern, chunkstar::simulated_platform);

@@ -104,7 +104,7 @@ struct scripted_job {
   std::size_t bytes = 0;
   int stream = -1;
   bool done = false;
-  std::exception_ptr error;  // set when the test failed the job
+  std::exception_ptr error;                // set when the test failed the job
   scripted_copy_engine* engine = nullptr;  // null once the engine is gone (the job is then done)
 };
 }  // namespace detail
@@ -155,7 +155,8 @@ class scripted_copy_engine {
     return queue(scripted_op_kind::copy_async, detail::scripted_job_kind::copy, d, dst, src, bytes);
   }
   scripted_copy_handle zero_async(void* dst, std::size_t bytes) {
-    return queue(scripted_op_kind::zero_async, detail::scripted_job_kind::zero, copy_direction::host_to_host, dst, nullptr, bytes);
+    return queue(scripted_op_kind::zero_async, detail::scripted_job_kind::zero, copy_direction::host_to_host, dst,
+                 nullptr, bytes);
   }
   /** Later jobs on @p d wait for @p h (a barrier on the lane) when @p h is unfinished. */
   void order_after(const scripted_copy_handle& h, copy_direction d) {
@@ -206,7 +207,8 @@ class scripted_copy_engine {
   void complete(const scripted_copy_handle& h) {
     if (!h.job_) return;
     if (h.job_->kind != detail::scripted_job_kind::user)
-      throw std::logic_error("scripted_copy_engine::complete: handle " + std::to_string(h.id()) + " is a queued job; release its lane");
+      throw std::logic_error("scripted_copy_engine::complete: handle " + std::to_string(h.id()) +
+                             " is a queued job; release its lane");
     h.job_->done = true;
   }
   /** Completes every handle recorded on @p s so far. */
@@ -277,8 +279,8 @@ class scripted_copy_engine {
     throw scripted_fault(std::string(to_string(op.kind)) + " #" + std::to_string(ops_.size()));
   }
 
-  std::shared_ptr<detail::scripted_job> make_job(detail::scripted_job_kind k, copy_direction d, void* dst, const void* src,
-                                                 std::size_t bytes) {
+  std::shared_ptr<detail::scripted_job> make_job(detail::scripted_job_kind k, copy_direction d, void* dst,
+                                                 const void* src, std::size_t bytes) {
     auto j = std::make_shared<detail::scripted_job>();
     j->id = ++next_id_;
     j->kind = k;
@@ -291,8 +293,8 @@ class scripted_copy_engine {
     return j;
   }
 
-  scripted_copy_handle queue(scripted_op_kind op_kind, detail::scripted_job_kind k, copy_direction d, void* dst, const void* src,
-                             std::size_t bytes) {
+  scripted_copy_handle queue(scripted_op_kind op_kind, detail::scripted_job_kind k, copy_direction d, void* dst,
+                             const void* src, std::size_t bytes) {
     scripted_op op{.kind = op_kind, .lane = d, .dst = dst, .src = src, .bytes = bytes};
     inject(op);
     auto& lane = lanes_[index(d)];
@@ -323,8 +325,10 @@ class scripted_copy_engine {
     if (failure) {
       j.error = std::move(failure);
     } else if (j.bytes != 0) {
-      if (j.kind == detail::scripted_job_kind::copy) std::memcpy(j.dst, j.src, j.bytes);
-      else std::memset(j.dst, 0, j.bytes);
+      if (j.kind == detail::scripted_job_kind::copy)
+        std::memcpy(j.dst, j.src, j.bytes);
+      else
+        std::memset(j.dst, 0, j.bytes);
       if (j.kind == detail::scripted_job_kind::copy) {
         stats_[j.lane].bytes += j.bytes;
         stats_[j.lane].copies += 1;

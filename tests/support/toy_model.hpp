@@ -35,9 +35,9 @@ struct toy_config {
   std::size_t disk_prefetch = 8;
   disk_copy_engine_options disk_engine{};
   test::faulty_disk_engine::faults disk_faults{};  // copies that fail or get corrupted
-  int retries = 0;  // a runtime call that throws io_error is made again, up to this many times
+  int retries = 0;                           // a runtime call that throws io_error is made again, up to this many times
   std::function<void(disk_space&)> on_disk;  // called once the disk space exists
-  bool timeline = false;                      // record a timeline (toy_result::trace)
+  bool timeline = false;                     // record a timeline (toy_result::trace)
 };
 
 struct toy_result {
@@ -48,13 +48,13 @@ struct toy_result {
   std::size_t capacity = 0;
   std::size_t model_bytes = 0;
   std::size_t host_capacity = 0;
-  std::size_t peak_host = 0;  // the host space's own peak
-  copy_stats disk_engine;     // what the disk engine moved
+  std::size_t peak_host = 0;                     // the host space's own peak
+  copy_stats disk_engine;                        // what the disk engine moved
   std::vector<std::pair<chunk_id, tier>> tiers;  // where every chunk is at the end
-  int retried = 0;            // calls made again after an io_error
-  std::string error;          // what ended the run early (then params is empty)
-  std::vector<std::string> violations;  // the runtime's bookkeeping after every retried failure
-  std::string trace;                    // the Chrome trace, with toy_config::timeline
+  int retried = 0;                               // calls made again after an io_error
+  std::string error;                             // what ended the run early (then params is empty)
+  std::vector<std::string> violations;           // the runtime's bookkeeping after every retried failure
+  std::string trace;                             // the Chrome trace, with toy_config::timeline
 };
 
 /** Trains the toy model with the runtime type RT on a simulated device whose capacity is the peak
@@ -96,7 +96,8 @@ toy_result train_toy(const toy_config& cfg, double budget_fraction, Placement pl
   result.capacity = non_model_peak + static_cast<std::size_t>(budget_fraction * static_cast<double>(model_bytes));
   simulated_device_space dev({.capacity = result.capacity});
   const bool with_disk = !cfg.disk_dir.empty();
-  result.host_capacity = with_disk ? static_cast<std::size_t>(cfg.host_fraction * static_cast<double>(model_bytes)) : SIZE_MAX;
+  result.host_capacity =
+      with_disk ? static_cast<std::size_t>(cfg.host_fraction * static_cast<double>(model_bytes)) : SIZE_MAX;
   host_space host({.capacity = result.host_capacity});
   host_copy_engine copier;
   std::optional<disk_space> disk;
@@ -106,7 +107,8 @@ toy_result train_toy(const toy_config& cfg, double budget_fraction, Placement pl
     disk_io.emplace(*disk, cfg.disk_engine, cfg.disk_faults);
     if (cfg.on_disk) cfg.on_disk(*disk);
   }
-  RT rt(dev, host, copier, {.prefetch_depth = cfg.prefetch, .disk_prefetch_depth = cfg.disk_prefetch, .timeline = cfg.timeline}, layout,
+  RT rt(dev, host, copier,
+        {.prefetch_depth = cfg.prefetch, .disk_prefetch_depth = cfg.disk_prefetch, .timeline = cfg.timeline}, layout,
         placement);
   if (with_disk) rt.attach_disk(disk_tier(*disk, *disk_io));
   std::vector<param_id> w, b;
@@ -133,89 +135,99 @@ toy_result train_toy(const toy_config& cfg, double budget_fraction, Placement pl
     }
   };
   try {
-  for (int step = 1; step <= cfg.steps; ++step) {
-    // Forward: h[l+1] = tanh(W_l h[l] + b_l), activations from the runtime's compute tier.
-    // Activations, given back in this order before the step, or by the guard when a call throws.
-    struct activations {
-      RT& rt;
-      std::size_t bytes;
-      std::vector<void*> live;
-      float* take(void* p) {
-        live.push_back(p);
-        return static_cast<float*>(p);
-      }
-      void release(void* p) {
-        rt.deallocate_non_model(p, bytes);
-        live.erase(std::find(live.begin(), live.end(), p));
-      }
-      ~activations() {
-        for (void* p : live) rt.deallocate_non_model(p, bytes);
-      }
-    } acts{rt, act_bytes, {}};
-    std::vector<float*> h(static_cast<std::size_t>(L + 1));
-    for (auto& p : h) p = acts.take(again([&] { return rt.allocate_non_model(act_bytes); }));
-    std::memcpy(h[0], x.data(), act_bytes);
-    for (int l = 0; l < L; ++l) {
-      auto s = again([&] { return rt.forward("layer" + std::to_string(l), {w[static_cast<std::size_t>(l)], b[static_cast<std::size_t>(l)]}); });
-      const auto W = s.template param<float>(w[static_cast<std::size_t>(l)]);
-      const auto bias = s.template param<float>(b[static_cast<std::size_t>(l)]);
-      for (int n = 0; n < B; ++n)
-        for (int o = 0; o < D; ++o) {
-          float acc = bias[static_cast<std::size_t>(o)];
-          for (int i = 0; i < D; ++i) acc += W[static_cast<std::size_t>(o * D + i)] * h[static_cast<std::size_t>(l)][n * D + i];
-          h[static_cast<std::size_t>(l + 1)][n * D + o] = std::tanh(acc);
+    for (int step = 1; step <= cfg.steps; ++step) {
+      // Forward: h[l+1] = tanh(W_l h[l] + b_l), activations from the runtime's compute tier.
+      // Activations, given back in this order before the step, or by the guard when a call throws.
+      struct activations {
+        RT& rt;
+        std::size_t bytes;
+        std::vector<void*> live;
+        float* take(void* p) {
+          live.push_back(p);
+          return static_cast<float*>(p);
         }
-    }
-    float loss = 0;
-    auto* dh = acts.take(again([&] { return rt.allocate_non_model(act_bytes); }));
-    for (int i = 0; i < B * D; ++i) {
-      const float d = h[static_cast<std::size_t>(L)][i] - y[static_cast<std::size_t>(i)];
-      loss += 0.5f * d * d / static_cast<float>(B);
-      dh[i] = d / static_cast<float>(B);
-    }
-    result.losses.push_back(loss);
-    auto* dprev = acts.take(again([&] { return rt.allocate_non_model(act_bytes); }));
-    for (int l = L - 1; l >= 0; --l) {
-      auto s = again([&] { return rt.backward("layer" + std::to_string(l), {w[static_cast<std::size_t>(l)], b[static_cast<std::size_t>(l)]}); });
-      const auto W = s.template param<float>(w[static_cast<std::size_t>(l)]);
-      auto gW = s.template grad<float>(w[static_cast<std::size_t>(l)]);
-      auto gb = s.template grad<float>(b[static_cast<std::size_t>(l)]);
-      const float* out = h[static_cast<std::size_t>(l + 1)];
-      const float* in = h[static_cast<std::size_t>(l)];
-      for (int i = 0; i < B * D; ++i) dh[i] *= 1.0f - out[i] * out[i];  // through tanh
-      for (int n = 0; n < B; ++n)
-        for (int o = 0; o < D; ++o) {
-          gb[static_cast<std::size_t>(o)] += dh[n * D + o];
-          for (int i = 0; i < D; ++i) gW[static_cast<std::size_t>(o * D + i)] += dh[n * D + o] * in[n * D + i];
+        void release(void* p) {
+          rt.deallocate_non_model(p, bytes);
+          live.erase(std::find(live.begin(), live.end(), p));
         }
-      for (int n = 0; n < B; ++n)
-        for (int i = 0; i < D; ++i) {
-          float acc = 0;
-          for (int o = 0; o < D; ++o) acc += W[static_cast<std::size_t>(o * D + i)] * dh[n * D + o];
-          dprev[n * D + i] = acc;
+        ~activations() {
+          for (void* p : live) rt.deallocate_non_model(p, bytes);
         }
-      std::swap(dh, dprev);
-    }
-    acts.release(dprev);
-    acts.release(dh);
-    for (auto* p : h) acts.release(p);
+      } acts{rt, act_bytes, {}};
+      std::vector<float*> h(static_cast<std::size_t>(L + 1));
+      for (auto& p : h) p = acts.take(again([&] { return rt.allocate_non_model(act_bytes); }));
+      std::memcpy(h[0], x.data(), act_bytes);
+      for (int l = 0; l < L; ++l) {
+        auto s = again([&] {
+          return rt.forward("layer" + std::to_string(l),
+                            {w[static_cast<std::size_t>(l)], b[static_cast<std::size_t>(l)]});
+        });
+        const auto W = s.template param<float>(w[static_cast<std::size_t>(l)]);
+        const auto bias = s.template param<float>(b[static_cast<std::size_t>(l)]);
+        for (int n = 0; n < B; ++n)
+          for (int o = 0; o < D; ++o) {
+            float acc = bias[static_cast<std::size_t>(o)];
+            for (int i = 0; i < D; ++i)
+              acc += W[static_cast<std::size_t>(o * D + i)] * h[static_cast<std::size_t>(l)][n * D + i];
+            h[static_cast<std::size_t>(l + 1)][n * D + o] = std::tanh(acc);
+          }
+      }
+      float loss = 0;
+      auto* dh = acts.take(again([&] { return rt.allocate_non_model(act_bytes); }));
+      for (int i = 0; i < B * D; ++i) {
+        const float d = h[static_cast<std::size_t>(L)][i] - y[static_cast<std::size_t>(i)];
+        loss += 0.5f * d * d / static_cast<float>(B);
+        dh[i] = d / static_cast<float>(B);
+      }
+      result.losses.push_back(loss);
+      auto* dprev = acts.take(again([&] { return rt.allocate_non_model(act_bytes); }));
+      for (int l = L - 1; l >= 0; --l) {
+        auto s = again([&] {
+          return rt.backward("layer" + std::to_string(l),
+                             {w[static_cast<std::size_t>(l)], b[static_cast<std::size_t>(l)]});
+        });
+        const auto W = s.template param<float>(w[static_cast<std::size_t>(l)]);
+        auto gW = s.template grad<float>(w[static_cast<std::size_t>(l)]);
+        auto gb = s.template grad<float>(b[static_cast<std::size_t>(l)]);
+        const float* out = h[static_cast<std::size_t>(l + 1)];
+        const float* in = h[static_cast<std::size_t>(l)];
+        for (int i = 0; i < B * D; ++i) dh[i] *= 1.0f - out[i] * out[i];  // through tanh
+        for (int n = 0; n < B; ++n)
+          for (int o = 0; o < D; ++o) {
+            gb[static_cast<std::size_t>(o)] += dh[n * D + o];
+            for (int i = 0; i < D; ++i) gW[static_cast<std::size_t>(o * D + i)] += dh[n * D + o] * in[n * D + i];
+          }
+        for (int n = 0; n < B; ++n)
+          for (int i = 0; i < D; ++i) {
+            float acc = 0;
+            for (int o = 0; o < D; ++o) acc += W[static_cast<std::size_t>(o * D + i)] * dh[n * D + o];
+            dprev[n * D + i] = acc;
+          }
+        std::swap(dh, dprev);
+      }
+      acts.release(dprev);
+      acts.release(dh);
+      for (auto* p : h) acts.release(p);
 
-    // Scalar Adam over each chunk, wherever the placement put it.
-    again([&] { rt.step([&](const step_chunk& c) {
-      const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
-      const float bc1 = 1.0f - std::pow(b1, static_cast<float>(step)), bc2 = 1.0f - std::pow(b2, static_cast<float>(step));
-      auto* p = static_cast<float*>(c.param);
-      const auto* g = static_cast<const float*>(c.grad);
-      for (auto t : c.tensors) {
-        const auto& sl = c.slots[t];
-        for (std::size_t i = sl.offset; i < sl.offset + sl.numel; ++i) {
-          c.momentum[i] = b1 * c.momentum[i] + (1 - b1) * g[i];
-          c.variance[i] = b2 * c.variance[i] + (1 - b2) * g[i] * g[i];
-          p[i] -= lr * (c.momentum[i] / bc1) / (std::sqrt(c.variance[i] / bc2) + eps);
-        }
-      }
-    }); });
-  }
+      // Scalar Adam over each chunk, wherever the placement put it.
+      again([&] {
+        rt.step([&](const step_chunk& c) {
+          const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+          const float bc1 = 1.0f - std::pow(b1, static_cast<float>(step)),
+                      bc2 = 1.0f - std::pow(b2, static_cast<float>(step));
+          auto* p = static_cast<float*>(c.param);
+          const auto* g = static_cast<const float*>(c.grad);
+          for (auto t : c.tensors) {
+            const auto& sl = c.slots[t];
+            for (std::size_t i = sl.offset; i < sl.offset + sl.numel; ++i) {
+              c.momentum[i] = b1 * c.momentum[i] + (1 - b1) * g[i];
+              c.variance[i] = b2 * c.variance[i] + (1 - b2) * g[i] * g[i];
+              p[i] -= lr * (c.momentum[i] / bc1) / (std::sqrt(c.variance[i] / bc2) + eps);
+            }
+          }
+        });
+      });
+    }
   } catch (const std::exception& e) {
     result.error = e.what();
     result.stats = rt.stats();

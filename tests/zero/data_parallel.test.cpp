@@ -37,7 +37,9 @@ using replica = mlp_replica<Comm>;
 // A device for activations plus a third of the chunks: gradients move while being reduced.
 constexpr std::size_t capacity = 12 * B * D * sizeof(float) + 7 * 256 * sizeof(float);
 
-chunk_adam<> make_adam() { return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f}); }
+chunk_adam<> make_adam() {
+  return chunk_adam<>({.hyper = {.lr = 2e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.05f});
+}
 
 /** One process: each micro-batch's gradient computed on its own, summed in rank order, then one step. */
 std::vector<float> reference(int ranks, std::vector<double>& clip) {
@@ -49,7 +51,8 @@ std::vector<float> reference(int ranks, std::vector<double>& clip) {
       r.rt.zero_grad();
       r.forward_backward(step, mb, [] {});
       const auto g = r.all(chunk_kind::grad);
-      if (mb == 0) sum = g;
+      if (mb == 0)
+        sum = g;
       else
         for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];  // rank order, in float
     }
@@ -64,7 +67,8 @@ std::vector<float> reference(int ranks, std::vector<double>& clip) {
 
 }  // namespace
 
-TEST_CASE("replicated data parallelism over N in-process ranks equals one process summing the micro-batches in rank order") {
+TEST_CASE(
+    "replicated data parallelism over N in-process ranks equals one process summing the micro-batches in rank order") {
   for (int ranks : {2, 3, 4}) {
     CAPTURE(ranks);
     std::vector<double> clip_ref;
@@ -107,7 +111,8 @@ TEST_CASE("the gradient norm follows the gradient mode: sharded sums over ranks,
       simulated_device_space dev({.capacity = 1 << 20});
       host_space host;
       host_copy_engine copier;
-      runtime_t<in_process_communicator> rt(dev, host, copier, comm, {.gradients = mode}, fixed_chunk_layout({.chunk_elems = 64}));
+      runtime_t<in_process_communicator> rt(dev, host, copier, comm, {.gradients = mode},
+                                            fixed_chunk_layout({.chunk_elems = 64}));
       const auto p = rt.register_param({"p", {4}, dtype::f32, tensor_role::weight});
       rt.finalize();
       {
@@ -128,7 +133,9 @@ TEST_CASE("the gradient norm follows the gradient mode: sharded sums over ranks,
   CHECK_THROWS_AS((replicated_gradients<runtime_t<single_process_communicator>>{rt}), config_error);
 }
 
-TEST_CASE("replicated data parallelism over a communicator that takes device memory: gradients loaded to the device first, the same bits") {
+TEST_CASE(
+    "replicated data parallelism over a communicator that takes device memory: gradients loaded to the device first, "
+    "the same bits") {
   using chunkstar::testing::device_memory_communicator;
   using chunkstar::testing::tracked_platform;
   constexpr int ranks = 3;
@@ -140,8 +147,8 @@ TEST_CASE("replicated data parallelism over a communicator that takes device mem
   run_ranks(ranks, [&](in_process_communicator& inner) {
     const auto me = static_cast<std::size_t>(inner.rank());
     device_memory_communicator comm(inner);
-    mlp_replica<device_memory_communicator, auto_placement, belady_eviction, tracked_platform> r({.gradients = gradient_mode::replicated},
-                                                                                                capacity, comm);
+    mlp_replica<device_memory_communicator, auto_placement, belady_eviction, tracked_platform> r(
+        {.gradients = gradient_mode::replicated}, capacity, comm);
     replicated_gradients dp(r.rt, {.max_in_flight = 2});
     auto opt = make_adam();
     for (int step = 1; step <= steps; ++step) {
@@ -157,8 +164,8 @@ TEST_CASE("replicated data parallelism over a communicator that takes device mem
   for (std::size_t k = 0; k < ranks; ++k) {
     CAPTURE(k);
     CHECK(params[k] == expected);
-    CHECK(checked[k] > 0);                  // every all-reduce was checked ...
-    CHECK(stats[k].bytes_to_host > 0);      // ... while gradients were being evicted to the host
+    CHECK(checked[k] > 0);              // every all-reduce was checked ...
+    CHECK(stats[k].bytes_to_host > 0);  // ... while gradients were being evicted to the host
   }
 }
 

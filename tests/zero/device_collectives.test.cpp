@@ -31,8 +31,8 @@
 using namespace chunkstar;
 
 namespace device_collectives_test {
-using chunkstar::testing::device_memory_communicator;
 using chunkstar::testing::device_buffer_error;
+using chunkstar::testing::device_memory_communicator;
 using chunkstar::testing::host_buffer_error;
 using chunkstar::testing::host_memory_communicator;
 using chunkstar::testing::mlp_adam;
@@ -46,7 +46,8 @@ TEST_CASE("broadcast_scalars and broadcast_string: the root's values on every ra
     std::vector<double> v = {9007199254740991.0, -1.5, 0.1, std::numeric_limits<double>::denorm_min(), 4294967295.0};
     if (comm.rank() != 1) v.assign(v.size(), static_cast<double>(comm.rank() + 7));
     broadcast_scalars(comm, std::span<double>(v), 1);
-    CHECK(v == std::vector<double>{9007199254740991.0, -1.5, 0.1, std::numeric_limits<double>::denorm_min(), 4294967295.0});
+    CHECK(v ==
+          std::vector<double>{9007199254740991.0, -1.5, 0.1, std::numeric_limits<double>::denorm_min(), 4294967295.0});
     std::string bytes;
     for (int c = 0; c < 256; ++c) bytes += static_cast<char>(c);  // every byte, NUL and 0xff included
     const std::string got = broadcast_string(comm, comm.rank() == 2 ? bytes : std::string("not the root's"), 2);
@@ -57,7 +58,8 @@ TEST_CASE("broadcast_scalars and broadcast_string: the root's values on every ra
   CHECK(broadcast_string(one, "alone", 0) == "alone");
 }
 
-TEST_CASE("device_memory_communicator: device buffers pass, a host buffer is the error NCCL's illegal address would be") {
+TEST_CASE(
+    "device_memory_communicator: device buffers pass, a host buffer is the error NCCL's illegal address would be") {
   run_ranks(2, [](in_process_communicator& inner) {
     device_memory_communicator comm(inner);
     tracked_device_space dev({.capacity = 1 << 20});
@@ -79,7 +81,9 @@ TEST_CASE("device_memory_communicator: device buffers pass, a host buffer is the
   });
 }
 
-TEST_CASE("staged_communicator: device buffers reach a host-only communicator as host copies, results come back to the device") {
+TEST_CASE(
+    "staged_communicator: device buffers reach a host-only communicator as host copies, results come back to the "
+    "device") {
   run_ranks(2, [](in_process_communicator& inner) {
     host_memory_communicator host_only(inner);
     tracked_device_space dev({.capacity = 1 << 20});
@@ -172,16 +176,20 @@ struct temp_dir {
 
 }  // namespace
 
-TEST_CASE("ZeRO through a device-only communicator, and through a host-only one behind staging: agreement, gathers, reductions, clipping and checkpoints use device memory or host doubles; same bits") {
+TEST_CASE(
+    "ZeRO through a device-only communicator, and through a host-only one behind staging: agreement, gathers, "
+    "reductions, clipping and checkpoints use device memory or host doubles; same bits") {
   temp_dir tmp;
   for (bool memory_saving : {false, true}) {
-    for (std::size_t capacity : {std::size_t{1} << 20, chunkstar::testing::mlp_act_bytes + 6 * chunkstar::testing::mlp_chunk_bytes}) {
+    for (std::size_t capacity :
+         {std::size_t{1} << 20, chunkstar::testing::mlp_act_bytes + 6 * chunkstar::testing::mlp_chunk_bytes}) {
       for (bool keep : {false, true}) {
         CAPTURE(memory_saving);
         CAPTURE(capacity);
         CAPTURE(keep);
         if (!memory_saving && capacity < (std::size_t{1} << 20)) continue;  // group buffers need more at 3 ranks
-        const runtime_options options{.sharding = {.enabled = true, .keep_gathered = keep, .memory_saving = memory_saving}};
+        const runtime_options options{
+            .sharding = {.enabled = true, .keep_gathered = keep, .memory_saving = memory_saving}};
         const auto expected = train(transport::plain, options, capacity, tmp.path / "plain");
         for (transport how : {transport::device_only, transport::staged}) {
           CAPTURE(static_cast<int>(how));
@@ -199,17 +207,21 @@ TEST_CASE("ZeRO through a device-only communicator, and through a host-only one 
   }
 }
 
-TEST_CASE("Ranks configured differently: the same config_error through a device-only communicator (host doubles only)") {
+TEST_CASE(
+    "Ranks configured differently: the same config_error through a device-only communicator (host doubles only)") {
   std::vector<std::string> messages(3);
   run_ranks(3, [&](in_process_communicator& inner) {
     device_memory_communicator comm(inner);
-    using runtime_t = chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, device_memory_communicator, tracked_platform>;
+    using runtime_t = chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer,
+                                    device_memory_communicator, tracked_platform>;
     tracked_device_space dev({.capacity = 1 << 20});
     host_space host;
     host_copy_engine copier;
-    runtime_t rt(dev, host, copier, comm, {.sharding = {.enabled = true}}, fixed_chunk_layout({.chunk_elems = 256, .align_elems = 32}));
+    runtime_t rt(dev, host, copier, comm, {.sharding = {.enabled = true}},
+                 fixed_chunk_layout({.chunk_elems = 256, .align_elems = 32}));
     rt.register_param({"w0", {12, 12}, dtype::f32, tensor_role::weight});
-    rt.register_param({"w1", {12, comm.rank() == 2 ? std::int64_t{13} : std::int64_t{12}}, dtype::f32, tensor_role::weight});
+    rt.register_param(
+        {"w1", {12, comm.rank() == 2 ? std::int64_t{13} : std::int64_t{12}}, dtype::f32, tensor_role::weight});
     try {
       rt.finalize();
     } catch (const config_error& e) {
@@ -240,7 +252,9 @@ class stream_checked_communicator : public blocking_collectives<stream_checked_c
  public:
   explicit stream_checked_communicator(in_process_communicator& inner) : inner_(inner) {}
   /** The user's work up to @p done writes @p bytes at @p p. */
-  void note(const void* p, std::size_t bytes, scripted_copy_handle done) { pending_.push_back({p, bytes, std::move(done)}); }
+  void note(const void* p, std::size_t bytes, scripted_copy_handle done) {
+    pending_.push_back({p, bytes, std::move(done)});
+  }
   [[nodiscard]] std::size_t checked() const noexcept { return checked_; }
 
   [[nodiscard]] int rank() const { return inner_.rank(); }
@@ -283,7 +297,9 @@ class stream_checked_communicator : public blocking_collectives<stream_checked_c
     std::erase_if(pending_, [](const write& w) { return w.done.ready(); });
     for (const auto& w : pending_)
       if (chunkstar::detail::overlaps(p, n, w.p, w.bytes))
-        throw std::logic_error(std::string(call) + " read a buffer that the user's stream may still be writing (a backward scope closed on it)");
+        throw std::logic_error(
+            std::string(call) +
+            " read a buffer that the user's stream may still be writing (a backward scope closed on it)");
     ++checked_;
   }
   in_process_communicator& inner_;
@@ -293,7 +309,8 @@ class stream_checked_communicator : public blocking_collectives<stream_checked_c
 
 }  // namespace
 
-TEST_CASE("ZeRO with backward scopes closed on a stream: a reduction waits for the user's work on its gradients; same bits") {
+TEST_CASE(
+    "ZeRO with backward scopes closed on a stream: a reduction waits for the user's work on its gradients; same bits") {
   for (bool memory_saving : {false, true}) {
     CAPTURE(memory_saving);
     const runtime_options options{.sharding = {.enabled = true, .memory_saving = memory_saving}};
@@ -312,7 +329,8 @@ TEST_CASE("ZeRO with backward scopes closed on a stream: a reduction waits for t
     run_ranks(3, [&](in_process_communicator& inner) {
       auto& me = got[static_cast<std::size_t>(inner.rank())];
       stream_checked_communicator comm(inner);
-      mlp_replica<stream_checked_communicator, auto_placement, belady_eviction, scripted_platform> r(options, std::size_t{1} << 20, comm);
+      mlp_replica<stream_checked_communicator, auto_placement, belady_eviction, scripted_platform> r(
+          options, std::size_t{1} << 20, comm);
       const scripted_stream stream{7};
       r.close_backward = [&](auto& scope, std::span<float> gW, std::span<float> gb) {
         scope.close(stream);  // the "kernels" stay unfinished until the runtime waits for them

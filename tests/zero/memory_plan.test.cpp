@@ -77,13 +77,16 @@ TEST_CASE("scope_trace: forward scopes in order, backward in reverse with gradie
   CHECK_THROWS_AS((void)scope_trace(plan, {{0, 99}}), config_error);
 }
 
-TEST_CASE("plan_memory: the model data per rank and ZeRO's buffer peak equal what the runtime measures, first iteration included, at N = 1-4 in every mode") {
+TEST_CASE(
+    "plan_memory: the model data per rank and ZeRO's buffer peak equal what the runtime measures, first iteration "
+    "included, at N = 1-4 in every mode") {
   const auto specs = mlp_specs();
   const fixed_chunk_layout layout({.chunk_elems = testing::mlp_chunk_elems, .align_elems = 32});
   for (int ranks = 1; ranks <= 4; ++ranks)
-    for (const sharding_options s : {sharding_options{.enabled = true}, sharding_options{.enabled = true, .keep_gathered = true},
-                                     sharding_options{.enabled = true, .memory_saving = true},
-                                     sharding_options{.enabled = true, .keep_gathered = true, .memory_saving = true}}) {
+    for (const sharding_options s :
+         {sharding_options{.enabled = true}, sharding_options{.enabled = true, .keep_gathered = true},
+          sharding_options{.enabled = true, .memory_saving = true},
+          sharding_options{.enabled = true, .keep_gathered = true, .memory_saving = true}}) {
       CAPTURE(ranks);
       CAPTURE(s.keep_gathered);
       CAPTURE(s.memory_saving);
@@ -139,10 +142,10 @@ TEST_CASE("plan_memory: one process trains on a device of device_floor() (chunks
 TEST_CASE("admit: a plan fits its budgets, or each tier's shortfall is named in bytes") {
   memory_plan p;
   p.model_bytes_per_rank = 1000, p.collective_bytes = 100, p.non_model_bytes = 50, p.largest_scope_bytes = 200;
-  p.transient_peak_bytes = 150;  // the two peaks at once
-  p.resident_peak_bytes = 1150;  // and everything the rank holds at its peak moment
-  CHECK(admit(p, {.device = 350}).fits());                       // the floor on the device, the rest on an unbounded host
-  CHECK(admit(p, {.device = 1150, .host = 0}).fits());           // resident
+  p.transient_peak_bytes = 150;                         // the two peaks at once
+  p.resident_peak_bytes = 1150;                         // and everything the rank holds at its peak moment
+  CHECK(admit(p, {.device = 350}).fits());              // the floor on the device, the rest on an unbounded host
+  CHECK(admit(p, {.device = 1150, .host = 0}).fits());  // resident
   const admission small = admit(p, {.device = 349});
   CHECK(small.device_short == 1);
   CHECK(small.total_short == 0);
@@ -185,7 +188,8 @@ TEST_CASE("choose_sharding: the group mode when it fits, the memory-saving mode 
     CHECK(tight.plan.collective_bytes == saving.collective_bytes);
     CHECK(tight.why.find("the group mode needs at least") != std::string::npos);
     // Room for neither: the options as given, which admit refuses.
-    const auto none = choose_sharding(specs, layout, zero, ranks, mlp_scopes(), nm, {.device = saving.device_floor() - 1});
+    const auto none =
+        choose_sharding(specs, layout, zero, ranks, mlp_scopes(), nm, {.device = saving.device_floor() - 1});
     CHECK_FALSE(none.switched);
     CHECK_FALSE(admit(none.plan, {.device = saving.device_floor() - 1}).fits());
     // And the memory-saving mode the plan chose trains on that device.
@@ -200,7 +204,8 @@ TEST_CASE("choose_sharding: the group mode when it fits, the memory-saving mode 
   }
 }
 
-TEST_CASE("largest_admitted: the largest model whose plan fits, where fitting is not monotone in the size (chunk packing)") {
+TEST_CASE(
+    "largest_admitted: the largest model whose plan fits, where fitting is not monotone in the size (chunk packing)") {
   // A family of MLP-like models by width w: per layer a w x w weight and a w bias, one scope each.
   const auto plan_for = [](std::int64_t w) {
     std::vector<tensor_spec> specs;
@@ -211,11 +216,12 @@ TEST_CASE("largest_admitted: the largest model whose plan fits, where fitting is
       scopes.push_back({2 * l, 2 * l + 1});
     }
     const auto largest = static_cast<std::size_t>(w * w + w);
-    return plan_memory(specs, fixed_chunk_layout({.chunk_elems = (largest + 31) / 32 * 32, .align_elems = 32}), {}, 1, scopes,
-                       std::size_t{4096});
+    return plan_memory(specs, fixed_chunk_layout({.chunk_elems = (largest + 31) / 32 * 32, .align_elems = 32}), {}, 1,
+                       scopes, std::size_t{4096});
   };
-  for (const tier_budgets b : {tier_budgets{.device = 64 << 10, .host = 256 << 10}, tier_budgets{.device = 20 << 10, .host = 1 << 20},
-                               tier_budgets{.device = 8 << 10, .host = 8 << 10}}) {
+  for (const tier_budgets b :
+       {tier_budgets{.device = 64 << 10, .host = 256 << 10}, tier_budgets{.device = 20 << 10, .host = 1 << 20},
+        tier_budgets{.device = 8 << 10, .host = 8 << 10}}) {
     std::int64_t brute = 0;
     for (std::int64_t w = 1; w <= 400; ++w)
       if (admit(plan_for(w), b).fits()) brute = w;

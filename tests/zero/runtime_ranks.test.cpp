@@ -24,7 +24,8 @@ namespace runtime_ranks_test {
 
 static_assert(Communicator<in_process_communicator>);
 static_assert(!std::copyable<in_process_communicator>);
-static_assert(!std::default_initializable<in_process_communicator>, "only the Comm& constructor can build this runtime");
+static_assert(!std::default_initializable<in_process_communicator>,
+              "only the Comm& constructor can build this runtime");
 
 namespace {
 
@@ -51,9 +52,11 @@ run_result train(runtime_t<Comm>& rt, Comm* comm, exchange how) {
   run_result out;
   std::vector<param_id> w, b;
   for (int l = 0; l < L; ++l) {
-    w.push_back(rt.register_param({"w" + std::to_string(l), {D, D}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.25f * std::sin(0.37f * static_cast<float>(i) + static_cast<float>(l));
-    }));
+    w.push_back(
+        rt.register_param({"w" + std::to_string(l), {D, D}, dtype::f32, tensor_role::weight}, [l](std::span<float> v) {
+          for (std::size_t i = 0; i < v.size(); ++i)
+            v[i] = 0.25f * std::sin(0.37f * static_cast<float>(i) + static_cast<float>(l));
+        }));
     b.push_back(rt.register_param({"b" + std::to_string(l), {D}, dtype::f32, tensor_role::bias}));
   }
   rt.finalize();
@@ -178,7 +181,8 @@ TEST_CASE("two in-process ranks, each its own runtime over a non-copyable commun
       CHECK(ranks[0].params == ref.params);
       CHECK(ranks[0].norms == ref.norms);
     } else {
-      for (std::size_t i = 0; i < ref.norms.size(); ++i) CHECK(ranks[0].norms[i] == doctest::Approx(std::sqrt(2.0) * ref.norms[i]));
+      for (std::size_t i = 0; i < ref.norms.size(); ++i)
+        CHECK(ranks[0].norms[i] == doctest::Approx(std::sqrt(2.0) * ref.norms[i]));
     }
     CHECK(ranks[0].losses.front() == ref.losses.front());
   }

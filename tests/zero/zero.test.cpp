@@ -67,7 +67,8 @@ trained reference(int ranks, int micro = 1, int n_steps = steps) {
       for (int a = 0; a < micro; ++a)
         losses[static_cast<std::size_t>(step - 1)].push_back(r.forward_backward(step, rank * micro + a, [] {}));
       const auto g = r.all(chunk_kind::grad);
-      if (rank == 0) sum = g;
+      if (rank == 0)
+        sum = g;
       else
         for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
     }
@@ -104,10 +105,12 @@ std::vector<rank_result> train_zero(int ranks, std::size_t capacity, bool keep_g
   std::vector<rank_result> out(static_cast<std::size_t>(ranks));
   run_ranks(ranks, [&](in_process_communicator& comm) {
     auto& me = out[static_cast<std::size_t>(comm.rank())];
-    mlp_replica<in_process_communicator, Placement, Eviction> r(
-        {.prefetch_depth = prefetch_depth,
-         .sharding = {.enabled = true, .keep_gathered = keep_gathered, .gather_ahead = gather_ahead, .memory_saving = memory_saving}},
-        capacity, comm);
+    mlp_replica<in_process_communicator, Placement, Eviction> r({.prefetch_depth = prefetch_depth,
+                                                                 .sharding = {.enabled = true,
+                                                                              .keep_gathered = keep_gathered,
+                                                                              .gather_ahead = gather_ahead,
+                                                                              .memory_saving = memory_saving}},
+                                                                capacity, comm);
     auto opt = mlp_adam();
     for (int step = 1; step <= steps; ++step) {
       me.losses.push_back(r.forward_backward(step, comm.rank(), [] {}));
@@ -129,7 +132,9 @@ struct quarter_on_device : static_placement {
 
 }  // namespace
 
-TEST_CASE("ZeRO over 1-4 in-process ranks: losses and owned parameters after 10 steps bit-identical to the rank-order reference, at any budget") {
+TEST_CASE(
+    "ZeRO over 1-4 in-process ranks: losses and owned parameters after 10 steps bit-identical to the rank-order "
+    "reference, at any budget") {
   for (int ranks : {1, 2, 3, 4}) {
     CAPTURE(ranks);
     const auto expected = reference(ranks);
@@ -138,13 +143,17 @@ TEST_CASE("ZeRO over 1-4 in-process ranks: losses and owned parameters after 10 
         // Tight: activations, the gather and gradient groups (N chunks each; kept groups stay
         // gathered through backward) and a few owned chunks, so owned chunks move to the host.
         const std::size_t capacity =
-            tight ? act_bytes + (static_cast<std::size_t>(keep ? 3 : 2) * static_cast<std::size_t>(ranks) + 4) * chunk_bytes : std::size_t{1} << 20;
+            tight ? act_bytes +
+                        (static_cast<std::size_t>(keep ? 3 : 2) * static_cast<std::size_t>(ranks) + 4) * chunk_bytes
+                  : std::size_t{1} << 20;
         CAPTURE(capacity);
         CAPTURE(keep);
         const auto got = train_zero(ranks, capacity, keep);
         params_by_name all;
         for (std::size_t k = 0; k < got.size(); ++k)
-          for (int step = 1; step <= steps; ++step) CHECK(got[k].losses[static_cast<std::size_t>(step - 1)] == expected.losses[static_cast<std::size_t>(step - 1)][k]);
+          for (int step = 1; step <= steps; ++step)
+            CHECK(got[k].losses[static_cast<std::size_t>(step - 1)] ==
+                  expected.losses[static_cast<std::size_t>(step - 1)][k]);
         for (const auto& r : got) {
           for (const auto& v : r.violations) FAIL_CHECK(v);
           for (const auto& [name, values] : r.params) {
@@ -164,7 +173,9 @@ TEST_CASE("ZeRO over 1-4 in-process ranks: losses and owned parameters after 10 
   }
 }
 
-TEST_CASE("ZeRO with gradient accumulation: the reference's bits from the first step (sharding.micro_batches), in both modes") {
+TEST_CASE(
+    "ZeRO with gradient accumulation: the reference's bits from the first step (sharding.micro_batches), in both "
+    "modes") {
   for (const auto& [ranks, micro] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}}) {
     for (int n_steps : {1, 3}) {  // the first step alone, and the steps after it
       const auto expected = reference(ranks, micro, n_steps).params;
@@ -175,8 +186,8 @@ TEST_CASE("ZeRO with gradient accumulation: the reference's bits from the first 
         CAPTURE(memory_saving);
         std::vector<params_by_name> owned(static_cast<std::size_t>(ranks));
         run_ranks(ranks, [&](in_process_communicator& comm) {
-          mlp_replica<in_process_communicator> r({.sharding = {.enabled = true, .memory_saving = memory_saving, .micro_batches = micro}},
-                                                 1 << 20, comm);
+          mlp_replica<in_process_communicator> r(
+              {.sharding = {.enabled = true, .memory_saving = memory_saving, .micro_batches = micro}}, 1 << 20, comm);
           auto opt = mlp_adam();
           for (int step = 1; step <= n_steps; ++step) {
             for (int a = 0; a < micro; ++a) r.forward_backward(step, comm.rank() * micro + a, [] {});
@@ -195,7 +206,9 @@ TEST_CASE("ZeRO with gradient accumulation: the reference's bits from the first 
   }
 }
 
-TEST_CASE("ZeRO with gradient accumulation: a step with more micro-batches per rank than sharding.micro_batches is refused, naming the fix") {
+TEST_CASE(
+    "ZeRO with gradient accumulation: a step with more micro-batches per rank than sharding.micro_batches is refused, "
+    "naming the fix") {
   run_ranks(2, [&](in_process_communicator& comm) {
     mlp_replica<in_process_communicator> r({.sharding = {.enabled = true}}, 1 << 20, comm);
     auto opt = mlp_adam();
@@ -209,10 +222,12 @@ TEST_CASE("ZeRO with gradient accumulation: a step with more micro-batches per r
       CHECK_MESSAGE(what.find("each rank accumulates per step (2)") != std::string::npos, what);
     }
   });
-  CHECK_THROWS_AS((mlp_replica<single_process_communicator>({.sharding = {.micro_batches = 0}}, 1 << 20)), config_error);
+  CHECK_THROWS_AS((mlp_replica<single_process_communicator>({.sharding = {.micro_batches = 0}}, 1 << 20)),
+                  config_error);
 }
 
-TEST_CASE("ZeRO over 2-4 ranks is within 1e-6 (relative, over all parameters) of plain gradient accumulation on one rank") {
+TEST_CASE(
+    "ZeRO over 2-4 ranks is within 1e-6 (relative, over all parameters) of plain gradient accumulation on one rank") {
   for (int ranks : {2, 3, 4}) {
     CAPTURE(ranks);
     const auto plain = accumulated(ranks);
@@ -232,9 +247,12 @@ TEST_CASE("ZeRO over 2-4 ranks is within 1e-6 (relative, over all parameters) of
   }
 }
 
-TEST_CASE("ZeRO at 3 ranks: the same bits whatever the placement, eviction policy, prefetch depth, budget and gathers ahead") {
+TEST_CASE(
+    "ZeRO at 3 ranks: the same bits whatever the placement, eviction policy, prefetch depth, budget and gathers "
+    "ahead") {
   constexpr int ranks = 3;
-  const std::size_t tight = act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes, loose = std::size_t{1} << 20;
+  const std::size_t tight = act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes,
+                    loose = std::size_t{1} << 20;
   const auto expected = train_zero(ranks, loose, false);
   auto same = [&](const std::vector<rank_result>& got) {
     for (std::size_t k = 0; k < got.size(); ++k) {
@@ -270,7 +288,8 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
       CAPTURE(keep);
       const std::uint64_t n = static_cast<std::uint64_t>(ranks), used = (4 + n - 1) / n, padded = used * n;
       const std::uint64_t gathers = keep ? used : 2 * used - 1, reductions = used;
-      const std::uint64_t theory = (n - 1) * (gathers * chunk_bytes + reductions * chunk_bytes + padded * sizeof(double));
+      const std::uint64_t theory =
+          (n - 1) * (gathers * chunk_bytes + reductions * chunk_bytes + padded * sizeof(double));
       std::vector<std::vector<comm_stats>> per_iteration(static_cast<std::size_t>(ranks));
       std::vector<runtime_stats> last(static_cast<std::size_t>(ranks));
       std::vector<std::uint64_t> moments(static_cast<std::size_t>(ranks));
@@ -300,7 +319,8 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
           CAPTURE(k);
           CAPTURE(step);
           const auto& d = per_iteration[static_cast<std::size_t>(k)][static_cast<std::size_t>(step - 1)];
-          const std::uint64_t agreement = step == 2 ? (n - 1) * moments[static_cast<std::size_t>(k)] * sizeof(double) : 0;
+          const std::uint64_t agreement =
+              step == 2 ? (n - 1) * moments[static_cast<std::size_t>(k)] * sizeof(double) : 0;
           CHECK(d.bytes_sent == theory + agreement);
           CHECK(d.bytes_received == theory + agreement);
           CHECK(d.collectives == gathers + reductions + 1 + (step == 2 ? 1 : 0));
@@ -309,18 +329,22 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
   }
 }
 
-TEST_CASE("ZeRO memory: each rank's model-data peak is its 1/N share plus the collective buffers; the device stays within its budget") {
+TEST_CASE(
+    "ZeRO memory: each rank's model-data peak is its 1/N share plus the collective buffers; the device stays within "
+    "its budget") {
   for (int ranks : {2, 3, 4}) {
     std::uint64_t loose_ahead = 0;
     for (bool tight : {false, true}) {
       CAPTURE(ranks);
       CAPTURE(tight);
-      const std::size_t capacity = tight ? act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes : std::size_t{1} << 20;
+      const std::size_t capacity =
+          tight ? act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes : std::size_t{1} << 20;
       const auto got = train_zero(ranks, capacity, false);
       for (const auto& r : got) {
         const std::size_t share = r.model_bytes / static_cast<std::size_t>(ranks);
         // At most two parameter groups gathered at once (the current one, and the next one
-        // gathered ahead or the last forward one kept for backward), two gradient groups (one accumulating, one whose reduce-scatter
+        // gathered ahead or the last forward one kept for backward), two gradient groups (one accumulating, one whose
+        // reduce-scatter
         // overlaps the next scope), and one chunk of reduce scratch.
         const std::size_t collective_bound = 4 * static_cast<std::size_t>(ranks) * chunk_bytes + chunk_bytes;
         CHECK(r.stats.peak_collective_bytes > 0);
@@ -418,8 +442,10 @@ std::vector<recorded_rank> train_recorded(int ranks, sharding_options sharding, 
     const auto computed = [&] { me.log.push_back("computed"); };
     for (int step = 1; step <= steps; ++step) {
       me.log.push_back("iteration");
-      if (log_forward) r.forward_backward(step, comm.rank(), computed, computed);
-      else r.forward_backward(step, comm.rank(), computed);
+      if (log_forward)
+        r.forward_backward(step, comm.rank(), computed, computed);
+      else
+        r.forward_backward(step, comm.rank(), computed);
       me.log.push_back("step");
       REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
     }
@@ -432,7 +458,9 @@ std::vector<recorded_rank> train_recorded(int ranks, sharding_options sharding, 
 
 }  // namespace
 
-TEST_CASE("ZeRO overlap: a group's reduce-scatter runs while the next backward scope computes, and completes before the step") {
+TEST_CASE(
+    "ZeRO overlap: a group's reduce-scatter runs while the next backward scope computes, and completes before the "
+    "step") {
   // 4 layers of one chunk each. Once the trace exists, a gradient group whose last contribution
   // came from layer l is reduced asynchronously when the next scope opens and waited for when
   // that scope has closed, so its communication overlaps layer l-1's backward; the group that
@@ -448,9 +476,12 @@ TEST_CASE("ZeRO overlap: a group's reduce-scatter runs while the next backward s
       bool open = false;
       std::size_t computed_since_start = 0;
       for (const auto& e : log) {
-        if (e == "iteration") overlapped.push_back(0), started.push_back(0);
-        else if (e == "reduce-start") open = true, computed_since_start = 0, ++started.back();
-        else if (e == "computed" && open) ++computed_since_start;
+        if (e == "iteration")
+          overlapped.push_back(0), started.push_back(0);
+        else if (e == "reduce-start")
+          open = true, computed_since_start = 0, ++started.back();
+        else if (e == "computed" && open)
+          ++computed_since_start;
         else if (e == "reduce-wait") {
           if (computed_since_start > 0) ++overlapped.back();
           open = false;
@@ -482,7 +513,9 @@ TEST_CASE("gradient_final_untraced: final once backward has used a chunk as ofte
   CHECK_FALSE(gradient_final_untraced(0, 0));
 }
 
-TEST_CASE("ZeRO gathers ahead: once the trace exists, every gather but an iteration's first starts a scope before its use and runs while that scope computes") {
+TEST_CASE(
+    "ZeRO gathers ahead: once the trace exists, every gather but an iteration's first starts a scope before its use "
+    "and runs while that scope computes") {
   // 4 layers of one chunk each: groups of N consecutive layers. Forward gathers group 0 when
   // layer 0 opens (nothing is open before it: synchronous) and each later group while the layer
   // before it computes; backward likewise, its first group still gathered from forward.
@@ -496,11 +529,16 @@ TEST_CASE("ZeRO gathers ahead: once the trace exists, every gather but an iterat
       std::vector<std::size_t> sync, ahead, overlapped;
       std::size_t pending = 0, computed_since = 0;
       for (const auto& e : got[k].log) {
-        if (e == "iteration") sync.push_back(0), ahead.push_back(0), overlapped.push_back(0);
-        else if (sync.empty()) continue;  // finalize()'s agreement on the configuration
-        else if (e == "allgather") ++sync.back();
-        else if (e == "gather-start") ++ahead.back(), ++pending, computed_since = 0;
-        else if (e == "computed") ++computed_since;
+        if (e == "iteration")
+          sync.push_back(0), ahead.push_back(0), overlapped.push_back(0);
+        else if (sync.empty())
+          continue;  // finalize()'s agreement on the configuration
+        else if (e == "allgather")
+          ++sync.back();
+        else if (e == "gather-start")
+          ++ahead.back(), ++pending, computed_since = 0;
+        else if (e == "computed")
+          ++computed_since;
         else if (e == "gather-wait") {
           REQUIRE(pending > 0);
           --pending;
@@ -513,9 +551,9 @@ TEST_CASE("ZeRO gathers ahead: once the trace exists, every gather but an iterat
       CHECK(ahead[0] == 0);
       for (std::size_t it = 1; it < sync.size(); ++it) {
         CAPTURE(it);
-        CHECK(sync[it] == 1);                   // group 0, as layer 0 opens
-        CHECK(ahead[it] == 2 * used - 2);       // every other gather of the iteration (2U - 1 in all)
-        CHECK(overlapped[it] == ahead[it]);     // each with a scope computed between its start and its wait
+        CHECK(sync[it] == 1);                // group 0, as layer 0 opens
+        CHECK(ahead[it] == 2 * used - 2);    // every other gather of the iteration (2U - 1 in all)
+        CHECK(overlapped[it] == ahead[it]);  // each with a scope computed between its start and its wait
       }
       CHECK(got[k].stats.gathers_ahead == (steps - 1) * (2 * used - 2));
     }
@@ -539,7 +577,11 @@ TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget ho
   t.kinds.push_back(moment_kind::optimizer);
   t.params.emplace_back();
   t.grads.emplace_back();
-  gather_plan_inputs in{.map = {.world = 2, .rank = 0}, .param_chunk_bytes = 100, .grad_chunk_bytes = 100, .keep_gathered = false, .budget = {}};
+  gather_plan_inputs in{.map = {.world = 2, .rank = 0},
+                        .param_chunk_bytes = 100,
+                        .grad_chunk_bytes = 100,
+                        .keep_gathered = false,
+                        .budget = {}};
 
   // Without budgets: no gather ahead; 3 gathers (forward: both groups; backward: group 0 again,
   // group 1 stays from forward's layer 3), 2 reductions.
@@ -556,7 +598,7 @@ TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget ho
   CHECK(none.need[5] == 500);
   CHECK(none.need[6] == 700);
 
-  in.budget.assign(t.size(), 10'000);  // room for everything: forward's m = 1 gathers group 1 for
+  in.budget.assign(t.size(), 10'000);      // room for everything: forward's m = 1 gathers group 1 for
   const auto loose = plan_gathers(t, in);  // m = 2, backward's m = 5 group 0 for m = 6
   CHECK(loose.gathers == 3);
   CHECK(loose.gathers_ahead == 2);
@@ -564,7 +606,7 @@ TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget ho
   CHECK(loose.ahead[5] == std::vector<std::size_t>{0});
   // The ahead gather at m = 1 costs the group (200) and rank 0's chunk 2, its send buffer (100).
   CHECK(loose.need[1] == 500);
-  CHECK(loose.need[5] == 800);           // group 0 ahead, and rank 0's chunk 0, its send buffer
+  CHECK(loose.need[5] == 800);            // group 0 ahead, and rank 0's chunk 0, its send buffer
   CHECK(loose.peak_buffer_bytes == 700);  // m = 6, as without gathers ahead
 
   in.budget[1] = 499;  // one byte short at m = 1: only backward gathers ahead
@@ -608,11 +650,13 @@ TEST_CASE("ZeRO memory-saving mode: chunk by chunk, the reference's bits at N = 
         for (std::size_t k = 0; k < got.size(); ++k) {
           for (const auto& v : got[k].violations) FAIL_CHECK(v);
           for (int step = 1; step <= steps; ++step)
-            CHECK(got[k].losses[static_cast<std::size_t>(step - 1)] == expected.losses[static_cast<std::size_t>(step - 1)][k]);
+            CHECK(got[k].losses[static_cast<std::size_t>(step - 1)] ==
+                  expected.losses[static_cast<std::size_t>(step - 1)][k]);
           all.insert(got[k].params.begin(), got[k].params.end());
           CHECK(got[k].stats.peak_collective_bytes <= (keep ? 6 : 4) * chunk_bytes);
           CHECK(got[k].stats.peak_device_bytes <= capacity);
-          CHECK(got[k].stats.peak_model_bytes <= got[k].model_bytes / static_cast<std::size_t>(ranks) + got[k].stats.peak_collective_bytes);
+          CHECK(got[k].stats.peak_model_bytes <=
+                got[k].model_bytes / static_cast<std::size_t>(ranks) + got[k].stats.peak_collective_bytes);
           CHECK(got[k].stats.gathers_ahead == 0);
           if (ranks > 1) CHECK(got[k].stats.gathers > 0);
         }
@@ -651,21 +695,26 @@ TEST_CASE("ZeRO memory-saving mode: each chunk's reduction to its owner runs whi
   // (no scope after it) have a backward scope computed between their start and their wait.
   for (int ranks : {2, 3}) {
     CAPTURE(ranks);
-    for (const auto& [log, params, stats, violations] : train_recorded(ranks, {.enabled = true, .memory_saving = true})) {
+    for (const auto& [log, params, stats, violations] :
+         train_recorded(ranks, {.enabled = true, .memory_saving = true})) {
       std::vector<std::size_t> started, overlapped;
       std::size_t pending = 0, computed_since = 0;
       for (const auto& e : log) {
-        if (e == "iteration") started.push_back(0), overlapped.push_back(0);
-        else if (started.empty()) continue;
-        else if (e == "reduce-start") ++started.back(), ++pending, computed_since = 0;
-        else if (e == "computed") ++computed_since;
+        if (e == "iteration")
+          started.push_back(0), overlapped.push_back(0);
+        else if (started.empty())
+          continue;
+        else if (e == "reduce-start")
+          ++started.back(), ++pending, computed_since = 0;
+        else if (e == "computed")
+          ++computed_since;
         else if (e == "reduce-wait") {
           REQUIRE(pending > 0);
           --pending;
           if (computed_since > 0) ++overlapped.back();
         }
-        CHECK(e != "reduce");            // never a synchronous reduction
-        CHECK(e != "reduce-scatter");    // nor a group's
+        CHECK(e != "reduce");          // never a synchronous reduction
+        CHECK(e != "reduce-scatter");  // nor a group's
       }
       REQUIRE(started.size() == static_cast<std::size_t>(steps));
       for (std::size_t it = 0; it < started.size(); ++it) {

@@ -37,7 +37,9 @@ inline void probe_output_file(const std::string& option, const std::string& path
     if (!S_ISREG(st.st_mode))
       throw chunkstar::config_error(option + " '" + path + "' exists and is not a regular file: choose a file path");
     const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) throw chunkstar::config_error(option + " '" + path + "' cannot be written: " + std::strerror(errno) + "; choose another path");
+    if (fd < 0)
+      throw chunkstar::config_error(option + " '" + path + "' cannot be written: " + std::strerror(errno) +
+                                    "; choose another path");
     ::close(fd);
     return;
   }
@@ -92,8 +94,9 @@ inline std::string address_space_note() {
   rlimit lim{};
   if (::getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return {};
   const auto limit = static_cast<std::size_t>(lim.rlim_cur);
-  return " (this process runs under an address-space limit, ulimit -v " + chunkstar::format_bytes(limit) + ", of which " +
-         chunkstar::format_bytes(mapped_bytes()) + " is mapped now: host allocations fail there whatever the budgets; raise the "
+  return " (this process runs under an address-space limit, ulimit -v " + chunkstar::format_bytes(limit) +
+         ", of which " + chunkstar::format_bytes(mapped_bytes()) +
+         " is mapped now: host allocations fail there whatever the budgets; raise the "
          "limit or train a smaller model)";
 }
 
@@ -119,8 +122,10 @@ inline void check_memory(const memory_need& need) {
   if (data > 0.95 * physical) {
     const std::size_t bytes = data > 1.8e19 ? SIZE_MAX : static_cast<std::size_t>(data);
     throw chunkstar::out_of_memory_error(
-        "this run needs " + chunkstar::format_bytes(bytes) + " of host memory for model data and activations, more than this machine's " +
-            chunkstar::format_bytes(static_cast<std::size_t>(physical)) + ": train a smaller model (--preset, --layers, --width) or a smaller batch",
+        "this run needs " + chunkstar::format_bytes(bytes) +
+            " of host memory for model data and activations, more than this machine's " +
+            chunkstar::format_bytes(static_cast<std::size_t>(physical)) +
+            ": train a smaller model (--preset, --layers, --width) or a smaller batch",
         bytes, report(SIZE_MAX));
   }
   rlimit lim{};
@@ -136,9 +141,10 @@ inline void check_memory(const memory_need& need) {
   const std::size_t left = as_limit > mapped ? as_limit - mapped : 0;
   throw chunkstar::out_of_memory_error(
       "the address-space limit of this process (ulimit -v: " + chunkstar::format_bytes(as_limit) + "), less the " +
-          chunkstar::format_bytes(mapped) + " it maps already (code, libraries, the data read), leaves " + chunkstar::format_bytes(left) +
-          ", less than the " + chunkstar::format_bytes(want) +
-          " this run needs (model data, activations, BLAS buffers and thread stacks): raise the limit (ulimit -v) to at least " +
+          chunkstar::format_bytes(mapped) + " it maps already (code, libraries, the data read), leaves " +
+          chunkstar::format_bytes(left) + ", less than the " + chunkstar::format_bytes(want) +
+          " this run needs (model data, activations, BLAS buffers and thread stacks): raise the limit (ulimit -v) to "
+          "at least " +
           chunkstar::format_bytes(mapped + want + (std::size_t{64} << 20)) + ", or train a smaller model",
       want, report(as_limit));
 }

@@ -25,7 +25,7 @@ namespace gpt {
 using namespace chunkstar;
 
 struct run_plan {
-  device_choice device;  // where the layers run
+  device_choice device;        // where the layers run
   transport_choice transport;  // how the ranks talk
   gpt_config cfg;
   text_data data;
@@ -77,8 +77,8 @@ inline run_plan prepare(const train_options& o, int ranks, node_place node) {
     p.resume = parse_resume_state(p.resume_entries, o.resume);
     p.first_step = p.resume->step + 1;
     if (p.first_step > p.last_step)
-      throw config_error("--resume '" + o.resume + "': the checkpoint completed step " + std::to_string(p.resume->step) +
-                         " and this run ends at step " + std::to_string(p.last_step) +
+      throw config_error("--resume '" + o.resume + "': the checkpoint completed step " +
+                         std::to_string(p.resume->step) + " and this run ends at step " + std::to_string(p.last_step) +
                          (o.stop_after > 0 ? " (--stop-after)" : " (--steps)") +
                          ": nothing is left to train; raise --steps (with --allow-change steps) or --stop-after");
   }

@@ -38,8 +38,9 @@ struct record_field {
 };
 
 /** @brief The options --allow-change accepts (besides "all"). */
-inline constexpr const char* changeable_options[] = {"data", "seed", "precision", "batch", "seq", "accum", "steps",
-                                                     "schedule", "lr", "min-lr", "warmup", "weight-decay", "clip"};
+inline constexpr const char* changeable_options[] = {"data",   "seed",         "precision", "batch", "seq",
+                                                     "accum",  "steps",        "schedule",  "lr",    "min-lr",
+                                                     "warmup", "weight-decay", "clip"};
 
 /** @brief XXH64 of the training data (train and validation bytes), so a resume on other data is noticed. */
 inline std::string data_checksum(std::span<const std::uint8_t> train, std::span<const std::uint8_t> val) {
@@ -89,10 +90,13 @@ inline std::vector<record_field> run_record(const train_options& o, const gpt_co
  *  they stop, evaluation and sampling cadence, the checkpoint to resume (and its step, @p
  *  first_step) and to save. A rank's own resources may differ: budgets, policy, prefetch, chunk
  *  size (the runtime agrees on its layout itself), the disk tier, --trace. Pure. */
-inline std::vector<chunkstar::config_field> rank_agreement(const std::vector<record_field>& record, const train_options& o,
-                                                           std::int64_t first_step, const transport_choice& transport,
+inline std::vector<chunkstar::config_field> rank_agreement(const std::vector<record_field>& record,
+                                                           const train_options& o, std::int64_t first_step,
+                                                           const transport_choice& transport,
                                                            const device_choice& device) {
-  const char* comm = transport.kind == transport_choice::nccl ? "nccl" : transport.kind == transport_choice::staged ? "staged" : "mpi";
+  const char* comm = transport.kind == transport_choice::nccl     ? "nccl"
+                     : transport.kind == transport_choice::staged ? "staged"
+                                                                  : "mpi";
   std::vector<chunkstar::config_field> f = {
       {"--parallel", o.parallel},
       {"transport (--comm)", comm},
@@ -123,7 +127,8 @@ inline void validate_allow_change(const std::vector<std::string>& names) {
     if (!known) {
       std::string list;
       for (const char* c : changeable_options) list += std::string(list.empty() ? "" : ", ") + c;
-      throw chunkstar::config_error("--allow-change '" + n + "' is not an option a resume may change; use all or any of: " + list);
+      throw chunkstar::config_error("--allow-change '" + n +
+                                    "' is not an option a resume may change; use all or any of: " + list);
     }
   }
 }
@@ -143,9 +148,10 @@ inline void check_resume_config(const std::vector<record_field>& now, const chun
   for (const auto& f : now) {
     const auto it = stored.find(f.key);
     if (it != stored.end() && it->second == f.value) continue;
-    const std::string line = "\n  --" + f.option + ": " +
-                             (it == stored.end() ? std::string("not recorded in the checkpoint") : "checkpoint " + it->second) +
-                             ", now " + f.value;
+    const std::string line =
+        "\n  --" + f.option + ": " +
+        (it == stored.end() ? std::string("not recorded in the checkpoint") : "checkpoint " + it->second) + ", now " +
+        f.value;
     if (f.shape) {
       shape += line;
     } else if (!is_allowed(f.option)) {
@@ -154,12 +160,13 @@ inline void check_resume_config(const std::vector<record_field>& now, const chun
     }
   }
   if (!shape.empty())
-    throw chunkstar::config_error("--resume '" + dir + "': the model's shape differs from the checkpoint's:" + shape +
-                                  "\nresume with the checkpoint's --preset (and --layers, --width, --heads, --context)");
+    throw chunkstar::config_error(
+        "--resume '" + dir + "': the model's shape differs from the checkpoint's:" + shape +
+        "\nresume with the checkpoint's --preset (and --layers, --width, --heads, --context)");
   if (!other.empty())
-    throw chunkstar::config_error("--resume '" + dir + "': the run's configuration differs from the checkpoint's:" + other +
-                                  "\nresume with the same options, or let them change with --allow-change " + names +
-                                  " (or --allow-change all)");
+    throw chunkstar::config_error(
+        "--resume '" + dir + "': the run's configuration differs from the checkpoint's:" + other +
+        "\nresume with the same options, or let them change with --allow-change " + names + " (or --allow-change all)");
 }
 
 /** @brief The training state a checkpoint resumes from. */
@@ -178,9 +185,10 @@ inline const std::string& entry(const chunkstar::checkpoint_extra& e, const std:
                                   "' entry; it was not written by train_gpt: resume from a train_gpt checkpoint");
   return it->second;
 }
-[[noreturn]] inline void bad_entry(const std::string& key, const std::string& value, const std::string& dir, const std::string& want) {
-  throw chunkstar::config_error("--resume '" + dir + "': the checkpoint's '" + key + "' is '" + value + "', not " + want +
-                                "; the checkpoint is damaged or not from train_gpt: resume from another one");
+[[noreturn]] inline void bad_entry(const std::string& key, const std::string& value, const std::string& dir,
+                                   const std::string& want) {
+  throw chunkstar::config_error("--resume '" + dir + "': the checkpoint's '" + key + "' is '" + value + "', not " +
+                                want + "; the checkpoint is damaged or not from train_gpt: resume from another one");
 }
 inline std::int64_t integer_entry(const chunkstar::checkpoint_extra& e, const std::string& key, std::int64_t lo,
                                   std::int64_t hi, const std::string& dir) {
@@ -222,9 +230,10 @@ inline void require_same_save(const chunkstar::checkpoint_extra& checked, const 
     const auto it = e.find("step");
     return it == e.end() ? std::string("?") : it->second;
   };
-  throw chunkstar::config_error("--resume '" + dir + "': another process saved to the checkpoint while this run was starting (its step " +
-                                step(checked) + " when checked, " + step(loaded) +
-                                " when loaded); nothing was trained: resume again once the other process has finished saving");
+  throw chunkstar::config_error(
+      "--resume '" + dir + "': another process saved to the checkpoint while this run was starting (its step " +
+      step(checked) + " when checked, " + step(loaded) +
+      " when loaded); nothing was trained: resume again once the other process has finished saving");
 }
 
 /** @brief The checkpoint_extra a run saves at @p step: the state and the configuration. */

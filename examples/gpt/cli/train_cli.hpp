@@ -32,13 +32,17 @@ inline void add_train_options(CLI::App& app, train_options& o) {
   app.add_option("--stop-after", o.stop_after, "Stop after this step (to be resumed later); 0: run all --steps");
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16 (dynamic loss scaling)");
   app.add_option("--policy", o.policy, "patrickstar, lru, resident or offload");
-  app.add_option("--device", o.device, "cuda (a GPU), sim (the simulated device) or auto: CUDA when a GPU is visible, else simulated");
+  app.add_option("--device", o.device,
+                 "cuda (a GPU), sim (the simulated device) or auto: CUDA when a GPU is visible, else simulated");
   app.add_option("--device-budget", o.device_budget,
-                 "Device memory for chunks and activations: a size (256MiB), a share of the model data (50%: activations + half the "
-                 "model data), or 'auto' = a GPU's free memory; on the simulated device activations + 40% of the model data (all of "
+                 "Device memory for chunks and activations: a size (256MiB), a share of the model data (50%: "
+                 "activations + half the "
+                 "model data), or 'auto' = a GPU's free memory; on the simulated device activations + 40% of the model "
+                 "data (all of "
                  "it with --policy resident)");
   app.add_option("--host-budget", o.host_budget, "Host memory for chunks, e.g. 4GiB, or 'unlimited'");
-  app.add_option("--link-bandwidth", o.link_bandwidth, "Modelled host<->device bandwidth per second, e.g. 8GiB (0: memcpy speed)");
+  app.add_option("--link-bandwidth", o.link_bandwidth,
+                 "Modelled host<->device bandwidth per second, e.g. 8GiB (0: memcpy speed)");
   app.add_option("--chunk-elems", o.chunk_elems, "Chunk size in elements (0: searched)");
   app.add_option("--prefetch", o.prefetch, "Most chunk loads in flight ahead of the next scope (0: prefetch off)");
   app.add_option("--lr", o.lr, "Peak learning rate");
@@ -60,27 +64,40 @@ inline void add_train_options(CLI::App& app, train_options& o) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--trace", o.trace, "Write a Chrome-trace timeline (JSON) of memory and transfers");
   app.add_option("--sample", o.sample, "Bytes to generate at the end (0: none)");
-  app.add_option("--parallel", o.parallel,
-                 "none; zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); rtp: each rank owns 1/N of "
-                 "every layer and the shards rotate round the ranks (RTP, fp32); --batch stays the global batch");
+  app.add_option(
+      "--parallel", o.parallel,
+      "none; zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); rtp: each rank owns 1/N of "
+      "every layer and the shards rotate round the ranks (RTP, fp32); --batch stays the global batch");
   app.add_option("--comm", o.comm,
-                 "--parallel zero or rtp: how ranks talk. auto: on GPUs NCCL when every rank has a GPU of its own, else MPI through "
-                 "pinned host buffers; on the simulated device MPI. nccl, staged (MPI through host buffers: ranks sharing a GPU, no "
+                 "--parallel zero or rtp: how ranks talk. auto: on GPUs NCCL when every rank has a GPU of its own, "
+                 "else MPI through "
+                 "pinned host buffers; on the simulated device MPI. nccl, staged (MPI through host buffers: ranks "
+                 "sharing a GPU, no "
                  "NCCL), or mpi (host memory: the simulated device)");
-  app.add_flag("--keep-gathered", o.keep_gathered, "--parallel zero: keep gathered parameters from forward to backward (more memory, fewer gathers)");
-  app.add_flag("--memory-saving", o.memory_saving,
-               "--parallel zero: gather and reduce chunk by chunk (broadcast from and reduce to the owner) instead of in groups of N: "
-               "less device memory, more collectives (PatrickStar's MSC). Without it the group mode, unless only this mode fits "
-               "the budgets: then this one, and the run says so");
+  app.add_flag("--keep-gathered", o.keep_gathered,
+               "--parallel zero: keep gathered parameters from forward to backward (more memory, fewer gathers)");
+  app.add_flag(
+      "--memory-saving", o.memory_saving,
+      "--parallel zero: gather and reduce chunk by chunk (broadcast from and reduce to the owner) instead of in groups "
+      "of N: "
+      "less device memory, more collectives (PatrickStar's MSC). Without it the group mode, unless only this mode fits "
+      "the budgets: then this one, and the run says so");
   app.add_flag("!--no-sequence-check", o.sequence_check,
-               "--parallel zero or rtp: skip the check that every rank makes the same collective call before each one (on by default: "
-               "a divergence is then an error naming both calls instead of a hang; its cost is printed at the end, docs/zero.md)");
-  app.add_option("--disk-dir", o.disk_dir,
-                 "A third tier on local disk: a preallocated file in this directory holds the chunks the device and host budgets "
-                 "cannot (model data beyond device + host memory); the host budget (--host-budget) then bounds host memory");
-  app.add_option("--disk-budget", o.disk_budget, "Size of the disk tier's file, e.g. 64GiB (auto: the whole model data, this rank's share with --parallel zero, and a margin)");
-  app.add_option("--disk-engine", o.disk_engine, "uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it");
-  app.add_flag("--disk-verify", o.disk_verify, "Checksum (CRC32C) every chunk written to disk and verify it when read back");
+               "--parallel zero or rtp: skip the check that every rank makes the same collective call before each one "
+               "(on by default: "
+               "a divergence is then an error naming both calls instead of a hang; its cost is printed at the end, "
+               "docs/zero.md)");
+  app.add_option(
+      "--disk-dir", o.disk_dir,
+      "A third tier on local disk: a preallocated file in this directory holds the chunks the device and host budgets "
+      "cannot (model data beyond device + host memory); the host budget (--host-budget) then bounds host memory");
+  app.add_option("--disk-budget", o.disk_budget,
+                 "Size of the disk tier's file, e.g. 64GiB (auto: the whole model data, this rank's share with "
+                 "--parallel zero, and a margin)");
+  app.add_option("--disk-engine", o.disk_engine,
+                 "uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it");
+  app.add_flag("--disk-verify", o.disk_verify,
+               "Checksum (CRC32C) every chunk written to disk and verify it when read back");
 }
 
 /** How long an idle OpenMP thread spins before it sleeps (GOMP_SPINCOUNT rounds of a pause loop;

@@ -62,15 +62,15 @@ struct train_options {
   std::int64_t save_every = 0;
   std::int64_t sample = 200;
   std::vector<std::string> allow_change;  // --allow-change: configuration a resume may change
-  std::string parallel = "none";          // none; zero: shard the model data over MPI ranks; rtp: rotated tensor parallelism
-  std::string comm = "auto";              // how ranks talk: auto, mpi, nccl, staged (MPI through host staging buffers)
-  bool keep_gathered = false;             // --parallel zero: keep gathered parameters from forward to backward
-  bool memory_saving = false;             // --parallel zero: chunk by chunk (PatrickStar's MSC), no group buffers
-  bool sequence_check = true;             // --parallel: check every collective's kind and size across the ranks first
-  std::string disk_dir;                   // a third tier on disk in this directory (empty: none)
-  std::string disk_budget = "auto";       // its size; auto: all of the model data and room for the reads in flight
-  std::string disk_engine = "auto";       // uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it
-  bool disk_verify = false;               // checksum every chunk written to disk and verify it when read back
+  std::string parallel = "none";     // none; zero: shard the model data over MPI ranks; rtp: rotated tensor parallelism
+  std::string comm = "auto";         // how ranks talk: auto, mpi, nccl, staged (MPI through host staging buffers)
+  bool keep_gathered = false;        // --parallel zero: keep gathered parameters from forward to backward
+  bool memory_saving = false;        // --parallel zero: chunk by chunk (PatrickStar's MSC), no group buffers
+  bool sequence_check = true;        // --parallel: check every collective's kind and size across the ranks first
+  std::string disk_dir;              // a third tier on disk in this directory (empty: none)
+  std::string disk_budget = "auto";  // its size; auto: all of the model data and room for the reads in flight
+  std::string disk_engine = "auto";  // uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it
+  bool disk_verify = false;          // checksum every chunk written to disk and verify it when read back
 };
 
 /** @brief Largest values the numeric options accept (far beyond any useful run, well inside every
@@ -94,7 +94,8 @@ inline std::string number(double v) {
 [[noreturn]] inline void bad_option(const std::string& option, const std::string& why) {
   throw chunkstar::config_error(option + " " + why);
 }
-inline void require_range(const char* option, std::int64_t v, std::int64_t lo, std::int64_t hi, const std::string& hint = {}) {
+inline void require_range(const char* option, std::int64_t v, std::int64_t lo, std::int64_t hi,
+                          const std::string& hint = {}) {
   if (v < lo || v > hi)
     bad_option(option, std::to_string(v) + " is out of range: use a value from " + std::to_string(lo) + " to " +
                            std::to_string(hi) + (hint.empty() ? "" : " (" + hint + ")"));
@@ -126,8 +127,8 @@ inline std::size_t bytes_option(const std::string& option, const std::string& va
  *  memory plus half of the model data), or a size. */
 struct budget_value {
   enum kind_t { automatic, share, bytes } kind = automatic;
-  double fraction = 0;    ///< share: of the model data, in (0, 1]
-  std::size_t size = 0;   ///< bytes
+  double fraction = 0;   ///< share: of the model data, in (0, 1]
+  std::size_t size = 0;  ///< bytes
 };
 inline budget_value budget_option(const std::string& value) {
   if (value == "auto") return {};
@@ -136,26 +137,31 @@ inline budget_value budget_option(const std::string& value) {
     char* end = nullptr;
     const double pct = std::strtod(number.c_str(), &end);
     if (number.empty() || end != number.c_str() + number.size() || !std::isfinite(pct) || pct <= 0 || pct > 100)
-      detail::bad_option("--device-budget", "'" + value + "' is not a share of the model data: write a percentage above 0 and at most 100, e.g. 50%");
+      detail::bad_option(
+          "--device-budget",
+          "'" + value + "' is not a share of the model data: write a percentage above 0 and at most 100, e.g. 50%");
     return {.kind = budget_value::share, .fraction = pct / 100};
   }
   const std::size_t b = bytes_option("--device-budget", value);
-  if (b == SIZE_MAX) detail::bad_option("--device-budget", "cannot be unlimited: a device has a size; write e.g. 4GiB, 50% or auto");
+  if (b == SIZE_MAX)
+    detail::bad_option("--device-budget", "cannot be unlimited: a device has a size; write e.g. 4GiB, 50% or auto");
   return {.kind = budget_value::bytes, .size = b};
 }
 
 /** @brief What the device budget is made of, for device_budget_bytes(). */
 struct budget_inputs {
-  std::size_t non_model = 0;   ///< activations, workspace, staging of one micro-batch
-  std::size_t collective = 0;  ///< ZeRO's gather and reduce buffers at their peak
-  std::size_t model = 0;       ///< this rank's model data
-  std::size_t device_free = 0; ///< a real device's free memory now; 0 on the simulated device
-  std::size_t floor = 0;       ///< the least device the run can use (memory_plan::device_floor); 0: unknown
+  std::size_t non_model = 0;    ///< activations, workspace, staging of one micro-batch
+  std::size_t collective = 0;   ///< ZeRO's gather and reduce buffers at their peak
+  std::size_t model = 0;        ///< this rank's model data
+  std::size_t device_free = 0;  ///< a real device's free memory now; 0 on the simulated device
+  std::size_t floor = 0;        ///< the least device the run can use (memory_plan::device_floor); 0: unknown
 };
 
 /** @brief Memory a real device keeps beside the budget (CUDA context growth, cuBLAS, allocation
  *  granularity): 1/16 of the free memory plus 256 MiB. */
-inline std::size_t device_reserve(std::size_t device_free) noexcept { return device_free / 16 + (std::size_t{256} << 20); }
+inline std::size_t device_reserve(std::size_t device_free) noexcept {
+  return device_free / 16 + (std::size_t{256} << 20);
+}
 
 /** @brief The device budget in bytes. `auto`: on a real device its free memory less the reserve;
  *  on the simulated device the non-model memory + collective buffers + all of the model data with
@@ -170,7 +176,8 @@ inline std::size_t device_budget_bytes(const train_options& o, const budget_inpu
     case budget_value::share: return share(v.fraction);
     case budget_value::automatic: break;
   }
-  if (in.device_free > 0) return in.device_free > device_reserve(in.device_free) ? in.device_free - device_reserve(in.device_free) : 0;
+  if (in.device_free > 0)
+    return in.device_free > device_reserve(in.device_free) ? in.device_free - device_reserve(in.device_free) : 0;
   return o.policy == "resident" ? base + in.model : std::max(share(o.device_fraction), in.floor);
 }
 
@@ -180,14 +187,18 @@ inline void require_admitted(const chunkstar::memory_plan& need, const chunkstar
   const chunkstar::admission a = chunkstar::admit(need, b);
   if (a.fits()) return;
   std::string fix;
-  if (a.device_short > 0) fix += "raise --device-budget by " + chunkstar::format_bytes(a.device_short) + ", lower --batch or --seq, or set a smaller --chunk-elems";
+  if (a.device_short > 0)
+    fix += "raise --device-budget by " + chunkstar::format_bytes(a.device_short) +
+           ", lower --batch or --seq, or set a smaller --chunk-elems";
   if (a.host_short > 0)
-    fix += std::string(fix.empty() ? "" : "; and ") + "give --host-budget at least " + chunkstar::format_bytes(need.host_floor_with_disk()) +
-           " for the disk tier";
+    fix += std::string(fix.empty() ? "" : "; and ") + "give --host-budget at least " +
+           chunkstar::format_bytes(need.host_floor_with_disk()) + " for the disk tier";
   if (a.total_short > 0)
     fix += std::string(fix.empty() ? "" : "; and ") + "give --host-budget" + (b.disk > 0 ? " or --disk-budget " : " ") +
-           chunkstar::format_bytes(a.total_short) + " more" + (b.disk > 0 ? "" : ", or add a disk tier (--disk-dir)") + ", or train a smaller model";
-  throw chunkstar::config_error("the memory this run needs does not fit its budgets: " + a.message + " In options: " + fix + ".");
+           chunkstar::format_bytes(a.total_short) + " more" + (b.disk > 0 ? "" : ", or add a disk tier (--disk-dir)") +
+           ", or train a smaller model";
+  throw chunkstar::config_error("the memory this run needs does not fit its budgets: " + a.message +
+                                " In options: " + fix + ".");
 }
 
 /** @brief Which device a run trains on, and why (the trainer's first line says it). */
@@ -209,12 +220,14 @@ struct node_place {
  *  GPU when there is one and the mode runs there; `cuda` that cannot run is a config_error saying
  *  what is missing. Node-local rank k takes GPU k mod @p cuda_devices. Pure. */
 inline device_choice resolve_device(const train_options& o, bool cuda_built, int cuda_devices, node_place node = {}) {
-  const char* missing = !cuda_built          ? "this train_gpt was built without the CUDA backend (configure with the CUDA toolkit installed)"
-                        : cuda_devices <= 0  ? "no CUDA device is visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)"
-                                             : nullptr;
+  const char* missing =
+      !cuda_built ? "this train_gpt was built without the CUDA backend (configure with the CUDA toolkit installed)"
+      : cuda_devices <= 0 ? "no CUDA device is visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)"
+                          : nullptr;
   if (o.device == "sim") return {.why = "--device sim"};
   if (missing) {
-    if (o.device == "cuda") detail::bad_option("--device", std::string("cuda: ") + missing + "; use --device sim or auto");
+    if (o.device == "cuda")
+      detail::bad_option("--device", std::string("cuda: ") + missing + "; use --device sim or auto");
     return {.why = std::string("--device auto: ") + missing};
   }
   const int gpu = node.local_rank % cuda_devices;
@@ -237,7 +250,8 @@ struct transport_choice {
 inline transport_choice resolve_transport(const train_options& o, const device_choice& d, bool nccl_built) {
   const auto bad = [&](const std::string& why) { detail::bad_option("--comm", o.comm + ": " + why); };
   if (o.parallel != "zero" && o.parallel != "rtp") {
-    if (o.comm != "auto" && o.comm != "mpi") bad("applies to --parallel zero and rtp (one process talks to no one); drop it or use --comm auto");
+    if (o.comm != "auto" && o.comm != "mpi")
+      bad("applies to --parallel zero and rtp (one process talks to no one); drop it or use --comm auto");
     return {transport_choice::host, ""};
   }
   if (!d.cuda) {
@@ -246,7 +260,8 @@ inline transport_choice resolve_transport(const train_options& o, const device_c
     return {transport_choice::host, "MPI"};
   }
   if (o.comm == "mpi")
-    bad(std::string("MPI here takes host memory, and ") + (o.parallel == "rtp" ? "RTP's rotating shards" : "ZeRO's buffers") +
+    bad(std::string("MPI here takes host memory, and ") +
+        (o.parallel == "rtp" ? "RTP's rotating shards" : "ZeRO's buffers") +
         " are on the GPU: use --comm nccl or staged (MPI through pinned host buffers)");
   const char* no_nccl = !nccl_built     ? "this train_gpt was built without NCCL"
                         : d.sharing > 1 ? "NCCL puts one rank of a communicator per GPU, and this GPU is shared"
@@ -256,7 +271,8 @@ inline transport_choice resolve_transport(const train_options& o, const device_c
     return {transport_choice::nccl, "NCCL (--comm nccl)"};
   }
   if (o.comm == "staged") return {transport_choice::staged, "MPI through pinned host buffers (--comm staged)"};
-  if (no_nccl) return {transport_choice::staged, std::string("MPI through pinned host buffers (--comm auto: ") + no_nccl + ")"};
+  if (no_nccl)
+    return {transport_choice::staged, std::string("MPI through pinned host buffers (--comm auto: ") + no_nccl + ")"};
   return {transport_choice::nccl, "NCCL (--comm auto: one rank per GPU)"};
 }
 
@@ -286,7 +302,9 @@ inline gpt_config model_config(const train_options& o) {
 }
 
 /** @brief Warm-up steps: --warmup, or by default min(20, steps / 10), so a short run leaves warm-up. */
-inline std::int64_t warmup_steps(const train_options& o) { return o.warmup >= 0 ? o.warmup : std::min<std::int64_t>(20, o.steps / 10); }
+inline std::int64_t warmup_steps(const train_options& o) {
+  return o.warmup >= 0 ? o.warmup : std::min<std::int64_t>(20, o.steps / 10);
+}
 
 /** @brief The learning-rate schedule of the options (validated by the caller). */
 inline chunkstar::warmup_cosine cosine_schedule(const train_options& o) {
@@ -311,15 +329,17 @@ int launched_processes(Env env) {
  *  unless several ranks (processes a launcher started, for --parallel none) have a mode to share. */
 inline void validate_ranks(const train_options& o, int ranks) {
   if (o.parallel == "none" && ranks > 1)
-    detail::bad_option("--parallel", "none on " + std::to_string(ranks) +
-                                         " MPI ranks: every rank would train the same model alone and write the same outputs; "
-                                         "use --parallel zero or --parallel rtp, or run one process without mpirun");
+    detail::bad_option("--parallel",
+                       "none on " + std::to_string(ranks) +
+                           " MPI ranks: every rank would train the same model alone and write the same outputs; "
+                           "use --parallel zero or --parallel rtp, or run one process without mpirun");
   if (ranks > 1 && o.batch % ranks != 0) {
     std::string valid;
     for (int n = 1; n <= ranks; ++n)
       if (o.batch % n == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(n);
-    detail::bad_option("--batch", std::to_string(o.batch) + " (the global batch) does not split evenly over " + std::to_string(ranks) +
-                                      " ranks: use a multiple of " + std::to_string(ranks) + ", or run on " + valid + " ranks");
+    detail::bad_option("--batch", std::to_string(o.batch) + " (the global batch) does not split evenly over " +
+                                      std::to_string(ranks) + " ranks: use a multiple of " + std::to_string(ranks) +
+                                      ", or run on " + valid + " ranks");
   }
 }
 
@@ -336,17 +356,21 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   require_range("--prefetch", o.prefetch, 0, option_limits::prefetch, "0 turns prefetch off");
   require_range("--chunk-elems", o.chunk_elems, 0, option_limits::chunk_elems, "0 searches a size");
   require_range("--val-every", o.val_every, 0, option_limits::steps, "0 never validates");
-  if (o.val_every > 0) require_range("--val-batches", o.val_batches, 1, option_limits::val_batches, "with --val-every 0 it is unused");
+  if (o.val_every > 0)
+    require_range("--val-batches", o.val_batches, 1, option_limits::val_batches, "with --val-every 0 it is unused");
   require_range("--save-every", o.save_every, 0, option_limits::steps, "0 saves only at the end");
   require_range("--sample", o.sample, 0, option_limits::sample, "0 generates nothing");
-  if (o.save_every > 0 && o.save.empty()) detail::bad_option("--save-every", "needs --save DIR to say where checkpoints go");
+  if (o.save_every > 0 && o.save.empty())
+    detail::bad_option("--save-every", "needs --save DIR to say where checkpoints go");
   detail::require_one_of("--policy", o.policy, {"patrickstar", "lru", "resident", "offload"});
   detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
   detail::require_one_of("--parallel", o.parallel, {"none", "zero", "rtp"});
   if (o.parallel == "rtp") {
     // RTP's shards are fp32, and it does not gather chunks: ZeRO's and the loss scaler's options do not apply.
     const auto not_with_rtp = [](const char* option, const std::string& why) {
-      detail::bad_option(option, why + " does not apply to --parallel rtp, whose shards are fp32 and rotate instead of being gathered (docs/rtp.md); drop it");
+      detail::bad_option(option, why +
+                                     " does not apply to --parallel rtp, whose shards are fp32 and rotate instead of "
+                                     "being gathered (docs/rtp.md); drop it");
     };
     if (o.precision != "fp32") not_with_rtp("--precision", o.precision);
     if (o.keep_gathered) not_with_rtp("--keep-gathered", "it");
@@ -358,8 +382,11 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   detail::require_finite("--clip", o.clip, 0.0);
   if (o.schedule == "cosine") {
     detail::require_finite("--min-lr", o.min_lr, 0.0);
-    if (o.min_lr > o.lr) detail::bad_option("--min-lr", detail::number(o.min_lr) + " is above --lr " + detail::number(o.lr) + ": the cosine decays from --lr down to --min-lr");
-    if (o.warmup != -1) require_range("--warmup", o.warmup, 0, o.steps, "warm-up is part of --steps; -1 picks min(20, steps / 10)");
+    if (o.min_lr > o.lr)
+      detail::bad_option("--min-lr", detail::number(o.min_lr) + " is above --lr " + detail::number(o.lr) +
+                                         ": the cosine decays from --lr down to --min-lr");
+    if (o.warmup != -1)
+      require_range("--warmup", o.warmup, 0, o.steps, "warm-up is part of --steps; -1 picks min(20, steps / 10)");
     cosine_schedule(o).validate();
   }
   (void)bytes_option("--host-budget", o.host_budget);
@@ -368,19 +395,24 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   detail::require_one_of("--comm", o.comm, {"auto", "mpi", "nccl", "staged"});
   if (o.device_budget != "auto") (void)budget_option(o.device_budget);
   if (o.device == "cuda" && bytes_option("--link-bandwidth", o.link_bandwidth) != 0)
-    detail::bad_option("--link-bandwidth", o.link_bandwidth + " models the simulated device's link; with --device cuda the real link moves the chunks: drop it");
+    detail::bad_option(
+        "--link-bandwidth",
+        o.link_bandwidth +
+            " models the simulated device's link; with --device cuda the real link moves the chunks: drop it");
   if (!o.trace.empty() && o.trace == o.save) detail::bad_option("--trace", "and --save name the same path");
   detail::require_one_of("--disk-engine", o.disk_engine, {"auto", "uring", "pool"});
   if (o.disk_dir.empty()) {
     const auto needs_dir = [](const char* option, const std::string& v) {
-      detail::bad_option(option, v + " configures the disk tier, which needs --disk-dir DIR (a directory for its file)");
+      detail::bad_option(option,
+                         v + " configures the disk tier, which needs --disk-dir DIR (a directory for its file)");
     };
     if (o.disk_budget != "auto") needs_dir("--disk-budget", o.disk_budget);
     if (o.disk_engine != "auto") needs_dir("--disk-engine", o.disk_engine);
     if (o.disk_verify) needs_dir("--disk-verify", "it");
   } else {
     if (o.disk_budget != "auto" && bytes_option("--disk-budget", o.disk_budget) == SIZE_MAX)
-      detail::bad_option("--disk-budget", "cannot be unlimited: the tier's file is preallocated; write e.g. 4GiB, or auto");
+      detail::bad_option("--disk-budget",
+                         "cannot be unlimited: the tier's file is preallocated; write e.g. 4GiB, or auto");
   }
 }
 

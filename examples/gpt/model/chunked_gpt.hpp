@@ -69,7 +69,8 @@ inline std::size_t non_model_bytes(const gpt_config& c, batch_shape shape, chunk
   }
   const std::size_t staging =
       param_type == chunkstar::dtype::f32 ? 0 : 2 * (largest_stage + static_cast<std::size_t>(c.vocab) * c.width);
-  return (s.forward_total() + s.workspace + staging + Backend::scratch_elems(c, shape.batch, shape.seq)) * sizeof(float) +
+  return (s.forward_total() + s.workspace + staging + Backend::scratch_elems(c, shape.batch, shape.seq)) *
+             sizeof(float) +
          (Backend::host_memory ? 0 : 2 * shape.batch * shape.seq * sizeof(int));
 }
 
@@ -97,8 +98,10 @@ inline std::vector<std::size_t> non_model_profile(const gpt_config& c, batch_sha
   std::vector<std::size_t> f(scopes.size()), b(scopes.size());  // elements per scope, forward and backward
   f[0] = base + s.scratch + (L > 0 ? s.block : s.head) + staged(0);
   for (std::size_t l = 0; l < L; ++l)  // block l; the next block's (or the head's) activations open at its end
-    f[l + 1] = base + staged(l + 1) + (l + 2 <= L ? (l + 2) * s.block + s.scratch : L * s.block + std::max(s.scratch, s.head));
-  f[L + 1] = base + L * s.block + s.head + s.workspace + staged(L + 1);  // the head; the backward's workspace opens at its end
+    f[l + 1] =
+        base + staged(l + 1) + (l + 2 <= L ? (l + 2) * s.block + s.scratch : L * s.block + std::max(s.scratch, s.head));
+  f[L + 1] =
+      base + L * s.block + s.head + s.workspace + staged(L + 1);  // the head; the backward's workspace opens at its end
   b[L + 1] = base + L * s.block + s.head + s.workspace + 2 * staged(L + 1);
   for (std::size_t l = 0; l < L; ++l) b[l + 1] = base + (l + 1) * s.block + s.workspace + 2 * staged(l + 1);
   b[0] = base + s.workspace + 2 * staged(0);
@@ -119,16 +122,19 @@ class chunked_gpt {
   /** @brief Registers every parameter of @p c (in execution order) with @p rt, initialised from
    *  @p seed; call `rt.finalize()` afterwards (or use finalize()). */
   chunked_gpt(Runtime& rt, const gpt_config& c, batch_shape shape, std::uint64_t seed, Backend backend = {})
-      : rt_(rt), be_(std::move(backend)), c_(c), shape_(shape), sizes_(compute_activation_sizes(c, shape.batch, shape.seq)) {
+      : rt_(rt),
+        be_(std::move(backend)),
+        c_(c),
+        shape_(shape),
+        sizes_(compute_activation_sizes(c, shape.batch, shape.seq)) {
     const auto type = rt.options().param_type;
     std::size_t index = 0;
     for (auto& layer : param_layers(c, type)) {
       stage s{layer.name, {}};
       for (auto& spec : layer.tensors) {
         const auto i = index++;
-        s.ids.push_back(rt.register_param(spec, [c, spec, i, seed](std::span<float> v) {
-          init_tensor<float>(c, spec, i, v.data(), seed);
-        }));
+        s.ids.push_back(rt.register_param(
+            spec, [c, spec, i, seed](std::span<float> v) { init_tensor<float>(c, spec, i, v.data(), seed); }));
       }
       stages_.push_back(std::move(s));
     }
@@ -167,8 +173,8 @@ class chunked_gpt {
       const auto& ids = stages_[static_cast<std::size_t>(l) + 1].ids;
       auto s = rt_.backward(stages_[static_cast<std::size_t>(l) + 1].name, ids);
       layer_views v(*this, s, ids, true);
-      be_.block_backward(c_, B, T, block_of(v.p), block_of(v.g), fp.block_output(l), fp.blocks[static_cast<std::size_t>(l)], w,
-                         fp.scratch());
+      be_.block_backward(c_, B, T, block_of(v.p), block_of(v.g), fp.block_output(l),
+                         fp.blocks[static_cast<std::size_t>(l)], w, fp.scratch());
       v.flush_grads(s, ids);
       s.close(be_.stream());
       fp.block_mem[static_cast<std::size_t>(l)].reset();
@@ -260,7 +266,8 @@ class chunked_gpt {
     void flush_grads(typename Runtime::scope& s, const std::vector<chunkstar::param_id>& ids) {
       const chunkstar::dtype type = m_.rt_.options().param_type;
       if (type == chunkstar::dtype::f32) return;
-      for (std::size_t i = 0; i < ids.size(); ++i) with_16bit(s, ids[i], true, [&](auto span) {
+      for (std::size_t i = 0; i < ids.size(); ++i)
+        with_16bit(s, ids[i], true, [&](auto span) {
           m_.be_.add_into(reinterpret_cast<std::byte*>(span.data()), type, g[i], span.size());
         });
     }
@@ -279,8 +286,10 @@ class chunked_gpt {
       const std::size_t n = m_.rt_.spec(id).numel();
       staging_.emplace_back(m_, n);
       float* out = staging_.back().data();
-      if (grad) m_.be_.zero(out, n);
-      else with_16bit(s, id, false, [&](auto span) {
+      if (grad)
+        m_.be_.zero(out, n);
+      else
+        with_16bit(s, id, false, [&](auto span) {
           m_.be_.widen(reinterpret_cast<const std::byte*>(span.data()), m_.rt_.options().param_type, out, n);
         });
       return out;
@@ -292,7 +301,7 @@ class chunked_gpt {
   /** The forward of one batch, keeping what backward needs. */
   struct forward_pass {
     chunked_gpt& m;
-    buffer<int> token_mem;  // tokens and targets on the compute tier, when it is not host memory
+    buffer<int> token_mem;      // tokens and targets on the compute tier, when it is not host memory
     buffer<float> backend_mem;  // the backend's scratch, through the backward
     buffer<float> emb_mem, scratch_mem, head_mem;
     std::vector<buffer<float>> block_mem;

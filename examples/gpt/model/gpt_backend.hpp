@@ -41,12 +41,10 @@ namespace gpt {
 
 /** @brief What chunked_gpt needs of a kernel backend. */
 template <class B>
-concept GptBackend = std::movable<B> && requires(B& b, const gpt_config& c, std::size_t n, float* f, const float* cf,
-                                                 const int* tok, std::byte* bytes, const std::byte* cbytes,
-                                                 chunkstar::dtype t, const block_params<float>& p,
-                                                 const block_activations<float>& a,
-                                                 const head_activations<float>& h,
-                                                 const backward_workspace<float>& w) {
+concept GptBackend = std::movable<B> &&
+    requires(B& b, const gpt_config& c, std::size_t n, float* f, const float* cf, const int* tok, std::byte* bytes,
+             const std::byte* cbytes, chunkstar::dtype t, const block_params<float>& p,
+             const block_activations<float>& a, const head_activations<float>& h, const backward_workspace<float>& w) {
   typename B::stream_type;
   { B::host_memory } -> std::convertible_to<bool>;
   { b.stream() } -> std::convertible_to<typename B::stream_type>;
@@ -108,8 +106,8 @@ struct cpu_backend {
     return gpt::head_forward<float>(c, B, T, wte, lnf_w, lnf_b, x, h, targets);
   }
   void head_backward(const gpt_config& c, std::size_t B, std::size_t T, const float* wte, const float* lnf_w,
-                     const float* x, const head_activations<float>& h, const int* targets, float* g_wte,
-                     float* g_lnf_w, float* g_lnf_b, const backward_workspace<float>& w, float loss_scale) const {
+                     const float* x, const head_activations<float>& h, const int* targets, float* g_wte, float* g_lnf_w,
+                     float* g_lnf_b, const backward_workspace<float>& w, float loss_scale) const {
     gpt::head_backward<float>(c, B, T, wte, lnf_w, x, h, targets, g_wte, g_lnf_w, g_lnf_b, w, loss_scale);
   }
   void block_backward(const gpt_config& c, std::size_t B, std::size_t T, const block_params<float>& p,
@@ -129,7 +127,8 @@ struct cpu_backend {
   void add(float* acc, const float* x, std::size_t n) const noexcept {
     for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
   }
-  void bias_residual(float* out, const float* residual, const float* bias, std::size_t rows, std::size_t C) const noexcept {
+  void bias_residual(float* out, const float* residual, const float* bias, std::size_t rows,
+                     std::size_t C) const noexcept {
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t c = 0; c < C; ++c) out[r * C + c] = residual[r * C + c] + (out[r * C + c] + bias[c]);
   }
@@ -165,7 +164,9 @@ struct cpu_backend {
     cpu::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
   }
   void gelu_forward(float* out, const float* x, std::size_t n) const { cpu::gelu_forward(out, x, n); }
-  void gelu_backward(float* dx, const float* x, const float* dout, std::size_t n) const { cpu::gelu_backward(dx, x, dout, n); }
+  void gelu_backward(float* dx, const float* x, const float* dout, std::size_t n) const {
+    cpu::gelu_backward(dx, x, dout, n);
+  }
 
   // The tied embedding and head on vocabulary shards (RtpBackend): rows [v0, v0 + vs) of wte.
   void fill(float* p, std::size_t n, float value) const noexcept { std::fill(p, p + n, value); }

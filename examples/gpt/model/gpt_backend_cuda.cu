@@ -49,7 +49,8 @@ __global__ void add_into_kernel(T* dst, const float* add, std::size_t n) {
 }
 
 /** out = residual + (out + bias[column]): the CPU's order of the two additions. */
-__global__ void bias_residual_kernel(float* out, const float* residual, const float* bias, std::size_t n, std::size_t C) {
+__global__ void bias_residual_kernel(float* out, const float* residual, const float* bias, std::size_t n,
+                                     std::size_t C) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = residual[i] + (out[i] + bias[i % C]);
 }
@@ -82,7 +83,8 @@ __global__ void embedding_shard_backward_kernel(float* g, const int* tokens, con
 }
 
 /** One thread per (position, channel), tokens in order. */
-__global__ void position_backward_kernel(float* g_wpe, const float* dres, std::size_t N, std::size_t Tn, std::size_t C) {
+__global__ void position_backward_kernel(float* g_wpe, const float* dres, std::size_t N, std::size_t Tn,
+                                         std::size_t C) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= Tn * C) return;
   const std::size_t p = i / C, k = i % C;
@@ -145,7 +147,8 @@ const cublas_api& blas() {
     }
     const auto take = [&](auto& fn, const char* name) {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (!fn && failure.empty()) failure = soname + " has no " + name + ": it is not the cuBLAS this trainer was built for";
+      if (!fn && failure.empty())
+        failure = soname + " has no " + name + ": it is not the cuBLAS this trainer was built for";
     };
     take(api.create, "cublasCreate_v2");
     take(api.destroy, "cublasDestroy_v2");
@@ -195,7 +198,7 @@ struct cuda_backend::state {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
-  std::vector<float> losses;  // the head's per-token losses, summed on the host
+  std::vector<float> losses;          // the head's per-token losses, summed on the host
   cudaError_t pending = cudaSuccess;  // an error quiesce() could not throw
 
   explicit state(int d) : device(d) {
@@ -269,11 +272,14 @@ void cuda_backend::widen(const std::byte* src, chunkstar::dtype t, float* dst, s
   check_pending();
   const unsigned grid = cuda::detail::grid_for(n);
   if (t == chunkstar::dtype::bf16)
-    widen_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<const chunkstar::bfloat16*>(src), dst, n);
+    widen_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<const chunkstar::bfloat16*>(src),
+                                                                    dst, n);
   else if (t == chunkstar::dtype::f16)
-    widen_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<const chunkstar::float16*>(src), dst, n);
+    widen_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<const chunkstar::float16*>(src),
+                                                                    dst, n);
   else
-    check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream), "cudaMemcpyAsync (widen)");
+    check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream),
+          "cudaMemcpyAsync (widen)");
   check(cudaGetLastError(), "widen kernel launch");
 }
 
@@ -281,9 +287,11 @@ void cuda_backend::add_into(std::byte* dst16, chunkstar::dtype t, const float* a
   check_pending();
   const unsigned grid = cuda::detail::grid_for(n);
   if (t == chunkstar::dtype::bf16)
-    add_into_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<chunkstar::bfloat16*>(dst16), add, n);
+    add_into_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<chunkstar::bfloat16*>(dst16),
+                                                                       add, n);
   else if (t == chunkstar::dtype::f16)
-    add_into_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<chunkstar::float16*>(dst16), add, n);
+    add_into_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<chunkstar::float16*>(dst16),
+                                                                       add, n);
   else
     add_into_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<float*>(dst16), add, n);
   check(cudaGetLastError(), "gradient accumulation kernel launch");
@@ -366,7 +374,8 @@ void cuda_backend::block_backward(const gpt_config& c, std::size_t B, std::size_
   zero(w.datty, N * C);
   cuda::matmul_backward(h, w.datty, g.proj_w, g.proj_b, w.dres, a.atty, p.proj_w, N, C, C, st);
   zero(w.dqkv, 3 * N * C);
-  cuda::attention_backward(h, w.dqkv, w.datty, a.qkv, a.att, cuda::bind_attention_scratch(scratch, B, T, C), B, T, C, NH, st);
+  cuda::attention_backward(h, w.dqkv, w.datty, a.qkv, a.att, cuda::bind_attention_scratch(scratch, B, T, C), B, T, C,
+                           NH, st);
   zero(w.dln, N * C);
   cuda::matmul_backward(h, w.dln, g.qkv_w, g.qkv_b, w.dqkv, a.ln1, p.qkv_w, N, C, 3 * C, st);
   cuda::layernorm_backward(w.dres, g.ln1_w, g.ln1_b, w.dln, x, p.ln1_w, a.ln1_mean, a.ln1_rstd, N, C, st);
@@ -402,7 +411,8 @@ void cuda_backend::deallocate(float* p, std::size_t) noexcept {
 
 void cuda_backend::copy(float* dst, const float* src, std::size_t n) {
   check_pending();
-  check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream), "cudaMemcpyAsync (device copy)");
+  check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream),
+        "cudaMemcpyAsync (device copy)");
 }
 
 void cuda_backend::add(float* acc, const float* x, std::size_t n) {
@@ -411,10 +421,11 @@ void cuda_backend::add(float* acc, const float* x, std::size_t n) {
   check(cudaGetLastError(), "add kernel launch");
 }
 
-void cuda_backend::bias_residual(float* out, const float* residual, const float* bias, std::size_t rows, std::size_t C) {
+void cuda_backend::bias_residual(float* out, const float* residual, const float* bias, std::size_t rows,
+                                 std::size_t C) {
   check_pending();
-  bias_residual_kernel<<<cuda::detail::grid_for(rows * C), cuda::detail::block_size, 0, s_->stream>>>(out, residual, bias,
-                                                                                                   rows * C, C);
+  bias_residual_kernel<<<cuda::detail::grid_for(rows * C), cuda::detail::block_size, 0, s_->stream>>>(
+      out, residual, bias, rows * C, C);
   check(cudaGetLastError(), "bias residual kernel launch");
 }
 
@@ -454,19 +465,21 @@ void cuda_backend::matmul_backward(float* dx, float* dw, float* dbias, const flo
   check(cudaGetLastError(), "matmul backward kernel launch");
 }
 
-std::size_t cuda_backend::attention_scratch_elems(std::size_t B, std::size_t T, std::size_t C, std::size_t NH) noexcept {
+std::size_t cuda_backend::attention_scratch_elems(std::size_t B, std::size_t T, std::size_t C,
+                                                  std::size_t NH) noexcept {
   return cuda::attention_scratch_elements(B, T, C, NH);
 }
 
 void cuda_backend::attention_forward(float* out, float* att, const float* qkv, std::size_t B, std::size_t T,
                                      std::size_t C, std::size_t NH, float* scratch) {
   check_pending();
-  cuda::attention_forward(s_->blas, out, att, qkv, cuda::bind_attention_scratch(scratch, B, T, C), B, T, C, NH, s_->stream);
+  cuda::attention_forward(s_->blas, out, att, qkv, cuda::bind_attention_scratch(scratch, B, T, C), B, T, C, NH,
+                          s_->stream);
   check(cudaGetLastError(), "attention kernel launch");
 }
 
-void cuda_backend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                                      std::size_t B, std::size_t T, std::size_t C, std::size_t NH, float* scratch) {
+void cuda_backend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, std::size_t B,
+                                      std::size_t T, std::size_t C, std::size_t NH, float* scratch) {
   check_pending();
   cuda::attention_backward(s_->blas, dqkv, dout, qkv, att, cuda::bind_attention_scratch(scratch, B, T, C), B, T, C, NH,
                            s_->stream);
@@ -511,15 +524,15 @@ void cuda_backend::embedding_shard_backward(float* g, const int* tokens, const f
 void cuda_backend::position_backward(float* g_wpe, const float* dres, std::size_t N, std::size_t Tn, std::size_t C) {
   check_pending();
   position_backward_kernel<<<cuda::detail::grid_for(Tn * C), cuda::detail::block_size, 0, s_->stream>>>(g_wpe, dres, N,
-                                                                                                      Tn, C);
+                                                                                                        Tn, C);
   check(cudaGetLastError(), "position backward kernel launch");
 }
 
 void cuda_backend::head_shard_forward(float* mx, float* sum, float* zt, const float* z, const int* targets,
                                       std::size_t v0, std::size_t valid, std::size_t N, std::size_t vs) {
   check_pending();
-  head_shard_forward_kernel<<<cuda::detail::grid_for(N), cuda::detail::block_size, 0, s_->stream>>>(mx, sum, zt, z, targets,
-                                                                                                  v0, valid, N, vs);
+  head_shard_forward_kernel<<<cuda::detail::grid_for(N), cuda::detail::block_size, 0, s_->stream>>>(
+      mx, sum, zt, z, targets, v0, valid, N, vs);
   check(cudaGetLastError(), "head shard kernel launch");
 }
 

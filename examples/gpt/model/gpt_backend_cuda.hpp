@@ -71,8 +71,8 @@ class cuda_backend {
   double head_forward(const gpt_config& c, std::size_t B, std::size_t T, const float* wte, const float* lnf_w,
                       const float* lnf_b, const float* x, const head_activations<float>& h, const int* targets);
   void head_backward(const gpt_config& c, std::size_t B, std::size_t T, const float* wte, const float* lnf_w,
-                     const float* x, const head_activations<float>& h, const int* targets, float* g_wte,
-                     float* g_lnf_w, float* g_lnf_b, const backward_workspace<float>& w, float loss_scale);
+                     const float* x, const head_activations<float>& h, const int* targets, float* g_wte, float* g_lnf_w,
+                     float* g_lnf_b, const backward_workspace<float>& w, float loss_scale);
   void block_backward(const gpt_config& c, std::size_t B, std::size_t T, const block_params<float>& p,
                       const block_params<float>& g, const float* x, const block_activations<float>& a,
                       const backward_workspace<float>& w, float* scratch);
@@ -135,7 +135,8 @@ struct cuda_adam_kernels {
   static chunkstar::grad_stats scan(const void* grad, chunkstar::dtype t, std::size_t count, float scale, int threads);
   static void adam(const chunkstar::adam_chunk& c, const chunkstar::adam_hyper& h, const chunkstar::adam_step_args& a);
   /** Returns before the step finishes, on stream(): device steps overlap the host steps after them. */
-  static void adam_async(const chunkstar::adam_chunk& c, const chunkstar::adam_hyper& h, const chunkstar::adam_step_args& a);
+  static void adam_async(const chunkstar::adam_chunk& c, const chunkstar::adam_hyper& h,
+                         const chunkstar::adam_step_args& a);
   static cudaStream_t stream() noexcept;
 };
 

@@ -41,10 +41,10 @@ struct block_params {
   T* proj_b;  ///< [C]
   T* ln2_w;
   T* ln2_b;
-  T* fc_w;       ///< [4C, C]
-  T* fc_b;       ///< [4C]
-  T* fcproj_w;   ///< [C, 4C]
-  T* fcproj_b;   ///< [C]
+  T* fc_w;      ///< [4C, C]
+  T* fc_b;      ///< [4C]
+  T* fcproj_w;  ///< [C, 4C]
+  T* fcproj_b;  ///< [C]
 };
 
 /** @brief Every parameter of the model (or every gradient). wte doubles as the LM head. */
@@ -229,13 +229,14 @@ inline activation_sizes compute_activation_sizes(const gpt_config& c, std::size_
   const double scores = static_cast<double>(B) * c.heads * static_cast<double>(Tn) * static_cast<double>(Tn);
   const double rows = static_cast<double>(B) * static_cast<double>(Tn) * (c.width + c.vocab);
   if (scores > 0x1p50 || rows > 0x1p50)
-    throw chunkstar::config_error("batch [" + std::to_string(B) + ", " + std::to_string(Tn) +
-                                  "]: its activations would need more than 2^50 elements; use a smaller batch or sequence");
+    throw chunkstar::config_error(
+        "batch [" + std::to_string(B) + ", " + std::to_string(Tn) +
+        "]: its activations would need more than 2^50 elements; use a smaller batch or sequence");
   const std::size_t N = B * Tn, C = c.width, V = c.vocab, NH = c.heads;
   activation_sizes s;
   s.embedding = N * C;
-  s.block = N * C + 2 * N + 3 * N * C + N * C + B * NH * Tn * Tn + N * C + N * C + 2 * N + 4 * N * C + 4 * N * C +
-            N * C;
+  s.block =
+      N * C + 2 * N + 3 * N * C + N * C + B * NH * Tn * Tn + N * C + N * C + 2 * N + 4 * N * C + 4 * N * C + N * C;
   s.head = N * C + 2 * N + N * V + N * V + N;
   s.scratch = N * C;
   s.layers = static_cast<std::size_t>(c.layers);
@@ -429,11 +430,12 @@ void embedding_backward(const gpt_config& c, std::size_t B, std::size_t Tn, cons
  *         into @p g. */
 template <cpu::scalar T>
 void gpt_backward(const gpt_config& c, const gpt_params<T>& p, const gpt_params<T>& g, const gpt_activations<T>& a,
-                  const backward_workspace<T>& w, const int* tokens, const int* targets, std::size_t B,
-                  std::size_t Tn, T loss_scale = T(1)) {
+                  const backward_workspace<T>& w, const int* tokens, const int* targets, std::size_t B, std::size_t Tn,
+                  T loss_scale = T(1)) {
   const auto input_of = [&](int l) -> const T* { return l == 0 ? a.encoded : a.blocks[l - 1].res3; };
   head_backward(c, B, Tn, p.wte, p.lnf_w, input_of(c.layers), a.head, targets, g.wte, g.lnf_w, g.lnf_b, w, loss_scale);
-  for (int l = c.layers - 1; l >= 0; --l) block_backward(c, B, Tn, p.blocks[l], g.blocks[l], input_of(l), a.blocks[l], w);
+  for (int l = c.layers - 1; l >= 0; --l)
+    block_backward(c, B, Tn, p.blocks[l], g.blocks[l], input_of(l), a.blocks[l], w);
   embedding_backward(c, B, Tn, tokens, g.wte, g.wpe, w);
 }
 

@@ -122,20 +122,21 @@ void blas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, T 
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
       T sum = 0;
-      for (std::size_t p = 0; p < k; ++p) sum += (ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+      for (std::size_t p = 0; p < k; ++p)
+        sum += (ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
       c[i * ldc + j] = alpha * sum + (beta == T(0) ? T(0) : beta * c[i * ldc + j]);
     }
 }
 #else
 inline void blas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
                       std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m),
-              blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m), blas_int(n),
+              blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
 }
 inline void blas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, double alpha, const double* a,
                       std::size_t lda, const double* b, std::size_t ldb, double beta, double* c, std::size_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m),
-              blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m), blas_int(n),
+              blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
 }
 #endif
 
@@ -196,7 +197,8 @@ inline void blas_warm_up() {
     std::vector<float> a(n * n, 1.0f), c(n * n, 0.0f);
     bool counted = false;
     do {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(),
+                  n);
       if (!counted) done.fetch_add(1);
       counted = true;
     } while (done.load() < threads);
@@ -248,8 +250,7 @@ inline constexpr double layernorm_eps = 1e-5;
 
 /** @brief out = (inp - mean) * rstd * w + b per row; keeps mean and rstd [N] for the backward. */
 template <scalar T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, std::size_t N,
-                       std::size_t C) {
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, std::size_t N, std::size_t C) {
 #pragma omp parallel for schedule(static) if (N * C >= parallel_threshold)
   for (std::size_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
@@ -270,8 +271,8 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const
 /** @brief dinp += ..., dw += sum_n dout * xhat, db += sum_n dout. Rows in parallel for dinp, then
  *         columns in parallel for dw/db so each parameter gradient sums rows in order. */
 template <scalar T>
-void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
-                        const T* rstd, std::size_t N, std::size_t C) {
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean, const T* rstd,
+                        std::size_t N, std::size_t C) {
 #pragma omp parallel for schedule(static) if (N * C >= parallel_threshold)
   for (std::size_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
@@ -341,8 +342,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 /** @brief Forward; one task per (b, t, h), each writing its own att row and output slice. Tasks
  *         are dealt round-robin because their cost grows with t. */
 template <scalar T>
-void attention_forward(T* out, T* att, const T* qkv, std::size_t B, std::size_t Tn, std::size_t C,
-                       std::size_t NH) {
+void attention_forward(T* out, T* att, const T* qkv, std::size_t B, std::size_t Tn, std::size_t C, std::size_t NH) {
   const std::size_t hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel for collapse(3) schedule(static, 1) if (B * NH * Tn * Tn * hs >= parallel_threshold)
@@ -380,8 +380,8 @@ void attention_forward(T* out, T* att, const T* qkv, std::size_t B, std::size_t 
  *         and values of every t2 <= t, so splitting by t would race; a head owns its slices.
  *         scratch: [B * NH * T], one row of d(att) per task. */
 template <scalar T>
-void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, std::size_t B,
-                        std::size_t Tn, std::size_t C, std::size_t NH) {
+void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, std::size_t B, std::size_t Tn,
+                        std::size_t C, std::size_t NH) {
   const std::size_t hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel for collapse(2) schedule(static) if (B * NH * Tn * Tn * hs >= parallel_threshold)

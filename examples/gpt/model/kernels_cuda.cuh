@@ -43,7 +43,7 @@ struct cublas_api {
 const cublas_api& blas();
 #else
 inline const cublas_api& blas() {
-  static const cublas_api api{&cublasCreate,       &cublasDestroy,      &cublasSetStream, &cublasSetMathMode,
+  static const cublas_api api{&cublasCreate,         &cublasDestroy,      &cublasSetStream, &cublasSetMathMode,
                               &cublasSetAtomicsMode, &cublasSetWorkspace, &cublasSgemm,     &cublasSgemmStridedBatched};
   return api;
 }
@@ -53,7 +53,8 @@ namespace detail {
 
 inline void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    throw chunkstar::error(std::string("cuBLAS ") + what + " failed with status " + std::to_string(static_cast<int>(s)) +
+    throw chunkstar::error(std::string("cuBLAS ") + what + " failed with status " +
+                           std::to_string(static_cast<int>(s)) +
                            "; check the handle was created on this device and the shapes fit the buffers");
 }
 
@@ -61,7 +62,9 @@ inline constexpr int block_size = 256;
 inline constexpr int warps_per_block = block_size / 32;
 
 inline unsigned grid_for(std::size_t threads) { return static_cast<unsigned>((threads + block_size - 1) / block_size); }
-inline unsigned grid_for_warps(std::size_t warps) { return static_cast<unsigned>((warps + warps_per_block - 1) / warps_per_block); }
+inline unsigned grid_for_warps(std::size_t warps) {
+  return static_cast<unsigned>((warps + warps_per_block - 1) / warps_per_block);
+}
 
 /** Butterfly reductions: every lane ends with the same value, summed in the same order every run. */
 __device__ inline float warp_sum(float v) {
@@ -78,7 +81,7 @@ __device__ inline float warp_max(float v) {
 inline void gemm(cublasHandle_t h, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc) {
   check(blas().sgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
-                    &beta, c, ldc),
+                     &beta, c, ldc),
         "sgemm");
 }
 /** The same over @p batch matrices spaced by the given strides. */
@@ -86,14 +89,14 @@ inline void gemm_batched(cublasHandle_t h, bool ta, bool tb, int m, int n, int k
                          long long sa, const float* b, int ldb, long long sb, float beta, float* c, int ldc,
                          long long sc, int batch) {
   check(blas().sgemm_strided_batched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
-                                  b, ldb, sb, a, lda, sa, &beta, c, ldc, sc, batch),
+                                     b, ldb, sb, a, lda, sa, &beta, c, ldc, sc, batch),
         "sgemm strided batched");
 }
 
 // ---- kernels (static: a header-only library gives each translation unit its own copy) ---------
 
 static __global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, const float* wpe,
-                                       std::size_t BT, int T, int C) {
+                                              std::size_t BT, int T, int C) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= BT * C) return;
   const std::size_t bt = i / C, c = i % C;
@@ -101,8 +104,8 @@ static __global__ void encoder_forward_kernel(float* out, const int* tokens, con
 }
 
 /** One thread per channel walks every position in order: positions sharing a token never race. */
-static __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const float* dout, const int* tokens, std::size_t BT,
-                                        int T, int C) {
+static __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const float* dout, const int* tokens,
+                                               std::size_t BT, int T, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   for (std::size_t bt = 0; bt < BT; ++bt) {
@@ -114,7 +117,7 @@ static __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const f
 
 /** One warp per row. */
 static __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                         const float* b, int N, int C, float eps) {
+                                                const float* b, int N, int C, float eps) {
   const int row = blockIdx.x * warps_per_block + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const float* x = inp + static_cast<std::size_t>(row) * C;
@@ -131,7 +134,7 @@ static __global__ void layernorm_forward_kernel(float* out, float* mean, float* 
 
 /** Input gradient, one warp per row. */
 static __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* w,
-                                                const float* mean, const float* rstd, int N, int C) {
+                                                       const float* mean, const float* rstd, int N, int C) {
   const int row = blockIdx.x * warps_per_block + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const std::size_t o = static_cast<std::size_t>(row) * C;
@@ -152,7 +155,7 @@ static __global__ void layernorm_backward_input_kernel(float* dinp, const float*
 
 /** Gain and bias gradients, one thread per column summing rows in order. */
 static __global__ void layernorm_backward_params_kernel(float* dw, float* db, const float* dout, const float* inp,
-                                                 const float* mean, const float* rstd, int N, int C) {
+                                                        const float* mean, const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float sw = 0, sb = 0;
@@ -188,7 +191,7 @@ static __global__ void split_heads_kernel(float* dst, const float* src, int B, i
 
 /** The inverse of split_heads, overwriting (accumulate = false) or adding into dst. */
 static __global__ void merge_heads_kernel(float* dst, const float* src, int B, int T, int NH, int hs, int stride,
-                                   bool accumulate) {
+                                          bool accumulate) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= static_cast<std::size_t>(B) * NH * T * hs) return;
   const int e = i % hs, t = (i / hs) % T, h = (i / hs / T) % NH, b = i / hs / T / NH;
@@ -217,7 +220,8 @@ static __global__ void causal_softmax_kernel(float* att, std::size_t rows, int T
 }
 
 /** In place: datt -> d(scores) = scale * att * (datt - sum(att * datt)), zero above the diagonal. */
-static __global__ void causal_softmax_backward_kernel(float* datt, const float* att, std::size_t rows, int T, float scale) {
+static __global__ void causal_softmax_backward_kernel(float* datt, const float* att, std::size_t rows, int T,
+                                                      float scale) {
   const std::size_t row = blockIdx.x * static_cast<std::size_t>(warps_per_block) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -260,7 +264,7 @@ static __global__ void residual_backward_kernel(float* da, float* db, const floa
 
 /** Warp per row: probabilities and -log p[target] as log-sum-exp minus the target logit. */
 static __global__ void softmax_crossentropy_forward_kernel(float* probs, float* losses, const float* logits,
-                                                    const int* targets, int N, int V) {
+                                                           const int* targets, int N, int V) {
   const int row = blockIdx.x * warps_per_block + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const float* z = logits + static_cast<std::size_t>(row) * V;
@@ -281,7 +285,7 @@ static __global__ void softmax_crossentropy_forward_kernel(float* probs, float* 
 }
 
 static __global__ void softmax_crossentropy_backward_kernel(float* dlogits, const float* probs, const int* targets,
-                                                     float dloss, std::size_t N, int V) {
+                                                            float dloss, std::size_t N, int V) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= N * V) return;
   const std::size_t n = i / V;
@@ -331,7 +335,9 @@ inline void layernorm_backward(float* dinp, float* dw, float* db, const float* d
 inline void matmul_forward(cublasHandle_t h, float* out, const float* inp, const float* weight, const float* bias,
                            std::size_t N, std::size_t C, std::size_t OC, cudaStream_t s = nullptr) {
   detail::check(blas().set_stream(h, s), "set stream");
-  if (bias) detail::broadcast_rows_kernel<<<detail::grid_for(N * OC), detail::block_size, 0, s>>>(out, bias, N, static_cast<int>(OC));
+  if (bias)
+    detail::broadcast_rows_kernel<<<detail::grid_for(N * OC), detail::block_size, 0, s>>>(out, bias, N,
+                                                                                          static_cast<int>(OC));
   detail::gemm(h, false, true, static_cast<int>(N), static_cast<int>(OC), static_cast<int>(C), 1.0f, inp,
                static_cast<int>(C), weight, static_cast<int>(C), bias ? 1.0f : 0.0f, out, static_cast<int>(OC));
 }

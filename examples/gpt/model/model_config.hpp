@@ -36,10 +36,10 @@ inline constexpr int max_layers = 1 << 16;
  *  heads divide width. */
 inline void validate(const gpt_config& c) {
   const auto bad = [&](const std::string& why) {
-    throw chunkstar::config_error(
-        "gpt_config {vocab=" + std::to_string(c.vocab) + ", context=" + std::to_string(c.context) +
-        ", layers=" + std::to_string(c.layers) + ", heads=" + std::to_string(c.heads) +
-        ", width=" + std::to_string(c.width) + "}: " + why);
+    throw chunkstar::config_error("gpt_config {vocab=" + std::to_string(c.vocab) +
+                                  ", context=" + std::to_string(c.context) + ", layers=" + std::to_string(c.layers) +
+                                  ", heads=" + std::to_string(c.heads) + ", width=" + std::to_string(c.width) +
+                                  "}: " + why);
   };
   if (c.vocab <= 0 || c.context <= 0 || c.layers <= 0 || c.heads <= 0 || c.width <= 0)
     bad("every dimension must be positive; pick a preset or set all five");
@@ -61,12 +61,22 @@ struct gpt_preset {
  *         has fewer parameters than its namesake (the 50257-row embedding is gone). */
 inline constexpr std::array<gpt_preset, 7> presets{{
     {"tiny", {.vocab = 256, .context = 128, .layers = 4, .heads = 4, .width = 64}, "~0.2M params, for tests"},
-    {"mini", {.vocab = 256, .context = 128, .layers = 6, .heads = 8, .width = 256}, "~4.8M params, train_gpt's default"},
+    {"mini",
+     {.vocab = 256, .context = 128, .layers = 6, .heads = 8, .width = 256},
+     "~4.8M params, train_gpt's default"},
     {"small", {.vocab = 256, .context = 256, .layers = 6, .heads = 6, .width = 384}, "~11M params"},
-    {"gpt2", {.vocab = 256, .context = 1024, .layers = 12, .heads = 12, .width = 768}, "GPT-2 124M shapes, ~86M params"},
-    {"350m", {.vocab = 256, .context = 1024, .layers = 24, .heads = 16, .width = 1024}, "GPT-2 medium shapes, ~303M params"},
-    {"760m", {.vocab = 256, .context = 1024, .layers = 36, .heads = 20, .width = 1280}, "GPT-2 large shapes, ~710M params"},
-    {"1.3b", {.vocab = 256, .context = 1024, .layers = 24, .heads = 16, .width = 2048}, "GPT-3 XL shapes, ~1.2B params"},
+    {"gpt2",
+     {.vocab = 256, .context = 1024, .layers = 12, .heads = 12, .width = 768},
+     "GPT-2 124M shapes, ~86M params"},
+    {"350m",
+     {.vocab = 256, .context = 1024, .layers = 24, .heads = 16, .width = 1024},
+     "GPT-2 medium shapes, ~303M params"},
+    {"760m",
+     {.vocab = 256, .context = 1024, .layers = 36, .heads = 20, .width = 1280},
+     "GPT-2 large shapes, ~710M params"},
+    {"1.3b",
+     {.vocab = 256, .context = 1024, .layers = 24, .heads = 16, .width = 2048},
+     "GPT-3 XL shapes, ~1.2B params"},
 }};
 
 /** @brief The preset called @p name; throws chunkstar::config_error listing the valid names. */
@@ -81,7 +91,7 @@ inline gpt_config parse_preset(std::string_view name) {
 
 /** @brief The parameter tensors of one stage of the model, in the order it uses them. */
 struct layer_specs {
-  std::string name;                          ///< "embedding", "h.0", ..., "final"
+  std::string name;  ///< "embedding", "h.0", ..., "final"
   std::vector<chunkstar::tensor_spec> tensors;
 };
 
@@ -100,7 +110,8 @@ inline std::vector<layer_specs> param_layers(const gpt_config& c, chunkstar::dty
     return chunkstar::tensor_spec{std::move(name), std::move(shape), type, role};
   };
   std::vector<layer_specs> out;
-  out.push_back({"embedding", {spec("wte", {V, C}, tensor_role::embedding), spec("wpe", {T, C}, tensor_role::embedding)}});
+  out.push_back(
+      {"embedding", {spec("wte", {V, C}, tensor_role::embedding), spec("wpe", {T, C}, tensor_role::embedding)}});
   for (int l = 0; l < c.layers; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
     out.push_back({"h." + std::to_string(l),
@@ -124,7 +135,8 @@ inline std::vector<layer_specs> param_layers(const gpt_config& c, chunkstar::dty
 }
 
 /** @brief param_layers() flattened: the registration order. */
-inline std::vector<chunkstar::tensor_spec> param_specs(const gpt_config& c, chunkstar::dtype type = chunkstar::dtype::f32) {
+inline std::vector<chunkstar::tensor_spec> param_specs(const gpt_config& c,
+                                                       chunkstar::dtype type = chunkstar::dtype::f32) {
   std::vector<chunkstar::tensor_spec> out;
   for (auto& layer : param_layers(c, type))
     for (auto& t : layer.tensors) out.push_back(std::move(t));
@@ -135,12 +147,12 @@ inline std::vector<chunkstar::tensor_spec> param_specs(const gpt_config& c, chun
 inline std::size_t param_count(const gpt_config& c) {
   validate(c);
   const std::size_t V = c.vocab, T = c.context, C = c.width, L = c.layers;
-  const std::size_t per_block = 2 * C                  // ln1
-                                + 3 * C * C + 3 * C    // qkv
-                                + C * C + C            // attention projection
-                                + 2 * C                // ln2
-                                + 4 * C * C + 4 * C    // fc
-                                + 4 * C * C + C;       // fc projection
+  const std::size_t per_block = 2 * C                // ln1
+                                + 3 * C * C + 3 * C  // qkv
+                                + C * C + C          // attention projection
+                                + 2 * C              // ln2
+                                + 4 * C * C + 4 * C  // fc
+                                + 4 * C * C + C;     // fc projection
   return V * C + T * C + L * per_block + 2 * C;
 }
 

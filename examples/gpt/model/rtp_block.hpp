@@ -104,7 +104,20 @@ class compute_buffer {
 };
 
 /** @brief The tensors of one block, in `block_params` order. */
-enum class block_tensor : int { ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b };
+enum class block_tensor : int {
+  ln1_w,
+  ln1_b,
+  qkv_w,
+  qkv_b,
+  proj_w,
+  proj_b,
+  ln2_w,
+  ln2_b,
+  fc_w,
+  fc_b,
+  fcproj_w,
+  fcproj_b
+};
 
 /** @brief Number of `block_tensor`s. */
 inline constexpr std::size_t block_tensor_count = 12;
@@ -112,7 +125,7 @@ inline constexpr std::size_t block_tensor_count = 12;
 /** @brief The tensor @p t of @p p. */
 template <cpu::scalar T>
 T* tensor_of(const block_params<T>& p, block_tensor t) noexcept {
-  T* const all[block_tensor_count] = {p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b,
+  T* const all[block_tensor_count] = {p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w,   p.proj_b,
                                       p.ln2_w, p.ln2_b, p.fc_w,  p.fc_b,  p.fcproj_w, p.fcproj_b};
   return all[static_cast<std::size_t>(t)];
 }
@@ -143,20 +156,20 @@ constexpr std::size_t block_tensor_elems(block_tensor t, std::size_t C) noexcept
  *  - replicated (every rank): ln1.w | ln1.b | proj.b | ln2.w | ln2.b | fcproj.b, C each.
  */
 struct rtp_block_partition {
-  std::size_t width = 0;           ///< C
-  std::size_t heads = 0;           ///< H
-  std::size_t world = 0;           ///< N
-  std::size_t head_size = 0;       ///< C / H
-  std::size_t shard_heads = 0;     ///< H / N
-  std::size_t shard_channels = 0;  ///< Cs = C / N = shard_heads * head_size
-  std::size_t shard_units = 0;     ///< M = 4C / N
+  std::size_t width = 0;                  ///< C
+  std::size_t heads = 0;                  ///< H
+  std::size_t world = 0;                  ///< N
+  std::size_t head_size = 0;              ///< C / H
+  std::size_t shard_heads = 0;            ///< H / N
+  std::size_t shard_channels = 0;         ///< Cs = C / N = shard_heads * head_size
+  std::size_t shard_units = 0;            ///< M = 4C / N
   chunkstar::rtp::weight_pair attention;  ///< qkv (3 blocks of C rows, biased) then proj
   chunkstar::rtp::weight_pair mlp;        ///< fc (4C rows, biased) then fcproj
 
   /** @brief The replicated tensors, in their order in the replicated buffer. */
-  static constexpr std::array<block_tensor, 6> replicated_tensors{block_tensor::ln1_w, block_tensor::ln1_b,
+  static constexpr std::array<block_tensor, 6> replicated_tensors{block_tensor::ln1_w,  block_tensor::ln1_b,
                                                                   block_tensor::proj_b, block_tensor::ln2_w,
-                                                                  block_tensor::ln2_b, block_tensor::fcproj_b};
+                                                                  block_tensor::ln2_b,  block_tensor::fcproj_b};
 
   [[nodiscard]] constexpr std::size_t attn_qkv_w() const noexcept { return attention.a_weight_offset(); }
   [[nodiscard]] constexpr std::size_t attn_qkv_b() const noexcept { return attention.a_bias_offset(); }
@@ -185,7 +198,10 @@ struct rtp_block_partition {
   void for_each_attention(int shard, F&& f) const {
     using part = chunkstar::rtp::weight_pair::part;
     attention.for_each(static_cast<std::size_t>(shard), [&](part p, std::size_t i, std::size_t at) {
-      f(p == part::a_weight ? block_tensor::qkv_w : p == part::a_bias ? block_tensor::qkv_b : block_tensor::proj_w, i, at);
+      f(p == part::a_weight ? block_tensor::qkv_w
+        : p == part::a_bias ? block_tensor::qkv_b
+                            : block_tensor::proj_w,
+        i, at);
     });
   }
 
@@ -194,7 +210,10 @@ struct rtp_block_partition {
   void for_each_mlp(int shard, F&& f) const {
     using part = chunkstar::rtp::weight_pair::part;
     mlp.for_each(static_cast<std::size_t>(shard), [&](part p, std::size_t i, std::size_t at) {
-      f(p == part::a_weight ? block_tensor::fc_w : p == part::a_bias ? block_tensor::fc_b : block_tensor::fcproj_w, i, at);
+      f(p == part::a_weight ? block_tensor::fc_w
+        : p == part::a_bias ? block_tensor::fc_b
+                            : block_tensor::fcproj_w,
+        i, at);
     });
   }
 
@@ -259,8 +278,7 @@ class rtp_block {
   /** @brief Partitions a block of @p c over `comm.size()` ranks (`config_error` if the world size
    *  does not divide the heads) and allocates this rank's shards, zeroed, and the two rotations'
    *  transit buffers, in host memory: the CPU kernels. */
-  rtp_block(Comm& comm, const gpt_config& c)
-    requires(Backend::host_memory && std::default_initializable<Backend>)
+  rtp_block(Comm& comm, const gpt_config& c) requires(Backend::host_memory&& std::default_initializable<Backend>)
       : comm_(comm),
         config_(c),
         part_(partition_block(c, comm.size())),
@@ -281,21 +299,23 @@ class rtp_block {
    *  @p replicas and gradient buffer @p replica_grads (6C floats each, compute-tier memory of the
    *  model's): `backward` adds into the buffer and leaves the sum over the ranks to the model
    *  (`sharded_model::reduce_replica_grads`). Everything is held by reference. */
-  rtp_block(Comm& comm, const gpt_config& c, rotation_type& attn, rotation_type& mlp, const float* replicas, float* replica_grads,
-            Backend* backend = nullptr)
+  rtp_block(Comm& comm, const gpt_config& c, rotation_type& attn, rotation_type& mlp, const float* replicas,
+            float* replica_grads, Backend* backend = nullptr)
       : comm_(comm),
         config_(c),
         part_(partition_block(c, comm.size())),
         b_(backend ? backend : &local_),
         attn_(&attn),
         mlp_(&mlp),
-        rep_p_(const_cast<float*>(replicas)),  // written only through write_replicated, which a model's block does not use
+        rep_p_(
+            const_cast<float*>(replicas)),  // written only through write_replicated, which a model's block does not use
         rep_grad_p_(replica_grads),
         model_replicas_(true) {
     if (attn.shard_elems() != part_.attn_elems() || mlp.shard_elems() != part_.mlp_elems())
       throw chunkstar::config_error("gpt::rtp_block: the model's rotations are not this block's shards (" +
-                                    std::to_string(attn.shard_elems()) + " and " + std::to_string(mlp.shard_elems()) + " elements, expected " +
-                                    std::to_string(part_.attn_elems()) + " and " + std::to_string(part_.mlp_elems()) + ")");
+                                    std::to_string(attn.shard_elems()) + " and " + std::to_string(mlp.shard_elems()) +
+                                    " elements, expected " + std::to_string(part_.attn_elems()) + " and " +
+                                    std::to_string(part_.mlp_elems()) + ")");
   }
 
   rtp_block(const rtp_block&) = delete;
@@ -316,12 +336,15 @@ class rtp_block {
   [[nodiscard]] std::span<const float> replicated() const noexcept { return {rep_p_, part_.replicated_elems()}; }
   /** @brief Their gradients, summed over the ranks by the last `backward`. */
   [[nodiscard]] std::span<float> replicated_grad() noexcept { return {rep_grad_p_, part_.replicated_elems()}; }
-  [[nodiscard]] std::span<const float> replicated_grad() const noexcept { return {rep_grad_p_, part_.replicated_elems()}; }
+  [[nodiscard]] std::span<const float> replicated_grad() const noexcept {
+    return {rep_grad_p_, part_.replicated_elems()};
+  }
   /** @brief Copies host values @p in (`replicated().size()` of them) into the replicas. */
   void write_replicated(std::span<const float> in) {
     require_replicated_size(in.size(), "write_replicated");
     if (model_replicas_)
-      throw chunkstar::state_error("gpt::rtp_block::write_replicated: the replicas are the model's; write them through the model");
+      throw chunkstar::state_error(
+          "gpt::rtp_block::write_replicated: the replicas are the model's; write them through the model");
     b_->to_compute(rep_p_, in.data(), in.size_bytes());
   }
   /** @brief Copies the replicas (@p grad false) or their gradients into host memory @p out;
@@ -338,14 +361,14 @@ class rtp_block {
     return 2 * (part_.attn_elems() + part_.mlp_elems() + part_.replicated_elems()) * sizeof(float);
   }
   /** @brief Bytes per rank the rotations add (their transit buffers; shared ones are the model's to count). */
-  [[nodiscard]] std::size_t transient_bytes() const noexcept { return attn_->transient_bytes() + mlp_->transient_bytes(); }
+  [[nodiscard]] std::size_t transient_bytes() const noexcept {
+    return attn_->transient_bytes() + mlp_->transient_bytes();
+  }
 
   /** @brief Materialises this rank's shards and the replicas only: element i of tensor t is
    *  `value(t, i)` (i the index in the full tensor; e.g. a `counter_init` draw). */
   template <class F>
-  void fill(F&& value)
-    requires(Backend::host_memory)
-  {
+  void fill(F&& value) requires(Backend::host_memory) {
     const int me = comm_.rank();
     auto a = attn_->owned();
     part_.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { a[off] = value(t, i); });
@@ -356,24 +379,18 @@ class rtp_block {
   }
 
   /** @brief `fill` from the full tensors of @p full. */
-  void load(const block_params<float>& full)
-    requires(Backend::host_memory)
-  {
+  void load(const block_params<float>& full) requires(Backend::host_memory) {
     fill([&](block_tensor t, std::size_t i) { return tensor_of(full, t)[i]; });
   }
 
   /** @brief Writes this rank's shards and the replicas into their places in the full tensors of
    *  @p full (the other shards' elements are left alone): every rank storing into one block
    *  assembles the whole block. */
-  void store(const block_params<float>& full) const
-    requires(Backend::host_memory)
-  {
+  void store(const block_params<float>& full) const requires(Backend::host_memory) {
     store_from(full, attn_->owned(), mlp_->owned(), replicated());
   }
   /** @brief The same for the gradients. */
-  void store_grads(const block_params<float>& full) const
-    requires(Backend::host_memory)
-  {
+  void store_grads(const block_params<float>& full) const requires(Backend::host_memory) {
     store_from(full, attn_->owned_grad(), mlp_->owned_grad(), replicated_grad());
   }
 
@@ -397,9 +414,9 @@ class rtp_block {
   /** @brief The same on a model's state: `pass(which, f)` runs rotation @p which's (0 attention,
    *  1 MLP) forward with `f`, e.g. `model.forward(first_part + which, f)`. */
   template <class Pass>
-    requires(!std::convertible_to<Pass, float*>)
-  void forward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a, float* proj, Pass&& pass,
-               float* attention_scratch = nullptr) {
+  requires(!std::convertible_to<Pass, float*>) void forward(std::size_t B, std::size_t Tn, const float* x,
+                                                            const block_activations<float>& a, float* proj, Pass&& pass,
+                                                            float* attention_scratch = nullptr) {
     compute_activation_sizes(config_, B, Tn);  // validates the shape
     const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
     const std::size_t G = part_.shard_heads;
@@ -419,7 +436,8 @@ class rtp_block {
       b.add(a.res2, proj, N * C);
     });
     b.bias_residual(a.res2, x, rep(block_tensor::proj_b), N, C);  // res2 = x + (sum + proj.b)
-    b.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, rep(block_tensor::ln2_w), rep(block_tensor::ln2_b), N, C);
+    b.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, rep(block_tensor::ln2_w), rep(block_tensor::ln2_b), N,
+                        C);
     b.zero(a.res3, N * C);
     pass(1, [&](int j, std::span<const float> s) {
       const auto jj = static_cast<std::size_t>(j);
@@ -447,9 +465,10 @@ class rtp_block {
   /** @brief The same on a model's state: `pass(which, g)` runs rotation @p which's backward with
    *  `g`, e.g. `model.backward(first_part + which, g)` (which adds the gradient sums to the store). */
   template <class Pass>
-    requires(!std::convertible_to<Pass, float*>)
-  void backward(std::size_t B, std::size_t Tn, const float* x, const block_activations<float>& a,
-                const backward_workspace<float>& w, Pass&& pass, float* attention_scratch = nullptr) {
+  requires(!std::convertible_to<Pass, float*>) void backward(std::size_t B, std::size_t Tn, const float* x,
+                                                             const block_activations<float>& a,
+                                                             const backward_workspace<float>& w, Pass&& pass,
+                                                             float* attention_scratch = nullptr) {
     compute_activation_sizes(config_, B, Tn);
     const std::size_t N = B * Tn, C = part_.width, Cs = part_.shard_channels, M = part_.shard_units;
     const std::size_t G = part_.shard_heads;
@@ -464,8 +483,8 @@ class rtp_block {
       const float* fch = a.fch + jj * N * M;
       const float* fch_gelu = a.fch_gelu + jj * N * M;
       b.zero(w.dfch_gelu, N * M);
-      b.matmul_backward(w.dfch_gelu, g.data() + part_.mlp_proj_w(), nullptr, w.dres, fch_gelu, s.data() + part_.mlp_proj_w(),
-                        N, M, C);
+      b.matmul_backward(w.dfch_gelu, g.data() + part_.mlp_proj_w(), nullptr, w.dres, fch_gelu,
+                        s.data() + part_.mlp_proj_w(), N, M, C);
       b.zero(w.dfch, N * M);
       b.gelu_backward(w.dfch, fch, w.dfch_gelu, N * M);
       b.matmul_backward(w.dln, g.data() + part_.mlp_fc_w(), g.data() + part_.mlp_fc_b(), w.dfch, a.ln2,
@@ -482,8 +501,8 @@ class rtp_block {
       const float* atty = a.atty + jj * N * Cs;
       const float* att = a.att + jj * B * G * Tn * Tn;
       b.zero(w.datty, N * Cs);
-      b.matmul_backward(w.datty, g.data() + part_.attn_proj_w(), nullptr, w.dres, atty, s.data() + part_.attn_proj_w(), N,
-                        Cs, C);
+      b.matmul_backward(w.datty, g.data() + part_.attn_proj_w(), nullptr, w.dres, atty, s.data() + part_.attn_proj_w(),
+                        N, Cs, C);
       b.zero(w.dqkv, N * 3 * Cs);
       b.attention_backward(w.dqkv, w.datty, qkv, att, B, Tn, Cs, G, scratch);
       b.matmul_backward(w.dln, g.data() + part_.attn_qkv_w(), g.data() + part_.attn_qkv_b(), w.dqkv, a.ln1,
@@ -492,7 +511,7 @@ class rtp_block {
     b.layernorm_backward(w.dres, rep_grad(block_tensor::ln1_w), rep_grad(block_tensor::ln1_b), w.dln, x,
                          rep(block_tensor::ln1_w), a.ln1_mean, a.ln1_rstd, N, C);
     if (model_replicas_) return;  // the model sums them with its other replicas'
-    b.quiesce();  // the all-reduce reads the replicas' gradients the kernels wrote
+    b.quiesce();                  // the all-reduce reads the replicas' gradients the kernels wrote
     chunkstar::rtp::reduce_replicated_grads(comm_, replicated_grad());
   }
 
@@ -501,11 +520,15 @@ class rtp_block {
    *  forward's `f(j, shard)`, a backward's `g(j, shard, grad)`). */
   auto own_pass() {
     if (model_replicas_)
-      throw chunkstar::state_error("gpt::rtp_block: a block on a model's state runs its rotations through the model: give forward and backward a pass");
+      throw chunkstar::state_error(
+          "gpt::rtp_block: a block on a model's state runs its rotations through the model: give forward and backward "
+          "a pass");
     return [this](int which, auto&& f) {
       rotation_type& r = which == 0 ? *attn_ : *mlp_;
-      if constexpr (std::is_invocable_v<decltype(f), int, std::span<const float>>) r.forward(f);
-      else r.backward(f);
+      if constexpr (std::is_invocable_v<decltype(f), int, std::span<const float>>)
+        r.forward(f);
+      else
+        r.backward(f);
     };
   }
 
@@ -521,14 +544,16 @@ class rtp_block {
   void require_replicated_size(std::size_t n, const char* what) const {
     if (n != part_.replicated_elems())
       throw chunkstar::config_error("gpt::rtp_block::" + std::string(what) + ": " + std::to_string(n) +
-                                    " elements given; the replicated tensors hold " + std::to_string(part_.replicated_elems()) +
+                                    " elements given; the replicated tensors hold " +
+                                    std::to_string(part_.replicated_elems()) +
                                     " (6 x width): pass a buffer of replicated().size()");
   }
 
   void store_from(const block_params<float>& full, std::span<const float> a, std::span<const float> m,
                   std::span<const float> r) const {
     const int me = comm_.rank();
-    part_.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = a[off]; });
+    part_.for_each_attention(me,
+                             [&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = a[off]; });
     part_.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = m[off]; });
     part_.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = r[off]; });
   }

@@ -15,11 +15,13 @@ namespace gpt {
 
 /** @brief The save view of an `rtp_gpt`: construct it on every rank at the same point (it
  *  communicates), pass it to `chunkstar::save_checkpoint` on every rank, then drop it. */
-template <chunkstar::Communicator Comm, chunkstar::rtp::ShardStore Store = chunkstar::rtp::host_shard_store, RtpBackend Backend = cpu_backend>
+template <chunkstar::Communicator Comm, chunkstar::rtp::ShardStore Store = chunkstar::rtp::host_shard_store,
+          RtpBackend Backend = cpu_backend>
 using rtp_save_view = chunkstar::rtp::checkpoint_save_view<rtp_gpt<Comm, Store, Backend>, Comm>;
 
 /** @brief The load view of an `rtp_gpt`: `chunkstar::load_checkpoint(view, dir)` on every rank. */
-template <chunkstar::Communicator Comm, chunkstar::rtp::ShardStore Store = chunkstar::rtp::host_shard_store, RtpBackend Backend = cpu_backend>
+template <chunkstar::Communicator Comm, chunkstar::rtp::ShardStore Store = chunkstar::rtp::host_shard_store,
+          RtpBackend Backend = cpu_backend>
 using rtp_load_view = chunkstar::rtp::checkpoint_load_view<rtp_gpt<Comm, Store, Backend>>;
 
 }  // namespace gpt

@@ -75,33 +75,36 @@ namespace gpt {
 
 /** @brief Rows of the tied embedding after padding the vocabulary @p V to a multiple of @p world
  *  (the padding rows are never looked up and their logits are masked). */
-constexpr std::size_t rtp_padded_vocab(std::size_t V, int world) noexcept { return chunkstar::rtp::padded_vocab(V, world); }
+constexpr std::size_t rtp_padded_vocab(std::size_t V, int world) noexcept {
+  return chunkstar::rtp::padded_vocab(V, world);
+}
 
 /** @brief An `RtpBackend`'s embedding and head kernels as the library's `rtp::VocabKernels`. */
 template <class Backend>
 struct backend_vocab_kernels {
   Backend* b;
-  void gather_rows(float* out, const int* tok, const float* shard, std::size_t v0, std::size_t vs, const float* pos, std::size_t N,
-                   std::size_t T, std::size_t C) const {
+  void gather_rows(float* out, const int* tok, const float* shard, std::size_t v0, std::size_t vs, const float* pos,
+                   std::size_t N, std::size_t T, std::size_t C) const {
     b->embedding_shard_forward(out, tok, shard, v0, vs, pos, N, T, C);
   }
-  void scatter_add_rows(float* g, const int* tok, const float* d, std::size_t v0, std::size_t vs, std::size_t N, std::size_t C) const {
+  void scatter_add_rows(float* g, const int* tok, const float* d, std::size_t v0, std::size_t vs, std::size_t N,
+                        std::size_t C) const {
     b->embedding_shard_backward(g, tok, d, v0, vs, N, C);
   }
   void logits(float* z, const float* x, const float* shard, std::size_t N, std::size_t C, std::size_t vs) const {
     b->matmul_forward(z, x, shard, nullptr, N, C, vs);
   }
-  void logits_backward(float* dx, float* dshard, const float* dz, const float* x, const float* shard, std::size_t N, std::size_t C,
-                       std::size_t vs) const {
+  void logits_backward(float* dx, float* dshard, const float* dz, const float* x, const float* shard, std::size_t N,
+                       std::size_t C, std::size_t vs) const {
     b->matmul_backward(dx, dshard, nullptr, dz, x, shard, N, C, vs);
   }
-  void softmax_fold(float* mx, float* sum, float* zt, const float* z, const int* t, std::size_t v0, std::size_t valid, std::size_t N,
-                    std::size_t vs) const {
+  void softmax_fold(float* mx, float* sum, float* zt, const float* z, const int* t, std::size_t v0, std::size_t valid,
+                    std::size_t N, std::size_t vs) const {
     b->head_shard_forward(mx, sum, zt, z, t, v0, valid, N, vs);
   }
   void finish_losses(float* mx, float* sum, const float* zt, std::size_t N) const { b->head_losses(mx, sum, zt, N); }
-  void softmax_grad(float* z, const float* lse, const int* t, float scale, std::size_t v0, std::size_t valid, std::size_t N,
-                    std::size_t vs) const {
+  void softmax_grad(float* z, const float* lse, const int* t, float scale, std::size_t v0, std::size_t valid,
+                    std::size_t N, std::size_t vs) const {
     b->head_shard_backward(z, lse, t, scale, v0, valid, N, vs);
   }
   void fill(float* p, std::size_t n, float v) const { b->fill(p, n, v); }
@@ -134,7 +137,8 @@ using rtp_part = chunkstar::rtp::model_part;
  *  (zero them before the next step). `step` communicates only for the clipping norm, before it
  *  writes anything.
  */
-template <chunkstar::Communicator Comm, chunkstar::rtp::ShardStore Store = chunkstar::rtp::host_shard_store, RtpBackend Backend = cpu_backend>
+template <chunkstar::Communicator Comm, chunkstar::rtp::ShardStore Store = chunkstar::rtp::host_shard_store,
+          RtpBackend Backend = cpu_backend>
 class rtp_gpt {
  public:
   using backend_type = Backend;
@@ -149,8 +153,7 @@ class rtp_gpt {
    *  shapes; naming the dimension and the valid world sizes if the ranks do not divide the heads),
    *  registers this rank's shards in its own @p Store (default-constructed),
    *  and allocates the transit buffers, activations and replicas. */
-  rtp_gpt(Comm& comm, const gpt_config& c, std::size_t B, std::size_t Tn)
-    requires std::default_initializable<Store>
+  rtp_gpt(Comm& comm, const gpt_config& c, std::size_t B, std::size_t Tn) requires std::default_initializable<Store>
       : rtp_gpt(comm, std::make_unique<Store>(), nullptr, c, B, Tn, nullptr) {}
 
   /** @brief The same with the shards in @p store (held by reference, not finalized yet: this
@@ -192,7 +195,9 @@ class rtp_gpt {
     for (const auto& p : describe(c, world, rank))
       for (const auto& s : p.segments)
         out.push_back({p.replicated ? specs[s.tensor].name : specs[s.tensor].name + "@" + std::to_string(rank),
-                       {static_cast<std::int64_t>(s.end - s.begin)}, chunkstar::dtype::f32, specs[s.tensor].role});
+                       {static_cast<std::int64_t>(s.end - s.begin)},
+                       chunkstar::dtype::f32,
+                       specs[s.tensor].role});
     return out;
   }
   /** @brief The stages rank @p rank of @p world opens, as scopes over `shard_tensors`' indices
@@ -236,7 +241,8 @@ class rtp_gpt {
    *  workspace, the rotations' transit buffers, attention's scratch, the replicas' working copies
    *  and one pass's gradients of them, and (off host memory) the micro-batch's tokens. */
   static std::size_t compute_tier_bytes(const gpt_config& c, int world, std::size_t B, std::size_t Tn) {
-    const std::size_t replicas = top_elems(c) + static_cast<std::size_t>(c.layers) * partition_block(c, world).replicated_elems();
+    const std::size_t replicas =
+        top_elems(c) + static_cast<std::size_t>(c.layers) * partition_block(c, world).replicated_elems();
     const std::size_t floats = activation_elems(c, world, B, Tn) + workspace_elems(c, world, B, Tn) +
                                scratch_elems(c, world, B, Tn) + 2 * replicas + (Backend::host_memory ? 0 : 2 * B * Tn);
     return floats * sizeof(float) + transit_bytes(c, world);
@@ -278,15 +284,17 @@ class rtp_gpt {
   [[nodiscard]] std::size_t iteration_bytes_theory() const noexcept {
     const std::size_t n1 = static_cast<std::size_t>(world_ - 1);
     std::size_t b = 6 * n1 * m_->rotation_of(0).shard_bytes();
-    for (const auto& blk : blocks_) b += 3 * n1 * (blk->attention().shard_bytes() + blk->mlp().shard_bytes()) +
-                                         n1 * blk->replicated().size() * sizeof(float);
+    for (const auto& blk : blocks_)
+      b += 3 * n1 * (blk->attention().shard_bytes() + blk->mlp().shard_bytes()) +
+           n1 * blk->replicated().size() * sizeof(float);
     return b + n1 * top_elems() * sizeof(float);
   }
 
   /** @brief Flyweight initialisation: this rank's elements only, `init_value` of each. */
   void init(std::uint64_t seed) {
-    for_each_part_list(chunkstar::chunk_kind::param,
-                       [&](std::size_t t, std::size_t i, float& v) { v = init_value<float>(c_, specs_[t], t, i, seed); });
+    for_each_part_list(chunkstar::chunk_kind::param, [&](std::size_t t, std::size_t i, float& v) {
+      v = init_value<float>(c_, specs_[t], t, i, seed);
+    });
   }
   /** @brief Takes this rank's elements from the full tensors @p full (e.g. a serial model's). */
   void load(const gpt_params<float>& full) {
@@ -303,7 +311,8 @@ class rtp_gpt {
    *  activations (and a copy of @p tokens and @p targets) for `backward`. Collective. */
   double forward(const int* tokens, const int* targets) {
     pending_ = false;
-    const double l = run_forward(B_, Tn_, tokens, targets, nullptr);  // keeps the compute tier's copies of tokens and targets
+    const double l =
+        run_forward(B_, Tn_, tokens, targets, nullptr);  // keeps the compute tier's copies of tokens and targets
     const std::size_t N = B_ * Tn_;
     tokens_.assign(tokens, tokens + N);
     targets_.assign(targets, targets + N);
@@ -326,7 +335,8 @@ class rtp_gpt {
    *  Collective: every rank passes the same context. */
   std::vector<float> next_token_probs(std::span<const int> context) {
     const std::size_t n = std::min(context.size(), Tn_);
-    if (n == 0) throw chunkstar::config_error("rtp_gpt::next_token_probs: the context is empty; pass at least one token");
+    if (n == 0)
+      throw chunkstar::config_error("rtp_gpt::next_token_probs: the context is empty; pass at least one token");
     require_no_pending("next_token_probs");
     std::vector<int> tokens(context.end() - static_cast<std::ptrdiff_t>(n), context.end()), targets(n, 0);
     std::vector<float> logits(static_cast<std::size_t>(c_.vocab));
@@ -349,10 +359,12 @@ class rtp_gpt {
   void backward(const int* tokens, const int* targets, float loss_scale = 1.0f) {
     const std::size_t B = B_, Tn = Tn_, N = B * Tn, C = static_cast<std::size_t>(c_.width);
     if (!std::exchange(pending_, false))
-      throw chunkstar::state_error("rtp_gpt::backward: no forward to go back through (call forward first; an evaluation or a "
-                                   "failed pass in between leaves none)");
+      throw chunkstar::state_error(
+          "rtp_gpt::backward: no forward to go back through (call forward first; an evaluation or a "
+          "failed pass in between leaves none)");
     if (!std::equal(tokens, tokens + N, tokens_.begin()) || !std::equal(targets, targets + N, targets_.begin()))
-      throw chunkstar::config_error("rtp_gpt::backward: the tokens or targets differ from the forward's; pass the same micro-batch");
+      throw chunkstar::config_error(
+          "rtp_gpt::backward: the tokens or targets differ from the forward's; pass the same micro-batch");
     const auto a = bind(B, Tn);
     const auto w = bind_backward_workspace<float>(c_, B, Tn, work_.data());
     Backend& be = *be_;
@@ -367,7 +379,8 @@ class rtp_gpt {
     be.zero(w.dln, N * C);
     vocab_->loss_backward(a.lnf, tgt, N, loss_scale, w.dln);
     be.zero(w.dres, N * C);
-    be.layernorm_backward(w.dres, g_lnf_w, g_lnf_b, w.dln, a.block_out(c_.layers), rep(lnf_offset()), a.lnf_mean, a.lnf_rstd, N, C);
+    be.layernorm_backward(w.dres, g_lnf_w, g_lnf_b, w.dln, a.block_out(c_.layers), rep(lnf_offset()), a.lnf_mean,
+                          a.lnf_rstd, N, C);
     for (int l = c_.layers - 1; l >= 0; --l)
       block_stage(l, true, [&](auto pass) {
         block(l).backward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], w, pass, scratch_.data());
@@ -381,7 +394,8 @@ class rtp_gpt {
 
   /** @brief What `step` did. */
   struct step_result {
-    double grad_norm = 0;  ///< global norm of the averaged gradient over every rank's shards and the replicas once (NaN without clipping)
+    /// global norm of the averaged gradient over every rank's shards and the replicas once (NaN without clipping)
+    double grad_norm = 0;
     float clip_scale = 1;  ///< the factor clipping applied
   };
 
@@ -389,7 +403,8 @@ class rtp_gpt {
    *  gradients averaged over @p micro_batches and clipped to @p max_norm (0: off; the norm is
    *  summed over the ranks by one all-reduce, each replica counted once), decay per tensor role
    *  by @p groups; then the gradients are cleared. `optimizer_steps()` counts the steps. */
-  step_result step(const chunkstar::adam_hyper& base, const chunkstar::param_groups& groups, int micro_batches, float max_norm = 0.0f) {
+  step_result step(const chunkstar::adam_hyper& base, const chunkstar::param_groups& groups, int micro_batches,
+                   float max_norm = 0.0f) {
     if (micro_batches < 1) throw chunkstar::config_error("rtp_gpt::step: micro_batches must be >= 1");
     const auto r = m_->step(base, groups, micro_batches, max_norm);
     return {r.grad_norm, r.clip_coefficient};
@@ -443,23 +458,27 @@ class rtp_gpt {
         be_(backend ? backend : &local_backend_) {
     // Before anything that could fail on some ranks only: every rank must build the same model.
     const std::vector<chunkstar::config_field> shape{
-        {"vocab", std::to_string(c.vocab)}, {"context", std::to_string(c.context)}, {"layers", std::to_string(c.layers)},
-        {"heads", std::to_string(c.heads)}, {"width", std::to_string(c.width)},  {"batch", std::to_string(B)},
+        {"vocab", std::to_string(c.vocab)},   {"context", std::to_string(c.context)},
+        {"layers", std::to_string(c.layers)}, {"heads", std::to_string(c.heads)},
+        {"width", std::to_string(c.width)},   {"batch", std::to_string(B)},
         {"seq", std::to_string(Tn)}};
     chunkstar::require_agreement(comm, shape, "rtp_gpt");
     // The state: every part in the store (shards, then replicas), the rotations on the store's
     // compute tier; the embedding and head on the vocabulary rotation; the blocks on theirs.
     m_.emplace(comm, *store_, specs_, backend_buffer_ops<Backend>{be_});
     for (auto& p : describe(c, world_, rank_)) {
-      if (p.replicated) m_->add_replicated(std::move(p));
-      else m_->add_rotated(std::move(p));
+      if (p.replicated)
+        m_->add_replicated(std::move(p));
+      else
+        m_->add_rotated(std::move(p));
     }
     m_->finalize();
     vocab_.emplace(*m_, 0, B * Tn, backend_vocab_kernels<Backend>{be_});
     for (int l = 0; l < c.layers; ++l) {
-      const std::size_t ia = 1 + 2 * static_cast<std::size_t>(l), rep = first_replica() + 1 + static_cast<std::size_t>(l);
-      blocks_.push_back(std::make_unique<block_type>(comm, c, m_->rotation_of(ia), m_->rotation_of(ia + 1), m_->replica(rep),
-                                                     m_->replica_grad(rep), be_));
+      const std::size_t ia = 1 + 2 * static_cast<std::size_t>(l),
+                        rep = first_replica() + 1 + static_cast<std::size_t>(l);
+      blocks_.push_back(std::make_unique<block_type>(comm, c, m_->rotation_of(ia), m_->rotation_of(ia + 1),
+                                                     m_->replica(rep), m_->replica_grad(rep), be_));
     }
     // Activations: the serial model's, without the [rows, V] logits and probabilities (the head
     // keeps the final LayerNorm here, and in the vocabulary pass's buffers the log-sum-exp, the
@@ -482,7 +501,9 @@ class rtp_gpt {
     float* encoded;
     std::vector<block_activations<float>> blocks;
     float *lnf, *lnf_mean, *lnf_rstd, *proj;
-    [[nodiscard]] const float* block_out(int l) const { return l == 0 ? encoded : blocks[static_cast<std::size_t>(l) - 1].res3; }
+    [[nodiscard]] const float* block_out(int l) const {
+      return l == 0 ? encoded : blocks[static_cast<std::size_t>(l) - 1].res3;
+    }
   };
 
   acts_view bind(std::size_t B, std::size_t Tn) {
@@ -501,15 +522,18 @@ class rtp_gpt {
 
   void require_no_pending(const char* what) const {
     if (pending_)
-      throw chunkstar::state_error(std::string("rtp_gpt::") + what +
-                                   ": a forward is waiting for its backward, and this pass would overwrite its activations; "
-                                   "run backward (and the step) first");
+      throw chunkstar::state_error(
+          std::string("rtp_gpt::") + what +
+          ": a forward is waiting for its backward, and this pass would overwrite its activations; "
+          "run backward (and the step) first");
   }
 
   /** Floats of the vocabulary pass's buffers for @p rows tokens: a [rows, V/N] slice of logits and
    *  three per token (max or log-sum-exp, sum or loss, the target's logit). */
   [[nodiscard]] std::size_t vocab_elems(std::size_t rows) const noexcept { return rows * vs_ + 3 * rows; }
-  [[nodiscard]] std::size_t lnf_offset() const noexcept { return static_cast<std::size_t>(c_.context) * static_cast<std::size_t>(c_.width); }
+  [[nodiscard]] std::size_t lnf_offset() const noexcept {
+    return static_cast<std::size_t>(c_.context) * static_cast<std::size_t>(c_.width);
+  }
   /** The working copy of wpe | lnf.w | lnf.b the kernels read. */
   [[nodiscard]] const float* rep(std::size_t off) const noexcept { return m_->replica(first_replica()) + off; }
   /** Elements of wpe | lnf.w | lnf.b. */
@@ -543,8 +567,10 @@ class rtp_gpt {
     m_->stage("h" + std::to_string(l), backward, {ia, ia + 1}, [&] {
       f([&](int which, auto&& g) {  // a forward's g(j, shard) or a backward's g(j, shard, grad)
         const std::size_t k = ia + static_cast<std::size_t>(which);
-        if constexpr (std::is_invocable_v<decltype(g), int, std::span<const float>>) m_->forward(k, g);
-        else m_->backward(k, g);
+        if constexpr (std::is_invocable_v<decltype(g), int, std::span<const float>>)
+          m_->forward(k, g);
+        else
+          m_->backward(k, g);
       });
     });
   }
@@ -568,7 +594,8 @@ class rtp_gpt {
         block(l).forward(B, Tn, a.block_out(l), a.blocks[static_cast<std::size_t>(l)], a.proj, pass, scratch_.data());
       });
     // Head: the final LayerNorm, then each shard's logits folded into the online softmax.
-    be_->layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.block_out(c_.layers), rep(lnf_offset()), rep(lnf_offset() + C), N, C);
+    be_->layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.block_out(c_.layers), rep(lnf_offset()),
+                           rep(lnf_offset() + C), N, C);
     return vocab_->loss(a.lnf, tgt, N, Tn - 1, last_logits);
   }
 
@@ -585,12 +612,22 @@ class rtp_gpt {
     parts.push_back(vocab_type::part(0, world, me, specs));
     for (int l = 0; l < c.layers; ++l) {
       const std::size_t base = 2 + tensors_per_block * static_cast<std::size_t>(l);
-      parts.push_back(make_part(bp.attn_elems(), false, [bp, base, me](const visit& f) {
-        bp.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
-      }, specs));
-      parts.push_back(make_part(bp.mlp_elems(), false, [bp, base, me](const visit& f) {
-        bp.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
-      }, specs));
+      parts.push_back(make_part(
+          bp.attn_elems(), false,
+          [bp, base, me](const visit& f) {
+            bp.for_each_attention(me, [&](block_tensor t, std::size_t i, std::size_t off) {
+              f(base + static_cast<std::size_t>(t), i, off);
+            });
+          },
+          specs));
+      parts.push_back(make_part(
+          bp.mlp_elems(), false,
+          [bp, base, me](const visit& f) {
+            bp.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) {
+              f(base + static_cast<std::size_t>(t), i, off);
+            });
+          },
+          specs));
     }
     // wpe | lnf.w | lnf.b, replicated; then each block's replicas.
     const std::size_t last = specs.size();
@@ -598,9 +635,13 @@ class rtp_gpt {
     parts.push_back(chunkstar::rtp::replicated_part(top, specs));
     for (int l = 0; l < c.layers; ++l) {
       const std::size_t base = 2 + tensors_per_block * static_cast<std::size_t>(l);
-      parts.push_back(make_part(bp.replicated_elems(), true, [bp, base](const visit& f) {
-        bp.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
-      }, specs));
+      parts.push_back(make_part(
+          bp.replicated_elems(), true,
+          [bp, base](const visit& f) {
+            bp.for_each_replicated(
+                [&](block_tensor t, std::size_t i, std::size_t off) { f(base + static_cast<std::size_t>(t), i, off); });
+          },
+          specs));
     }
     return parts;
   }
@@ -645,8 +686,8 @@ class rtp_gpt {
   std::size_t act_elems_ = 0, work_elems_ = 0;
   store_buffer acts_, work_, scratch_;
   store_buffer tokens_c_, targets_c_;  // the micro-batch on a compute tier that is not host memory
-  bool pending_ = false;                 // a forward's activations wait for its backward
-  std::vector<int> tokens_, targets_;    // that forward's micro-batch
+  bool pending_ = false;               // a forward's activations wait for its backward
+  std::vector<int> tokens_, targets_;  // that forward's micro-batch
 };
 
 static_assert(chunkstar::rtp::ShardedModel<rtp_gpt<chunkstar::single_process_communicator>>);

@@ -40,8 +40,8 @@ namespace {
 /** What the scripted backend saw. */
 struct backend_log {
   scripted_copy_engine* engine = nullptr;
-  bool forget_waits = false;          // a faulty backend: quiesce returns without waiting
-  bool in_flight = false;             // kernels issued since the last wait
+  bool forget_waits = false;  // a faulty backend: quiesce returns without waiting
+  bool in_flight = false;     // kernels issued since the last wait
   std::size_t kernels = 0, waits = 0;
   std::size_t frees_under_kernels = 0;  // set by the checked runtime
   std::set<const float*> forward_scratch, backward_scratch;
@@ -113,9 +113,10 @@ static_assert(gpt::GptBackend<scripted_backend>);
 
 /** A runtime that counts frees of compute-tier memory while the backend's kernels may still run. */
 template <class Placement, class Eviction>
-struct checked_runtime
-    : chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, single_process_communicator, scripted_platform> {
-  using base = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, single_process_communicator, scripted_platform>;
+struct checked_runtime : chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer,
+                                       single_process_communicator, scripted_platform> {
+  using base = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, single_process_communicator,
+                             scripted_platform>;
   using base::base;
   backend_log* log = nullptr;
   void deallocate_non_model(void* p, std::size_t bytes, std::size_t alignment = 64) noexcept {
@@ -164,7 +165,8 @@ run_result scripted(dtype type, double fraction, Placement placement, backend_lo
   host_space host;
   scripted_copy_engine engine;
   log.engine = &engine;
-  checked_runtime<Placement, Eviction> rt(dev, host, engine, {.param_type = type, .prefetch_depth = 2}, s.layout, placement);
+  checked_runtime<Placement, Eviction> rt(dev, host, engine, {.param_type = type, .prefetch_depth = 2}, s.layout,
+                                          placement);
   rt.log = &log;
   auto r = train(rt, scripted_backend{.log = &log, .cpu = {}}, dev, s.c, s.shape);
   // Every scope closed with the backend's stream: per training step 2 L + 4 scopes (embedding,
@@ -178,7 +180,8 @@ run_result scripted(dtype type, double fraction, Placement placement, backend_lo
 
 }  // namespace
 
-TEST_CASE("backend contract: scopes close on the backend's stream, no buffer is freed under running kernels, same bits") {
+TEST_CASE(
+    "backend contract: scopes close on the backend's stream, no buffer is freed under running kernels, same bits") {
   for (dtype type : {dtype::f32, dtype::bf16}) {
     CAPTURE(type);
     const auto ref = reference(type);

@@ -43,16 +43,17 @@ template <class T>
 struct block_tensors {
   std::array<std::vector<T>, block_tensor_count> t;
   explicit block_tensors(std::size_t C = 0) {
-    for (std::size_t k = 0; k < block_tensor_count; ++k) t[k].assign(block_tensor_elems(static_cast<block_tensor>(k), C), T(0));
+    for (std::size_t k = 0; k < block_tensor_count; ++k)
+      t[k].assign(block_tensor_elems(static_cast<block_tensor>(k), C), T(0));
   }
   std::vector<T>& operator[](block_tensor k) { return t[static_cast<std::size_t>(k)]; }
   const std::vector<T>& operator[](block_tensor k) const { return t[static_cast<std::size_t>(k)]; }
   /** The `block_params` view (pointers into this object). */
   block_params<T> view() {
     auto p = [&](block_tensor k) { return (*this)[k].data(); };
-    return {p(block_tensor::ln1_w), p(block_tensor::ln1_b), p(block_tensor::qkv_w), p(block_tensor::qkv_b),
-            p(block_tensor::proj_w), p(block_tensor::proj_b), p(block_tensor::ln2_w), p(block_tensor::ln2_b),
-            p(block_tensor::fc_w), p(block_tensor::fc_b), p(block_tensor::fcproj_w), p(block_tensor::fcproj_b)};
+    return {p(block_tensor::ln1_w),  p(block_tensor::ln1_b),  p(block_tensor::qkv_w),    p(block_tensor::qkv_b),
+            p(block_tensor::proj_w), p(block_tensor::proj_b), p(block_tensor::ln2_w),    p(block_tensor::ln2_b),
+            p(block_tensor::fc_w),   p(block_tensor::fc_b),   p(block_tensor::fcproj_w), p(block_tensor::fcproj_b)};
   }
 };
 
@@ -155,13 +156,15 @@ class bounded_block {
                        G(block_tensor::ln2_b));
     // attention
     bounded datty(N * C), dqkv(N * 3 * C);
-    linear_backward(dres, f.atty, P(block_tensor::proj_w), C, C, datty, G(block_tensor::proj_w), G(block_tensor::proj_b));
+    linear_backward(dres, f.atty, P(block_tensor::proj_w), C, C, datty, G(block_tensor::proj_w),
+                    G(block_tensor::proj_b));
     attention_backward(f, datty, dqkv);
     dln = bounded(N * C);
     linear_backward(dqkv, f.ln1, P(block_tensor::qkv_w), 3 * C, C, dln, G(block_tensor::qkv_w), G(block_tensor::qkv_b));
     bounded xin(N * C);
     xin.v = x;
-    layernorm_backward(dln, xin, P(block_tensor::ln1_w), f.m1, f.s1, dres, G(block_tensor::ln1_w), G(block_tensor::ln1_b));
+    layernorm_backward(dln, xin, P(block_tensor::ln1_w), f.m1, f.s1, dres, G(block_tensor::ln1_w),
+                       G(block_tensor::ln1_b));
     return dres;
   }
 
@@ -251,8 +254,8 @@ class bounded_block {
   }
 
   /** y = (x - m) s w + b per row, m the mean and s = 1/sqrt(var + eps); keeps m, s and their bounds. */
-  void layernorm(const bounded& x, const std::vector<double>& w, const std::vector<double>& b, bounded& y,
-                 bounded& m, bounded& s) const {
+  void layernorm(const bounded& x, const std::vector<double>& w, const std::vector<double>& b, bounded& y, bounded& m,
+                 bounded& s) const {
     const std::size_t N = s_.B * s_.Tn, C = s_.C;
     const double Cd = static_cast<double>(C);
     y = bounded(N * C), m = bounded(N), s = bounded(N);
@@ -376,7 +379,8 @@ class bounded_block {
           for (std::size_t t2 = 0; t2 <= t; ++t2) {
             // input errors through the softmax Jacobian; the subtraction's rounding (relative
             // u |z| in exp), exp (8 u), the sum of t + 1 positive terms and the division.
-            const double rel = esc[t2] + mean_err + u32 * (mx - sc[t2] + max_shift) + 8 * u32 + gamma_n(static_cast<double>(t) + 3);
+            const double rel =
+                esc[t2] + mean_err + u32 * (mx - sc[t2] + max_shift) + 8 * u32 + gamma_n(static_cast<double>(t) + 3);
             ep[t2] = p[t2] * rel;
           }
           const std::size_t oi = (b * Tn + t) * C + h * hs;

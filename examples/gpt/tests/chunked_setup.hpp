@@ -36,7 +36,8 @@ struct chunked_setup {
   /** @p Backend's non-model bytes + @p slack + @p fraction of the model data. */
   template <class Backend>
   std::size_t capacity(double fraction, std::size_t slack) const {
-    return non_model_bytes<Backend>(c, shape, type) + slack + static_cast<std::size_t>(fraction * static_cast<double>(model_bytes));
+    return non_model_bytes<Backend>(c, shape, type) + slack +
+           static_cast<std::size_t>(fraction * static_cast<double>(model_bytes));
   }
 };
 

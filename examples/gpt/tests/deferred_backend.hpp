@@ -146,8 +146,8 @@ class deferred_backend {
                                const float* wpe, std::size_t N, std::size_t Tn, std::size_t C) {
     queue([=] { gpt::cpu_backend{}.embedding_shard_forward(out, tok, shard, v0, vs, wpe, N, Tn, C); });
   }
-  void embedding_shard_backward(float* g, const int* tok, const float* dres, std::size_t v0, std::size_t vs, std::size_t N,
-                                std::size_t C) {
+  void embedding_shard_backward(float* g, const int* tok, const float* dres, std::size_t v0, std::size_t vs,
+                                std::size_t N, std::size_t C) {
     queue([=] { gpt::cpu_backend{}.embedding_shard_backward(g, tok, dres, v0, vs, N, C); });
   }
   void position_backward(float* g, const float* dres, std::size_t N, std::size_t Tn, std::size_t C) {

@@ -6,7 +6,6 @@
 
 #include <doctest/doctest.h>
 
-
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -49,7 +48,9 @@ std::vector<int> random_tokens(std::size_t n, int vocab, rng& g) {
   return v;
 }
 
-std::size_t pick(rng& g, std::size_t lo, std::size_t hi) { return std::uniform_int_distribution<std::size_t>(lo, hi)(g); }
+std::size_t pick(rng& g, std::size_t lo, std::size_t hi) {
+  return std::uniform_int_distribution<std::size_t>(lo, hi)(g);
+}
 
 double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double s = 0;
@@ -59,8 +60,8 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
 
 /** Checks, for every element i of x, that (grad_after - grad_before)[i] (what a backward kernel
  *  added) equals the central difference of loss() in x[i]. */
-void check_grad(const std::string& what, double* x, std::size_t n, const double* grad_after,
-                const double* grad_before, const std::function<double()>& loss) {
+void check_grad(const std::string& what, double* x, std::size_t n, const double* grad_after, const double* grad_before,
+                const std::function<double()>& loss) {
   double worst = 0;
   std::size_t worst_i = 0;
   double worst_a = 0, worst_n = 0;
@@ -87,8 +88,8 @@ void check_grad(const std::string& what, double* x, std::size_t n, const double*
 
 TEST_CASE("presets: param_count agrees with the spec list and with the advertised sizes") {
   const std::vector<std::pair<std::string, std::pair<double, double>>> expect{
-      {"tiny", {0.15e6, 0.3e6}}, {"mini", {4.5e6, 5.0e6}},    {"small", {8e6, 12e6}},      {"gpt2", {80e6, 90e6}},
-      {"350m", {290e6, 310e6}},  {"760m", {690e6, 720e6}},    {"1.3b", {1.1e9, 1.3e9}}};
+      {"tiny", {0.15e6, 0.3e6}}, {"mini", {4.5e6, 5.0e6}}, {"small", {8e6, 12e6}},  {"gpt2", {80e6, 90e6}},
+      {"350m", {290e6, 310e6}},  {"760m", {690e6, 720e6}}, {"1.3b", {1.1e9, 1.3e9}}};
   for (const auto& [name, range] : expect) {
     const gpt_config c = gpt::parse_preset(name);
     std::size_t sum = 0;
@@ -113,8 +114,9 @@ TEST_CASE("parse_preset and validate reject bad input with a message that says h
                   chunkstar::config_error);
   CHECK_THROWS_AS(gpt::validate({.vocab = 256, .context = 0, .layers = 2, .heads = 2, .width = 16}),
                   chunkstar::config_error);
-  CHECK_THROWS_AS(gpt::compute_activation_sizes({.vocab = 256, .context = 8, .layers = 1, .heads = 2, .width = 8}, 1, 9),
-                  chunkstar::config_error);
+  CHECK_THROWS_AS(
+      gpt::compute_activation_sizes({.vocab = 256, .context = 8, .layers = 1, .heads = 2, .width = 8}, 1, 9),
+      chunkstar::config_error);
 }
 
 TEST_CASE("param_layers lists tensors in execution order with the documented shapes and roles") {
@@ -314,12 +316,14 @@ TEST_CASE("matmul: forward is x W^T + b, backward matches finite differences, wi
       }
     const auto dx0 = randn(N * C, g), dW0 = randn(OC * C, g), db0 = randn(OC, g);
     auto dx = dx0, dW = dW0, db = db0;
-    gpt::cpu::matmul_backward(dx.data(), dW.data(), with_bias ? db.data() : nullptr, R.data(), x.data(), W.data(), N,
-                              C, OC);
+    gpt::cpu::matmul_backward(dx.data(), dW.data(), with_bias ? db.data() : nullptr, R.data(), x.data(), W.data(), N, C,
+                              OC);
     check_grad("x", x.data(), x.size(), dx.data(), dx0.data(), loss);
     check_grad("W", W.data(), W.size(), dW.data(), dW0.data(), loss);
-    if (with_bias) check_grad("bias", bias.data(), bias.size(), db.data(), db0.data(), loss);
-    else CHECK(db == db0);
+    if (with_bias)
+      check_grad("bias", bias.data(), bias.size(), db.data(), db0.data(), loss);
+    else
+      CHECK(db == db0);
   }
 }
 
@@ -343,18 +347,21 @@ TEST_CASE("attention: forward matches a masked-softmax reference and is causal; 
           for (std::size_t u = 0; u < Tn; ++u) {
             long double d = 0;
             for (std::size_t i = 0; i < hs; ++i)
-              d += static_cast<long double>(qkv[(b * Tn + t) * 3 * C + h * hs + i]) * qkv[(b * Tn + u) * 3 * C + C + h * hs + i];
+              d += static_cast<long double>(qkv[(b * Tn + t) * 3 * C + h * hs + i]) *
+                   qkv[(b * Tn + u) * 3 * C + C + h * hs + i];
             s[u] = u <= t ? d / std::sqrt(static_cast<long double>(hs)) : -INFINITY;
           }
           long double z = 0;
           for (auto v : s) z += std::exp(v);
           for (std::size_t i = 0; i < hs; ++i) {
             long double o = 0;
-            for (std::size_t u = 0; u < Tn; ++u) o += std::exp(s[u]) / z * qkv[(b * Tn + u) * 3 * C + 2 * C + h * hs + i];
+            for (std::size_t u = 0; u < Tn; ++u)
+              o += std::exp(s[u]) / z * qkv[(b * Tn + u) * 3 * C + 2 * C + h * hs + i];
             CHECK(out[(b * Tn + t) * C + h * hs + i] == doctest::Approx(static_cast<double>(o)).epsilon(1e-12));
           }
           for (std::size_t u = 0; u < Tn; ++u)
-            CHECK(att[((b * NH + h) * Tn + t) * Tn + u] == doctest::Approx(static_cast<double>(std::exp(s[u]) / z)).epsilon(1e-12));
+            CHECK(att[((b * NH + h) * Tn + t) * Tn + u] ==
+                  doctest::Approx(static_cast<double>(std::exp(s[u]) / z)).epsilon(1e-12));
         }
     // Causality: changing the last position's q, k, v leaves every earlier output bit-identical.
     const auto before = out;
@@ -383,7 +390,8 @@ TEST_CASE("gelu: forward within 1e-3 of the exact (erf) GELU, backward matches f
   };
   loss();
   // The tanh form differs from x Phi(x) by at most ~5e-4 (Hendrycks & Gimpel).
-  for (std::size_t i = 0; i < n; ++i) CHECK(std::abs(out[i] - 0.5 * x[i] * (1 + std::erf(x[i] / std::sqrt(2.0)))) < 1e-3);
+  for (std::size_t i = 0; i < n; ++i)
+    CHECK(std::abs(out[i] - 0.5 * x[i] * (1 + std::erf(x[i] / std::sqrt(2.0)))) < 1e-3);
   const auto dx0 = randn(n, g);
   auto dx = dx0;
   gpt::cpu::gelu_backward(dx.data(), x.data(), R.data(), n);
@@ -409,7 +417,8 @@ TEST_CASE("residual: forward adds, backward matches finite differences for both 
   check_grad("b", b.data(), n, db.data(), db0.data(), loss);
 }
 
-TEST_CASE("softmax + cross-entropy: forward matches log-sum-exp, survives huge logits; backward matches finite differences") {
+TEST_CASE(
+    "softmax + cross-entropy: forward matches log-sum-exp, survives huge logits; backward matches finite differences") {
   for (std::uint64_t seed : {1, 2, 3}) {
     rng g(seed);
     const std::size_t N = pick(g, 1, 6), V = pick(g, 2, 30);
@@ -496,8 +505,8 @@ TEST_CASE("whole model: backward matches finite differences of the float64 forwa
       const std::size_t n = specs[i].numel();
       for (int k = 0; k < std::min<int>(6, static_cast<int>(n)); ++k) {
         const std::size_t j = n <= 6 ? static_cast<std::size_t>(k) : pick(g, 0, n - 1);
-        check_grad(specs[i].name + "[" + std::to_string(j) + "]", ptrs[i] + j, 1, grads.data() + off + j,
-                   zeros.data(), loss);
+        check_grad(specs[i].name + "[" + std::to_string(j) + "]", ptrs[i] + j, 1, grads.data() + off + j, zeros.data(),
+                   loss);
       }
       off += n;
     }
@@ -512,7 +521,8 @@ TEST_CASE("whole model: the float path matches the float64 path") {
   gpt::gpt_reference<double> d(c, B, Tn);
   gpt::gpt_reference<float> f(c, B, Tn);
   fill_random(c, d.params, g, 0.1);
-  std::transform(d.param_data.begin(), d.param_data.end(), f.param_data.begin(), [](double v) { return static_cast<float>(v); });
+  std::transform(d.param_data.begin(), d.param_data.end(), f.param_data.begin(),
+                 [](double v) { return static_cast<float>(v); });
   std::copy(f.param_data.begin(), f.param_data.end(), d.param_data.begin());  // identical inputs
   const auto tokens = random_tokens(B * Tn, c.vocab, g), targets = random_tokens(B * Tn, c.vocab, g);
   const double ld = d.forward(tokens.data(), targets.data());
@@ -631,7 +641,8 @@ std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.en
 /** Worst |f - d| / (|d| + floor) over the two outputs. */
 double worst_rel(const std::vector<float>& f, const std::vector<double>& d, double floor) {
   double w = 0;
-  for (std::size_t i = 0; i < f.size(); ++i) w = std::max(w, std::abs(static_cast<double>(f[i]) - d[i]) / (std::abs(d[i]) + floor));
+  for (std::size_t i = 0; i < f.size(); ++i)
+    w = std::max(w, std::abs(static_cast<double>(f[i]) - d[i]) / (std::abs(d[i]) + floor));
   return w;
 }
 
@@ -668,7 +679,8 @@ constexpr double u24 = 0x1p-24;
 TEST_CASE("vector GELU: forward and backward against float64, same bits on every ISA path") {
   rng g(51);
   // Lengths with and without a tail; inputs from the saturated tails (|x| up to 12) to tiny ones.
-  for (std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{1000}, std::size_t{4096 * 3 + 5}}) {
+  for (std::size_t n :
+       {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{1000}, std::size_t{4096 * 3 + 5}}) {
     CAPTURE(n);
     auto x = randf(n, g, 3.0);
     if (n > 8) x[0] = 12.0f, x[1] = -12.0f, x[2] = 1e-30f, x[3] = -1e-20f, x[4] = 0.0f, x[5] = -40.0f, x[6] = 40.0f;
@@ -695,7 +707,8 @@ TEST_CASE("vector GELU: forward and backward against float64, same bits on every
       const long double slope = sg * (1 + t * (1 - sg)), dref = dinp0[i] + slope * dout[i];
       const double az = std::min(80.0, std::abs(static_cast<double>(z)));
       const double tol_f = (4 + 3 * az) * u24 * std::abs(static_cast<double>(ref)) + 1e-30;
-      const double mag_b = std::abs(dinp0[i]) + static_cast<double>(sg * (1 + std::abs(t) * (1 - sg))) * std::abs(dout[i]);
+      const double mag_b =
+          std::abs(dinp0[i]) + static_cast<double>(sg * (1 + std::abs(t) * (1 - sg))) * std::abs(dout[i]);
       const double tol_b = (12 + 3 * az) * u24 * mag_b + 1e-30;
       worst_fwd = std::max(worst_fwd, std::abs(yf[i] - static_cast<double>(ref)) / tol_f);
       worst_bwd = std::max(worst_bwd, std::abs(df[i] - static_cast<double>(dref)) / tol_b);
@@ -736,7 +749,8 @@ TEST_CASE("vector softmax + cross-entropy: against float64, same bits on every I
     // dloss * (p - onehot) with one fma: the probability's error, relative to |d| + |dloss| p.
     double worst_p = 0, worst_d = 0;
     for (std::size_t n = 0; n < N; ++n) {
-      const double mx = *std::max_element(z.begin() + static_cast<std::ptrdiff_t>(n * V), z.begin() + static_cast<std::ptrdiff_t>((n + 1) * V));
+      const double mx = *std::max_element(z.begin() + static_cast<std::ptrdiff_t>(n * V),
+                                          z.begin() + static_cast<std::ptrdiff_t>((n + 1) * V));
       for (std::size_t v = 0; v < V; ++v) {
         const std::size_t i = n * V + v;
         const double tol = (8.0 + static_cast<double>(V) + std::abs(z[i] - mx)) * u24;
@@ -767,12 +781,14 @@ TEST_CASE("vector LayerNorm: forward and backward against float64, same bits on 
     const auto x = randf(N * C, g, 2.0, 3.0), w = randf(C, g, 0.5, 1.0), b = randf(C, g, 1.0);
     const auto dout = randf(N * C, g, 1.0), dx0 = randf(N * C, g, 1.0), dw0 = randf(C, g, 1.0), db0 = randf(C, g, 1.0);
     std::vector<double> yd(N * C), md(N), rd(N), dxd = widen(dx0), dwd = widen(dw0), dbd = widen(db0);
-    gpt::cpu::layernorm_forward(yd.data(), md.data(), rd.data(), widen(x).data(), widen(w).data(), widen(b).data(), N, C);
-    gpt::cpu::layernorm_backward(dxd.data(), dwd.data(), dbd.data(), widen(dout).data(), widen(x).data(), widen(w).data(),
-                                 md.data(), rd.data(), N, C);
+    gpt::cpu::layernorm_forward(yd.data(), md.data(), rd.data(), widen(x).data(), widen(w).data(), widen(b).data(), N,
+                                C);
+    gpt::cpu::layernorm_backward(dxd.data(), dwd.data(), dbd.data(), widen(dout).data(), widen(x).data(),
+                                 widen(w).data(), md.data(), rd.data(), N, C);
     std::vector<float> yf(N * C), mf(N), rf(N), dxf = dx0, dwf = dw0, dbf = db0;
     gpt::cpu::layernorm_forward(yf.data(), mf.data(), rf.data(), x.data(), w.data(), b.data(), N, C);
-    gpt::cpu::layernorm_backward(dxf.data(), dwf.data(), dbf.data(), dout.data(), x.data(), w.data(), mf.data(), rf.data(), N, C);
+    gpt::cpu::layernorm_backward(dxf.data(), dwf.data(), dbf.data(), dout.data(), x.data(), w.data(), mf.data(),
+                                 rf.data(), N, C);
     // Row sums of C terms err by ~C u relative (typically sqrt(C) u); the mean's error enters
     // every xhat scaled by rstd (|x| ~ 3 + 2 sd, so |mean| rstd ~ 1.5: another C u), the outputs
     // are O(1) with O(1) weights: absolute bound (16 + 4 C) u, relative to |y| + 1.
@@ -785,7 +801,8 @@ TEST_CASE("vector LayerNorm: forward and backward against float64, same bits on 
     check_same_bits_on_every_path("layernorm", [&] {
       std::vector<float> y(N * C), m(N), r(N), dx = dx0, dw = dw0, db = db0;
       gpt::cpu::layernorm_forward(y.data(), m.data(), r.data(), x.data(), w.data(), b.data(), N, C);
-      gpt::cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), m.data(), r.data(), N, C);
+      gpt::cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), m.data(), r.data(),
+                                   N, C);
       for (const auto* v : {&m, &r, &dx, &dw, &db}) y.insert(y.end(), v->begin(), v->end());
       return y;
     });
@@ -804,7 +821,8 @@ TEST_CASE("vector attention: forward and backward against float64, same bits on 
     const auto qkv = randf(N * 3 * C, g, 1.0), dout = randf(N * C, g, 1.0), dqkv0 = randf(N * 3 * C, g, 1.0);
     std::vector<double> od(N * C), ad(s.B * s.NH * s.Tn * s.Tn), dd = widen(dqkv0), sd(s.B * s.NH * s.Tn);
     gpt::cpu::attention_forward(od.data(), ad.data(), widen(qkv).data(), s.B, s.Tn, C, s.NH);
-    gpt::cpu::attention_backward(dd.data(), sd.data(), widen(dout).data(), widen(qkv).data(), ad.data(), s.B, s.Tn, C, s.NH);
+    gpt::cpu::attention_backward(dd.data(), sd.data(), widen(dout).data(), widen(qkv).data(), ad.data(), s.B, s.Tn, C,
+                                 s.NH);
     std::vector<float> of(N * C), af(ad.size()), df = dqkv0, sf(sd.size());
     gpt::cpu::attention_forward(of.data(), af.data(), qkv.data(), s.B, s.Tn, C, s.NH);
     gpt::cpu::attention_backward(df.data(), sf.data(), dout.data(), qkv.data(), af.data(), s.B, s.Tn, C, s.NH);

@@ -54,7 +54,8 @@ void steps(Runtime& rt, Model& model, int world, int rank) {
   }
 }
 
-using group_rt = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer, in_process_communicator>;
+using group_rt =
+    chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer, in_process_communicator>;
 
 /** The one-process or ZeRO run on @p n ranks: the plan's device need from the model's own
  *  non-model profile (`gpt::non_model_profile`, known before the run) and from the warm-up's trace
@@ -92,7 +93,8 @@ chunked_result chunked(int n, sharding_options sharding) {
   CHECK(tight * 2 >= traced.size());  // an upper bound that is mostly exact, not a loose one
   const auto scopes = gpt::forward_scopes(cfg);
   return {plan_memory(specs, layout, o, n, scopes, model_profile).device_for_resident(),
-          plan_memory(specs, layout, o, n, scopes, traced).device_for_resident(), *std::max_element(peak.begin(), peak.end())};
+          plan_memory(specs, layout, o, n, scopes, traced).device_for_resident(),
+          *std::max_element(peak.begin(), peak.end())};
 }
 
 /** The RTP run on @p n ranks, each rank's parts in its own chunk runtime, resident. */
@@ -104,8 +106,9 @@ std::pair<std::size_t, std::size_t> rtp(int n) {
   run_ranks(n, [&](in_process_communicator& comm) {
     const auto specs = model_type::shard_tensors(cfg, n, comm.rank());
     const auto layout = layout_of(specs);
-    const memory_plan plan = plan_memory(specs, layout, {.param_type = dtype::f32}, 1, model_type::stage_scopes(cfg, n, comm.rank()),
-                                         model_type::compute_tier_bytes(cfg, n, shape.batch, shape.seq));
+    const memory_plan plan =
+        plan_memory(specs, layout, {.param_type = dtype::f32}, 1, model_type::stage_scopes(cfg, n, comm.rank()),
+                    model_type::compute_tier_bytes(cfg, n, shape.batch, shape.seq));
     simulated_device_space dev({.capacity = std::size_t{1} << 30});
     host_space host;
     host_copy_engine copier;
@@ -117,7 +120,8 @@ std::pair<std::size_t, std::size_t> rtp(int n) {
     const auto data = gpt::load_text("", shape.seq);
     std::vector<int> tokens(shape.batch * shape.seq), targets(tokens.size());
     for (int step = 1; step <= 2; ++step) {
-      gpt::fill_batch(data.train, 1, gpt::train_key(step, comm.rank()), shape.batch, shape.seq, tokens.data(), targets.data());
+      gpt::fill_batch(data.train, 1, gpt::train_key(step, comm.rank()), shape.batch, shape.seq, tokens.data(),
+                      targets.data());
       (void)model.forward(tokens.data(), targets.data());
       model.backward(tokens.data(), targets.data());
       (void)model.step({.lr = 3e-3f, .weight_decay = 0.1f}, param_groups::with_default_decay(0.1f), n, 1.0f);
@@ -138,7 +142,9 @@ void check(const std::string& mode, int n, std::pair<std::size_t, std::size_t> r
 
 }  // namespace
 
-TEST_CASE("memory plan: the device need is within 5% of the measured peak for one process, ZeRO (both modes) and RTP at N = 1-4") {
+TEST_CASE(
+    "memory plan: the device need is within 5% of the measured peak for one process, ZeRO (both modes) and RTP at N = "
+    "1-4") {
   const auto both = [](const std::string& mode, int n, const chunked_result& r) {
     check(mode + " (the model's profile)", n, {r.from_model, r.peak});
     check(mode + " (the warm-up's trace)", n, {r.from_trace, r.peak});
@@ -152,7 +158,9 @@ TEST_CASE("memory plan: the device need is within 5% of the measured peak for on
   }
 }
 
-TEST_CASE("memory plan: a run admitted at the device floor trains without running out of memory (one process, ZeRO in both modes, N = 1-4)") {
+TEST_CASE(
+    "memory plan: a run admitted at the device floor trains without running out of memory (one process, ZeRO in both "
+    "modes, N = 1-4)") {
   // The least device the plan admits, from the model's own profile before anything is built;
   // chunks move (auto placement, Belady), the host takes the rest.
   const auto specs = gpt::param_specs(cfg, dtype::f32);
@@ -168,7 +176,8 @@ TEST_CASE("memory plan: a run admitted at the device floor trains without runnin
       const tier_budgets budgets{.device = plan.device_floor()};
       REQUIRE(admit(plan, budgets).fits());
       REQUIRE_FALSE(admit(plan, {.device = plan.device_floor() - 1}).fits());
-      MESSAGE("N = " << n << std::string(saving ? " memory-saving" : "") << ": device floor " << plan.device_floor() << " B, resident " << plan.device_for_resident() << " B");
+      MESSAGE("N = " << n << std::string(saving ? " memory-saving" : "") << ": device floor " << plan.device_floor()
+                     << " B, resident " << plan.device_for_resident() << " B");
       run_ranks(n, [&](in_process_communicator& comm) {
         simulated_device_space dev({.capacity = budgets.device});
         host_space host;
@@ -182,7 +191,8 @@ TEST_CASE("memory plan: a run admitted at the device floor trains without runnin
   }
 }
 
-TEST_CASE("memory plan: an RTP run admitted at each rank's device floor trains without running out of memory (N = 1, 2, 4)") {
+TEST_CASE(
+    "memory plan: an RTP run admitted at each rank's device floor trains without running out of memory (N = 1, 2, 4)") {
   // Each rank's parts and replicas in its own chunk runtime (a one-rank plan over the rank's
   // shard tensors and stage scopes), the device at the floor, chunks moving (auto placement).
   using rt_type = chunk_runtime<fixed_chunk_layout, auto_placement>;
@@ -193,8 +203,9 @@ TEST_CASE("memory plan: an RTP run admitted at each rank's device floor trains w
     run_ranks(n, [&](in_process_communicator& comm) {
       const auto specs = model_type::shard_tensors(cfg, n, comm.rank());
       const auto layout = layout_of(specs);
-      const memory_plan plan = plan_memory(specs, layout, {.param_type = dtype::f32}, 1, model_type::stage_scopes(cfg, n, comm.rank()),
-                                           model_type::compute_tier_bytes(cfg, n, shape.batch, shape.seq));
+      const memory_plan plan =
+          plan_memory(specs, layout, {.param_type = dtype::f32}, 1, model_type::stage_scopes(cfg, n, comm.rank()),
+                      model_type::compute_tier_bytes(cfg, n, shape.batch, shape.seq));
       REQUIRE(plan.device_floor() < plan.device_for_resident());  // chunks must move
       simulated_device_space dev({.capacity = plan.device_floor()});
       host_space host;
@@ -208,7 +219,8 @@ TEST_CASE("memory plan: an RTP run admitted at each rank's device floor trains w
       std::vector<int> tokens(shape.batch * shape.seq), targets(tokens.size());
       CHECK_NOTHROW([&] {
         for (int step = 1; step <= 2; ++step) {
-          gpt::fill_batch(data.train, 1, gpt::train_key(step, comm.rank()), shape.batch, shape.seq, tokens.data(), targets.data());
+          gpt::fill_batch(data.train, 1, gpt::train_key(step, comm.rank()), shape.batch, shape.seq, tokens.data(),
+                          targets.data());
           (void)model.forward(tokens.data(), targets.data());
           model.backward(tokens.data(), targets.data());
           (void)model.step({.lr = 3e-3f, .weight_decay = 0.1f}, param_groups::with_default_decay(0.1f), n, 1.0f);

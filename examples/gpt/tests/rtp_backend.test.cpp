@@ -66,11 +66,15 @@ TEST_CASE("rtp block on a backend whose kernels run only when waited for: the CP
   }
 }
 
-TEST_CASE("rtp block on the deferred backend with its waits skipped: different bits, so the comparison sees a missing wait") {
-  const auto cpu = run(2, [] { return gpt::cpu_backend{}; }, 2);
-  const auto faulty = run(2, [] { return deferred_backend{true}; }, 2);
+TEST_CASE(
+    "rtp block on the deferred backend with its waits skipped: different bits, so the comparison sees a missing wait") {
+  const auto cpu = run(
+      2, [] { return gpt::cpu_backend{}; }, 2);
+  const auto faulty = run(
+      2, [] { return deferred_backend{true}; }, 2);
   bool differs = false;
-  for (int r = 0; r < 2; ++r) differs = differs || faulty[static_cast<std::size_t>(r)] != cpu[static_cast<std::size_t>(r)];
+  for (int r = 0; r < 2; ++r)
+    differs = differs || faulty[static_cast<std::size_t>(r)] != cpu[static_cast<std::size_t>(r)];
   CHECK(differs);
 }
 
@@ -85,7 +89,7 @@ TEST_CASE("rtp model on a backend whose kernels run only when waited for: the CP
       deferred_backend b;
       store s{tier{&b}};
       gpt::rtp_gpt<in_process_communicator, store, deferred_backend> model(comm, s, rtp_model::config, rtp_model::B,
-                                                                          rtp_model::Tn, &b);
+                                                                           rtp_model::Tn, &b);
       deferred[static_cast<std::size_t>(comm.rank())] = rtp_model::train_model(comm, model, 3, 3);
     });
     REQUIRE(cpu[0].adam_train_loss.size() == 3);

@@ -45,7 +45,7 @@ constexpr int iterations = 6;
 constexpr double safety = 2;
 
 const char* tensor_name(block_tensor t) {
-  static const char* names[] = {"ln1.w", "ln1.b", "qkv.w", "qkv.b", "proj.w", "proj.b",
+  static const char* names[] = {"ln1.w", "ln1.b", "qkv.w", "qkv.b", "proj.w",   "proj.b",
                                 "ln2.w", "ln2.b", "fc.w",  "fc.b",  "fcproj.w", "fcproj.b"};
   return names[static_cast<int>(t)];
 }
@@ -79,7 +79,8 @@ micro_batch make_batch(bool eval, int step, int m) {
   const counter_init xs{.seed = seed, .key = tensor_key(eval ? "x_eval" : "x")};
   const counter_init ts{.seed = seed, .key = tensor_key(eval ? "t_eval" : "t")};
   micro_batch mb{std::vector<float>(rows * C), std::vector<float>(rows * C)};
-  const std::uint64_t base = (static_cast<std::uint64_t>(eval ? 0 : step) * 64 + static_cast<std::uint64_t>(m)) * rows * C;
+  const std::uint64_t base =
+      (static_cast<std::uint64_t>(eval ? 0 : step) * 64 + static_cast<std::uint64_t>(m)) * rows * C;
   xs.fill_normal<float>(mb.x, base, 0.0f, 1.0f);
   ts.fill_normal<float>(mb.target, base, 0.0f, 1.0f);
   return mb;
@@ -148,11 +149,11 @@ step_result serial_step(block_tensors<float>& p, int n, int step, int first = 0,
 
 /** What one RTP rank records over a run. */
 struct rank_record {
-  std::vector<std::vector<float>> y, dx;          // per iteration: this rank's output and input gradient
+  std::vector<std::vector<float>> y, dx;           // per iteration: this rank's output and input gradient
   std::vector<block_tensors<float>> before, grad;  // per iteration: this rank's stored shards (others NaN)
   std::vector<block_tensors<float>> after;
-  std::vector<double> eval_loss;                   // global (all-reduced)
-  int eval_displaced = 0;                          // evaluations that changed an owned shard
+  std::vector<double> eval_loss;  // global (all-reduced)
+  int eval_displaced = 0;         // evaluations that changed an owned shard
 };
 
 block_tensors<float> nan_block() {
@@ -171,7 +172,10 @@ rank_record train_rank(Comm& comm, int iters) {
   block_buffers buf;
   auto snapshot = [&](bool grads) {
     block_tensors<float> s = nan_block();
-    if (grads) blk.store_grads(s.view()); else blk.store(s.view());
+    if (grads)
+      blk.store_grads(s.view());
+    else
+      blk.store(s.view());
     return s;
   };
   for (int it = 0; it < iters; ++it) {
@@ -206,9 +210,8 @@ rank_record train_rank(Comm& comm, int iters) {
 
 std::vector<rank_record> run_rtp(int n, int iters) {
   std::vector<rank_record> out(static_cast<std::size_t>(n));
-  chunkstar::run_ranks(n, [&](in_process_communicator& comm) {
-    out[static_cast<std::size_t>(comm.rank())] = train_rank(comm, iters);
-  });
+  chunkstar::run_ranks(
+      n, [&](in_process_communicator& comm) { out[static_cast<std::size_t>(comm.rank())] = train_rank(comm, iters); });
   return out;
 }
 
@@ -266,7 +269,8 @@ struct reference_step {
  *  head group @p drop_group's attention output lost (for the bounds' teeth). */
 reference_step reference(const block_tensors<double>& p, int n, int step, int skip = -1, int drop_group = -1,
                          std::mt19937_64* rng = nullptr, bool eval = false) {
-  gpt::testing::bounded_block ref(p, {B, Tn, C, static_cast<std::size_t>(config.heads), static_cast<std::size_t>(n)}, rng);
+  gpt::testing::bounded_block ref(p, {B, Tn, C, static_cast<std::size_t>(config.heads), static_cast<std::size_t>(n)},
+                                  rng);
   reference_step r;
   const double scale = loss_scale(n);
   for (int m = 0; m < n; ++m) {
@@ -276,7 +280,8 @@ reference_step reference(const block_tensors<double>& p, int n, int step, int sk
     r.y.push_back(f.y);
     bounded dy(rows * C);
     for (std::size_t i = 0; i < dy.v.size(); ++i) {
-      const double local = 2 * gpt::testing::u32 * std::abs((f.y.v[i] - mb.target[i]) * scale);  // the subtraction and the scaling
+      const double local =
+          2 * gpt::testing::u32 * std::abs((f.y.v[i] - mb.target[i]) * scale);  // the subtraction and the scaling
       dy.v[i] = (f.y.v[i] - mb.target[i]) * scale + ref.jit(local);
       dy.e[i] = scale * f.y.e[i] + local;
     }
@@ -372,7 +377,8 @@ double worst_ratio(const char* what, const std::vector<float>& got, const bounde
     const double tol = factor * want.e[i];
     const double err = std::abs(static_cast<double>(got[i]) - want.v[i]);
     worst = std::max(worst, err / tol);
-    if (err > tol && reported++ < 5) FAIL_CHECK(what << "[" << i << "]: " << got[i] << " vs " << want.v[i] << " (tolerance " << tol << ")");
+    if (err > tol && reported++ < 5)
+      FAIL_CHECK(what << "[" << i << "]: " << got[i] << " vs " << want.v[i] << " (tolerance " << tol << ")");
   }
   return worst;
 }
@@ -385,7 +391,8 @@ double worst_ratio(const char* what, const std::vector<float>& a, const std::vec
     const double tol = factor * ref.e[i];
     const double err = std::abs(static_cast<double>(a[i]) - b[i]);
     worst = std::max(worst, err / tol);
-    if (err > tol && reported++ < 5) FAIL_CHECK(what << "[" << i << "]: " << a[i] << " vs " << b[i] << " (tolerance " << tol << ")");
+    if (err > tol && reported++ < 5)
+      FAIL_CHECK(what << "[" << i << "]: " << a[i] << " vs " << b[i] << " (tolerance " << tol << ")");
   }
   return worst;
 }
@@ -401,7 +408,8 @@ double gap(const bounded& wrong, const bounded& right, double factor) {
 double max_abs_diff(const block_tensors<float>& a, const block_tensors<float>& b) {
   double d = 0;
   for (std::size_t k = 0; k < gpt::block_tensor_count; ++k)
-    for (std::size_t i = 0; i < a.t[k].size(); ++i) d = std::max(d, std::abs(static_cast<double>(a.t[k][i]) - b.t[k][i]));
+    for (std::size_t i = 0; i < a.t[k].size(); ++i)
+      d = std::max(d, std::abs(static_cast<double>(a.t[k][i]) - b.t[k][i]));
   return d;
 }
 double max_abs(const block_tensors<float>& a) {
@@ -448,8 +456,10 @@ TEST_CASE("rtp block partition: shards tile every sharded tensor, layouts and si
     for (int j = 0; j < n; ++j) {
       std::fill(attn_offsets.begin(), attn_offsets.end(), 0);
       std::fill(mlp_offsets.begin(), mlp_offsets.end(), 0);
-      p.for_each_attention(j, [&](block_tensor t, std::size_t i, std::size_t off) { hits[t][i] += 1, attn_offsets[off] += 1; });
-      p.for_each_mlp(j, [&](block_tensor t, std::size_t i, std::size_t off) { hits[t][i] += 1, mlp_offsets[off] += 1; });
+      p.for_each_attention(
+          j, [&](block_tensor t, std::size_t i, std::size_t off) { hits[t][i] += 1, attn_offsets[off] += 1; });
+      p.for_each_mlp(j,
+                     [&](block_tensor t, std::size_t i, std::size_t off) { hits[t][i] += 1, mlp_offsets[off] += 1; });
       CHECK(std::all_of(attn_offsets.begin(), attn_offsets.end(), [](int h) { return h == 1; }));
       CHECK(std::all_of(mlp_offsets.begin(), mlp_offsets.end(), [](int h) { return h == 1; }));
     }
@@ -457,8 +467,7 @@ TEST_CASE("rtp block partition: shards tile every sharded tensor, layouts and si
     for (const auto& t : hits.t) CHECK(std::all_of(t.begin(), t.end(), [](float h) { return h == 1.0f; }));
     // Per-rank model data is the block's 12 C^2 + 13 C parameters: 1/N of the 12 C^2 + 7 C sharded
     // ones plus the 6 C replicated.
-    CHECK(static_cast<std::size_t>(n) * (p.attn_elems() + p.mlp_elems()) + p.replicated_elems() ==
-          12 * C * C + 13 * C);
+    CHECK(static_cast<std::size_t>(n) * (p.attn_elems() + p.mlp_elems()) + p.replicated_elems() == 12 * C * C + 13 * C);
   }
   // Shard j's q rows are head group j's channels of q (rows j Cs .. of qkv.w), k and v likewise.
   const auto p = gpt::partition_block(config, 3);
@@ -501,11 +510,14 @@ TEST_CASE("rtp block: a world size that does not divide the heads is a config_er
   CHECK_THROWS_AS((void)gpt::partition_block(config, 0), chunkstar::config_error);
   // Constructing the block on ranks that do not divide it throws on every rank before any
   // collective, so no rank waits for another.
-  CHECK_THROWS_AS(chunkstar::run_ranks(5, [](in_process_communicator& comm) { gpt::rtp_block<in_process_communicator> b(comm, config); }),
-                  chunkstar::config_error);
+  CHECK_THROWS_AS(
+      chunkstar::run_ranks(
+          5, [](in_process_communicator& comm) { gpt::rtp_block<in_process_communicator> b(comm, config); }),
+      chunkstar::config_error);
 }
 
-TEST_CASE("the bounded float64 reference computes the float64 kernels' block, and GELU's curvature is within its bound") {
+TEST_CASE(
+    "the bounded float64 reference computes the float64 kernels' block, and GELU's curvature is within its bound") {
   // The reference is separate code (plain loops); its values must be gpt_model.hpp's float64
   // block to double rounding, or the bounds would describe another function.
   const block_tensors<double> p = widen(initial_block());
@@ -521,12 +533,14 @@ TEST_CASE("the bounded float64 reference computes the float64 kernels' block, an
     const std::vector<double> x(mb.x.begin(), mb.x.end());
     gpt::block_forward(config, B, Tn, pd.view(), x.data(), a, proj.data());
     for (std::size_t i = 0; i < rows * C; ++i) {
-      worst = std::max(worst, std::abs(a.res3[i] - ref.y[static_cast<std::size_t>(m)].v[i]) / (1 + std::abs(a.res3[i])));
+      worst =
+          std::max(worst, std::abs(a.res3[i] - ref.y[static_cast<std::size_t>(m)].v[i]) / (1 + std::abs(a.res3[i])));
       w.dres[i] = (a.res3[i] - mb.target[i]) * loss_scale(2);
     }
     gpt::block_backward(config, B, Tn, pd.view(), g.view(), x.data(), a, w);
     for (std::size_t i = 0; i < rows * C; ++i)
-      worst = std::max(worst, std::abs(w.dres[i] - ref.dx[static_cast<std::size_t>(m)].v[i]) / (1e-3 + std::abs(w.dres[i])));
+      worst = std::max(worst,
+                       std::abs(w.dres[i] - ref.dx[static_cast<std::size_t>(m)].v[i]) / (1e-3 + std::abs(w.dres[i])));
   }
   for (std::size_t k = 0; k < gpt::block_tensor_count; ++k)
     for (std::size_t i = 0; i < g.t[k].size(); ++i)
@@ -535,11 +549,14 @@ TEST_CASE("the bounded float64 reference computes the float64 kernels' block, an
   CHECK(worst < 1e-11);
   double curvature = 0;
   for (double z = -10; z <= 10; z += 1e-3)
-    curvature = std::max(curvature, std::abs(gpt::testing::gelu_slope(z + 1e-5) - gpt::testing::gelu_slope(z - 1e-5)) / 2e-5);
+    curvature =
+        std::max(curvature, std::abs(gpt::testing::gelu_slope(z + 1e-5) - gpt::testing::gelu_slope(z - 1e-5)) / 2e-5);
   CHECK(curvature < gpt::testing::gelu_curvature_bound);
 }
 
-TEST_CASE("rtp block on 1-4 ranks: one step's outputs, input gradients and weight gradients = the serial block and float64, within the derived bounds") {
+TEST_CASE(
+    "rtp block on 1-4 ranks: one step's outputs, input gradients and weight gradients = the serial block and float64, "
+    "within the derived bounds") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     const auto ranks = run_rtp(n, 1);
@@ -591,7 +608,8 @@ TEST_CASE("rtp block on 1-4 ranks: one step's outputs, input gradients and weigh
       g_pair = std::max(g_pair, worst_ratio("grad rtp vs serial", g.t[k], ser.grad.t[k], mc.grad[k], 2));
     }
     MESSAGE("N = " << n << ": worst-case bound, largest error / bound " << rig
-                   << "; Monte Carlo tolerance, largest error / tolerance, rtp vs float64 | serial vs float64 | rtp vs serial: output "
+                   << "; Monte Carlo tolerance, largest error / tolerance, rtp vs float64 | serial vs float64 | rtp vs "
+                      "serial: output "
                    << y_ref << " | " << y_ser << " | " << y_pair << "; input gradient " << dx_ref << " | " << dx_ser
                    << " | " << dx_pair << "; weight gradients " << g_ref << " | " << g_ser << " | " << g_pair);
 
@@ -603,15 +621,18 @@ TEST_CASE("rtp block on 1-4 ranks: one step's outputs, input gradients and weigh
       CHECK(gap(lost_heads.y[0], mc.y[0], 1) > 10);
       const reference_step lost_batch = reference(widen(full), n, 0, n - 1);
       double worst = 0;
-      for (std::size_t k = 0; k < gpt::block_tensor_count; ++k) worst = std::max(worst, gap(lost_batch.grad[k], mc.grad[k], 1));
+      for (std::size_t k = 0; k < gpt::block_tensor_count; ++k)
+        worst = std::max(worst, gap(lost_batch.grad[k], mc.grad[k], 1));
       CHECK(worst > 10);
-      MESSAGE("N = " << n << ": a lost head group is " << gap(lost_heads.y[0], mc.y[0], 1) << "x the output tolerance, a lost micro-batch "
-                     << worst << "x the gradient tolerance");
+      MESSAGE("N = " << n << ": a lost head group is " << gap(lost_heads.y[0], mc.y[0], 1)
+                     << "x the output tolerance, a lost micro-batch " << worst << "x the gradient tolerance");
     }
   }
 }
 
-TEST_CASE("rtp block on 1-4 ranks: SGD with an evaluation pass after every step follows the serial block, shards stay home, runs repeat bit for bit") {
+TEST_CASE(
+    "rtp block on 1-4 ranks: SGD with an evaluation pass after every step follows the serial block, shards stay home, "
+    "runs repeat bit for bit") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     const auto ranks = run_rtp(n, iterations);
@@ -678,7 +699,9 @@ TEST_CASE("rtp block on 1-4 ranks: SGD with an evaluation pass after every step 
     for (int it = 0; it < iterations; ++it)
       for (std::size_t k = 0; k < gpt::block_tensor_count; ++k)
         for (std::size_t i = 0; i < start.t[k].size(); ++i)
-          amplification = std::max(amplification, std::abs(moved[static_cast<std::size_t>(it)].t[k][i] - ref_traj[static_cast<std::size_t>(it)].t[k][i]) / eps);
+          amplification = std::max(amplification, std::abs(moved[static_cast<std::size_t>(it)].t[k][i] -
+                                                           ref_traj[static_cast<std::size_t>(it)].t[k][i]) /
+                                                      eps);
 
     // Per step the two runs' gradients differ by at most twice the gradient bound and each fp32
     // update rounds once (u |p|): the local errors, summed over the steps, amplified.
@@ -717,9 +740,9 @@ TEST_CASE("rtp block on 1-4 ranks: SGD with an evaluation pass after every step 
                        << "x the parameter tolerance");
       }
     }
-    MESSAGE("N = " << n << ": amplification " << amplification << ", largest parameter error / tolerance " << worst_param
-                   << ", largest evaluation-loss error / tolerance " << worst_loss << ", evaluation loss "
-                   << ranks[0].eval_loss.front() << " -> " << ranks[0].eval_loss.back());
+    MESSAGE("N = " << n << ": amplification " << amplification << ", largest parameter error / tolerance "
+                   << worst_param << ", largest evaluation-loss error / tolerance " << worst_loss
+                   << ", evaluation loss " << ranks[0].eval_loss.front() << " -> " << ranks[0].eval_loss.back());
     CHECK(ranks[0].eval_loss.back() < ranks[0].eval_loss.front());  // it trains
   }
 }

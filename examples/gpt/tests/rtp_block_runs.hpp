@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // One rank's run of rtp_block with its shards outside the block (rotations built with
 // external_shard, passes that load the shards and take their gradient sums, the way rtp_gpt runs
-// its blocks through its sharded_model) on any LayerBackend: shards, replicas, transit buffers, activations and workspace in
+// its blocks through its sharded_model) on any LayerBackend: shards, replicas, transit buffers, activations and
+// workspace in
 // the backend's compute-tier memory, the host touching them only through to_compute and
 // from_compute. Shared by the CPU-side test with an asynchronous double (rtp_block_backend.test.cpp)
 // and the GPU test (rtp_block_cuda.test.cpp), which compare runs on different backends.
@@ -43,8 +44,10 @@ rtp_block_record run_rtp_block(Comm& comm, Backend& b, int iters, float lr = 0.1
   using block_type = rtp_block<Comm, Backend>;
   using rotation_type = typename block_type::rotation_type;
   const rtp_block_partition part = partition_block(c, comm.size());
-  rotation_type attn_rot(comm, part.attn_elems(), transit, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{&b});
-  rotation_type mlp_rot(comm, part.mlp_elems(), transit, chunkstar::rtp::external_shard, backend_buffer_ops<Backend>{&b});
+  rotation_type attn_rot(comm, part.attn_elems(), transit, chunkstar::rtp::external_shard,
+                         backend_buffer_ops<Backend>{&b});
+  rotation_type mlp_rot(comm, part.mlp_elems(), transit, chunkstar::rtp::external_shard,
+                        backend_buffer_ops<Backend>{&b});
   // Each rotation's weights and gradient sum, the replicas and their gradients in compute-tier
   // memory, copied with the backend (queued on its stream, as a shard store on a device does).
   compute_buffer<Backend> attn_w(b, part.attn_elems()), attn_g(b, part.attn_elems()), mlp_w(b, part.mlp_elems()),
@@ -68,7 +71,8 @@ rtp_block_record run_rtp_block(Comm& comm, Backend& b, int iters, float lr = 0.1
     return centre + init.normal<float>(static_cast<std::uint64_t>(t) * 100000 + i, 0.0f, 0.1f);
   };
   std::vector<float> attn(part.attn_elems()), mlp(part.mlp_elems()), rep(part.replicated_elems());
-  part.for_each_attention(comm.rank(), [&](block_tensor t, std::size_t i, std::size_t off) { attn[off] = value(t, i); });
+  part.for_each_attention(comm.rank(),
+                          [&](block_tensor t, std::size_t i, std::size_t off) { attn[off] = value(t, i); });
   part.for_each_mlp(comm.rank(), [&](block_tensor t, std::size_t i, std::size_t off) { mlp[off] = value(t, i); });
   part.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { rep[off] = value(t, i); });
 
@@ -88,7 +92,8 @@ rtp_block_record run_rtp_block(Comm& comm, Backend& b, int iters, float lr = 0.1
     b.to_compute(rep_w.data(), rep.data(), rep.size() * sizeof(float));
     const chunkstar::rtp::counter_init xs{.seed = 11, .key = chunkstar::rtp::tensor_key("x")};
     std::vector<float> xh(rows * C), target(rows * C);
-    const std::uint64_t base = (static_cast<std::uint64_t>(it) * 64 + static_cast<std::uint64_t>(comm.rank())) * 2 * rows * C;
+    const std::uint64_t base =
+        (static_cast<std::uint64_t>(it) * 64 + static_cast<std::uint64_t>(comm.rank())) * 2 * rows * C;
     xs.fill_normal<float>(xh, base, 0.0f, 1.0f);
     xs.fill_normal<float>(target, base + rows * C, 0.0f, 1.0f);
     b.to_compute(x.data(), xh.data(), xh.size() * sizeof(float));

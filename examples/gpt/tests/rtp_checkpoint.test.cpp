@@ -155,7 +155,9 @@ struct temp_dir {
 
 }  // namespace
 
-TEST_CASE("rtp checkpoints: saved at N ranks, loaded at M ranks, weights and Adam moments bit for bit; the file is the whole model") {
+TEST_CASE(
+    "rtp checkpoints: saved at N ranks, loaded at M ranks, weights and Adam moments bit for bit; the file is the whole "
+    "model") {
   temp_dir tmp;
   for (const int n : {1, 2, 3, 4}) {
     CAPTURE(n);

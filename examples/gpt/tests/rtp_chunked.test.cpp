@@ -34,7 +34,8 @@ using namespace gpt::testing::rtp_model;
 struct chunked_record {
   std::vector<flat> params;
   std::vector<double> losses, eval;
-  std::size_t device_peak = 0, device_capacity = 0, moved = 0, evictions = 0 /* and offloads */, host_steps = 0, device_steps = 0;
+  std::size_t device_peak = 0, device_capacity = 0, moved = 0, evictions = 0 /* and offloads */, host_steps = 0,
+              device_steps = 0;
   std::size_t non_model_peak = 0, transit_and_activations = 0;
   bool operator==(const chunked_record& o) const {
     if (params.size() != o.params.size()) return false;
@@ -65,7 +66,8 @@ void train(Model& model, in_process_communicator& comm, float clip, chunked_reco
 /** The chunked run on @p n ranks with a device of @p device_share of the model data beside the
  *  non-model memory (activations, transit buffers), runtime assembly @p Runtime. */
 template <class Runtime>
-std::vector<chunked_record> run_chunked(int n, double device_share, float clip, typename Runtime::placement_type placement = {}) {
+std::vector<chunked_record> run_chunked(int n, double device_share, float clip,
+                                        typename Runtime::placement_type placement = {}) {
   std::vector<chunked_record> out(static_cast<std::size_t>(n));
   chunkstar::run_ranks(n, [&](in_process_communicator& comm) {
     auto& rec = out[static_cast<std::size_t>(comm.rank())];
@@ -76,7 +78,8 @@ std::vector<chunked_record> run_chunked(int n, double device_share, float clip, 
       model_data = probe.store().bytes();
       non_model = probe.activation_bytes() + probe.transient_bytes();
     }
-    const std::size_t capacity = non_model + static_cast<std::size_t>(device_share * static_cast<double>(model_data)) + (256 << 10);
+    const std::size_t capacity =
+        non_model + static_cast<std::size_t>(device_share * static_cast<double>(model_data)) + (256 << 10);
     chunkstar::simulated_device_space device({.capacity = capacity});
     chunkstar::host_space host;
     chunkstar::host_copy_engine copier;
@@ -136,12 +139,15 @@ TEST_CASE("rtp with chunk offload: the same bits at every budget, placement and 
     for (const auto& r : roomy) CHECK(r.device_steps > 0);
     // Without clipping nothing depends on how the norm's sum is grouped: the host store's bits.
     CHECK(run_chunked<belady_rt>(n, 0.3, 0.0f) == run_host(n, 0.0f));
-    MESSAGE("N = " << n << ": at 0.3 of the model data on the device, " << run_chunked<belady_rt>(n, 0.3, max_norm)[0].moved
-                   << " bytes moved on rank 0 over " << steps << " steps");
+    MESSAGE("N = " << n << ": at 0.3 of the model data on the device, "
+                   << run_chunked<belady_rt>(n, 0.3, max_norm)[0].moved << " bytes moved on rank 0 over " << steps
+                   << " steps");
   }
 }
 
-TEST_CASE("rtp with chunk offload: a device too small for a stage beside the non-model memory is a typed out-of-memory error") {
+TEST_CASE(
+    "rtp with chunk offload: a device too small for a stage beside the non-model memory is a typed out-of-memory "
+    "error") {
   chunkstar::run_ranks(1, [&](in_process_communicator& comm) {
     chunkstar::simulated_device_space device({.capacity = 64 << 10});
     chunkstar::host_space host;
@@ -149,7 +155,8 @@ TEST_CASE("rtp with chunk offload: a device too small for a stage beside the non
     chunkstar::single_process_communicator one;
     belady_rt rt(device, host, copier, one, {}, chunkstar::searched_chunk_layout());
     chunkstar::rtp::chunk_shard_store<belady_rt> store(rt);
-    CHECK_THROWS_AS((gpt::rtp_gpt<in_process_communicator, chunkstar::rtp::chunk_shard_store<belady_rt>>(comm, store, config, B, Tn)),
+    CHECK_THROWS_AS((gpt::rtp_gpt<in_process_communicator, chunkstar::rtp::chunk_shard_store<belady_rt>>(
+                        comm, store, config, B, Tn)),
                     chunkstar::out_of_memory_error);
   });
 }
@@ -185,8 +192,8 @@ struct scripted_shard_ops {
 
 TEST_CASE("rtp chunk store: every stage closes its scope on the ops' stream, and the shards move through the ops") {
   using namespace chunkstar;
-  using Runtime = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer, single_process_communicator,
-                                testing::scripted_platform>;
+  using Runtime = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction, warmup_tracer,
+                                single_process_communicator, testing::scripted_platform>;
   simulated_device_space device({.capacity = 64u << 20});
   host_space host;
   testing::scripted_copy_engine engine;
@@ -194,7 +201,8 @@ TEST_CASE("rtp chunk store: every stage closes its scope on the ops' stream, and
   Runtime rt(device, host, engine, one, {}, searched_chunk_layout(), static_placement::all_device());
   int copies = 0;
   rtp::chunk_shard_store<Runtime, scripted_shard_ops> store(rt, scripted_shard_ops{&copies});
-  gpt::rtp_gpt<single_process_communicator, rtp::chunk_shard_store<Runtime, scripted_shard_ops>> model(comm, store, config, B, Tn);
+  gpt::rtp_gpt<single_process_communicator, rtp::chunk_shard_store<Runtime, scripted_shard_ops>> model(comm, store,
+                                                                                                       config, B, Tn);
   model.init(seed);  // each replica's working copy loaded in a stage of its own
   const std::size_t L = static_cast<std::size_t>(config.layers);
   const std::size_t at_init = engine.ops_of(testing::scripted_op_kind::record).size();

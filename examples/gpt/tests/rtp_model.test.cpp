@@ -46,7 +46,8 @@ TEST_CASE("rtp gpt: a world size that does not divide the heads is a config_erro
   }
 }
 
-TEST_CASE("rtp gpt: ranks given different shapes all get a config_error naming the field, before any other collective") {
+TEST_CASE(
+    "rtp gpt: ranks given different shapes all get a config_error naming the field, before any other collective") {
   chunkstar::in_process_group group(2);
   std::vector<std::string> errors(2);
   group.run([&](in_process_communicator& comm) {
@@ -76,8 +77,9 @@ TEST_CASE("rtp gpt: the padded vocabulary, shard sizes and the partition of ever
     std::vector<std::size_t> base;
     std::size_t off = 0;
     for (const auto& s : gpt::param_specs(config)) base.push_back(off), off += s.numel();
-    std::vector<std::size_t> bytes(static_cast<std::size_t>(n)), sent(static_cast<std::size_t>(n)), theory(static_cast<std::size_t>(n)),
-        transit(static_cast<std::size_t>(n)), largest(static_cast<std::size_t>(n)), replica_elems(static_cast<std::size_t>(n));
+    std::vector<std::size_t> bytes(static_cast<std::size_t>(n)), sent(static_cast<std::size_t>(n)),
+        theory(static_cast<std::size_t>(n)), transit(static_cast<std::size_t>(n)), largest(static_cast<std::size_t>(n)),
+        replica_elems(static_cast<std::size_t>(n));
     chunkstar::in_process_group group(n);
     std::mutex mu;
     group.run([&](in_process_communicator& comm) {
@@ -96,13 +98,15 @@ TEST_CASE("rtp gpt: the padded vocabulary, shard sizes and the partition of ever
       std::lock_guard lock(mu);
       for (const auto& p : m.parts()) {
         if (p.replicated) replica_elems[r] += p.elems;
-        p.for_each([&](std::size_t t, std::size_t i, std::size_t) { (p.replicated ? replica : count)[base[t] + i] += 1; });
+        p.for_each(
+            [&](std::size_t t, std::size_t i, std::size_t) { (p.replicated ? replica : count)[base[t] + i] += 1; });
       }
     });
     for (std::size_t e = 0; e < param_elems; ++e) {
       const bool ok = (count[e] == 1 && replica[e] == 0) || (count[e] == 0 && replica[e] == n);
       if (!ok) {
-        FAIL_CHECK("element " << e << " held " << count[e] << " times as a shard and " << replica[e] << " times as a replica");
+        FAIL_CHECK("element " << e << " held " << count[e] << " times as a shard and " << replica[e]
+                              << " times as a replica");
         break;
       }
     }
@@ -138,7 +142,9 @@ TEST_CASE("rtp gpt on 1-4 ranks: flyweight initialisation gives the serial model
   }
 }
 
-TEST_CASE("rtp gpt on 1-4 ranks: 10 SGD steps with an evaluation after each follow the serial model; shards stay home; runs repeat bit for bit") {
+TEST_CASE(
+    "rtp gpt on 1-4 ranks: 10 SGD steps with an evaluation after each follow the serial model; shards stay home; runs "
+    "repeat bit for bit") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     const auto ranks = run_rtp(n);
@@ -153,16 +159,21 @@ TEST_CASE("rtp gpt: one rank over the single-process communicator gives the one-
   CHECK(same_bits({solo}, run_rtp(1, 2)));
 }
 
-TEST_CASE("rtp gpt: backward needs its forward and the same micro-batch; an evaluation in between is refused, not silently wrong") {
+TEST_CASE(
+    "rtp gpt: backward needs its forward and the same micro-batch; an evaluation in between is refused, not silently "
+    "wrong") {
   chunkstar::single_process_communicator comm;
   gpt::rtp_gpt<chunkstar::single_process_communicator> m(comm, config, B, Tn);
   m.init(seed);
   const micro_batch mb = make_batch(false, 0, 0), other = make_batch(false, 1, 0);
-  CHECK_THROWS_WITH_AS(m.backward(mb.tokens.data(), mb.targets.data()), doctest::Contains("call forward first"), chunkstar::state_error);
+  CHECK_THROWS_WITH_AS(m.backward(mb.tokens.data(), mb.targets.data()), doctest::Contains("call forward first"),
+                       chunkstar::state_error);
   m.forward(mb.tokens.data(), mb.targets.data());
-  CHECK_THROWS_WITH_AS(m.loss(mb.tokens.data(), mb.targets.data()), doctest::Contains("run backward"), chunkstar::state_error);
+  CHECK_THROWS_WITH_AS(m.loss(mb.tokens.data(), mb.targets.data()), doctest::Contains("run backward"),
+                       chunkstar::state_error);
   CHECK_THROWS_WITH_AS(m.next_token_probs(mb.tokens), doctest::Contains("run backward"), chunkstar::state_error);
-  CHECK_THROWS_WITH_AS(m.backward(other.tokens.data(), mb.targets.data()), doctest::Contains("same micro-batch"), chunkstar::config_error);
+  CHECK_THROWS_WITH_AS(m.backward(other.tokens.data(), mb.targets.data()), doctest::Contains("same micro-batch"),
+                       chunkstar::config_error);
   // The refused backward used up the forward: a new one is needed.
   CHECK_THROWS_AS(m.backward(mb.tokens.data(), mb.targets.data()), chunkstar::state_error);
   m.forward(mb.tokens.data(), mb.targets.data());

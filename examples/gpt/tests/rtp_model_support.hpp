@@ -244,7 +244,8 @@ serial_run<T> run_serial(int n, int iters = iterations, int drop = -1) {
 template <class A, class R>
 double max_diff(const std::vector<A>& a, const std::vector<R>& ref) {
   double d = 0;
-  for (std::size_t e = 0; e < a.size(); ++e) d = std::max(d, std::abs(static_cast<double>(a[e]) - static_cast<double>(ref[e])));
+  for (std::size_t e = 0; e < a.size(); ++e)
+    d = std::max(d, std::abs(static_cast<double>(a[e]) - static_cast<double>(ref[e])));
   return d;
 }
 template <class A>
@@ -272,11 +273,11 @@ inline bool same_bits(const std::vector<rank_record>& a, const std::vector<rank_
   for (std::size_t r = 0; r < a.size(); ++r) {
     if (a[r].params != b[r].params || a[r].grads != b[r].grads || a[r].probs != b[r].probs) return false;
     if (!bits_equal(a[r].train_loss, b[r].train_loss) || !bits_equal(a[r].eval_loss, b[r].eval_loss)) return false;
-    if (a[r].adam_params != b[r].adam_params || a[r].adam_grads != b[r].adam_grads || a[r].adam_moments != b[r].adam_moments ||
-        a[r].clip_scale != b[r].clip_scale)
+    if (a[r].adam_params != b[r].adam_params || a[r].adam_grads != b[r].adam_grads ||
+        a[r].adam_moments != b[r].adam_moments || a[r].clip_scale != b[r].clip_scale)
       return false;
-    if (!bits_equal(a[r].adam_train_loss, b[r].adam_train_loss) || !bits_equal(a[r].adam_eval_loss, b[r].adam_eval_loss) ||
-        !bits_equal(a[r].grad_norm, b[r].grad_norm))
+    if (!bits_equal(a[r].adam_train_loss, b[r].adam_train_loss) ||
+        !bits_equal(a[r].adam_eval_loss, b[r].adam_eval_loss) || !bits_equal(a[r].grad_norm, b[r].grad_norm))
       return false;
   }
   return true;
@@ -316,8 +317,8 @@ inline void check_against_serial(const std::vector<rank_record>& ranks, int n) {
     worst_grad = std::max(worst_grad, err_g / tol_g);
     double loss = 0;
     for (const auto& r : ranks) loss += r.train_loss[i] / n;
-    const double tol_l = K * std::abs(ser.train_loss[i] - f64.train_loss[i]) + K * std::abs(ser.eval_loss[i] - f64.eval_loss[i]) +
-                         floor_ulps * f64.train_loss[i];
+    const double tol_l = K * std::abs(ser.train_loss[i] - f64.train_loss[i]) +
+                         K * std::abs(ser.eval_loss[i] - f64.eval_loss[i]) + floor_ulps * f64.train_loss[i];
     CHECK(std::abs(loss - f64.train_loss[i]) <= tol_l);
     CHECK(std::abs(ranks[0].eval_loss[i] - f64.eval_loss[i]) <= tol_l);
     worst_loss = std::max(worst_loss, std::abs(ranks[0].eval_loss[i] - f64.eval_loss[i]) / tol_l);

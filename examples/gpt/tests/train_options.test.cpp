@@ -35,7 +35,8 @@ struct temp_dir {
   fs::path path;
   temp_dir() {
     static int counter = 0;
-    path = fs::temp_directory_path() / ("chunkstar_opts_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path =
+        fs::temp_directory_path() / ("chunkstar_opts_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -58,9 +59,17 @@ void check(const std::function<void(gpt::train_options&)>& change) {
 TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error that names it") {
   check([](gpt::train_options&) {});
   check([](gpt::train_options& o) { o.steps = 2; });  // the default warm-up shrinks with a short run
-  check([](gpt::train_options& o) { o.schedule = "constant"; o.warmup = 500; o.min_lr = 9; });  // unused by constant
+  check([](gpt::train_options& o) {
+    o.schedule = "constant";
+    o.warmup = 500;
+    o.min_lr = 9;
+  });  // unused by constant
   check([](gpt::train_options& o) { o.parallel = "rtp"; });
-  check([](gpt::train_options& o) { o.parallel = "rtp"; o.policy = "offload"; o.device_budget = "64MiB"; });
+  check([](gpt::train_options& o) {
+    o.parallel = "rtp";
+    o.policy = "offload";
+    o.device_budget = "64MiB";
+  });
   struct bad_case {
     const char* option;
     std::function<void(gpt::train_options&)> change;
@@ -78,8 +87,16 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
       {"--stop-after", [](auto& o) { o.stop_after = 201; }},
       {"--stop-after", [](auto& o) { o.stop_after = -1; }},
       {"--warmup", [](auto& o) { o.warmup = -5; }},
-      {"--warmup", [](auto& o) { o.steps = 10; o.warmup = 20; }},
-      {"--min-lr", [](auto& o) { o.min_lr = 1; o.lr = 0.1f; }},
+      {"--warmup",
+       [](auto& o) {
+         o.steps = 10;
+         o.warmup = 20;
+       }},
+      {"--min-lr",
+       [](auto& o) {
+         o.min_lr = 1;
+         o.lr = 0.1f;
+       }},
       {"--lr", [](auto& o) { o.lr = 0; }},
       {"--lr", [](auto& o) { o.lr = std::numeric_limits<float>::quiet_NaN(); }},
       {"--clip", [](auto& o) { o.clip = -1; }},
@@ -101,7 +118,11 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
       {"--layers", [](auto& o) { o.layers = -1; }},
       {"--width", [](auto& o) { o.width = std::int64_t{1} << 40; }},
       {"--context", [](auto& o) { o.context = -7; }},
-      {"--trace", [](auto& o) { o.trace = "x"; o.save = "x"; }},
+      {"--trace",
+       [](auto& o) {
+         o.trace = "x";
+         o.save = "x";
+       }},
       {"--parallel", [](auto& o) { o.parallel = "tensor"; }},
       {"--device", [](auto& o) { o.device = "tpu"; }},
       {"--device-budget", [](auto& o) { o.device_budget = "0%"; }},
@@ -109,20 +130,42 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
       {"--device-budget", [](auto& o) { o.device_budget = "half%"; }},
       {"--device-budget", [](auto& o) { o.device_budget = "%"; }},
       {"--device-budget", [](auto& o) { o.device_budget = "unlimited"; }},
-      {"--link-bandwidth", [](auto& o) { o.device = "cuda"; o.link_bandwidth = "8GiB"; }},  // models the simulated link only
+      {"--link-bandwidth",
+       [](auto& o) {
+         o.device = "cuda";
+         o.link_bandwidth = "8GiB";
+       }},  // models the simulated link only
       // RTP's shards are fp32 and rotate: the loss scaler's and ZeRO's options are refused, named.
-      {"--precision", [](auto& o) { o.parallel = "rtp"; o.precision = "bf16"; }},
-      {"--memory-saving", [](auto& o) { o.parallel = "rtp"; o.memory_saving = true; }},
-      {"--keep-gathered", [](auto& o) { o.parallel = "rtp"; o.keep_gathered = true; }},
+      {"--precision",
+       [](auto& o) {
+         o.parallel = "rtp";
+         o.precision = "bf16";
+       }},
+      {"--memory-saving",
+       [](auto& o) {
+         o.parallel = "rtp";
+         o.memory_saving = true;
+       }},
+      {"--keep-gathered",
+       [](auto& o) {
+         o.parallel = "rtp";
+         o.keep_gathered = true;
+       }},
   };
   for (const auto& c : cases) {
     CAPTURE(c.option);
     CHECK_THROWS_WITH_AS(check(c.change), doctest::Contains(c.option), config_error);
   }
-  CHECK_THROWS_WITH_AS(check([](auto& o) { o.preset = "huge"; }), doctest::Contains("unknown model preset"), config_error);
+  CHECK_THROWS_WITH_AS(check([](auto& o) { o.preset = "huge"; }), doctest::Contains("unknown model preset"),
+                       config_error);
   CHECK_THROWS_WITH_AS(check([](auto& o) { o.width = 65; }), doctest::Contains("multiple of heads"), config_error);
   // Shapes whose sizes would overflow are refused, not wrapped.
-  CHECK_THROWS_AS(check([](auto& o) { o.context = 1 << 20; o.seq = 1 << 20; o.batch = 1 << 20; }), config_error);
+  CHECK_THROWS_AS(check([](auto& o) {
+                    o.context = 1 << 20;
+                    o.seq = 1 << 20;
+                    o.batch = 1 << 20;
+                  }),
+                  config_error);
   CHECK_THROWS_AS(gpt::validate({.vocab = 256, .context = 8, .layers = 1 << 20, .heads = 1, .width = 8}), config_error);
 }
 
@@ -131,14 +174,17 @@ TEST_CASE("the data loader refuses directories, FIFOs, devices and unreadable fi
   CHECK_THROWS_WITH_AS((void)gpt::load_text(tmp.path.string(), 8), doctest::Contains("is a directory"), config_error);
   const auto fifo = (tmp.path / "fifo").string();
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
-  CHECK_THROWS_WITH_AS((void)gpt::load_text(fifo, 8), doctest::Contains("is a FIFO"), config_error);  // and never blocks
+  CHECK_THROWS_WITH_AS((void)gpt::load_text(fifo, 8), doctest::Contains("is a FIFO"),
+                       config_error);  // and never blocks
   CHECK_THROWS_WITH_AS((void)gpt::load_text("/dev/zero", 8), doctest::Contains("device"), config_error);
   if (fs::exists("/proc/self/mem")) CHECK_THROWS_AS((void)gpt::load_text("/proc/self/mem", 8), config_error);
   CHECK_THROWS_AS((void)gpt::load_text((tmp.path / "missing").string(), 8), config_error);
   std::ofstream(tmp.path / "short.txt") << "hello";
-  CHECK_THROWS_WITH_AS((void)gpt::load_text((tmp.path / "short.txt").string(), 8), doctest::Contains("too short"), config_error);
+  CHECK_THROWS_WITH_AS((void)gpt::load_text((tmp.path / "short.txt").string(), 8), doctest::Contains("too short"),
+                       config_error);
   std::ofstream(tmp.path / "big.txt") << std::string(5000, 'a');
-  CHECK_THROWS_WITH_AS((void)gpt::load_text((tmp.path / "big.txt").string(), 8, 0.1, 4096), doctest::Contains("more than"), config_error);
+  CHECK_THROWS_WITH_AS((void)gpt::load_text((tmp.path / "big.txt").string(), 8, 0.1, 4096),
+                       doctest::Contains("more than"), config_error);
   const auto ok = gpt::load_text((tmp.path / "big.txt").string(), 8);
   CHECK(ok.train.size() + ok.val.size() == 5000);
 }
@@ -151,13 +197,13 @@ TEST_CASE("resume state: every entry parsed with range checks; crafted values ar
   CHECK(!r.loss_scale);
   const std::vector<checkpoint_extra> bad = {
       {{"step", "abc"}, {"optimizer_steps", "1"}},
-      {{"optimizer_steps", "1"}},                                  // no step
+      {{"optimizer_steps", "1"}},                                    // no step
       {{"step", "99999999999999999999"}, {"optimizer_steps", "1"}},  // 20 digits
-      {{"step", "1e3"}, {"optimizer_steps", "1"}},                 // not resumed at step 1
-      {{"step", "-5"}, {"optimizer_steps", "0"}},                  // not resumed at step -4
+      {{"step", "1e3"}, {"optimizer_steps", "1"}},                   // not resumed at step 1
+      {{"step", "-5"}, {"optimizer_steps", "0"}},                    // not resumed at step -4
       {{"step", " 7"}, {"optimizer_steps", "0"}},
-      {{"step", "10"}},                                            // no optimizer_steps
-      {{"step", "10"}, {"optimizer_steps", "11"}},                 // more Adam steps than steps
+      {{"step", "10"}},                             // no optimizer_steps
+      {{"step", "10"}, {"optimizer_steps", "11"}},  // more Adam steps than steps
       {{"step", "10"}, {"optimizer_steps", "9"}, {"loss_scale", "abc"}, {"clean_steps", "0"}},
       {{"step", "10"}, {"optimizer_steps", "9"}, {"loss_scale", "inf"}, {"clean_steps", "0"}},
       {{"step", "10"}, {"optimizer_steps", "9"}, {"loss_scale", "-2"}, {"clean_steps", "0"}},
@@ -169,7 +215,8 @@ TEST_CASE("resume state: every entry parsed with range checks; crafted values ar
     CAPTURE(text);
     CHECK_THROWS_WITH_AS((void)gpt::parse_resume_state(e, "ck"), doctest::Contains("--resume 'ck'"), config_error);
   }
-  const auto scaled = gpt::parse_resume_state({{"step", "3"}, {"optimizer_steps", "2"}, {"loss_scale", "65536"}, {"clean_steps", "4"}}, "ck");
+  const auto scaled = gpt::parse_resume_state(
+      {{"step", "3"}, {"optimizer_steps", "2"}, {"loss_scale", "65536"}, {"clean_steps", "4"}}, "ck");
   CHECK(scaled.loss_scale == 65536.0f);
   CHECK(scaled.clean_steps == 4);
 }
@@ -186,25 +233,32 @@ TEST_CASE("resume configuration: each difference named; shape never changes; --a
   changed.lr = 1e-3f;
   changed.precision = "fp16";
   const auto now = gpt::run_record(changed, cfg, "abc");
-  CHECK_THROWS_WITH_AS(gpt::check_resume_config(now, extra, {}, "ck"), doctest::Contains("--lr: checkpoint 0.003"), config_error);
-  CHECK_THROWS_WITH_AS(gpt::check_resume_config(now, extra, {}, "ck"), doctest::Contains("--allow-change precision,lr"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(now, extra, {}, "ck"), doctest::Contains("--lr: checkpoint 0.003"),
+                       config_error);
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(now, extra, {}, "ck"), doctest::Contains("--allow-change precision,lr"),
+                       config_error);
   CHECK_THROWS_AS(gpt::check_resume_config(now, extra, {"lr"}, "ck"), config_error);
   gpt::check_resume_config(now, extra, {"lr", "precision"}, "ck");
   gpt::check_resume_config(now, extra, {"all"}, "ck");
   // Other data is noticed through its checksum.
-  CHECK_THROWS_WITH_AS(gpt::check_resume_config(gpt::run_record(o, cfg, "def"), extra, {}, "ck"), doctest::Contains("--data"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(gpt::run_record(o, cfg, "def"), extra, {}, "ck"),
+                       doctest::Contains("--data"), config_error);
 
   auto wider = o;
   wider.width = 128;
   const auto wide = gpt::run_record(wider, gpt::model_config(wider), "abc");
-  CHECK_THROWS_WITH_AS(gpt::check_resume_config(wide, extra, {"all"}, "ck"), doctest::Contains("shape differs"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(wide, extra, {"all"}, "ck"), doctest::Contains("shape differs"),
+                       config_error);
   // A checkpoint without the record (another trainer, an older train_gpt).
-  CHECK_THROWS_WITH_AS(gpt::check_resume_config(saved, {{"step", "5"}}, {}, "ck"), doctest::Contains("not recorded"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::check_resume_config(saved, {{"step", "5"}}, {}, "ck"), doctest::Contains("not recorded"),
+                       config_error);
   CHECK_THROWS_AS(gpt::validate_allow_change({"lr", "layers"}), config_error);
   gpt::validate_allow_change({"all", "min-lr", "weight-decay"});
 }
 
-TEST_CASE("rank agreement: every option that decides the math, the collectives or a shared output; a rank's own resources not") {
+TEST_CASE(
+    "rank agreement: every option that decides the math, the collectives or a shared output; a rank's own resources "
+    "not") {
   gpt::train_options o;
   o.preset = "tiny";
   const auto cfg = gpt::model_config(o);
@@ -246,19 +300,23 @@ TEST_CASE("rank agreement: every option that decides the math, the collectives o
   // Other data, another transport, another device kind.
   CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "def"), o, 1, mpi, sim) != base);
   CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, {gpt::transport_choice::staged, ""}, sim) != base);
-  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, mpi, {.cuda = true, .gpu = 0, .sharing = 1, .why = ""}) != base);
+  CHECK(gpt::rank_agreement(gpt::run_record(o, cfg, "abc"), o, 1, mpi,
+                            {.cuda = true, .gpu = 0, .sharing = 1, .why = ""}) != base);
 }
 
-TEST_CASE("resume: the entries loaded with the tensors must be those checked before; another save in between is refused") {
+TEST_CASE(
+    "resume: the entries loaded with the tensors must be those checked before; another save in between is refused") {
   const checkpoint_extra checked{{"step", "4"}, {"train.lr", "0.003"}};
   gpt::require_same_save(checked, checked, "ck");
   CHECK_THROWS_WITH_AS(gpt::require_same_save(checked, {{"step", "6"}, {"train.lr", "0.003"}}, "ck"),
-                       doctest::Contains("another process saved to the checkpoint while this run was starting (its step 4 when checked, 6 when loaded)"),
+                       doctest::Contains("another process saved to the checkpoint while this run was starting (its "
+                                         "step 4 when checked, 6 when loaded)"),
                        config_error);
   CHECK_THROWS_AS(gpt::require_same_save(checked, {{"step", "4"}, {"train.lr", "0.01"}}, "ck"), config_error);
 }
 
-TEST_CASE("a launcher's processes are counted from its variables; --parallel none on several is refused, naming the modes") {
+TEST_CASE(
+    "a launcher's processes are counted from its variables; --parallel none on several is refused, naming the modes") {
   const auto env = [](std::map<std::string, std::string> vars) {
     return [vars](const char* name) -> const char* {
       const auto it = vars.find(name);
@@ -294,15 +352,18 @@ TEST_CASE("crafted metadata re-sealed with a valid checksum reaches the strict p
   (void)opt.write(dir / "optimizer.safetensors");
   const auto extra = read_checkpoint_extra(dir);
   CHECK(extra.at("step") == "abc");
-  CHECK_THROWS_WITH_AS((void)gpt::parse_resume_state(extra, dir.string()), doctest::Contains("'step' is 'abc'"), config_error);
+  CHECK_THROWS_WITH_AS((void)gpt::parse_resume_state(extra, dir.string()), doctest::Contains("'step' is 'abc'"),
+                       config_error);
 }
 
 TEST_CASE("output files are probed before the run: missing directories and non-files are refused, nothing is left") {
   temp_dir tmp;
   gpt::probe_output_file("--trace", (tmp.path / "t.json").string());
   CHECK(fs::is_empty(tmp.path));
-  CHECK_THROWS_WITH_AS(gpt::probe_output_file("--trace", "/nonexistent-dir/t.json"), doctest::Contains("--trace"), config_error);
-  CHECK_THROWS_WITH_AS(gpt::probe_output_file("--trace", tmp.path.string()), doctest::Contains("not a regular file"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::probe_output_file("--trace", "/nonexistent-dir/t.json"), doctest::Contains("--trace"),
+                       config_error);
+  CHECK_THROWS_WITH_AS(gpt::probe_output_file("--trace", tmp.path.string()), doctest::Contains("not a regular file"),
+                       config_error);
   std::ofstream(tmp.path / "old.json") << "keep";
   gpt::probe_output_file("--trace", (tmp.path / "old.json").string());
   CHECK(fs::file_size(tmp.path / "old.json") == 4);  // probed, not truncated
@@ -330,7 +391,9 @@ TEST_CASE("memory: more than the machine has, or more address space than ulimit 
   CHECK(WEXITSTATUS(status) == 0);
 }
 
-TEST_CASE("--device: auto takes a GPU when one is visible and the mode runs there; cuda that cannot run says what is missing") {
+TEST_CASE(
+    "--device: auto takes a GPU when one is visible and the mode runs there; cuda that cannot run says what is "
+    "missing") {
   gpt::train_options o;
   struct expect {
     std::string device, parallel;
@@ -368,7 +431,8 @@ TEST_CASE("--device: auto takes a GPU when one is visible and the mode runs ther
   CHECK_THROWS_WITH_AS(gpt::resolve_device(o, false, 1), doctest::Contains("without the CUDA backend"), config_error);
   o.parallel = "rtp";
   CHECK(gpt::resolve_device(o, true, 1).cuda);
-  CHECK_THROWS_WITH_AS(gpt::resolve_device(o, true, 0), doctest::Contains("--device cuda: no CUDA device is visible"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::resolve_device(o, true, 0), doctest::Contains("--device cuda: no CUDA device is visible"),
+                       config_error);
 }
 
 TEST_CASE("--parallel zero on GPUs: node-local rank k takes GPU k mod GPUs; ranks sharing a GPU are counted") {
@@ -394,11 +458,13 @@ TEST_CASE("--parallel zero on GPUs: node-local rank k takes GPU k mod GPUs; rank
 TEST_CASE("--comm: NCCL when every rank has its own GPU, else MPI through pinned host buffers; refusals say why") {
   using gpt::transport_choice;
   gpt::train_options o;
-  const gpt::device_choice sim{}, own_gpu{.cuda = true, .gpu = 1, .sharing = 1, .why = ""}, shared_gpu{.cuda = true, .gpu = 0, .sharing = 2, .why = ""};
+  const gpt::device_choice sim{}, own_gpu{.cuda = true, .gpu = 1, .sharing = 1, .why = ""},
+      shared_gpu{.cuda = true, .gpu = 0, .sharing = 2, .why = ""};
   o.parallel = "none";
   CHECK(gpt::resolve_transport(o, own_gpu, true).kind == transport_choice::host);
   o.comm = "nccl";
-  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true), doctest::Contains("applies to --parallel zero and rtp"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true),
+                       doctest::Contains("applies to --parallel zero and rtp"), config_error);
 
   for (const char* mode : {"zero", "rtp"}) {  // the same transports: both keep their collectives' buffers on the GPU
     CAPTURE(mode);
@@ -431,16 +497,21 @@ TEST_CASE("--comm: NCCL when every rank has its own GPU, else MPI through pinned
       CHECK(t.why.find(c.says) != std::string::npos);
     }
     o.comm = "nccl";
-    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, sim, true), doctest::Contains("NCCL needs --device cuda"), config_error);
-    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, shared_gpu, true), doctest::Contains("one rank of a communicator per GPU"), config_error);
+    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, sim, true), doctest::Contains("NCCL needs --device cuda"),
+                         config_error);
+    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, shared_gpu, true),
+                         doctest::Contains("one rank of a communicator per GPU"), config_error);
     CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, false), doctest::Contains("without NCCL"), config_error);
     o.comm = "mpi";
-    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true), doctest::Contains("use --comm nccl or staged"), config_error);
+    CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true), doctest::Contains("use --comm nccl or staged"),
+                         config_error);
   }
   o.comm = "mpi";
-  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true), doctest::Contains("RTP's rotating shards are on the GPU"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true),
+                       doctest::Contains("RTP's rotating shards are on the GPU"), config_error);
   o.comm = "gloo";
-  CHECK_THROWS_WITH_AS(gpt::validate_options(o, gpt::model_config(o)), doctest::Contains("--comm 'gloo' is not one of"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::validate_options(o, gpt::model_config(o)), doctest::Contains("--comm 'gloo' is not one of"),
+                       config_error);
 }
 
 TEST_CASE("--device-budget: a size, a share of the model data, or auto (a GPU's free memory less a reserve)") {

@@ -129,38 +129,54 @@ namespace checkpoint_detail {
 /** A sharded runtime (ZeRO) exposes `shards()`: who owns which chunk. Others hold everything. */
 template <class R>
 [[nodiscard]] shard_map shards_of(const R& rt) {
-  if constexpr (requires { rt.shards(); }) return rt.shards();
-  else return {};
+  if constexpr (requires { rt.shards(); })
+    return rt.shards();
+  else
+    return {};
 }
 /** The rank that saves tensor @p t of a sharded runtime: the one the runtime names
  *  (`rt.tensor_owner(t)`, for runtimes that split tensors some other way, such as RTP's), else the
  *  owner of the chunk that holds it (ZeRO). */
 template <class R>
 [[nodiscard]] int owner_of(const R& rt, std::size_t t) {
-  if constexpr (requires { rt.tensor_owner(t); }) return rt.tensor_owner(t);
-  else return rt.shards().owner(rt.plan().slots[t].chunk);
+  if constexpr (requires { rt.tensor_owner(t); })
+    return rt.tensor_owner(t);
+  else
+    return rt.shards().owner(rt.plan().slots[t].chunk);
 }
 /** Whether @p rt holds tensor @p t's data (it is in a chunk this rank owns). */
 template <class R>
 [[nodiscard]] bool holds(const R& rt, std::size_t t) {
-  if constexpr (requires { rt.shards(); rt.tensor_owner(t); }) return rt.tensor_owner(t) == rt.shards().rank;
-  else if constexpr (requires { rt.shards(); rt.plan(); }) return rt.shards().owns(rt.plan().slots[t].chunk);
-  else return true;
+  if constexpr (requires {
+                  rt.shards();
+                  rt.tensor_owner(t);
+                })
+    return rt.tensor_owner(t) == rt.shards().rank;
+  else if constexpr (requires {
+                       rt.shards();
+                       rt.plan();
+                     })
+    return rt.shards().owns(rt.plan().slots[t].chunk);
+  else
+    return true;
 }
 
 /** Writes the tensors of @p rt this rank holds into @p model_path and @p opt_path (see the file comment). */
 template <class R>
-void write_files(const R& rt, const std::filesystem::path& model_path, const std::filesystem::path& opt_path, const checkpoint_extra& extra,
-                 const std::string& save_id) {
+void write_files(const R& rt, const std::filesystem::path& model_path, const std::filesystem::path& opt_path,
+                 const checkpoint_extra& extra, const std::string& save_id) {
   const auto specs = rt.params();
   const dtype param_type = rt.options().param_type;
-  const bool master = rt.has_list(chunk_kind::master), mom = rt.has_list(chunk_kind::momentum), var = rt.has_list(chunk_kind::variance);
+  const bool master = rt.has_list(chunk_kind::master), mom = rt.has_list(chunk_kind::momentum),
+             var = rt.has_list(chunk_kind::variance);
   safetensors_writer model;
   model.set_metadata("format", "pt");
   model.set_metadata(save_id_key, save_id);
   model.set_metadata("chunkstar.param_type", std::string(dtype_name(param_type)));
   for (std::size_t t = 0; t < specs.size(); ++t)
-    if (holds(rt, t)) model.add_producer(specs[t].name, to_safetensors_dtype(param_type), specs[t].shape, list_producer(rt, t, chunk_kind::param, param_type));
+    if (holds(rt, t))
+      model.add_producer(specs[t].name, to_safetensors_dtype(param_type), specs[t].shape,
+                         list_producer(rt, t, chunk_kind::param, param_type));
   const std::uint64_t model_sum = model.write(model_path);
   safetensors_writer opt;
   for (const auto& [k, v] : extra) opt.set_metadata(k, v);
@@ -172,9 +188,15 @@ void write_files(const R& rt, const std::filesystem::path& model_path, const std
   for (std::size_t t = 0; t < specs.size(); ++t) {
     if (!holds(rt, t)) continue;
     const auto& s = specs[t];
-    if (master) opt.add_producer(s.name + ".master", safetensors_dtype::f32, s.shape, list_producer(rt, t, chunk_kind::master, dtype::f32));
-    if (mom) opt.add_producer(s.name + ".exp_avg", safetensors_dtype::f32, s.shape, list_producer(rt, t, chunk_kind::momentum, dtype::f32));
-    if (var) opt.add_producer(s.name + ".exp_avg_sq", safetensors_dtype::f32, s.shape, list_producer(rt, t, chunk_kind::variance, dtype::f32));
+    if (master)
+      opt.add_producer(s.name + ".master", safetensors_dtype::f32, s.shape,
+                       list_producer(rt, t, chunk_kind::master, dtype::f32));
+    if (mom)
+      opt.add_producer(s.name + ".exp_avg", safetensors_dtype::f32, s.shape,
+                       list_producer(rt, t, chunk_kind::momentum, dtype::f32));
+    if (var)
+      opt.add_producer(s.name + ".exp_avg_sq", safetensors_dtype::f32, s.shape,
+                       list_producer(rt, t, chunk_kind::variance, dtype::f32));
   }
   opt.write(opt_path);
 }
@@ -191,10 +213,12 @@ void write_index(const R& rt, const std::filesystem::path& path, int world) {
     }
     return out;
   };
-  std::string json = "{\n  \"metadata\": {\"format\": \"chunkstar\", \"world\": \"" + std::to_string(world) + "\"},\n  \"weight_map\": {";
+  std::string json = "{\n  \"metadata\": {\"format\": \"chunkstar\", \"world\": \"" + std::to_string(world) +
+                     "\"},\n  \"weight_map\": {";
   for (std::size_t t = 0; t < specs.size(); ++t) {
     const int owner = owner_of(rt, t);
-    json += std::string(t ? "," : "") + "\n    \"" + escape(specs[t].name) + "\": \"" + shard_file_name(checkpoint_model_stem, owner, world) + "\"";
+    json += std::string(t ? "," : "") + "\n    \"" + escape(specs[t].name) + "\": \"" +
+            shard_file_name(checkpoint_model_stem, owner, world) + "\"";
   }
   json += "\n  }\n}\n";
   auto fd = open_file(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, "cannot create");  // in the save's new directory
@@ -216,7 +240,8 @@ void write_index(const R& rt, const std::filesystem::path& path, int world) {
  *  A sharded runtime (ZeRO, N ranks; or any runtime with `shards()`, `communicator()` and
  *  `tensor_owner(t)`, the rank that saves tensor t, as RTP's checkpoint view) saves collectively —
  *  call it on every rank: each rank writes the tensors it owns as `model-<r>-of-<N>.safetensors`
- *  and `optimizer-<r>-of-<N>.safetensors` (r from 1, both five digits: `model-00001-of-00003`) into rank 0's temporary directory (a file system every rank sees), rank 0 adds
+ *  and `optimizer-<r>-of-<N>.safetensors` (r from 1, both five digits: `model-00001-of-00003`) into rank 0's temporary
+ *  directory (a file system every rank sees), rank 0 adds
  *  `model.safetensors.index.json` and swaps the directory in once every rank succeeded.
  *  After a throw (on every rank alike): @p dir is as it was and this save's temporary is gone.
  *  @throws checkpoint_error for a reserved key in @p extra, a @p dir that may not be replaced, a
@@ -228,7 +253,8 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
   namespace cd = checkpoint_detail;
   for (const auto& [k, v] : extra)
     if (cd::reserved_key(k))
-      throw checkpoint_error("checkpoint_extra key '" + k + "' is reserved (\"chunkstar.*\" and \"format\" are written by the library): rename it");
+      throw checkpoint_error("checkpoint_extra key '" + k +
+                             "' is reserved (\"chunkstar.*\" and \"format\" are written by the library): rename it");
   std::error_code ec;
   if (dir.empty()) throw checkpoint_error("checkpoint path is empty: name a directory to save to");
   const shard_map shards = cd::shards_of(rt);
@@ -265,9 +291,10 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
       comm.allreduce(std::span<double>(&failed, 1), reduce_op::max);
       if (failed == 0.0) return;
       if (shards.rank == 0 && !tmp.empty()) fs::remove_all(tmp, ec);
-      throw checkpoint_error(failure.empty() ? "saving checkpoint '" + dir.string() + "' failed on another rank while " + stage +
-                                                   " (that rank reports why); the previous checkpoint is intact"
-                                             : failure);
+      throw checkpoint_error(failure.empty()
+                                 ? "saving checkpoint '" + dir.string() + "' failed on another rank while " + stage +
+                                       " (that rank reports why); the previous checkpoint is intact"
+                                 : failure);
     };
     if (shards.rank == 0) {
       try {
@@ -281,7 +308,8 @@ void save_checkpoint(const R& rt, const std::filesystem::path& dir, const checkp
     save_id = broadcast_string(comm, save_id, 0);
     try {
       cd::write_files(rt, tmp / cd::shard_file_name(cd::checkpoint_model_stem, shards.rank, shards.world),
-                      tmp / cd::shard_file_name(cd::checkpoint_optimizer_stem, shards.rank, shards.world), extra, save_id);
+                      tmp / cd::shard_file_name(cd::checkpoint_optimizer_stem, shards.rank, shards.world), extra,
+                      save_id);
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -335,14 +363,16 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
   const auto meta = [&](const cd::file_set& f, const std::string& k) -> std::string {
     const auto it = f.metadata().find(k);
     if (it == f.metadata().end())
-      throw checkpoint_error("checkpoint file '" + f.first_path().string() + "' has no \"" + k + "\" metadata: it was not written by save_checkpoint");
+      throw checkpoint_error("checkpoint file '" + f.first_path().string() + "' has no \"" + k +
+                             "\" metadata: it was not written by save_checkpoint");
     return it->second;
   };
   const bool file_state = meta(opt, "chunkstar.optimizer_state") == "1";
   const bool rt_master = rt.has_list(chunk_kind::master), rt_var = rt.has_list(chunk_kind::variance);
   const bool want_moments = rt.has_list(chunk_kind::momentum) && options.optimizer_state;
   if (want_moments && !file_state)
-    throw checkpoint_error("checkpoint '" + dir.string() + "' holds no optimizer state: load it with checkpoint_load_options{.optimizer_state = false} "
+    throw checkpoint_error("checkpoint '" + dir.string() +
+                           "' holds no optimizer state: load it with checkpoint_load_options{.optimizer_state = false} "
                            "to take the weights only (the optimizer then starts from zero moments)");
 
   // Validate everything first, so a mismatch leaves the runtime untouched.
@@ -351,17 +381,20 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
   std::map<std::string, bool> used_model, used_opt;
   for (const auto& n : model.names()) used_model[n] = false;
   for (const auto& n : opt.names()) used_opt[n] = false;
-  auto check = [&](const cd::file_set& f, std::map<std::string, bool>& used, const std::string& name, const tensor_spec& s,
-                   bool required, bool f32_only) -> bool {
+  auto check = [&](const cd::file_set& f, std::map<std::string, bool>& used, const std::string& name,
+                   const tensor_spec& s, bool required, bool f32_only) -> bool {
     const auto* t = f.find(name);
     if (!t) {
       if (required) problems.push_back("'" + name + "' missing from " + f.description());
       return false;
     }
     used[name] = true;
-    if (t->shape != s.shape) problems.push_back("'" + name + "' has shape " + t->shape_string() + " in the checkpoint, " + s.shape_string() + " registered");
+    if (t->shape != s.shape)
+      problems.push_back("'" + name + "' has shape " + t->shape_string() + " in the checkpoint, " + s.shape_string() +
+                         " registered");
     else if (f32_only ? t->type != safetensors_dtype::f32 : !is_floating(t->type))
-      problems.push_back("'" + name + "' is " + std::string(safetensors_dtype_name(t->type)) + (f32_only ? ", optimizer state must be F32" : ", not a floating-point type"));
+      problems.push_back("'" + name + "' is " + std::string(safetensors_dtype_name(t->type)) +
+                         (f32_only ? ", optimizer state must be F32" : ", not a floating-point type"));
     return true;
   };
   std::vector<bool> has_master(specs.size(), false);
@@ -388,7 +421,8 @@ checkpoint_extra load_checkpoint(R& rt, const std::filesystem::path& dir, checkp
     }
   }
   if (!problems.empty()) {
-    std::string msg = "checkpoint '" + dir.string() + "' does not match the runtime's " + std::to_string(specs.size()) + " parameters:";
+    std::string msg = "checkpoint '" + dir.string() + "' does not match the runtime's " + std::to_string(specs.size()) +
+                      " parameters:";
     for (std::size_t i = 0; i < problems.size() && i < 20; ++i) msg += "\n  " + problems[i];
     if (problems.size() > 20) msg += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
     msg += "\nregister the same parameters (names and shapes) as the run that saved it";
@@ -433,7 +467,8 @@ inline checkpoint_extra read_checkpoint_extra(const std::filesystem::path& dir, 
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw checkpoint_error("checkpoint directory '" + dir.string() + "' " + (fs::exists(dir, ec) ? "is not a directory" : "does not exist") +
+    throw checkpoint_error("checkpoint directory '" + dir.string() + "' " +
+                           (fs::exists(dir, ec) ? "is not a directory" : "does not exist") +
                            ": pass the directory save_checkpoint wrote");
   const checkpoint_detail::directory_lock held(dir, false, lock.timeout, true);
   // Every file verified and of one save (a shard of another save is refused); the entries, which

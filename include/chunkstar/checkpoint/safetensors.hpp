@@ -100,7 +100,8 @@ constexpr safetensors_dtype to_safetensors_dtype(dtype t) noexcept {
 
 /** @brief True for the floating-point dtypes (what a parameter may be loaded from). */
 constexpr bool is_floating(safetensors_dtype t) noexcept {
-  return t == safetensors_dtype::f64 || t == safetensors_dtype::f32 || t == safetensors_dtype::f16 || t == safetensors_dtype::bf16;
+  return t == safetensors_dtype::f64 || t == safetensors_dtype::f32 || t == safetensors_dtype::f16 ||
+         t == safetensors_dtype::bf16;
 }
 
 /** @brief One tensor of a safetensors file. Offsets are relative to the start of the data section. */
@@ -169,8 +170,10 @@ inline void to_floats(const std::byte* src, safetensors_dtype t, std::span<float
     for (std::size_t i = 0; i < out.size(); ++i) {
       T v;
       std::memcpy(&v, src + i * sizeof(T), sizeof(T));
-      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) out[i] = to_float(v);
-      else out[i] = static_cast<float>(v);
+      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>)
+        out[i] = to_float(v);
+      else
+        out[i] = static_cast<float>(v);
     }
   };
   switch (t) {
@@ -205,8 +208,8 @@ class safetensors_writer {
     const auto bytes = check_entry(name, type, shape);
     if (data.size() != bytes)
       throw checkpoint_error("tensor '" + name + "': " + std::to_string(data.size()) + " bytes given for " +
-                             std::string(safetensors_dtype_name(type)) + " shape " + shape_text(shape) + " which needs " +
-                             std::to_string(bytes) + ": pass the tensor's full data");
+                             std::string(safetensors_dtype_name(type)) + " shape " + shape_text(shape) +
+                             " which needs " + std::to_string(bytes) + ": pass the tensor's full data");
     auto copy = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
     push(std::move(name), type, std::move(shape), bytes, [copy](const byte_sink& sink) { sink(*copy); });
   }
@@ -219,7 +222,8 @@ class safetensors_writer {
   }
 
   /** @brief Adds a tensor whose bytes @p produce emits when the file is written. */
-  void add_producer(std::string name, safetensors_dtype type, std::vector<std::int64_t> shape, tensor_producer produce) {
+  void add_producer(std::string name, safetensors_dtype type, std::vector<std::int64_t> shape,
+                    tensor_producer produce) {
     const auto bytes = check_entry(name, type, shape);
     if (!produce) throw checkpoint_error("tensor '" + name + "': empty producer: pass a function that emits its bytes");
     push(std::move(name), type, std::move(shape), bytes, std::move(produce));
@@ -230,7 +234,9 @@ class safetensors_writer {
     if (key == safetensors_checksum_key)
       throw checkpoint_error("metadata key '" + key + "' is reserved: the writer computes the checksum itself");
     if (!checkpoint_detail::is_valid_utf8(key) || !checkpoint_detail::is_valid_utf8(value))
-      throw checkpoint_error("metadata entry '" + key + "' is not valid UTF-8: safetensors headers are JSON; encode binary values (for example as hex)");
+      throw checkpoint_error(
+          "metadata entry '" + key +
+          "' is not valid UTF-8: safetensors headers are JSON; encode binary values (for example as hex)");
     metadata_[std::move(key)] = std::move(value);
   }
 
@@ -306,7 +312,8 @@ class safetensors_writer {
         }
       };
       std::byte len[8];
-      for (int i = 0; i < 8; ++i) len[i] = static_cast<std::byte>((static_cast<std::uint64_t>(h.size()) >> (8 * i)) & 0xff);
+      for (int i = 0; i < 8; ++i)
+        len[i] = static_cast<std::byte>((static_cast<std::uint64_t>(h.size()) >> (8 * i)) & 0xff);
       put(len);
       put(std::as_bytes(std::span(h.data(), h.size())));
       for (auto i : data_order()) {
@@ -314,8 +321,8 @@ class safetensors_writer {
         std::uint64_t emitted = 0;
         e.produce([&](std::span<const std::byte> b) {
           if (b.size() > e.bytes - emitted)
-            throw checkpoint_error("tensor '" + e.name + "': its producer emitted more than the " + std::to_string(e.bytes) +
-                                   " bytes its dtype and shape need");
+            throw checkpoint_error("tensor '" + e.name + "': its producer emitted more than the " +
+                                   std::to_string(e.bytes) + " bytes its dtype and shape need");
           emitted += b.size();
           put(b);
         });
@@ -354,17 +361,28 @@ class safetensors_writer {
   template <class T>
   static constexpr safetensors_dtype dtype_of_storage() {
     using U = std::remove_const_t<T>;
-    if constexpr (std::is_same_v<U, double>) return safetensors_dtype::f64;
-    else if constexpr (std::is_same_v<U, float>) return safetensors_dtype::f32;
-    else if constexpr (std::is_same_v<U, float16>) return safetensors_dtype::f16;
-    else if constexpr (std::is_same_v<U, bfloat16>) return safetensors_dtype::bf16;
-    else if constexpr (std::is_same_v<U, bool>) return safetensors_dtype::boolean;
-    else if constexpr (std::is_same_v<U, std::int64_t>) return safetensors_dtype::i64;
-    else if constexpr (std::is_same_v<U, std::int32_t>) return safetensors_dtype::i32;
-    else if constexpr (std::is_same_v<U, std::int16_t>) return safetensors_dtype::i16;
-    else if constexpr (std::is_same_v<U, std::int8_t>) return safetensors_dtype::i8;
-    else if constexpr (std::is_same_v<U, std::uint8_t>) return safetensors_dtype::u8;
-    else static_assert(sizeof(U) == 0, "no safetensors dtype stores this type");
+    if constexpr (std::is_same_v<U, double>)
+      return safetensors_dtype::f64;
+    else if constexpr (std::is_same_v<U, float>)
+      return safetensors_dtype::f32;
+    else if constexpr (std::is_same_v<U, float16>)
+      return safetensors_dtype::f16;
+    else if constexpr (std::is_same_v<U, bfloat16>)
+      return safetensors_dtype::bf16;
+    else if constexpr (std::is_same_v<U, bool>)
+      return safetensors_dtype::boolean;
+    else if constexpr (std::is_same_v<U, std::int64_t>)
+      return safetensors_dtype::i64;
+    else if constexpr (std::is_same_v<U, std::int32_t>)
+      return safetensors_dtype::i32;
+    else if constexpr (std::is_same_v<U, std::int16_t>)
+      return safetensors_dtype::i16;
+    else if constexpr (std::is_same_v<U, std::int8_t>)
+      return safetensors_dtype::i8;
+    else if constexpr (std::is_same_v<U, std::uint8_t>)
+      return safetensors_dtype::u8;
+    else
+      static_assert(sizeof(U) == 0, "no safetensors dtype stores this type");
   }
 
   static std::string shape_json(std::span<const std::int64_t> shape) {
@@ -384,17 +402,24 @@ class safetensors_writer {
     return s + "]";
   }
 
-  std::uint64_t check_entry(const std::string& name, safetensors_dtype type, std::span<const std::int64_t> shape) const {
+  std::uint64_t check_entry(const std::string& name, safetensors_dtype type,
+                            std::span<const std::int64_t> shape) const {
     if (name.empty()) throw checkpoint_error("tensor with an empty name: give every tensor a name");
-    if (name == "__metadata__") throw checkpoint_error("tensor name '__metadata__' is reserved by the safetensors format: rename the tensor");
-    if (!checkpoint_detail::is_valid_utf8(name)) throw checkpoint_error("tensor name is not valid UTF-8: safetensors names are JSON strings");
-    if (index_.contains(name)) throw checkpoint_error("tensor '" + name + "' added twice: names in a safetensors file are unique");
+    if (name == "__metadata__")
+      throw checkpoint_error("tensor name '__metadata__' is reserved by the safetensors format: rename the tensor");
+    if (!checkpoint_detail::is_valid_utf8(name))
+      throw checkpoint_error("tensor name is not valid UTF-8: safetensors names are JSON strings");
+    if (index_.contains(name))
+      throw checkpoint_error("tensor '" + name + "' added twice: names in a safetensors file are unique");
     const auto bytes = checkpoint_detail::checked_bytes(shape, safetensors_dtype_size(type));
-    if (!bytes) throw checkpoint_error("tensor '" + name + "': shape " + shape_text(shape) + " has a negative dimension or overflows: dimensions are sizes >= 0");
+    if (!bytes)
+      throw checkpoint_error("tensor '" + name + "': shape " + shape_text(shape) +
+                             " has a negative dimension or overflows: dimensions are sizes >= 0");
     return *bytes;
   }
 
-  void push(std::string name, safetensors_dtype type, std::vector<std::int64_t> shape, std::uint64_t bytes, tensor_producer p) {
+  void push(std::string name, safetensors_dtype type, std::vector<std::int64_t> shape, std::uint64_t bytes,
+            tensor_producer p) {
     index_.emplace(name, entries_.size());
     entries_.push_back({std::move(name), type, std::move(shape), bytes, std::move(p)});
   }
@@ -438,14 +463,18 @@ class safetensors_file {
     const std::uint64_t size = cd::file_size(f.fd_.get(), path);
     f.file_size_ = size;
     if (size < 8)
-      f.fail("file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length: it is truncated (an interrupted write) or not a safetensors file; use the previous checkpoint");
+      f.fail("file is " + std::to_string(size) +
+             " bytes, shorter than the 8-byte header length: it is truncated (an interrupted write) or not a "
+             "safetensors file; use the previous checkpoint");
     std::byte len_bytes[8];
     cd::pread_all(f.fd_.get(), len_bytes, 0, path);
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = n << 8 | std::to_integer<std::uint64_t>(len_bytes[i]);
     if (n > options.max_header_bytes)
-      f.fail("header length " + std::to_string(n) + " exceeds the limit of " + std::to_string(options.max_header_bytes) +
-             " bytes: the file is corrupt or not a safetensors file (raise safetensors_open_options::max_header_bytes only for a genuine header that large)");
+      f.fail("header length " + std::to_string(n) + " exceeds the limit of " +
+             std::to_string(options.max_header_bytes) +
+             " bytes: the file is corrupt or not a safetensors file (raise safetensors_open_options::max_header_bytes "
+             "only for a genuine header that large)");
     if (n > size - 8)
       f.fail("file truncated at " + std::to_string(size) + " bytes: its header alone needs " + std::to_string(8 + n) +
              " bytes; the write was interrupted or the file was cut short; use the previous checkpoint");
@@ -473,12 +502,14 @@ class safetensors_file {
           if (mv.type != cd::json_value::kind::string)
             f.fail("metadata \"" + mk + "\" is " + std::string(cd::json_kind_name(mv.type)) + ", must be a string");
           if (mk == safetensors_checksum_key) {
-            const bool form = mv.text.size() == cd::checksum_prefix.size() + cd::checksum_digits &&
-                              mv.end - mv.begin == mv.text.size() && mv.text.starts_with(cd::checksum_prefix) &&
-                              std::all_of(mv.text.begin() + static_cast<std::ptrdiff_t>(cd::checksum_prefix.size()), mv.text.end(),
-                                          [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+            const bool form =
+                mv.text.size() == cd::checksum_prefix.size() + cd::checksum_digits &&
+                mv.end - mv.begin == mv.text.size() && mv.text.starts_with(cd::checksum_prefix) &&
+                std::all_of(mv.text.begin() + static_cast<std::ptrdiff_t>(cd::checksum_prefix.size()), mv.text.end(),
+                            [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
             if (!form)
-              f.fail("metadata \"" + mk + "\" is \"" + mv.text + "\", not \"xxh64:\" and 16 lower-case hex digits: the header is corrupt");
+              f.fail("metadata \"" + mk + "\" is \"" + mv.text +
+                     "\", not \"xxh64:\" and 16 lower-case hex digits: the header is corrupt");
             checksum.emplace(mv.text, mv.begin + cd::checksum_prefix.size());
           }
           f.metadata_.emplace(mk, std::move(mv.text));
@@ -498,12 +529,18 @@ class safetensors_file {
              " bytes: the write was interrupted or the file was cut short; use the previous checkpoint");
     std::uint64_t expected = 0;
     for (const auto& t : f.tensors_) {
-      if (t.begin < expected) f.fail("tensor '" + t.name + "' (bytes " + std::to_string(t.begin) + ".." + std::to_string(t.end) + ") overlaps the previous tensor ending at " + std::to_string(expected) + ": the header is corrupt");
-      if (t.begin > expected) f.fail("gap in the data section before tensor '" + t.name + "' (bytes " + std::to_string(expected) + ".." + std::to_string(t.begin) + " belong to no tensor): the header is corrupt");
+      if (t.begin < expected)
+        f.fail("tensor '" + t.name + "' (bytes " + std::to_string(t.begin) + ".." + std::to_string(t.end) +
+               ") overlaps the previous tensor ending at " + std::to_string(expected) + ": the header is corrupt");
+      if (t.begin > expected)
+        f.fail("gap in the data section before tensor '" + t.name + "' (bytes " + std::to_string(expected) + ".." +
+               std::to_string(t.begin) + " belong to no tensor): the header is corrupt");
       expected = t.end;
     }
     if (expected != data_size)
-      f.fail(std::to_string(data_size - expected) + " bytes after the last tensor belong to no tensor: the file has trailing data (corrupt, or two writes mixed)");
+      f.fail(std::to_string(data_size - expected) +
+             " bytes after the last tensor belong to no tensor: the file has trailing data (corrupt, or two writes "
+             "mixed)");
     for (std::size_t i = 0; i < f.tensors_.size(); ++i) f.index_.emplace(f.tensors_[i].name, i);
 
     if (checksum) {
@@ -511,11 +548,13 @@ class safetensors_file {
       if (options.verify_checksum) {
         const std::uint64_t got = f.compute_checksum(8 + checksum->second);
         if (got != *f.checksum_)
-          f.fail("checksum mismatch: the header says " + cd::hex64(*f.checksum_) + ", the contents hash to " + cd::hex64(got) +
-                 ": the file is corrupt (changed after it was written); use the previous checkpoint");
+          f.fail("checksum mismatch: the header says " + cd::hex64(*f.checksum_) + ", the contents hash to " +
+                 cd::hex64(got) + ": the file is corrupt (changed after it was written); use the previous checkpoint");
       }
     } else if (options.require_checksum) {
-      f.fail("no \"chunkstar.checksum\" in its metadata, so its integrity cannot be verified: it was not written by chunkstar (open it with require_checksum = false to accept it)");
+      f.fail(
+          "no \"chunkstar.checksum\" in its metadata, so its integrity cannot be verified: it was not written by "
+          "chunkstar (open it with require_checksum = false to accept it)");
     }
     return f;
   }
@@ -546,7 +585,8 @@ class safetensors_file {
     const auto& t = at(name);
     if (out.size() != t.bytes())
       throw checkpoint_error("buffer of " + std::to_string(out.size()) + " bytes for tensor '" + t.name + "' of " +
-                             std::to_string(t.bytes()) + " bytes in '" + path_.string() + "': pass a buffer of its size");
+                             std::to_string(t.bytes()) + " bytes in '" + path_.string() +
+                             "': pass a buffer of its size");
     checkpoint_detail::pread_all(fd_.get(), out, data_offset_ + t.begin, path_);
   }
   [[nodiscard]] std::vector<std::byte> read_bytes(std::string_view name) const {
@@ -561,7 +601,8 @@ class safetensors_file {
     const auto& t = at(name);
     if (out.size() != t.numel())
       throw checkpoint_error("buffer of " + std::to_string(out.size()) + " elements for tensor '" + t.name + "' of " +
-                             std::to_string(t.numel()) + " elements in '" + path_.string() + "': pass a buffer of its size");
+                             std::to_string(t.numel()) + " elements in '" + path_.string() +
+                             "': pass a buffer of its size");
     if (t.type == safetensors_dtype::f32) {
       read_bytes(name, std::as_writable_bytes(out));
       return;
@@ -585,20 +626,35 @@ class safetensors_file {
   safetensors_tensor_info tensor_entry(const std::string& name, const checkpoint_detail::json_value& v) const {
     namespace cd = checkpoint_detail;
     using kind = cd::json_value::kind;
-    if (v.type != kind::object) fail("entry '" + name + "' is " + std::string(cd::json_kind_name(v.type)) + ", must be an object with dtype, shape and data_offsets");
+    if (v.type != kind::object)
+      fail("entry '" + name + "' is " + std::string(cd::json_kind_name(v.type)) +
+           ", must be an object with dtype, shape and data_offsets");
     const cd::json_value *dt = nullptr, *shape = nullptr, *offsets = nullptr;
     for (const auto& [k, m] : v.members) {
-      if (k == "dtype") dt = &m;
-      else if (k == "shape") shape = &m;
-      else if (k == "data_offsets") offsets = &m;
-      else fail("tensor '" + name + "' has an unknown field \"" + k + "\" (a safetensors entry has dtype, shape and data_offsets)");
+      if (k == "dtype")
+        dt = &m;
+      else if (k == "shape")
+        shape = &m;
+      else if (k == "data_offsets")
+        offsets = &m;
+      else
+        fail("tensor '" + name + "' has an unknown field \"" + k +
+             "\" (a safetensors entry has dtype, shape and data_offsets)");
     }
-    if (!dt || !shape || !offsets) fail("tensor '" + name + "' lacks " + std::string(!dt ? "dtype" : !shape ? "shape" : "data_offsets") + ": the header is corrupt");
+    if (!dt || !shape || !offsets)
+      fail("tensor '" + name + "' lacks " +
+           std::string(!dt      ? "dtype"
+                       : !shape ? "shape"
+                                : "data_offsets") +
+           ": the header is corrupt");
     safetensors_tensor_info t;
     t.name = name;
-    if (dt->type != kind::string) fail("tensor '" + name + "': dtype is " + std::string(cd::json_kind_name(dt->type)) + ", must be a string");
+    if (dt->type != kind::string)
+      fail("tensor '" + name + "': dtype is " + std::string(cd::json_kind_name(dt->type)) + ", must be a string");
     const auto parsed = parse_safetensors_dtype(dt->text);
-    if (!parsed) fail("tensor '" + name + "' has dtype \"" + dt->text + "\", which chunkstar does not read (F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
+    if (!parsed)
+      fail("tensor '" + name + "' has dtype \"" + dt->text +
+           "\", which chunkstar does not read (F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
     t.type = *parsed;
     if (shape->type != kind::array) fail("tensor '" + name + "': shape must be an array of integers");
     for (const auto& d : shape->items) {
@@ -606,15 +662,16 @@ class safetensors_file {
       t.shape.push_back(d.integer);
     }
     if (offsets->type != kind::array || offsets->items.size() != 2 || offsets->items[0].type != kind::integer ||
-        offsets->items[1].type != kind::integer || offsets->items[0].integer < 0 || offsets->items[1].integer < offsets->items[0].integer)
+        offsets->items[1].type != kind::integer || offsets->items[0].integer < 0 ||
+        offsets->items[1].integer < offsets->items[0].integer)
       fail("tensor '" + name + "': data_offsets must be [begin, end] with 0 <= begin <= end");
     t.begin = static_cast<std::uint64_t>(offsets->items[0].integer);
     t.end = static_cast<std::uint64_t>(offsets->items[1].integer);
     const auto bytes = cd::checked_bytes(t.shape, safetensors_dtype_size(t.type));
     if (!bytes || *bytes != t.end - t.begin)
-      fail("tensor '" + name + "': " + std::string(safetensors_dtype_name(t.type)) + " shape " + t.shape_string() + " needs " +
-           (bytes ? std::to_string(*bytes) : std::string("more than 2^64")) + " bytes but data_offsets span " +
-           std::to_string(t.end - t.begin) + ": the header is corrupt");
+      fail("tensor '" + name + "': " + std::string(safetensors_dtype_name(t.type)) + " shape " + t.shape_string() +
+           " needs " + (bytes ? std::to_string(*bytes) : std::string("more than 2^64")) +
+           " bytes but data_offsets span " + std::to_string(t.end - t.begin) + ": the header is corrupt");
     return t;
   }
 
@@ -626,7 +683,8 @@ class safetensors_file {
       const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), file_size_ - off));
       std::span<std::byte> piece(buf.data(), n);
       checkpoint_detail::pread_all(fd_.get(), piece, off, path_);
-      for (std::uint64_t i = std::max(off, digits_at); i < std::min(off + n, digits_at + checkpoint_detail::checksum_digits); ++i)
+      for (std::uint64_t i = std::max(off, digits_at);
+           i < std::min(off + n, digits_at + checkpoint_detail::checksum_digits); ++i)
         piece[static_cast<std::size_t>(i - off)] = std::byte{'0'};
       hash.update(piece);
       off += n;

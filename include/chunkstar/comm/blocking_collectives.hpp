@@ -23,7 +23,9 @@ namespace chunkstar {
 template <class Model>
 class blocking_collectives {
  public:
-  void allreduce(void* inout, std::size_t count, dtype t, reduce_op op) { self().allreduce_async(inout, count, t, op).wait(); }
+  void allreduce(void* inout, std::size_t count, dtype t, reduce_op op) {
+    self().allreduce_async(inout, count, t, op).wait();
+  }
   void allreduce(std::span<double> inout, reduce_op op) { self().allreduce_async(inout, op).wait(); }
   void allgather(const void* send, void* recv, std::size_t bytes) { self().allgather_async(send, recv, bytes).wait(); }
   void reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
@@ -33,7 +35,9 @@ class blocking_collectives {
     self().reduce_async(send, recv, count, t, op, root).wait();
   }
   void broadcast(void* buf, std::size_t bytes, int root) { self().broadcast_async(buf, bytes, root).wait(); }
-  void ring_shift(const void* send, void* recv, std::size_t bytes) { self().ring_shift_async(send, recv, bytes).wait(); }
+  void ring_shift(const void* send, void* recv, std::size_t bytes) {
+    self().ring_shift_async(send, recv, bytes).wait();
+  }
 
  protected:
   blocking_collectives() = default;

@@ -46,7 +46,8 @@ struct collective_call {
       case collective_kind::reduce_scatter:
         return "reduce_scatter(" + n + " x " + std::string(dtype_name(type)) + " per rank, " + o + ")";
       case collective_kind::reduce:
-        return "reduce(" + n + " x " + std::string(dtype_name(type)) + ", " + o + ", to root " + std::to_string(root) + ")";
+        return "reduce(" + n + " x " + std::string(dtype_name(type)) + ", " + o + ", to root " + std::to_string(root) +
+               ")";
       case collective_kind::broadcast: return "broadcast(" + n + " bytes from root " + std::to_string(root) + ")";
       case collective_kind::ring_shift: return "ring_shift(" + n + " bytes)";
       case collective_kind::barrier: return "barrier()";

@@ -62,10 +62,10 @@ class comm_handle {
 
   /** @brief Takes shared ownership of a model's completion state. */
   template <class State>
-    requires requires(State& s) {
-      s.wait();
-      { s.ready() } -> std::convertible_to<bool>;
-    }
+  requires requires(State& s) {
+    s.wait();
+    { s.ready() } -> std::convertible_to<bool>;
+  }
   explicit comm_handle(std::shared_ptr<State> state) noexcept
       : state_(std::move(state)),
         wait_([](void* s) { static_cast<State*>(s)->wait(); }),
@@ -148,24 +148,28 @@ namespace detail {
 /** @brief Counts collectives into a comm_stats by the volumes comm_stats documents. */
 struct comm_counter {
   comm_stats stats;
-  void gather_like(std::size_t bytes_per_rank, int size) noexcept {  // allgather, reduce-scatter, gather-based allreduce
+  void gather_like(std::size_t bytes_per_rank,
+                   int size) noexcept {  // allgather, reduce-scatter, gather-based allreduce
     const auto v = static_cast<std::uint64_t>(bytes_per_rank) * static_cast<std::uint64_t>(size - 1);
     stats.bytes_sent += v;
     stats.bytes_received += v;
     ++stats.collectives;
   }
   void reduce(std::size_t bytes, int root, int rank, int size) noexcept {  // every rank's input gathered to the root
-    if (size > 1) (rank == root ? stats.bytes_received += static_cast<std::uint64_t>(bytes) * static_cast<std::uint64_t>(size - 1)
-                                : stats.bytes_sent += bytes);
+    if (size > 1)
+      (rank == root ? stats.bytes_received += static_cast<std::uint64_t>(bytes) * static_cast<std::uint64_t>(size - 1)
+                    : stats.bytes_sent += bytes);
     ++stats.collectives;
   }
   void broadcast(std::size_t bytes, int root, int rank, int size) noexcept {
-    if (size > 1) (rank == root ? stats.bytes_sent += static_cast<std::uint64_t>(bytes) * static_cast<std::uint64_t>(size - 1)
-                                : stats.bytes_received += bytes);
+    if (size > 1)
+      (rank == root ? stats.bytes_sent += static_cast<std::uint64_t>(bytes) * static_cast<std::uint64_t>(size - 1)
+                    : stats.bytes_received += bytes);
     ++stats.collectives;
   }
   void ring_allreduce(std::size_t bytes, int size) noexcept {  // NCCL's: reduce-scatter then allgather on a ring
-    const auto v = 2 * static_cast<std::uint64_t>(bytes) * static_cast<std::uint64_t>(size - 1) / static_cast<std::uint64_t>(size);
+    const auto v =
+        2 * static_cast<std::uint64_t>(bytes) * static_cast<std::uint64_t>(size - 1) / static_cast<std::uint64_t>(size);
     stats.bytes_sent += v;
     stats.bytes_received += v;
     ++stats.collectives;
@@ -256,8 +260,10 @@ concept Communicator = requires(C& c, const C& cc, void* p, const void* cp, std:
  *  own control-plane data through `allreduce(span<double>)` (comm/host_scalars.hpp). */
 template <class C>
 inline constexpr bool takes_device_memory_v = [] {
-  if constexpr (requires { C::takes_device_memory; }) return static_cast<bool>(C::takes_device_memory);
-  else return false;
+  if constexpr (requires { C::takes_device_memory; })
+    return static_cast<bool>(C::takes_device_memory);
+  else
+    return false;
 }();
 
 namespace detail {
@@ -341,21 +347,24 @@ inline void check_allgather(const void* send, const void* recv, std::size_t byte
   check_buffer(send, bytes, "allgather", "send");
   check_buffer(recv, bytes, "allgather", "recv");
   const std::size_t total = bytes * static_cast<std::size_t>(size);
-  const bool in_place = bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank) * bytes;
+  const bool in_place =
+      bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank) * bytes;
   if (!in_place && overlaps(send, bytes, recv, total))
-    throw config_error("allgather: send overlaps recv other than at this rank's block; use disjoint buffers or "
-                       "pass send = recv + rank() * bytes for an in-place allgather");
+    throw config_error(
+        "allgather: send overlaps recv other than at this rank's block; use disjoint buffers or "
+        "pass send = recv + rank() * bytes for an in-place allgather");
 }
 
-inline void check_reduce_scatter(const void* send, const void* recv, std::size_t count, dtype t, int rank,
-                                 int size) {
+inline void check_reduce_scatter(const void* send, const void* recv, std::size_t count, dtype t, int rank, int size) {
   const std::size_t block = count * dtype_size(t);
   check_buffer(send, block * static_cast<std::size_t>(size), "reduce_scatter", "send");
   check_buffer(recv, block, "reduce_scatter", "recv");
-  const bool in_place = block != 0 && recv == static_cast<const std::byte*>(send) + static_cast<std::size_t>(rank) * block;
+  const bool in_place =
+      block != 0 && recv == static_cast<const std::byte*>(send) + static_cast<std::size_t>(rank) * block;
   if (!in_place && overlaps(send, block * static_cast<std::size_t>(size), recv, block))
-    throw config_error("reduce_scatter: recv overlaps send other than at this rank's block; use disjoint buffers "
-                       "or pass recv = send + rank() * count * dtype_size(t) for an in-place reduce_scatter");
+    throw config_error(
+        "reduce_scatter: recv overlaps send other than at this rank's block; use disjoint buffers "
+        "or pass recv = send + rank() * count * dtype_size(t) for an in-place reduce_scatter");
 }
 
 inline void check_ring_shift(const void* send, const void* recv, std::size_t bytes) {
@@ -382,8 +391,9 @@ inline void check_reduce(const void* send, const void* recv, std::size_t count, 
   if (rank != root) return;
   check_buffer(recv, bytes, "reduce", "recv (on the root)");
   if (send != recv && overlaps(send, bytes, recv, bytes))
-    throw config_error("reduce: on the root (rank " + std::to_string(root) + ") send and recv overlap without being equal (" +
-                       std::to_string(bytes) + " bytes each); use disjoint buffers, or pass recv = send for an in-place "
+    throw config_error("reduce: on the root (rank " + std::to_string(root) +
+                       ") send and recv overlap without being equal (" + std::to_string(bytes) +
+                       " bytes each); use disjoint buffers, or pass recv = send for an in-place "
                        "reduce");
 }
 

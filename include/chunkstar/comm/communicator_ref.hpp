@@ -20,13 +20,15 @@ namespace chunkstar {
 class communicator_ref : public blocking_collectives<communicator_ref> {
  public:
   template <Communicator C>
-    requires(!std::same_as<C, communicator_ref>)
-  communicator_ref(C& c) noexcept : obj_(&c), vt_(&vtable_for<C>) {}  // NOLINT(google-explicit-constructor)
+  requires(!std::same_as<C, communicator_ref>) communicator_ref(C& c)
+  noexcept : obj_(&c), vt_(&vtable_for<C>) {}  // NOLINT(google-explicit-constructor)
 
   [[nodiscard]] int rank() const { return vt_->rank(obj_); }
   [[nodiscard]] int size() const { return vt_->size(obj_); }
   void barrier() { vt_->barrier(obj_); }
-  comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) { return vt_->allreduce(obj_, p, n, t, op); }
+  comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) {
+    return vt_->allreduce(obj_, p, n, t, op);
+  }
   comm_handle allreduce_async(std::span<double> d, reduce_op op) { return vt_->allreduce_f64(obj_, d, op); }
   comm_handle allgather_async(const void* s, void* r, std::size_t n) { return vt_->allgather(obj_, s, r, n); }
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
@@ -59,7 +61,9 @@ class communicator_ref : public blocking_collectives<communicator_ref> {
       [](const void* o) { return static_cast<const C*>(o)->rank(); },
       [](const void* o) { return static_cast<const C*>(o)->size(); },
       [](void* o) { static_cast<C*>(o)->barrier(); },
-      [](void* o, void* p, std::size_t n, dtype t, reduce_op op) { return static_cast<C*>(o)->allreduce_async(p, n, t, op); },
+      [](void* o, void* p, std::size_t n, dtype t, reduce_op op) {
+        return static_cast<C*>(o)->allreduce_async(p, n, t, op);
+      },
       [](void* o, std::span<double> d, reduce_op op) { return static_cast<C*>(o)->allreduce_async(d, op); },
       [](void* o, const void* s, void* r, std::size_t n) { return static_cast<C*>(o)->allgather_async(s, r, n); },
       [](void* o, const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
@@ -71,8 +75,10 @@ class communicator_ref : public blocking_collectives<communicator_ref> {
       [](void* o, void* p, std::size_t n, int root) { return static_cast<C*>(o)->broadcast_async(p, n, root); },
       [](void* o, const void* s, void* r, std::size_t n) { return static_cast<C*>(o)->ring_shift_async(s, r, n); },
       [](const void* o) -> comm_stats {
-        if constexpr (requires(const C& c) { c.stats(); }) return static_cast<const C*>(o)->stats();
-        else return {};
+        if constexpr (requires(const C& c) { c.stats(); })
+          return static_cast<const C*>(o)->stats();
+        else
+          return {};
       },
   };
   void* obj_;

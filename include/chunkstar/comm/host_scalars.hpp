@@ -41,10 +41,12 @@ template <Communicator C>
   broadcast_scalars(comm, std::span<double>(&length, 1), root);
   std::vector<double> bytes(static_cast<std::size_t>(length), 0.0);
   if (comm.rank() == root)
-    std::transform(s.begin(), s.end(), bytes.begin(), [](char c) { return static_cast<double>(static_cast<unsigned char>(c)); });
+    std::transform(s.begin(), s.end(), bytes.begin(),
+                   [](char c) { return static_cast<double>(static_cast<unsigned char>(c)); });
   broadcast_scalars(comm, std::span<double>(bytes), root);
   std::string out(bytes.size(), '\0');
-  std::transform(bytes.begin(), bytes.end(), out.begin(), [](double b) { return static_cast<char>(static_cast<unsigned char>(b)); });
+  std::transform(bytes.begin(), bytes.end(), out.begin(),
+                 [](double b) { return static_cast<char>(static_cast<unsigned char>(b)); });
   return out;
 }
 

@@ -136,8 +136,9 @@ class in_process_group {
       std::lock_guard lock(mutex_);
       if (!poisoned_) {
         poisoned_ = true;
-        reason_ = "in_process_group destroyed while a collective was still pending; keep the group alive until every "
-                  "rank has waited for its collectives";
+        reason_ =
+            "in_process_group destroyed while a collective was still pending; keep the group alive until every "
+            "rank has waited for its collectives";
       }
     }
     cv_.notify_all();
@@ -260,8 +261,9 @@ class in_process_group {
       if (!left_[static_cast<std::size_t>(q)]) continue;
       const auto& mine = slots_[static_cast<std::size_t>(waiting_rank)];
       return "rank " + std::to_string(q) + " left the collective sequence after " +
-             std::to_string(entered_[static_cast<std::size_t>(q)]) + " calls, but rank " + std::to_string(waiting_rank) +
-             " is in call #" + std::to_string(mine.index) + ": " + mine.call.to_string() +
+             std::to_string(entered_[static_cast<std::size_t>(q)]) + " calls, but rank " +
+             std::to_string(waiting_rank) + " is in call #" + std::to_string(mine.index) + ": " +
+             mine.call.to_string() +
              "; every rank must make the same collective calls (did a rank function return early?)";
     }
     return "a rank left the collective sequence";
@@ -401,7 +403,8 @@ inline void in_process_communicator::run_allreduce(std::uint64_t index, const de
   for (std::size_t k = 0; k < n; ++k)
     srcs[k] = static_cast<const std::byte*>(g.peer(static_cast<int>(k)).in) + lo * elem_bytes;
   if (call.kind == detail::collective_kind::allreduce_f64)
-    detail::fold_ranks_f64(reinterpret_cast<double*>(scratch.data()), srcs.data(), static_cast<int>(n), hi - lo, call.op);
+    detail::fold_ranks_f64(reinterpret_cast<double*>(scratch.data()), srcs.data(), static_cast<int>(n), hi - lo,
+                           call.op);
   else
     detail::fold_ranks(scratch.data(), srcs.data(), static_cast<int>(n), hi - lo, call.type, call.op);
   g.sync(rank_, nullptr);
@@ -460,7 +463,8 @@ inline comm_handle in_process_communicator::reduce_scatter_async(const void* sen
     const auto n = static_cast<std::size_t>(g.size());
     const std::size_t offset = static_cast<std::size_t>(rank_) * count * dtype_size(t);
     std::vector<const void*> srcs(n);
-    for (std::size_t k = 0; k < n; ++k) srcs[k] = static_cast<const std::byte*>(g.peer(static_cast<int>(k)).in) + offset;
+    for (std::size_t k = 0; k < n; ++k)
+      srcs[k] = static_cast<const std::byte*>(g.peer(static_cast<int>(k)).in) + offset;
     // Element-wise, so the in-place case (recv is this rank's block of send) is safe: no peer
     // reads that block.
     detail::fold_ranks(recv, srcs.data(), static_cast<int>(n), count, t, op);

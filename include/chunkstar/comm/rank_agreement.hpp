@@ -36,7 +36,7 @@ struct config_field {
 /** @brief @p v as the shortest text that reads back to the same value ("0.003"): two ranks agree on
  *  a field exactly when their values are equal. */
 template <class T>
-  requires std::is_arithmetic_v<T>
+requires std::is_arithmetic_v<T>
 [[nodiscard]] std::string config_value(T v) {
   char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
@@ -104,7 +104,8 @@ void require_agreement(C& comm, std::span<const config_field> fields, std::strin
   const int rank = static_cast<int>(odd);
   // 4. Both ranks' text of that field (fixed size, so every rank's call matches).
   constexpr std::size_t text_bytes = 240;
-  std::string mine = field < fields.size() ? fields[field].name + " = " + fields[field].value : "(nothing: fewer fields)";
+  std::string mine =
+      field < fields.size() ? fields[field].name + " = " + fields[field].value : "(nothing: fewer fields)";
   if (mine.size() > text_bytes - 1) mine = mine.substr(0, text_bytes - 4) + "...";
   std::vector<double> texts(2 * text_bytes, 0.0);
   for (const std::size_t slot : {0u, 1u})

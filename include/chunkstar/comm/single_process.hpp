@@ -98,7 +98,8 @@ class single_process_communicator {
 
  private:
   static void copy(void* dst, const void* src, std::size_t bytes) noexcept {
-    if (bytes != 0 && dst != src) std::memmove(dst, src, bytes);  // arguments were checked; memmove keeps -Wrestrict quiet
+    if (bytes != 0 && dst != src)
+      std::memmove(dst, src, bytes);  // arguments were checked; memmove keeps -Wrestrict quiet
   }
 };
 

@@ -48,7 +48,8 @@ namespace chunkstar {
 template <class S>
 concept Stager = requires(S& s, void* p, const void* cp, std::size_t n) {
   { s.allocate_host(n) } -> std::same_as<void*>;
-  { s.free_host(p, n) } noexcept;
+  { s.free_host(p, n) }
+  noexcept;
   s.to_host(p, cp, n);
   s.to_device(p, cp, n);
 };
@@ -90,11 +91,15 @@ class staged_communicator : public blocking_collectives<staged_communicator<Inne
   /** @brief The inner communicator's byte counts (the volumes of its algorithm; staging copies are
    *  not network bytes). */
   [[nodiscard]] comm_stats stats() const {
-    if constexpr (requires(const Inner& c) { c.stats(); }) return inner_.stats();
-    else return {};
+    if constexpr (requires(const Inner& c) { c.stats(); })
+      return inner_.stats();
+    else
+      return {};
   }
   /** @brief Bytes copied device → host and host → device so far. */
-  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> staged_bytes() const noexcept { return {to_host_bytes_, to_device_bytes_}; }
+  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> staged_bytes() const noexcept {
+    return {to_host_bytes_, to_device_bytes_};
+  }
 
   void barrier() { inner_.barrier(); }
 
@@ -113,8 +118,9 @@ class staged_communicator : public blocking_collectives<staged_communicator<Inne
     require("allgather", "send", s, n);
     require("allgather", "receive", r, all);
     if (detail::overlaps(s, n, r, all) && s != static_cast<const std::byte*>(r) + mine)
-      throw config_error("staged_communicator::allgather: the send buffer overlaps the receive buffer but is not its block " +
-                         std::to_string(rank()) + " (in place means send == recv + rank * n)");
+      throw config_error(
+          "staged_communicator::allgather: the send buffer overlaps the receive buffer but is not its block " +
+          std::to_string(rank()) + " (in place means send == recv + rank * n)");
     staging h = stage(all);
     copy_in(h.data() + mine, s, n);
     comm_handle done = inner_.allgather_async(h.data() + mine, h.data(), n);
@@ -126,8 +132,9 @@ class staged_communicator : public blocking_collectives<staged_communicator<Inne
     require("reduce_scatter", "send", s, all);
     require("reduce_scatter", "receive", r, b);
     if (detail::overlaps(s, all, r, b) && r != static_cast<const std::byte*>(s) + mine)
-      throw config_error("staged_communicator::reduce_scatter: the receive buffer overlaps the send buffer but is not its block " +
-                         std::to_string(rank()) + " (in place means recv == send + rank * n)");
+      throw config_error(
+          "staged_communicator::reduce_scatter: the receive buffer overlaps the send buffer but is not its block " +
+          std::to_string(rank()) + " (in place means recv == send + rank * n)");
     staging h = stage(all);
     copy_in(h.data(), s, all);
     comm_handle done = inner_.reduce_scatter_async(h.data(), h.data() + mine, n, t, op);
@@ -141,8 +148,9 @@ class staged_communicator : public blocking_collectives<staged_communicator<Inne
     require("reduce", "send", s, b);
     if (at_root) require("reduce", "receive", r, b);
     if (at_root && s != r && detail::overlaps(s, b, r, b))
-      throw config_error("staged_communicator::reduce: at the root the send and receive buffers overlap without being the same "
-                         "(in place means send == recv)");
+      throw config_error(
+          "staged_communicator::reduce: at the root the send and receive buffers overlap without being the same "
+          "(in place means send == recv)");
     staging h = stage(b);
     copy_in(h.data(), s, b);
     comm_handle done = inner_.reduce_async(h.data(), h.data(), n, t, op, root);
@@ -161,7 +169,8 @@ class staged_communicator : public blocking_collectives<staged_communicator<Inne
   comm_handle ring_shift_async(const void* s, void* r, std::size_t n) {
     require("ring_shift", "send", s, n);
     require("ring_shift", "receive", r, n);
-    if (detail::overlaps(s, n, r, n)) throw config_error("staged_communicator::ring_shift: the send and receive buffers overlap");
+    if (detail::overlaps(s, n, r, n))
+      throw config_error("staged_communicator::ring_shift: the send and receive buffers overlap");
     staging h = stage(2 * n);
     copy_in(h.data(), s, n);
     comm_handle done = inner_.ring_shift_async(h.data(), h.data() + n, n);
@@ -217,13 +226,13 @@ class staged_communicator : public blocking_collectives<staged_communicator<Inne
   [[nodiscard]] std::size_t ranks() const { return static_cast<std::size_t>(size()); }
   static void require(const char* call, const char* which, const void* p, std::size_t bytes) {
     if (p == nullptr && bytes != 0)
-      throw config_error(std::string("staged_communicator::") + call + ": the " + which + (*which ? " " : "") + "buffer of " +
-                         std::to_string(bytes) + " bytes is null");
+      throw config_error(std::string("staged_communicator::") + call + ": the " + which + (*which ? " " : "") +
+                         "buffer of " + std::to_string(bytes) + " bytes is null");
   }
   void require_root(const char* call, int root) const {
     if (root < 0 || root >= size())
-      throw config_error(std::string("staged_communicator::") + call + ": root " + std::to_string(root) + " is not a rank in [0, " +
-                         std::to_string(size()) + ")");
+      throw config_error(std::string("staged_communicator::") + call + ": root " + std::to_string(root) +
+                         " is not a rank in [0, " + std::to_string(size()) + ")");
   }
 
   staging stage(std::size_t bytes) {
@@ -264,7 +273,8 @@ class staged_communicator : public blocking_collectives<staged_communicator<Inne
     to_device_bytes_ += n;
   }
   comm_handle finish(comm_handle done, staging host, void* device, std::size_t offset, std::size_t bytes) {
-    return comm_handle(std::make_shared<completion>(completion{std::move(done), std::move(host), this, device, offset, bytes}));
+    return comm_handle(
+        std::make_shared<completion>(completion{std::move(done), std::move(host), this, device, offset, bytes}));
   }
 
   Inner& inner_;

@@ -27,7 +27,9 @@ struct chunk_id {
 };
 
 /** @brief "param#3". */
-inline std::string to_string(chunk_id c) { return std::string(chunk_kind_name(c.kind)) + "#" + std::to_string(c.index); }
+inline std::string to_string(chunk_id c) {
+  return std::string(chunk_kind_name(c.kind)) + "#" + std::to_string(c.index);
+}
 
 }  // namespace chunkstar
 

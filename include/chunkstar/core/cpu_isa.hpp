@@ -122,8 +122,8 @@ inline std::atomic<int>& forced_cpu_isa() noexcept {
 
 /** What CHUNKSTAR_CPU_ISA asked for, read once, and whether it was honoured. */
 struct cpu_isa_env {
-  std::string value;               ///< the variable's text; empty if unset
-  std::optional<cpu_isa> honoured; ///< the ISA it selects, if valid and supported
+  std::string value;                ///< the variable's text; empty if unset
+  std::optional<cpu_isa> honoured;  ///< the ISA it selects, if valid and supported
 };
 
 }  // namespace detail

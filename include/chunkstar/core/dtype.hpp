@@ -37,21 +37,38 @@ constexpr std::string_view dtype_name(dtype t) noexcept {
 }
 
 /** @brief The storage type of each dtype, and back. */
-template <dtype T> struct dtype_storage;
-template <> struct dtype_storage<dtype::f32> { using type = float; };
-template <> struct dtype_storage<dtype::f16> { using type = float16; };
-template <> struct dtype_storage<dtype::bf16> { using type = bfloat16; };
-template <dtype T> using dtype_storage_t = typename dtype_storage<T>::type;
+template <dtype T>
+struct dtype_storage;
+template <>
+struct dtype_storage<dtype::f32> {
+  using type = float;
+};
+template <>
+struct dtype_storage<dtype::f16> {
+  using type = float16;
+};
+template <>
+struct dtype_storage<dtype::bf16> {
+  using type = bfloat16;
+};
+template <dtype T>
+using dtype_storage_t = typename dtype_storage<T>::type;
 
-template <class T> inline constexpr bool is_element_type_v = false;
-template <> inline constexpr bool is_element_type_v<float> = true;
-template <> inline constexpr bool is_element_type_v<float16> = true;
-template <> inline constexpr bool is_element_type_v<bfloat16> = true;
+template <class T>
+inline constexpr bool is_element_type_v = false;
+template <>
+inline constexpr bool is_element_type_v<float> = true;
+template <>
+inline constexpr bool is_element_type_v<float16> = true;
+template <>
+inline constexpr bool is_element_type_v<bfloat16> = true;
 
 /** @brief The dtype tag of a storage type. */
 template <class T>
-  requires is_element_type_v<T>
-inline constexpr dtype dtype_of_v = std::is_same_v<T, float> ? dtype::f32 : std::is_same_v<T, float16> ? dtype::f16 : dtype::bf16;
+requires is_element_type_v<T>
+inline constexpr dtype dtype_of_v = std::is_same_v<T, float>     ? dtype::f32
+                                    : std::is_same_v<T, float16> ? dtype::f16
+                                                                 : dtype::bf16;
 
 /** @brief Widen any storage element to float. */
 CHUNKSTAR_HOST_DEVICE constexpr float to_float(float x) noexcept { return x; }
@@ -60,10 +77,11 @@ CHUNKSTAR_HOST_DEVICE constexpr float to_float(bfloat16 x) noexcept { return bf1
 
 /** @brief Narrow a float to storage type @p T with round-to-nearest-even. */
 template <class T>
-  requires is_element_type_v<T>
-CHUNKSTAR_HOST_DEVICE constexpr T from_float(float x) noexcept {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return T(x);
+requires is_element_type_v<T> CHUNKSTAR_HOST_DEVICE constexpr T from_float(float x) noexcept {
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return T(x);
 }
 
 namespace simd_detail {

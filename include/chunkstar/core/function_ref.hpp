@@ -23,9 +23,11 @@ template <class R, class... Args>
 class function_ref<R(Args...)> {
  public:
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, function_ref> && std::is_invocable_r_v<R, F&, Args...>)
-  function_ref(F&& f) noexcept  // NOLINT(google-explicit-constructor): converts like std::function_ref
-      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))), call_(&invoke<std::remove_reference_t<F>>) {}
+  requires(!std::is_same_v<std::remove_cvref_t<F>, function_ref> && std::is_invocable_r_v<R, F&, Args...>)
+      function_ref(F&& f)
+  noexcept  // NOLINT(google-explicit-constructor): converts like std::function_ref
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_(&invoke<std::remove_reference_t<F>>) {}
 
   R operator()(Args... args) const { return call_(object_, std::forward<Args>(args)...); }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
- *  @brief `gradient_mode`: how the gradients of ranks relate (local, replicated, sharded), which decides how the global gradient norm is formed.
+ *  @brief `gradient_mode`: how the gradients of ranks relate (local, replicated, sharded), which decides how the global
+ *         gradient norm is formed.
  */
 #pragma once
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
- *  @brief `moment_kind`: what a moment of an iteration is (a forward or backward scope, the optimizer step), and `never` for next-use distances.
+ *  @brief `moment_kind`: what a moment of an iteration is (a forward or backward scope, the optimizer step), and
+ *         `never` for next-use distances.
  */
 #pragma once
 

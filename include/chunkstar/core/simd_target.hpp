@@ -42,13 +42,13 @@
 // -W(maybe-)uninitialized reports it (a false positive, GCC bug 105593; no lane of that value is
 // ever read: every call is unmasked). Both are silenced inside the regions only, not in the
 // includer (-march=native -Wall -Werror stays clean).
-#define CHUNKSTAR_SIMD_BEGIN_AVX2                                                                  \
+#define CHUNKSTAR_SIMD_BEGIN_AVX2                                                                     \
   _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")") _Pragma("GCC diagnostic push") \
-      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                                   \
+      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                                     \
           _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
-#define CHUNKSTAR_SIMD_BEGIN_AVX512                                                                  \
+#define CHUNKSTAR_SIMD_BEGIN_AVX512                                                                           \
   _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx2,fma,f16c\")") _Pragma("GCC diagnostic push") \
-      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                                   \
+      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                                             \
           _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
 #define CHUNKSTAR_SIMD_END _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
 #endif

@@ -41,10 +41,10 @@ inline tensor_state transition(tensor_state s, tensor_event e, std::string_view 
   auto illegal = [&]() -> tensor_state {
     static constexpr std::string_view events[] = {"open a scope", "close a forward scope", "close a backward scope",
                                                   "end the iteration", "release"};
-    throw state_error("cannot " + std::string(events[static_cast<int>(e)]) + " for tensor '" + std::string(tensor_name) +
-                      "' in state " + std::string(tensor_state_name(s)) +
-                      (s == tensor_state::compute ? ": close the scope that uses it first"
-                                                  : ": open a scope on it first"));
+    throw state_error(
+        "cannot " + std::string(events[static_cast<int>(e)]) + " for tensor '" + std::string(tensor_name) +
+        "' in state " + std::string(tensor_state_name(s)) +
+        (s == tensor_state::compute ? ": close the scope that uses it first" : ": open a scope on it first"));
   };
   switch (e) {
     case tensor_event::open_scope: return s == tensor_state::compute ? illegal() : tensor_state::compute;

@@ -29,12 +29,25 @@ inline std::optional<std::size_t> parse_bytes(std::string_view text) {
   if (end != number.c_str() + number.size() || value < 0) return std::nullopt;
   std::string_view unit = text.substr(i);
   while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
-  struct entry { std::string_view name; double factor; };
+  struct entry {
+    std::string_view name;
+    double factor;
+  };
   static constexpr entry units[] = {
-      {"", 1},           {"B", 1},
-      {"KiB", 1024.0},   {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"K", 1024.0},     {"M", 1048576.0},   {"G", 1073741824.0},   {"T", 1099511627776.0},
-      {"KB", 1e3},       {"MB", 1e6},        {"GB", 1e9},           {"TB", 1e12},
+      {"", 1},
+      {"B", 1},
+      {"KiB", 1024.0},
+      {"MiB", 1048576.0},
+      {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0},
+      {"K", 1024.0},
+      {"M", 1048576.0},
+      {"G", 1073741824.0},
+      {"T", 1099511627776.0},
+      {"KB", 1e3},
+      {"MB", 1e6},
+      {"GB", 1e9},
+      {"TB", 1e12},
       {"kB", 1e3},
   };
   for (const auto& u : units) {
@@ -57,8 +70,10 @@ inline std::string format_bytes(std::size_t bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  else std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, names[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  else
+    std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, names[u]);
   return buf;
 }
 

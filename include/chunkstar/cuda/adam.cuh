@@ -37,9 +37,7 @@ inline void check(cudaError_t e, const char* what) {
 }
 
 __device__ __forceinline__ float load_elem(const float* p) { return *p; }
-__device__ __forceinline__ float load_elem(const float16* p) {
-  return __half2float(__ushort_as_half(p->bits));
-}
+__device__ __forceinline__ float load_elem(const float16* p) { return __half2float(__ushort_as_half(p->bits)); }
 __device__ __forceinline__ float load_elem(const bfloat16* p) {
   return __uint_as_float(static_cast<unsigned>(p->bits) << 16);
 }
@@ -59,10 +57,20 @@ __device__ __forceinline__ void adam_elem(float& p, float& m, float& v, float gr
 }
 
 /** Four gradients in one load: 16 bytes for fp32, 8 bytes for fp16/bf16. */
-template <class G> struct vec4_of;
-template <> struct vec4_of<float> { using type = float4; };
-template <> struct vec4_of<float16> { using type = uint2; };
-template <> struct vec4_of<bfloat16> { using type = uint2; };
+template <class G>
+struct vec4_of;
+template <>
+struct vec4_of<float> {
+  using type = float4;
+};
+template <>
+struct vec4_of<float16> {
+  using type = uint2;
+};
+template <>
+struct vec4_of<bfloat16> {
+  using type = uint2;
+};
 
 template <class G, class P, bool WriteParam>
 __global__ void adam_kernel(float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
@@ -113,17 +121,21 @@ __global__ void adam_kernel(float* __restrict__ master, float* __restrict__ m, f
 
 inline bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
 
-template <class G> struct sq_op {
+template <class G>
+struct sq_op {
   float scale;
   __device__ double operator()(const G& x) const {
     const double y = static_cast<double>(load_elem(&x)) * static_cast<double>(scale);
     return y * y;
   }
 };
-template <class G> struct abs_bits_op {
+template <class G>
+struct abs_bits_op {
   __device__ unsigned operator()(const G& x) const {
-    if constexpr (std::is_same_v<G, float>) return __float_as_uint(x) & 0x7fffffffu;
-    else return static_cast<unsigned>(x.bits & 0x7fffu);
+    if constexpr (std::is_same_v<G, float>)
+      return __float_as_uint(x) & 0x7fffffffu;
+    else
+      return static_cast<unsigned>(x.bits & 0x7fffu);
   }
 };
 struct max_op {
@@ -150,14 +162,15 @@ void transform_reduce(const G* d_in, std::size_t n, Out* d_out, Reduce r, Transf
  *         pointers; the contract (lengths, empty param_out when master is the parameter, throws
  *         config_error on bad arguments) is that of chunkstar::adam_update. args.threads is ignored. */
 template <class G, class P>
-  requires is_element_type_v<G> && is_element_type_v<P>
+requires is_element_type_v<G> && is_element_type_v<P>
 void adam_update_device(std::span<float> master, std::span<float> m, std::span<float> v, std::span<const G> grad,
                         std::span<P> param_out, const adam_hyper& hyper, const adam_step_args& args,
                         cudaStream_t stream) {
   const std::size_t n = master.size();
   if (m.size() != n || v.size() != n || grad.size() != n || (!param_out.empty() && param_out.size() != n))
-    throw config_error("adam_update_device: master, m, v, grad (and param_out unless empty) must have the same "
-                       "length; pass the same chunk range of each list");
+    throw config_error(
+        "adam_update_device: master, m, v, grad (and param_out unless empty) must have the same "
+        "length; pass the same chunk range of each list");
   const adam_constants c = make_adam_constants(hyper, args);
   if (n == 0) return;
   const bool vec = adam_detail::aligned(master.data(), 16) && adam_detail::aligned(m.data(), 16) &&
@@ -167,11 +180,11 @@ void adam_update_device(std::span<float> master, std::span<float> m, std::span<f
   const std::size_t work = vec ? (n + 3) / 4 : n;
   const unsigned grid = static_cast<unsigned>(std::min<std::size_t>((work + block - 1) / block, 65535u * 8u));
   if (param_out.empty())
-    adam_detail::adam_kernel<G, P, false><<<grid, block, 0, stream>>>(master.data(), m.data(), v.data(), grad.data(),
-                                                                     nullptr, n, c, vec);
+    adam_detail::adam_kernel<G, P, false>
+        <<<grid, block, 0, stream>>>(master.data(), m.data(), v.data(), grad.data(), nullptr, n, c, vec);
   else
-    adam_detail::adam_kernel<G, P, true><<<grid, block, 0, stream>>>(master.data(), m.data(), v.data(), grad.data(),
-                                                                    param_out.data(), n, c, vec);
+    adam_detail::adam_kernel<G, P, true>
+        <<<grid, block, 0, stream>>>(master.data(), m.data(), v.data(), grad.data(), param_out.data(), n, c, vec);
   adam_detail::check(cudaGetLastError(), "adam kernel launch");
 }
 
@@ -195,16 +208,16 @@ inline void adam_step_device(const adam_chunk& ch, const adam_hyper& hyper, cons
  *         `*d_result` (device memory). CUB's reduction is deterministic run to run on one device;
  *         its association differs from the host's, so host and device sums agree to rounding. */
 template <class G>
-  requires is_element_type_v<G>
+requires is_element_type_v<G>
 void sum_of_squares_device(std::span<const G> grad, float scale, double* d_result, cudaStream_t stream) {
-  adam_detail::transform_reduce(grad.data(), grad.size(), d_result, adam_detail::sum_op{},
-                                adam_detail::sq_op<G>{scale}, 0.0, stream);
+  adam_detail::transform_reduce(grad.data(), grad.size(), d_result, adam_detail::sum_op{}, adam_detail::sq_op<G>{scale},
+                                0.0, stream);
 }
 
 /** @brief Enqueues the largest |bits| of @p grad into `*d_max_abs_bits`; all elements are finite iff
  *         it is below finite_limit_bits<G>() (read it back, or test it on device). */
 template <class G>
-  requires is_element_type_v<G>
+requires is_element_type_v<G>
 void max_abs_bits_device(std::span<const G> grad, unsigned* d_max_abs_bits, cudaStream_t stream) {
   adam_detail::transform_reduce(grad.data(), grad.size(), d_max_abs_bits, adam_detail::max_op{},
                                 adam_detail::abs_bits_op<G>{}, 0u, stream);
@@ -212,16 +225,19 @@ void max_abs_bits_device(std::span<const G> grad, unsigned* d_max_abs_bits, cuda
 
 /** @brief The bit pattern of +infinity of @p G: max_abs_bits below it means all finite. */
 template <class G>
-  requires is_element_type_v<G>
+requires is_element_type_v<G>
 constexpr unsigned finite_limit_bits() noexcept {
-  if constexpr (std::is_same_v<G, float>) return 0x7f800000u;
-  else if constexpr (std::is_same_v<G, float16>) return 0x7c00u;
-  else return 0x7f80u;
+  if constexpr (std::is_same_v<G, float>)
+    return 0x7f800000u;
+  else if constexpr (std::is_same_v<G, float16>)
+    return 0x7c00u;
+  else
+    return 0x7f80u;
 }
 
 /** @brief True iff no element of @p grad (device memory) is inf or NaN. Synchronises @p stream. */
 template <class G>
-  requires is_element_type_v<G>
+requires is_element_type_v<G>
 bool all_finite_device(std::span<const G> grad, cudaStream_t stream) {
   unsigned* d = nullptr;
   adam_detail::check(cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(unsigned), stream), "cudaMallocAsync");

@@ -27,7 +27,8 @@ struct device_adam_kernels {
       grad_stats r;
       try {
         sum_of_squares_device<G>(s, scale, d_sum, nullptr);
-        adam_detail::check(cudaMemcpy(&r.sum_sq, d_sum, sizeof(double), cudaMemcpyDeviceToHost), "cudaMemcpy (gradient scan)");
+        adam_detail::check(cudaMemcpy(&r.sum_sq, d_sum, sizeof(double), cudaMemcpyDeviceToHost),
+                           "cudaMemcpy (gradient scan)");
       } catch (...) {
         cudaFree(d_sum);
         throw;
@@ -41,7 +42,9 @@ struct device_adam_kernels {
     adam_async(c, h, a);
     adam_detail::check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize (chunk Adam step)");
   }
-  static void adam_async(const adam_chunk& c, const adam_hyper& h, const adam_step_args& a) { adam_step_device(c, h, a, nullptr); }
+  static void adam_async(const adam_chunk& c, const adam_hyper& h, const adam_step_args& a) {
+    adam_step_device(c, h, a, nullptr);
+  }
   static cudaStream_t stream() noexcept { return nullptr; }
 };
 

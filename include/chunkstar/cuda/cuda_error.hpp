@@ -28,7 +28,8 @@ class cuda_error : public error {
 namespace detail {
 
 /** @brief "cudaMalloc(&p, n) failed: cudaErrorMemoryAllocation (out of memory) at file:line". */
-[[nodiscard]] inline std::string describe_cuda_failure(cudaError_t status, const char* call, const char* file, int line) {
+[[nodiscard]] inline std::string describe_cuda_failure(cudaError_t status, const char* call, const char* file,
+                                                       int line) {
   return std::string(call) + " failed: " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ") at " +
          file + ":" + std::to_string(line);
 }
@@ -41,8 +42,9 @@ namespace detail {
     (void)cudaGetLastError();
     throw out_of_memory_error(what + "; free device or pinned memory, or lower the budget", 0, memory_report{});
   }
-  throw cuda_error(what + "; check the device is present and healthy (nvidia-smi), and that pointers and "
-                          "streams belong to the current device",
+  throw cuda_error(what +
+                       "; check the device is present and healthy (nvidia-smi), and that pointers and "
+                       "streams belong to the current device",
                    status);
 }
 

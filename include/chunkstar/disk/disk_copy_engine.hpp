@@ -135,8 +135,9 @@ class range_checksums {
 
 /** @brief Aligned bytes owned by one worker. */
 struct aligned_buffer {
-  aligned_buffer(std::size_t n, std::size_t a) : align(a), p(static_cast<unsigned char*>(::operator new(n, std::align_val_t{a}))) {}
-  ~aligned_buffer() { ::operator delete(p, std::align_val_t{align}); }
+  aligned_buffer(std::size_t n, std::size_t a)
+      : align(a), p(static_cast<unsigned char*>(::operator new (n, std::align_val_t{a}))) {}
+  ~aligned_buffer() { ::operator delete (p, std::align_val_t{align}); }
   aligned_buffer(const aligned_buffer&) = delete;
   aligned_buffer& operator=(const aligned_buffer&) = delete;
   std::size_t align;
@@ -160,7 +161,8 @@ struct posix_io {
   static constexpr const char* read_name = "pread";
   static constexpr const char* write_name = "pwrite";
   [[nodiscard]] long long rw(bool write, int fd, void* buf, std::size_t n, std::uint64_t off) noexcept {
-    const ssize_t r = write ? ::pwrite(fd, buf, n, static_cast<off_t>(off)) : ::pread(fd, buf, n, static_cast<off_t>(off));
+    const ssize_t r =
+        write ? ::pwrite(fd, buf, n, static_cast<off_t>(off)) : ::pread(fd, buf, n, static_cast<off_t>(off));
     return r < 0 ? -static_cast<long long>(errno) : static_cast<long long>(r);
   }
 };
@@ -207,8 +209,9 @@ class basic_disk_copy_engine {
   disk_copy_handle copy_async(void* dst, const void* src, std::size_t bytes, copy_direction d) {
     const bool src_disk = space_.contains(src), dst_disk = space_.contains(dst);
     if (src_disk == dst_disk) {
-      return failed(config_error(std::string(std::string(Io::engine_name) + ": a copy of ") + std::to_string(bytes) + " bytes with " +
-                                 (src_disk ? "both pointers" : "neither pointer") + " in disk space '" + space_.name() +
+      return failed(config_error(std::string(std::string(Io::engine_name) + ": a copy of ") + std::to_string(bytes) +
+                                 " bytes with " + (src_disk ? "both pointers" : "neither pointer") +
+                                 " in disk space '" + space_.name() +
                                  "'; exactly one side must be a block of the engine's disk_space"));
     }
     const void* disk_ptr = src_disk ? src : dst;
@@ -233,7 +236,8 @@ class basic_disk_copy_engine {
       j->offset = space_.offset_of(dst);
     } else {
       if (dst == nullptr && bytes > 0) {
-        return failed(config_error(std::string(Io::engine_name) + ": zero_async of " + std::to_string(bytes) + " bytes at a null address"));
+        return failed(config_error(std::string(Io::engine_name) + ": zero_async of " + std::to_string(bytes) +
+                                   " bytes at a null address"));
       }
       j->kind = detail::disk_job_kind::zero_host;
       j->host = static_cast<unsigned char*>(dst);
@@ -310,9 +314,9 @@ class basic_disk_copy_engine {
   std::unique_ptr<std::string> check_range(const void* p, std::size_t n, const void* host) const {
     const std::uint64_t off = space_.offset_of(p);
     if (n > space_.capacity() - off) {
-      return std::make_unique<std::string>(std::string(Io::engine_name) + ": " + std::to_string(n) + " bytes at offset " +
-                                           std::to_string(off) + " run past the end of disk space '" + space_.name() +
-                                           "' (" + std::to_string(space_.capacity()) + " bytes)");
+      return std::make_unique<std::string>(
+          std::string(Io::engine_name) + ": " + std::to_string(n) + " bytes at offset " + std::to_string(off) +
+          " run past the end of disk space '" + space_.name() + "' (" + std::to_string(space_.capacity()) + " bytes)");
     }
     if (host == nullptr && n > 0) {
       return std::make_unique<std::string>(std::string(Io::engine_name) + ": a copy of " + std::to_string(n) +
@@ -330,7 +334,8 @@ class basic_disk_copy_engine {
 
   disk_copy_handle enqueue(copy_direction d, std::shared_ptr<job> j) {
     const auto i = static_cast<std::size_t>(d);
-    if (i >= copy_direction_count) return failed(config_error(std::string(Io::engine_name) + ": unknown copy_direction"));
+    if (i >= copy_direction_count)
+      return failed(config_error(std::string(Io::engine_name) + ": unknown copy_direction"));
     if (j->kind != detail::disk_job_kind::wait && j->kind != detail::disk_job_kind::zero_host && j->bytes > 0) {
       const std::uint64_t p = options_.piece_bytes;
       j->pieces = static_cast<std::size_t>((j->offset + j->bytes - 1) / p - j->offset / p + 1);
@@ -350,7 +355,8 @@ class basic_disk_copy_engine {
     std::unique_lock lock(l.mutex);
     for (;;) {
       l.wake.wait(lock, [&] {
-        return (l.stopping && l.queue.empty()) || (!l.queue.empty() && l.queue.front()->claimed < l.queue.front()->pieces);
+        return (l.stopping && l.queue.empty()) ||
+               (!l.queue.empty() && l.queue.front()->claimed < l.queue.front()->pieces);
       });
       if (l.queue.empty()) return;  // stopping, and drained
       std::shared_ptr<job> j = l.queue.front();
@@ -381,8 +387,10 @@ class basic_disk_copy_engine {
         l.stats.busy_s += busy;
       }
       lock.unlock();
-      if (j->failure) j->done.set_exception(j->failure);
-      else j->done.set_value();
+      if (j->failure)
+        j->done.set_exception(j->failure);
+      else
+        j->done.set_value();
       lock.lock();
       l.queue.pop_front();  // after the handle is ready: synchronize() returns only then
       l.wake.notify_all();
@@ -393,8 +401,10 @@ class basic_disk_copy_engine {
   void finish(job& j) {
     if (!options_.verify_checksums) return;
     using k = detail::disk_job_kind;
-    if (j.kind == k::zero_disk || (j.kind == k::write && j.failure)) checksums_.forget(j.offset, j.bytes);
-    else if (j.kind == k::write) checksums_.record(j.offset, j.bytes, detail::crc32c(j.host, j.bytes));
+    if (j.kind == k::zero_disk || (j.kind == k::write && j.failure))
+      checksums_.forget(j.offset, j.bytes);
+    else if (j.kind == k::write)
+      checksums_.record(j.offset, j.bytes, detail::crc32c(j.host, j.bytes));
     else if (j.kind == k::read && !j.failure) {
       std::uint32_t expect = 0;
       if (!checksums_.find(j.offset, j.bytes, expect)) return;
@@ -404,10 +414,11 @@ class basic_disk_copy_engine {
         ++io_stats_.verified_reads;
       }
       if (got != expect) {
-        j.failure = std::make_exception_ptr(corruption_error(
-            std::string(Io::engine_name) + ": checksum mismatch reading " + std::to_string(j.bytes) + " bytes at offset " +
-            std::to_string(j.offset) + " of '" + space_.path() + "' (written crc32c " + std::to_string(expect) +
-            ", read " + std::to_string(got) + "): the file was changed outside the engine or the disk corrupted it"));
+        j.failure = std::make_exception_ptr(
+            corruption_error(std::string(Io::engine_name) + ": checksum mismatch reading " + std::to_string(j.bytes) +
+                             " bytes at offset " + std::to_string(j.offset) + " of '" + space_.path() +
+                             "' (written crc32c " + std::to_string(expect) + ", read " + std::to_string(got) +
+                             "): the file was changed outside the engine or the disk corrupted it"));
       }
     }
   }
@@ -430,8 +441,10 @@ class basic_disk_copy_engine {
     const std::uint64_t lo = std::max<std::uint64_t>(j.offset, (j.offset / p + piece) * p);
     const std::uint64_t hi = std::min<std::uint64_t>(j.offset + j.bytes, (j.offset / p + piece + 1) * p);
     unsigned char* host = j.host == nullptr ? nullptr : j.host + (lo - j.offset);
-    if (j.kind == k::read) read_range(lo, host, static_cast<std::size_t>(hi - lo), bounce);
-    else write_range(lo, j.kind == k::write ? host : nullptr, static_cast<std::size_t>(hi - lo), bounce);
+    if (j.kind == k::read)
+      read_range(lo, host, static_cast<std::size_t>(hi - lo), bounce);
+    else
+      write_range(lo, j.kind == k::write ? host : nullptr, static_cast<std::size_t>(hi - lo), bounce);
   }
 
   [[nodiscard]] bool aligned(std::uint64_t off, const void* host, std::size_t n) const noexcept {

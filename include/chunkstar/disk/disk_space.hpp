@@ -120,8 +120,8 @@ class disk_space {
       const int e = errno;
       throw io_error(options_.name + ": cannot create a file in '" + dir + "': " + std::strerror(e) +
                      (e == EACCES || e == EPERM ? "; make the directory writable for this user or choose another"
-                      : e == EROFS          ? "; the filesystem is read-only, choose a writable directory"
-                                            : ""));
+                      : e == EROFS              ? "; the filesystem is read-only, choose a writable directory"
+                                                : ""));
     }
     fd_owned_ = fd0;
     cleanup guard{this};
@@ -137,14 +137,17 @@ class disk_space {
     }
 
     int rc = ::fallocate(fd_owned_, 0, 0, static_cast<off_t>(capacity_));
-    if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) rc = ::posix_fallocate(fd_owned_, 0, static_cast<off_t>(capacity_));
-    else if (rc != 0) rc = errno;
+    if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
+      rc = ::posix_fallocate(fd_owned_, 0, static_cast<off_t>(capacity_));
+    else if (rc != 0)
+      rc = errno;
     if (rc != 0) {
       const std::string what = options_.name + ": cannot preallocate " + format_bytes(capacity_) + " (" +
                                std::to_string(capacity_) + " bytes) in '" + dir + "': " + std::strerror(rc);
       if (rc == ENOSPC || rc == EDQUOT) {
-        throw io_error(what + "; free space on that filesystem, lower disk_space_options::capacity, or choose a "
-                              "directory on a larger disk");
+        throw io_error(what +
+                       "; free space on that filesystem, lower disk_space_options::capacity, or choose a "
+                       "directory on a larger disk");
       }
       throw io_error(what);
     }
@@ -155,8 +158,8 @@ class disk_space {
     map_bytes_ = capacity_ + base_align;
     void* m = ::mmap(nullptr, map_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
-      throw io_error(options_.name + ": cannot reserve " + format_bytes(capacity_) + " of address space: " +
-                     std::strerror(errno) + "; lower disk_space_options::capacity");
+      throw io_error(options_.name + ": cannot reserve " + format_bytes(capacity_) +
+                     " of address space: " + std::strerror(errno) + "; lower disk_space_options::capacity");
     }
     map_ = static_cast<unsigned char*>(m);
     base_ = reinterpret_cast<unsigned char*>(detail::round_up_pow2(reinterpret_cast<std::uintptr_t>(map_), base_align));
@@ -196,8 +199,10 @@ class disk_space {
       const std::size_t start = addr - base;
       if (start - off > len || len - (start - off) < size) continue;
       const std::size_t tail_off = start + size, tail_len = off + len - tail_off;
-      if (start > off) it->second = start - off;  // the head stays free
-      else free_.erase(it);
+      if (start > off)
+        it->second = start - off;  // the head stays free
+      else
+        free_.erase(it);
       if (tail_len > 0) free_.emplace(tail_off, tail_len);
       (void)accounting_.try_reserve(size);  // cannot fail: the free extents never exceed the capacity
       return base_ + start;
@@ -283,16 +288,19 @@ class disk_space {
    *  capacity rounded up to the block. */
   static std::size_t validated_capacity(const disk_space_options& o) {
     if (o.directory.empty()) {
-      throw config_error(o.name + ": disk_space_options::directory is empty; name an existing, writable "
-                                  "directory on the disk that should hold the swap file");
+      throw config_error(o.name +
+                         ": disk_space_options::directory is empty; name an existing, writable "
+                         "directory on the disk that should hold the swap file");
     }
     if (o.capacity == 0) {
-      throw config_error(o.name + ": disk_space_options::capacity is 0; set the bytes of disk to use (for "
-                                  "example 64 GiB)");
+      throw config_error(o.name +
+                         ": disk_space_options::capacity is 0; set the bytes of disk to use (for "
+                         "example 64 GiB)");
     }
     const std::size_t b = o.block_alignment;
     if (b < 512 || (b & (b - 1)) != 0) {
-      throw config_error(o.name + ": block_alignment " + std::to_string(b) + " must be a power of two >= 512 (default 4096)");
+      throw config_error(o.name + ": block_alignment " + std::to_string(b) +
+                         " must be a power of two >= 512 (default 4096)");
     }
     return detail::round_up_pow2(o.capacity, b);
   }
@@ -315,11 +323,11 @@ class disk_space {
   int fd_owned_ = -1;
   std::atomic<int> fd_{-1};
   bool direct_ = false;
-  unsigned char* map_ = nullptr;   // the whole reservation
+  unsigned char* map_ = nullptr;  // the whole reservation
   std::size_t map_bytes_ = 0;
-  unsigned char* base_ = nullptr;  // block-aligned start inside it: file offset 0
-  detail::space_accounting accounting_;  // used and peak bytes
-  mutable std::mutex mutex_;             // the free list (taken before accounting_'s own lock)
+  unsigned char* base_ = nullptr;            // block-aligned start inside it: file offset 0
+  detail::space_accounting accounting_;      // used and peak bytes
+  mutable std::mutex mutex_;                 // the free list (taken before accounting_'s own lock)
   std::map<std::size_t, std::size_t> free_;  // offset -> length, disjoint, coalesced
 };
 

@@ -50,7 +50,8 @@ class disk_tier {
   template <CopyHandle H>
   void order_after(const H& h, copy_direction d) const {
     if (h.ready()) return;
-    vt_->order_after(engine_, [h] { h.wait(); }, d);
+    vt_->order_after(
+        engine_, [h] { h.wait(); }, d);
   }
   void synchronize() const { vt_->synchronize(engine_); }
   [[nodiscard]] copy_stats stats() const { return vt_->stats(engine_); }
@@ -71,11 +72,15 @@ class disk_tier {
   };
   template <class E>
   static constexpr vtable vtable_for{
-      [](void* e, void* dst, const void* src, std::size_t n, copy_direction d) { return static_cast<E*>(e)->copy_async(dst, src, n, d); },
+      [](void* e, void* dst, const void* src, std::size_t n, copy_direction d) {
+        return static_cast<E*>(e)->copy_async(dst, src, n, d);
+      },
       [](void* e, void* dst, std::size_t n) { return static_cast<E*>(e)->zero_async(dst, n); },
       [](void* e, std::function<void()> w, copy_direction d) {
-        if constexpr (requires(E& x, const waitable& h) { x.order_after(h, d); }) static_cast<E*>(e)->order_after(waitable{std::move(w)}, d);
-        else w();  // an engine that orders only after its own handles: wait here
+        if constexpr (requires(E & x, const waitable& h) { x.order_after(h, d); })
+          static_cast<E*>(e)->order_after(waitable{std::move(w)}, d);
+        else
+          w();  // an engine that orders only after its own handles: wait here
       },
       [](void* e) { static_cast<E*>(e)->synchronize(); },
       [](const void* e) { return static_cast<const E*>(e)->stats(); },

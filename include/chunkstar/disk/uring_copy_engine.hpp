@@ -101,8 +101,10 @@ class uring_io {
       const std::lock_guard lock(submit_mutex_);
       io_uring_sqe* sqe = get_sqe();
       if (sqe == nullptr) return -EBUSY;
-      if (write) ::io_uring_prep_write(sqe, fd, buf, static_cast<unsigned>(n), off);
-      else ::io_uring_prep_read(sqe, fd, buf, static_cast<unsigned>(n), off);
+      if (write)
+        ::io_uring_prep_write(sqe, fd, buf, static_cast<unsigned>(n), off);
+      else
+        ::io_uring_prep_read(sqe, fd, buf, static_cast<unsigned>(n), off);
       ::io_uring_sqe_set_data(sqe, &r);
       const int rc = ::io_uring_submit(&ring_);
       if (rc < 0) return rc;
@@ -181,7 +183,8 @@ static_assert(CopyEngine<uring_copy_engine>);
 
 /** @brief An io_uring engine where the kernel allows it, else the thread-pool engine. */
 using any_disk_copy_engine = std::variant<std::unique_ptr<uring_copy_engine>, std::unique_ptr<disk_copy_engine>>;
-[[nodiscard]] inline any_disk_copy_engine make_uring_or_pool_engine(disk_space& space, disk_copy_engine_options options = {}) {
+[[nodiscard]] inline any_disk_copy_engine make_uring_or_pool_engine(disk_space& space,
+                                                                    disk_copy_engine_options options = {}) {
   try {
     return std::make_unique<uring_copy_engine>(space, options);
   } catch (const io_uring_unavailable&) {

@@ -4,7 +4,8 @@
  *
  *  The runtime, not the strategy, decides what may be evicted: candidates never include a chunk
  *  with a tensor in COMPUTE or one needed by the scope being opened; a candidate still being
- *  loaded is waited for before it leaves. Strategies are therefore small and stateless. Models: `lru_eviction` (lru.hpp),
+ *  loaded is waited for before it leaves. Strategies are therefore small and stateless. Models: `lru_eviction`
+ *  (lru.hpp),
  *  `belady_eviction` (belady.hpp).
  */
 #pragma once
@@ -26,9 +27,9 @@ namespace chunkstar {
 struct eviction_candidate {
   chunk_id id;
   std::size_t bytes = 0;
-  std::size_t last_use = 0;   ///< tick of the chunk's most recent access (larger = more recent)
+  std::size_t last_use = 0;      ///< tick of the chunk's most recent access (larger = more recent)
   std::size_t next_use = never;  ///< distance in moments to its next use from the trace; `never` if unknown
-  std::size_t loaded_at = 0;  ///< tick at which the chunk arrived on this tier (FIFO evicts the smallest)
+  std::size_t loaded_at = 0;     ///< tick at which the chunk arrived on this tier (FIFO evicts the smallest)
 };
 
 /** @brief The `EvictionStrategy` concept.

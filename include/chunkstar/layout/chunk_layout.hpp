@@ -33,10 +33,10 @@ struct tensor_slot {
 /** @brief The result of laying out a set of tensors: every chunk has `chunk_elems` capacity; each
  *  tensor occupies `[offset, offset + numel)` of exactly one chunk; nothing overlaps. */
 struct chunk_plan {
-  std::size_t chunk_elems = 0;   ///< capacity of each chunk, in elements
-  std::size_t align_elems = 1;   ///< every offset is a multiple of this
+  std::size_t chunk_elems = 0;  ///< capacity of each chunk, in elements
+  std::size_t align_elems = 1;  ///< every offset is a multiple of this
   std::size_t num_chunks = 0;
-  std::vector<tensor_slot> slots;                    ///< indexed like the specs passed to plan()
+  std::vector<tensor_slot> slots;                       ///< indexed like the specs passed to plan()
   std::vector<std::vector<std::size_t>> chunk_tensors;  ///< per chunk, its tensors in offset order
 
   /** @brief Elements that hold tensor data. */
@@ -97,7 +97,8 @@ struct optimizer_state_lists {
   /** @brief True when list @p k exists for parameters of type @p param_type. */
   [[nodiscard]] constexpr bool has(chunk_kind k, dtype param_type) const noexcept {
     switch (k) {
-      case chunk_kind::param: case chunk_kind::grad: return true;
+      case chunk_kind::param:
+      case chunk_kind::grad: return true;
       case chunk_kind::master: return master && param_type != dtype::f32;
       case chunk_kind::momentum: return moments >= 1;
       case chunk_kind::variance: return moments >= 2;

@@ -65,7 +65,8 @@ inline std::string plan_tensor_name(std::span<const tensor_spec> specs, std::siz
                                                                const chunk_plan& plan) {
   auto str = [](std::size_t v) { return std::to_string(v); };
   const std::size_t n = specs.size();
-  if (plan.align_elems == 0) return std::string("align_elems is 0; every offset must be a multiple of it, so it must be >= 1");
+  if (plan.align_elems == 0)
+    return std::string("align_elems is 0; every offset must be a multiple of it, so it must be >= 1");
   if (plan.slots.size() != n) {
     std::string msg = "the plan has " + str(plan.slots.size()) + " slots for " + str(n) + " tensors";
     if (plan.slots.size() < n) msg += "; " + detail::plan_tensor_name(specs, plan.slots.size()) + " has none";
@@ -77,9 +78,8 @@ inline std::string plan_tensor_name(std::span<const tensor_spec> specs, std::siz
   if (plan.num_chunks > 0 && plan.chunk_elems == 0)
     return "chunk_elems is 0 but the plan has " + str(plan.num_chunks) + " chunks";
   constexpr std::size_t widest = 4;  // bytes of an fp32 element: master, momentum and variance lists
-  if (plan.chunk_elems != 0 &&
-      (plan.chunk_elems > std::numeric_limits<std::size_t>::max() / widest ||
-       plan.num_chunks > std::numeric_limits<std::size_t>::max() / widest / plan.chunk_elems))
+  if (plan.chunk_elems != 0 && (plan.chunk_elems > std::numeric_limits<std::size_t>::max() / widest ||
+                                plan.num_chunks > std::numeric_limits<std::size_t>::max() / widest / plan.chunk_elems))
     return "num_chunks = " + str(plan.num_chunks) + " chunks of chunk_elems = " + str(plan.chunk_elems) +
            " elements overflow size_t bytes in an fp32 list";
 
@@ -94,10 +94,11 @@ inline std::string plan_tensor_name(std::span<const tensor_spec> specs, std::siz
       return who() + " in chunk " + str(s.chunk) + ": the slot holds " + str(s.numel) + " elements, the spec (shape " +
              specs[i].shape_string() + ") has " + str(*numel);
     if (s.chunk >= plan.num_chunks)
-      return who() + ": its slot names chunk " + str(s.chunk) + ", but the plan has " + str(plan.num_chunks) + " chunks";
+      return who() + ": its slot names chunk " + str(s.chunk) + ", but the plan has " + str(plan.num_chunks) +
+             " chunks";
     if (s.offset % plan.align_elems != 0)
-      return who() + " in chunk " + str(s.chunk) + ": offset " + str(s.offset) + " is not a multiple of align_elems = " +
-             str(plan.align_elems);
+      return who() + " in chunk " + str(s.chunk) + ": offset " + str(s.offset) +
+             " is not a multiple of align_elems = " + str(plan.align_elems);
     if (s.offset > plan.chunk_elems || s.numel > plan.chunk_elems - s.offset)
       return who() + " in chunk " + str(s.chunk) + ": elements [" + str(s.offset) + ", " + str(s.offset) + " + " +
              str(s.numel) + ") run past the chunk's end at " + str(plan.chunk_elems) +
@@ -124,8 +125,8 @@ inline std::string plan_tensor_name(std::span<const tensor_spec> specs, std::siz
   }
   for (std::size_t t = 0; t < n; ++t)
     if (!listed[t])
-      return detail::plan_tensor_name(specs, t) + " in chunk " + str(plan.slots[t].chunk) + " is missing from chunk_tensors[" +
-             str(plan.slots[t].chunk) + "]";
+      return detail::plan_tensor_name(specs, t) + " in chunk " + str(plan.slots[t].chunk) +
+             " is missing from chunk_tensors[" + str(plan.slots[t].chunk) + "]";
 
   // Every list is complete and sorted by offset: a tensor overlaps an earlier one exactly when it
   // starts before the furthest end so far (offsets and sizes are within the chunk: no overflow).

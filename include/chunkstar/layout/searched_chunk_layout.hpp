@@ -52,10 +52,10 @@ struct search_report {
   std::size_t candidates_tried = 0;
   std::size_t first_candidate_elems = 0;  ///< max(min_chunk_elems, largest tensor rounded up to alignment)
   std::size_t last_candidate_elems = 0;
-  std::size_t step_elems = 0;             ///< the step walked: options.step_elems, or wider when capped
-  std::size_t best_chunk_elems = 0;       ///< the chosen size (the smallest one on ties)
+  std::size_t step_elems = 0;        ///< the step walked: options.step_elems, or wider when capped
+  std::size_t best_chunk_elems = 0;  ///< the chosen size (the smallest one on ties)
   std::size_t best_waste_elems = 0;
-  std::size_t worst_chunk_elems = 0;      ///< the smallest size with the most waste
+  std::size_t worst_chunk_elems = 0;  ///< the smallest size with the most waste
   std::size_t worst_waste_elems = 0;
 };
 
@@ -89,7 +89,8 @@ class searched_chunk_layout {
     fitted_or_multiple("searched_layout_options::min_chunk_elems", options_.min_chunk_elems);
     fitted_or_multiple("searched_layout_options::max_chunk_elems", options_.max_chunk_elems);
     fitted_or_multiple("searched_layout_options::step_elems", options_.step_elems);
-    if (options_.min_chunk_elems != 0 && options_.max_chunk_elems != 0 && options_.min_chunk_elems > options_.max_chunk_elems)
+    if (options_.min_chunk_elems != 0 && options_.max_chunk_elems != 0 &&
+        options_.min_chunk_elems > options_.max_chunk_elems)
       throw config_error("searched_layout_options: min_chunk_elems (" + std::to_string(options_.min_chunk_elems) +
                          ") is larger than max_chunk_elems (" + std::to_string(options_.max_chunk_elems) +
                          "); swap them or raise max_chunk_elems");
@@ -109,18 +110,16 @@ class searched_chunk_layout {
         throw config_error("searched_chunk_layout: " + detail::describe_tensor(specs[big], numels[big]) +
                            " is larger than max_chunk_elems (" + std::to_string(o.max_chunk_elems) +
                            "), and a tensor never straddles chunks; raise max_chunk_elems to at least " +
-                           std::to_string(detail::layout_round_up(numels[big], align)) +
-                           " or split the tensor");
+                           std::to_string(detail::layout_round_up(numels[big], align)) + " or split the tensor");
       first = std::max(first, detail::layout_round_up(numels[big], align));
     }
     // max is aligned and >= the largest tensor, so first <= max.
     const std::size_t span = o.max_chunk_elems - first;
     std::size_t step = o.step_elems;
     if (span / step + 1 > o.max_candidates)
-      step = o.max_candidates == 1 ? span + align
-                                          : detail::layout_round_up((span + o.max_candidates - 2) /
-                                                                        (o.max_candidates - 1),
-                                                                    align);
+      step = o.max_candidates == 1
+                 ? span + align
+                 : detail::layout_round_up((span + o.max_candidates - 2) / (o.max_candidates - 1), align);
 
     search_report r;
     r.first_candidate_elems = first;

@@ -116,6 +116,7 @@ concept CopyEngine = requires(E& e, const E& ce, void* dst, const void* src, std
   e.order_after(e.copy_async(dst, src, n, d), d);
   e.synchronize();
   { ce.stats() } -> std::same_as<copy_stats>;
-} && !std::copyable<E>;
+}
+&&!std::copyable<E>;
 
 }  // namespace chunkstar

@@ -114,8 +114,8 @@ class host_copy_engine {
    *  conversion that must follow a copy). Not counted in stats, not paced; an exception from `f`
    *  is rethrown by the handle's wait(). */
   template <class F>
-    requires std::invocable<F&> && std::copy_constructible<std::decay_t<F>>
-  host_copy_handle submit(copy_direction d, F&& f) {
+  requires std::invocable<F&> && std::copy_constructible<std::decay_t<F>> host_copy_handle submit(copy_direction d,
+                                                                                                  F&& f) {
     return enqueue(d, job{std::function<void()>(std::forward<F>(f)), {}, 0, false});
   }
 
@@ -161,9 +161,8 @@ class host_copy_engine {
   static void checked_memcpy(void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0) return;
     if (dst == nullptr || src == nullptr) {
-      throw config_error("host_copy_engine: copy of " + std::to_string(bytes) +
-                         " bytes with a null " + (dst == nullptr ? "destination" : "source") +
-                         "; pass a block obtained from a memory space");
+      throw config_error("host_copy_engine: copy of " + std::to_string(bytes) + " bytes with a null " +
+                         (dst == nullptr ? "destination" : "source") + "; pass a block obtained from a memory space");
     }
     const auto d = reinterpret_cast<std::uintptr_t>(dst);
     const auto s = reinterpret_cast<std::uintptr_t>(src);
@@ -227,8 +226,10 @@ class host_copy_engine {
         l.stats.copies += 1;
         l.stats.busy_s += busy;
       }
-      if (failure) j.done.set_exception(failure);
-      else j.done.set_value();
+      if (failure)
+        j.done.set_exception(failure);
+      else
+        j.done.set_value();
       {
         const std::lock_guard lock(l.mutex);
         --l.pending;

@@ -75,8 +75,7 @@ class host_space {
   static constexpr std::size_t huge_page_bytes = detail::huge_page_bytes;
 
   host_space() : host_space(host_space_options{}) {}
-  explicit host_space(host_space_options options)
-      : options_(std::move(options)), accounting_(options_.capacity) {
+  explicit host_space(host_space_options options) : options_(std::move(options)), accounting_(options_.capacity) {
     if (options_.large_block_threshold == 0) {
       throw config_error(options_.name + ": large_block_threshold must be > 0 (default 2 MiB)");
     }
@@ -99,7 +98,7 @@ class host_space {
     detail::check_alignment(a, options_.name);
     if (is_large(n)) return allocate_large(n, a);
     if (!accounting_.try_reserve(n)) return nullptr;
-    void* p = is_mid(n) ? allocate_mid(n, a) : ::operator new(n, std::align_val_t{a}, std::nothrow);
+    void* p = is_mid(n) ? allocate_mid(n, a) : ::operator new (n, std::align_val_t{a}, std::nothrow);
     if (p == nullptr) accounting_.release(n);
     return p;
   }
@@ -111,8 +110,10 @@ class host_space {
       deallocate_large(p, n);
       return;
     }
-    if (is_mid(n)) deallocate_mid(p, n);
-    else ::operator delete(p, std::align_val_t{a});
+    if (is_mid(n))
+      deallocate_mid(p, n);
+    else
+      ::operator delete (p, std::align_val_t{a});
     accounting_.release(n);
   }
 

@@ -40,12 +40,14 @@ concept MemorySpace = requires(S& s, const S& cs, std::size_t n, std::size_t a, 
   { S::kind } -> std::convertible_to<memory_kind>;
   { s.allocate(n, a) } -> std::same_as<void*>;
   { s.try_allocate(n, a) } -> std::same_as<void*>;
-  { s.deallocate(p, n, a) } noexcept;
+  { s.deallocate(p, n, a) }
+  noexcept;
   { cs.capacity() } -> std::same_as<std::size_t>;
   { cs.used() } -> std::same_as<std::size_t>;
   { cs.usage() } -> std::same_as<space_usage>;
   { cs.name() } -> std::convertible_to<std::string_view>;
-} && !std::copyable<S>;
+}
+&&!std::copyable<S>;
 
 /** @brief Execution contexts that may dereference memory: the host CPU, or CUDA kernels. */
 struct host_exec {};

@@ -38,12 +38,12 @@ concept Platform = requires {
   typename P::host_space;
   typename P::copy_engine;
   typename P::stream_type;
-} && MemorySpace<typename P::device_space> && MemorySpace<typename P::host_space> &&
-                   CopyEngine<typename P::copy_engine> && std::copyable<typename P::stream_type> &&
-                   requires(typename P::copy_engine& e, const typename P::stream_type& s, const void* src, void* dst,
-                            std::size_t n) {
-                     { e.record(s) } -> std::same_as<decltype(e.copy_async(dst, src, n, copy_direction::to_device))>;
-                   };
+}
+&&MemorySpace<typename P::device_space>&& MemorySpace<typename P::host_space>&& CopyEngine<typename P::copy_engine>&&
+    std::copyable<typename P::stream_type>&& requires(typename P::copy_engine& e, const typename P::stream_type& s,
+                                                      const void* src, void* dst, std::size_t n) {
+  { e.record(s) } -> std::same_as<decltype(e.copy_async(dst, src, n, copy_direction::to_device))>;
+};
 
 /** @brief A platform assembled from its parts. @tparam Stream defaults to `host_stream`. */
 template <MemorySpace Device, MemorySpace Host, CopyEngine Copier, class Stream = host_stream>

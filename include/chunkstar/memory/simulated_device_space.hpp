@@ -64,8 +64,9 @@ class simulated_device_space {
   explicit simulated_device_space(simulated_device_options options)
       : options_(std::move(options)), accounting_(options_.capacity) {
     if (options_.capacity == 0) {
-      throw config_error(options_.name + ": capacity is 0; set simulated_device_options::capacity to the "
-                                         "simulated device's memory in bytes (for example 1 GiB)");
+      throw config_error(options_.name +
+                         ": capacity is 0; set simulated_device_options::capacity to the "
+                         "simulated device's memory in bytes (for example 1 GiB)");
     }
     if (options_.link.bandwidth_bytes_per_s < 0 || options_.link.latency_s < 0) {
       throw config_error(options_.name + ": copy_model bandwidth and latency must be >= 0 (0 bandwidth = unmodelled)");
@@ -85,7 +86,7 @@ class simulated_device_space {
   [[nodiscard]] void* try_allocate(std::size_t n, std::size_t a = alignof(std::max_align_t)) {
     detail::check_alignment(a, options_.name);
     if (!accounting_.try_reserve(n)) return nullptr;
-    void* p = is_large(n) ? allocate_large(n, a) : ::operator new(n, std::align_val_t{a}, std::nothrow);
+    void* p = is_large(n) ? allocate_large(n, a) : ::operator new (n, std::align_val_t{a}, std::nothrow);
     if (p == nullptr) accounting_.release(n);
     return p;
   }
@@ -93,8 +94,10 @@ class simulated_device_space {
   /** @brief Return a block; `n` and `a` as passed to allocate. */
   void deallocate(void* p, std::size_t n, std::size_t a = alignof(std::max_align_t)) noexcept {
     if (p == nullptr) return;
-    if (is_large(n)) deallocate_large(p, n);
-    else ::operator delete(p, std::align_val_t{a});
+    if (is_large(n))
+      deallocate_large(p, n);
+    else
+      ::operator delete (p, std::align_val_t{a});
     accounting_.release(n);
   }
 
@@ -140,7 +143,8 @@ class simulated_device_space {
   }
 
   void deallocate_large(void* p, std::size_t n) noexcept {
-    cache_.put(p, detail::round_up_pow2(n, granule(n)), options_.cache_limit ? options_.cache_limit : accounting_.capacity());
+    cache_.put(p, detail::round_up_pow2(n, granule(n)),
+               options_.cache_limit ? options_.cache_limit : accounting_.capacity());
   }
 
   simulated_device_options options_;

@@ -61,8 +61,8 @@ inline int mpi_count(std::size_t bytes, std::string_view what) {
  *  fold) that runs once they are done, in `wait()` or the `ready()` that sees them finish. */
 struct mpi_request_state {
   std::vector<MPI_Request> requests;
-  std::vector<std::byte> buffer;                     // what the transfer received, owned until done
-  std::function<void(const std::byte*)> finish;      // runs once, after every request completed
+  std::vector<std::byte> buffer;                 // what the transfer received, owned until done
+  std::function<void(const std::byte*)> finish;  // runs once, after every request completed
   std::string what;
   std::exception_ptr failure;
   bool done = false;
@@ -191,8 +191,9 @@ class mpi_communicator {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized)
-      throw state_error("mpi_communicator: MPI is not initialised; create a chunkstar::mpi_session (or call "
-                        "MPI_Init) before constructing a communicator");
+      throw state_error(
+          "mpi_communicator: MPI is not initialised; create a chunkstar::mpi_session (or call "
+          "MPI_Init) before constructing a communicator");
     detail::mpi_check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
     detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
@@ -220,9 +221,14 @@ class mpi_communicator {
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
   mpi_communicator(mpi_communicator&& other) noexcept
-      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)), check_comm_(std::exchange(other.check_comm_, MPI_COMM_NULL)),
-        rank_(other.rank_), size_(other.size_), calls_(other.calls_), check_seconds_(other.check_seconds_),
-        poisoned_(std::move(other.poisoned_)), counter_(other.counter_) {}
+      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
+        check_comm_(std::exchange(other.check_comm_, MPI_COMM_NULL)),
+        rank_(other.rank_),
+        size_(other.size_),
+        calls_(other.calls_),
+        check_seconds_(other.check_seconds_),
+        poisoned_(std::move(other.poisoned_)),
+        counter_(other.counter_) {}
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
       release();
@@ -262,9 +268,10 @@ class mpi_communicator {
   void allreduce(std::span<double> inout, reduce_op op) {
     check({detail::collective_kind::allreduce_f64, inout.size(), dtype::f32, op});
     counter_.gather_like(inout.size_bytes(), size_);
-    allreduce_blocks(inout.data(), inout.size(), sizeof(double), [&](void* dst, const void* const* srcs, std::size_t n) {
-      detail::fold_ranks_f64(static_cast<double*>(dst), srcs, size_, n, op);
-    });
+    allreduce_blocks(inout.data(), inout.size(), sizeof(double),
+                     [&](void* dst, const void* const* srcs, std::size_t n) {
+                       detail::fold_ranks_f64(static_cast<double*>(dst), srcs, size_, n, op);
+                     });
   }
 
   void allgather(const void* send, void* recv, std::size_t bytes) {
@@ -272,7 +279,8 @@ class mpi_communicator {
     check({detail::collective_kind::allgather, bytes});
     const int n = detail::mpi_count(bytes, "allgather");
     counter_.gather_like(bytes, size_);
-    const bool in_place = bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
+    const bool in_place =
+        bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
     detail::mpi_check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_),
                       "MPI_Allgather");
   }
@@ -348,7 +356,8 @@ class mpi_communicator {
     check({detail::collective_kind::allgather, bytes});
     const int n = detail::mpi_count(bytes, "allgather");
     counter_.gather_like(bytes, size_);
-    const bool in_place = bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
+    const bool in_place =
+        bytes != 0 && send == static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
     auto state = make_state("MPI_Iallgather", 1);
     detail::mpi_check(
         MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &state->requests[0]),
@@ -408,8 +417,9 @@ class mpi_communicator {
     check({detail::collective_kind::broadcast, bytes, dtype::f32, reduce_op::sum, root});
     counter_.broadcast(bytes, root, rank_, size_);
     auto state = make_state("MPI_Ibcast", 1);
-    detail::mpi_check(MPI_Ibcast(buf, detail::mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &state->requests[0]),
-                      "MPI_Ibcast");
+    detail::mpi_check(
+        MPI_Ibcast(buf, detail::mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &state->requests[0]),
+        "MPI_Ibcast");
     return comm_handle(std::move(state));
   }
 
@@ -453,9 +463,10 @@ class mpi_communicator {
     if (!poisoned_.empty()) throw communication_error(poisoned_);
     if (check_comm_ == MPI_COMM_NULL) return;
     const std::uint64_t index = calls_++;
-    const std::array<std::uint64_t, 4> mine = {index, call.count, static_cast<std::uint64_t>(call.kind) << 16 |
-                                                                     static_cast<std::uint64_t>(call.type) << 8 |
-                                                                     static_cast<std::uint64_t>(call.op),
+    const std::array<std::uint64_t, 4> mine = {index, call.count,
+                                               static_cast<std::uint64_t>(call.kind) << 16 |
+                                                   static_cast<std::uint64_t>(call.type) << 8 |
+                                                   static_cast<std::uint64_t>(call.op),
                                                static_cast<std::uint64_t>(static_cast<std::int64_t>(call.root))};
     std::vector<std::array<std::uint64_t, 4>> all(static_cast<std::size_t>(size_));
     const auto t0 = std::chrono::steady_clock::now();
@@ -463,17 +474,19 @@ class mpi_communicator {
                       "MPI_Allgather (collective-sequence check)");
     check_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto decode = [](const std::array<std::uint64_t, 4>& w) {
-      return detail::collective_call{static_cast<detail::collective_kind>(w[2] >> 16 & 0xff), static_cast<std::size_t>(w[1]),
-                                     static_cast<dtype>(w[2] >> 8 & 0xff), static_cast<reduce_op>(w[2] & 0xff),
+      return detail::collective_call{static_cast<detail::collective_kind>(w[2] >> 16 & 0xff),
+                                     static_cast<std::size_t>(w[1]), static_cast<dtype>(w[2] >> 8 & 0xff),
+                                     static_cast<reduce_op>(w[2] & 0xff),
                                      static_cast<int>(static_cast<std::int64_t>(w[3]))};
     };
     for (int q = 1; q < size_; ++q) {
       const auto& other = all[static_cast<std::size_t>(q)];
       if (other == all[0]) continue;
-      poisoned_ = "collective mismatch at call #" + std::to_string(all[0][0]) + ": rank 0 called " + decode(all[0]).to_string() +
-                  " but rank " + std::to_string(q) + " called " + decode(other).to_string() +
-                  (other[0] != all[0][0] ? " as its call #" + std::to_string(other[0]) : std::string()) +
-                  "; every rank must issue the same collectives, with the same sizes, types, ops and roots, in the same order";
+      poisoned_ =
+          "collective mismatch at call #" + std::to_string(all[0][0]) + ": rank 0 called " +
+          decode(all[0]).to_string() + " but rank " + std::to_string(q) + " called " + decode(other).to_string() +
+          (other[0] != all[0][0] ? " as its call #" + std::to_string(other[0]) : std::string()) +
+          "; every rank must issue the same collectives, with the same sizes, types, ops and roots, in the same order";
       throw communication_error(poisoned_);
     }
   }
@@ -497,7 +510,7 @@ class mpi_communicator {
   template <class Fold>
   void allreduce_blocks(void* inout, std::size_t count, std::size_t elem_bytes, Fold fold) {
     const auto n = static_cast<std::size_t>(size_);
-    if (count == 0 || n == 1) return;  // count is the same on every rank, so all skip together
+    if (count == 0 || n == 1) return;               // count is the same on every rank, so all skip together
     const std::size_t block = (count + n - 1) / n;  // elements; the last blocks are zero-padded
     const int block_bytes = detail::mpi_count(block * elem_bytes, "allreduce");
     std::vector<std::byte> padded(n * block * elem_bytes);
@@ -520,9 +533,8 @@ class mpi_communicator {
     if (bytes == 0 || size_ == 1) return {};
     auto state = make_state("MPI_Iallgather (allreduce)", 1);
     state->buffer.resize(bytes * static_cast<std::size_t>(size_));
-    detail::mpi_check(
-        MPI_Iallgather(inout, n, MPI_BYTE, state->buffer.data(), n, MPI_BYTE, comm_, &state->requests[0]),
-        "MPI_Iallgather");
+    detail::mpi_check(MPI_Iallgather(inout, n, MPI_BYTE, state->buffer.data(), n, MPI_BYTE, comm_, &state->requests[0]),
+                      "MPI_Iallgather");
     state->finish = std::move(finish);
     return comm_handle(std::move(state));
   }

@@ -116,7 +116,8 @@ struct event_state {
  *  chooses its own reduction order (rings, trees, per-channel splits) and accumulates f16/bf16 in
  *  its own way, so results are NOT the rank-order fold of `Communicator`. They are identical on
  *  every rank of one NCCL run (a reduce's root holds what an allreduce would have given it only to
- *  the same tolerance: the two may take different orders), but "N ranks = 1 rank" holds only to reduction-order tolerance on NCCL, not bitwise; NaN handling of max/min is
+ *  the same tolerance: the two may take different orders), but "N ranks = 1 rank" holds only to reduction-order
+ *  tolerance on NCCL, not bitwise; NaN handling of max/min is
  *  NCCL's. With one rank the reduction is a copy, so the single-rank case is exact.
  *
  *  Construction is collective over the `size` ranks (ncclCommInitRank). Bootstrap the unique id
@@ -191,7 +192,6 @@ class nccl_communicator : public blocking_collectives<nccl_communicator> {
   /** @brief Bytes this rank moved and collectives it issued (see comm_stats; ring volumes). */
   [[nodiscard]] const comm_stats& stats() const noexcept { return counter_.stats; }
 
-
   void barrier() {
     detail::device_guard guard(device_);
     detail::nccl_check(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream_),
@@ -239,9 +239,8 @@ class nccl_communicator : public blocking_collectives<nccl_communicator> {
     counter_.gather_like(count * dtype_size(t), size_);
     if (count == 0) return {};
     detail::device_guard guard(device_);
-    detail::nccl_check(
-        ncclReduceScatter(send, recv, count, detail::to_nccl(t), detail::to_nccl(op), comm_, stream_),
-        "ncclReduceScatter");
+    detail::nccl_check(ncclReduceScatter(send, recv, count, detail::to_nccl(t), detail::to_nccl(op), comm_, stream_),
+                       "ncclReduceScatter");
     return record();
   }
 
@@ -250,8 +249,8 @@ class nccl_communicator : public blocking_collectives<nccl_communicator> {
     counter_.reduce(count * dtype_size(t), root, rank_, size_);
     if (count == 0) return {};
     detail::device_guard guard(device_);
-    detail::nccl_check(
-        ncclReduce(send, recv, count, detail::to_nccl(t), detail::to_nccl(op), root, comm_, stream_), "ncclReduce");
+    detail::nccl_check(ncclReduce(send, recv, count, detail::to_nccl(t), detail::to_nccl(op), root, comm_, stream_),
+                       "ncclReduce");
     return record();
   }
 

@@ -45,7 +45,8 @@ struct memory_levels {
  *  Calls come from the thread driving the runtime; an observer that throws is ignored for that event.
  */
 template <class O>
-concept RuntimeObserver = requires(O& o, moment_kind k, std::string_view n, tier t, double b, double e, const memory_levels& l) {
+concept RuntimeObserver = requires(O& o, moment_kind k, std::string_view n, tier t, double b, double e,
+                                   const memory_levels& l) {
   { o.now_us() } -> std::convertible_to<double>;
   o.on_scope_open(k, n, b, e);
   o.on_scope_close(k, n, b, e);
@@ -70,11 +71,21 @@ class observer_ref {
       return 0.0;
     }
   }
-  void scope_open(moment_kind k, std::string_view n, double b, double e) const noexcept { call([&] { vt_->open(obj_, k, n, b, e); }); }
-  void scope_close(moment_kind k, std::string_view n, double b, double e) const noexcept { call([&] { vt_->close(obj_, k, n, b, e); }); }
-  void copy(tier from, tier to, double b, double e) const noexcept { call([&] { vt_->copy(obj_, from, to, b, e); }); }
-  void step(double b, double e) const noexcept { call([&] { vt_->step(obj_, b, e); }); }
-  void memory(const memory_levels& l) const noexcept { call([&] { vt_->memory(obj_, l); }); }
+  void scope_open(moment_kind k, std::string_view n, double b, double e) const noexcept {
+    call([&] { vt_->open(obj_, k, n, b, e); });
+  }
+  void scope_close(moment_kind k, std::string_view n, double b, double e) const noexcept {
+    call([&] { vt_->close(obj_, k, n, b, e); });
+  }
+  void copy(tier from, tier to, double b, double e) const noexcept {
+    call([&] { vt_->copy(obj_, from, to, b, e); });
+  }
+  void step(double b, double e) const noexcept {
+    call([&] { vt_->step(obj_, b, e); });
+  }
+  void memory(const memory_levels& l) const noexcept {
+    call([&] { vt_->memory(obj_, l); });
+  }
 
  private:
   template <class F>
@@ -96,11 +107,17 @@ class observer_ref {
   template <class O>
   static constexpr vtable vtable_for{
       [](void* o) { return static_cast<double>(static_cast<O*>(o)->now_us()); },
-      [](void* o, moment_kind k, std::string_view n, double b, double e) { static_cast<O*>(o)->on_scope_open(k, n, b, e); },
-      [](void* o, moment_kind k, std::string_view n, double b, double e) { static_cast<O*>(o)->on_scope_close(k, n, b, e); },
+      [](void* o, moment_kind k, std::string_view n, double b, double e) {
+        static_cast<O*>(o)->on_scope_open(k, n, b, e);
+      },
+      [](void* o, moment_kind k, std::string_view n, double b, double e) {
+        static_cast<O*>(o)->on_scope_close(k, n, b, e);
+      },
       [](void* o, tier from, tier to, double b, double e) {
-        if constexpr (requires(O& x) { x.on_copy(from, to, b, e); }) static_cast<O*>(o)->on_copy(from, to, b, e);
-        else if (from != tier::disk && to != tier::disk) static_cast<O*>(o)->on_copy(from, b, e);
+        if constexpr (requires(O & x) { x.on_copy(from, to, b, e); })
+          static_cast<O*>(o)->on_copy(from, to, b, e);
+        else if (from != tier::disk && to != tier::disk)
+          static_cast<O*>(o)->on_copy(from, b, e);
       },
       [](void* o, double b, double e) { static_cast<O*>(o)->on_step(b, e); },
       [](void* o, const memory_levels& l) { static_cast<O*>(o)->on_memory(l); },
@@ -124,15 +141,16 @@ class timeline_observer {
   }
   void on_copy(tier from, double b, double e) { on_copy(from, from == tier::device ? tier::host : tier::device, b, e); }
   void on_copy(tier from, tier to, double b, double e) {
-    const auto t = to == tier::disk     ? timeline::track::to_disk
-                   : from == tier::disk ? timeline::track::from_disk
+    const auto t = to == tier::disk       ? timeline::track::to_disk
+                   : from == tier::disk   ? timeline::track::from_disk
                    : from == tier::device ? timeline::track::to_host
                                           : timeline::track::to_device;
     timeline_.span(t, "chunk", b, e);
   }
   void on_step(double b, double e) { timeline_.span(timeline::track::optimizer, "optimizer step", b, e); }
   void on_memory(const memory_levels& l) {
-    timeline_.counter("device", {{"chunks", static_cast<double>(l.device_chunks)}, {"non_model", static_cast<double>(l.non_model)}});
+    timeline_.counter(
+        "device", {{"chunks", static_cast<double>(l.device_chunks)}, {"non_model", static_cast<double>(l.non_model)}});
     timeline_.counter("host", {{"chunks", static_cast<double>(l.host_chunks)}});
     if (l.disk_chunks) timeline_.counter("disk", {{"chunks", static_cast<double>(l.disk_chunks)}});
   }

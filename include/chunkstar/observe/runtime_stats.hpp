@@ -34,27 +34,30 @@ struct runtime_stats {
   std::uint64_t loads = 0;            ///< chunk copies to the compute tier (= demand_loads + prefetches)
   std::uint64_t evictions = 0;        ///< chunk copies to the host to make room on the compute tier
   std::uint64_t offloads = 0;         ///< chunk copies to the host for a host-side optimizer step
-  std::uint64_t prefetches = 0;       ///< loads started before the moment that uses the chunk (the prefetcher, or a step returning its param)
-  std::uint64_t prefetch_hits = 0;    ///< of those, the ones a later moment used (counted once, when it opens)
-  std::uint64_t demand_loads = 0;     ///< loads started by the moment that needs the chunk (it waits for them)
-  std::uint64_t materialised = 0;     ///< FREE chunks given a zeroed payload (gradients)
-  std::uint64_t scopes = 0;           ///< access scopes opened
-  std::uint64_t steps = 0;            ///< optimizer steps completed
-  std::uint64_t device_steps = 0;     ///< chunk steps run on the compute tier
-  std::uint64_t host_steps = 0;       ///< chunk steps run on the host
-  double stall_s = 0;                 ///< time the calling thread waited for copies
+  /// loads started before the moment that uses the chunk (the prefetcher, or a step returning its param)
+  std::uint64_t prefetches = 0;
+  std::uint64_t prefetch_hits = 0;  ///< of those, the ones a later moment used (counted once, when it opens)
+  std::uint64_t demand_loads = 0;   ///< loads started by the moment that needs the chunk (it waits for them)
+  std::uint64_t materialised = 0;   ///< FREE chunks given a zeroed payload (gradients)
+  std::uint64_t scopes = 0;         ///< access scopes opened
+  std::uint64_t steps = 0;          ///< optimizer steps completed
+  std::uint64_t device_steps = 0;   ///< chunk steps run on the compute tier
+  std::uint64_t host_steps = 0;     ///< chunk steps run on the host
+  double stall_s = 0;               ///< time the calling thread waited for copies
   /// Loads (and zero fills) that took over the device buffer of an eviction still in flight
   /// instead of waiting for it to be freed. Depends on timing, like the times.
   std::uint64_t buffer_reuses = 0;
-  std::uint64_t gathers = 0;          ///< ZeRO: parameter groups allgathered
-  std::uint64_t bytes_gathered = 0;   ///< ZeRO: bytes this rank received by those allgathers ((N-1) chunks each)
-  std::uint64_t reductions = 0;       ///< ZeRO: gradient groups reduce-scattered
-  std::uint64_t bytes_reduced = 0;    ///< ZeRO: bytes this rank sent by those reductions ((N-1) chunks per reduce-scatter; a chunk per memory-saving reduction it does not own)
+  std::uint64_t gathers = 0;         ///< ZeRO: parameter groups allgathered
+  std::uint64_t bytes_gathered = 0;  ///< ZeRO: bytes this rank received by those allgathers ((N-1) chunks each)
+  std::uint64_t reductions = 0;      ///< ZeRO: gradient groups reduce-scattered
+  /// ZeRO: bytes this rank sent by those reductions ((N-1) chunks per reduce-scatter; a chunk per memory-saving
+  /// reduction it does not own)
+  std::uint64_t bytes_reduced = 0;
   /// ZeRO: time the calling thread waited for reduce-scatters to complete. They start when a
   /// group's gradients are final and complete when the next scope closes (or before the step), so
   /// each overlaps the scope that follows: this is the part that did not. Depends on timing.
   double reduce_wait_s = 0;
-  std::uint64_t gathers_ahead = 0;    ///< ZeRO: of the gathers, those started a moment before their use (gather_plan.hpp)
+  std::uint64_t gathers_ahead = 0;  ///< ZeRO: of the gathers, those started a moment before their use (gather_plan.hpp)
   /// ZeRO: time the calling thread waited for allgathers: synchronous ones whole, those started
   /// ahead for the part that did not overlap the scope before. Depends on timing.
   double gather_wait_s = 0;
@@ -62,19 +65,20 @@ struct runtime_stats {
   std::size_t peak_device_chunk_bytes = 0;  ///< most chunk payload bytes on the compute tier at once
   std::size_t peak_non_model_bytes = 0;     ///< most non-model bytes at once
   std::size_t peak_host_chunk_bytes = 0;    ///< most chunk payload bytes on the host at once
-  std::size_t peak_model_bytes = 0;         ///< most model data this rank held at once: payloads on every tier plus collective buffers
-  std::size_t peak_collective_bytes = 0;    ///< ZeRO: most bytes in group buffers and collective scratch at once
+  /// most model data this rank held at once: payloads on every tier plus collective buffers
+  std::size_t peak_model_bytes = 0;
+  std::size_t peak_collective_bytes = 0;  ///< ZeRO: most bytes in group buffers and collective scratch at once
   // The disk tier (attach_disk): moves between the host and the disk, counted apart from the
   // compute tier's loads and evictions above (a chunk coming from the disk to the compute tier is
   // one disk read, then one load).
-  std::uint64_t bytes_to_disk = 0;    ///< chunk payload bytes written host -> disk
-  std::uint64_t bytes_from_disk = 0;  ///< chunk payload bytes read disk -> host
-  std::uint64_t disk_writes = 0;      ///< chunk copies to the disk (to make room on the host)
-  std::uint64_t disk_reads = 0;       ///< chunk copies from the disk (= disk_demand_reads + disk_prefetches)
-  std::uint64_t disk_demand_reads = 0;  ///< disk reads started by the moment (or step) that needs the chunk
-  std::uint64_t disk_prefetches = 0;  ///< disk reads started ahead of use (runtime_options::disk_prefetch_depth)
-  std::uint64_t disk_failures = 0;    ///< disk copies that failed (the chunk stayed where it was)
-  double disk_stall_s = 0;            ///< time the calling thread waited for disk copies
+  std::uint64_t bytes_to_disk = 0;        ///< chunk payload bytes written host -> disk
+  std::uint64_t bytes_from_disk = 0;      ///< chunk payload bytes read disk -> host
+  std::uint64_t disk_writes = 0;          ///< chunk copies to the disk (to make room on the host)
+  std::uint64_t disk_reads = 0;           ///< chunk copies from the disk (= disk_demand_reads + disk_prefetches)
+  std::uint64_t disk_demand_reads = 0;    ///< disk reads started by the moment (or step) that needs the chunk
+  std::uint64_t disk_prefetches = 0;      ///< disk reads started ahead of use (runtime_options::disk_prefetch_depth)
+  std::uint64_t disk_failures = 0;        ///< disk copies that failed (the chunk stayed where it was)
+  double disk_stall_s = 0;                ///< time the calling thread waited for disk copies
   std::size_t peak_disk_chunk_bytes = 0;  ///< most chunk payload bytes on the disk at once
 
   /** @brief Bytes moved both ways. */

@@ -26,7 +26,14 @@ namespace chunkstar {
 class timeline {
  public:
   /** @brief Tracks ("threads" in the viewer) spans are drawn on. */
-  enum class track : std::uint8_t { compute = 1, to_device = 2, to_host = 3, optimizer = 4, to_disk = 5, from_disk = 6 };
+  enum class track : std::uint8_t {
+    compute = 1,
+    to_device = 2,
+    to_host = 3,
+    optimizer = 4,
+    to_disk = 5,
+    from_disk = 6
+  };
 
   using clock = std::chrono::steady_clock;
 
@@ -89,10 +96,11 @@ class timeline {
   [[nodiscard]] std::string to_chrome_trace() const {
     std::lock_guard lock(mutex_);
     std::string s = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-    static constexpr const char* track_names[] = {"", "compute", "copy to device", "copy to host", "optimizer", "copy to disk", "copy from disk"};
+    static constexpr const char* track_names[] = {"",          "compute",      "copy to device", "copy to host",
+                                                  "optimizer", "copy to disk", "copy from disk"};
     for (int t = 1; t <= 6; ++t) {
-      s += "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":" + std::to_string(t) +
-           ",\"args\":{\"name\":\"" + track_names[t] + "\"}},\n";
+      s += "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":" + std::to_string(t) + ",\"args\":{\"name\":\"" +
+           track_names[t] + "\"}},\n";
     }
     char num[64];
     for (std::size_t i = 0; i < events_.size(); ++i) {

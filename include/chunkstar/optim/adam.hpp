@@ -60,9 +60,9 @@ struct adam_hyper {
 
 /** @brief What changes every step besides the hyper-parameters. */
 struct adam_step_args {
-  std::int64_t step = 1;   ///< 1-based step count of this parameter's state, for bias correction
-  float grad_scale = 1.0f; ///< gradients are multiplied by this: 1/loss_scale * clip coefficient * 1/micro-batches
-  int threads = 0;         ///< host threads for this call; 0 = OpenMP's default (ignored without OpenMP)
+  std::int64_t step = 1;    ///< 1-based step count of this parameter's state, for bias correction
+  float grad_scale = 1.0f;  ///< gradients are multiplied by this: 1/loss_scale * clip coefficient * 1/micro-batches
+  int threads = 0;          ///< host threads for this call; 0 = OpenMP's default (ignored without OpenMP)
 };
 
 /** @brief The per-call constants of the update, computed once outside the element loop.
@@ -80,9 +80,7 @@ struct adam_constants {
 /** @brief Validates @p h and @p a and folds them into the per-call constants (bias corrections in
  *         double, then rounded once to float). Throws config_error on out-of-range values. */
 inline adam_constants make_adam_constants(const adam_hyper& h, const adam_step_args& a) {
-  auto bad = [](const std::string& what) {
-    throw config_error("adam: " + what);
-  };
+  auto bad = [](const std::string& what) { throw config_error("adam: " + what); };
   if (a.step < 1) bad("step must be >= 1 (it is 1-based, for bias correction), got " + std::to_string(a.step));
   if (!(h.beta1 >= 0.0f && h.beta1 < 1.0f) || !(h.beta2 >= 0.0f && h.beta2 < 1.0f))
     bad("beta1 and beta2 must lie in [0, 1), got " + std::to_string(h.beta1) + " and " + std::to_string(h.beta2));
@@ -167,31 +165,33 @@ namespace chunkstar {
  *         calls adam_update). See adam_update for the contract; also throws config_error when
  *         this CPU cannot run @p Isa (cpu_isa_supported). */
 template <cpu_isa Isa, class G, class P>
-  requires is_element_type_v<G> && is_element_type_v<P>
+requires is_element_type_v<G> && is_element_type_v<P>
 void adam_update_isa(std::span<float> master, std::span<float> m, std::span<float> v, std::span<const G> grad,
                      std::span<P> param_out, const adam_hyper& hyper, const adam_step_args& args) {
-  static_assert(cpu_isa_available_v<Isa>, "this ISA's kernels are not compiled into this build (CHUNKSTAR_ISA_DISPATCH)");
+  static_assert(cpu_isa_available_v<Isa>,
+                "this ISA's kernels are not compiled into this build (CHUNKSTAR_ISA_DISPATCH)");
   if (!cpu_isa_supported(Isa))
     throw config_error("adam_update_isa: this CPU cannot run the " + std::string(cpu_isa_name(Isa)) + " kernels");
   const std::size_t n = master.size();
   if (m.size() != n || v.size() != n || grad.size() != n)
-    throw config_error("adam_update: master, m, v and grad must have the same length (got " + std::to_string(n) +
-                       ", " + std::to_string(m.size()) + ", " + std::to_string(v.size()) + ", " +
-                       std::to_string(grad.size()) + "); pass the same chunk range of each list");
+    throw config_error("adam_update: master, m, v and grad must have the same length (got " + std::to_string(n) + ", " +
+                       std::to_string(m.size()) + ", " + std::to_string(v.size()) + ", " + std::to_string(grad.size()) +
+                       "); pass the same chunk range of each list");
   if (!param_out.empty() && param_out.size() != n)
     throw config_error("adam_update: param_out must be empty (master is the parameter) or as long as master (" +
                        std::to_string(n) + "), got " + std::to_string(param_out.size()));
   const adam_constants c = make_adam_constants(hyper, args);
   const optim_detail::adam_ptrs<G, P> ptrs{master.data(), m.data(), v.data(), grad.data(), param_out.data()};
   auto run = [&](auto write_param) {
-    optim_detail::parallel_blocks(n, optim_detail::adam_block, optim_detail::adam_parallel_min, args.threads,
-                                  [&](std::size_t b, std::size_t e) {
-                                    optim_detail::adam_kernels<Isa>::template range<G, P, decltype(write_param)::value>(
-                                        ptrs, c, b, e);
-                                  });
+    optim_detail::parallel_blocks(
+        n, optim_detail::adam_block, optim_detail::adam_parallel_min, args.threads, [&](std::size_t b, std::size_t e) {
+          optim_detail::adam_kernels<Isa>::template range<G, P, decltype(write_param)::value>(ptrs, c, b, e);
+        });
   };
-  if (param_out.empty()) run(std::false_type{});
-  else run(std::true_type{});
+  if (param_out.empty())
+    run(std::false_type{});
+  else
+    run(std::true_type{});
 }
 
 /** @brief One fused Adam(W) step over a range of a chunk, on the host.
@@ -205,7 +205,7 @@ void adam_update_isa(std::span<float> master, std::span<float> m, std::span<floa
  *  hyper-parameters. Runs the ISA active_cpu_isa() names (the widest this CPU has) and OpenMP
  *  threads; every ISA and thread count gives the same bits. */
 template <class G, class P>
-  requires is_element_type_v<G> && is_element_type_v<P>
+requires is_element_type_v<G> && is_element_type_v<P>
 void adam_update(std::span<float> master, std::span<float> m, std::span<float> v, std::span<const G> grad,
                  std::span<P> param_out, const adam_hyper& hyper, const adam_step_args& args) {
   with_cpu_isa(active_cpu_isa(),
@@ -219,10 +219,10 @@ struct adam_chunk {
   float* master = nullptr;
   float* m = nullptr;
   float* v = nullptr;
-  std::size_t count = 0;            ///< elements in each array
-  const void* grad = nullptr;       ///< `count` elements of grad_type
+  std::size_t count = 0;       ///< elements in each array
+  const void* grad = nullptr;  ///< `count` elements of grad_type
   dtype grad_type = dtype::f32;
-  void* param = nullptr;            ///< `count` elements of param_type, or null (master is the parameter)
+  void* param = nullptr;  ///< `count` elements of param_type, or null (master is the parameter)
   dtype param_type = dtype::f32;
 };
 

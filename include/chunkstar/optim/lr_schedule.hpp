@@ -64,8 +64,7 @@ struct warmup_cosine {
       return static_cast<float>(static_cast<double>(peak) * static_cast<double>(step) /
                                 static_cast<double>(warmup_steps));
     if (step >= total_steps) return min;
-    const double progress =
-        static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+    const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
     const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
     return static_cast<float>(static_cast<double>(min) + (static_cast<double>(peak) - min) * cosine);
   }

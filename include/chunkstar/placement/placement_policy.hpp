@@ -19,18 +19,18 @@ namespace chunkstar {
 /** @brief What the runtime tells a placement policy. Bytes throughout. Chunk payloads with a
  *  transfer in flight count as resident: they already occupy their destination. */
 struct placement_inputs {
-  std::size_t moment = 0;               ///< the moment asked about: its index in the iteration (the trace's, when ready)
+  std::size_t moment = 0;  ///< the moment asked about: its index in the iteration (the trace's, when ready)
   moment_kind kind = moment_kind::forward;  ///< what that moment is: forward, backward or the optimizer step
-  std::size_t device_capacity = 0;      ///< the compute tier's budget (chunks + non-model data)
-  std::size_t non_model_now = 0;        ///< non-model bytes live now
-  bool trace_ready = false;             ///< the fields below are from a trace only when true
-  std::size_t non_model_peak_here = 0;  ///< recorded peak during this moment
-  std::size_t non_model_peak_next = 0;  ///< recorded peak during the next moment
-  std::size_t non_model_peak_max = 0;   ///< recorded peak over the iteration
-  std::size_t total_chunk_bytes = 0;    ///< every chunk of every list
-  std::size_t compute_chunk_bytes = 0;  ///< the param and grad lists (what forward/backward touch)
-  std::size_t step_chunk_bytes = 0;     ///< one chunk index across all lists (what one step needs)
-  std::size_t num_chunks = 0;           ///< chunks per list
+  std::size_t device_capacity = 0;          ///< the compute tier's budget (chunks + non-model data)
+  std::size_t non_model_now = 0;            ///< non-model bytes live now
+  bool trace_ready = false;                 ///< the fields below are from a trace only when true
+  std::size_t non_model_peak_here = 0;      ///< recorded peak during this moment
+  std::size_t non_model_peak_next = 0;      ///< recorded peak during the next moment
+  std::size_t non_model_peak_max = 0;       ///< recorded peak over the iteration
+  std::size_t total_chunk_bytes = 0;        ///< every chunk of every list
+  std::size_t compute_chunk_bytes = 0;      ///< the param and grad lists (what forward/backward touch)
+  std::size_t step_chunk_bytes = 0;         ///< one chunk index across all lists (what one step needs)
+  std::size_t num_chunks = 0;               ///< chunks per list
 };
 
 /** @brief The `PlacementPolicy` concept.

@@ -22,13 +22,13 @@ struct static_placement {
   static constexpr static_placement fraction(double f) noexcept { return {f}; }
 
   [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
-    const auto share = static_cast<std::size_t>(std::clamp(device_fraction, 0.0, 1.0) *
-                                                static_cast<double>(in.total_chunk_bytes));
+    const auto share =
+        static_cast<std::size_t>(std::clamp(device_fraction, 0.0, 1.0) * static_cast<double>(in.total_chunk_bytes));
     return std::min(share, room_after(in.device_capacity, in.non_model_now));
   }
   [[nodiscard]] tier optimizer_tier(const placement_inputs& in, std::size_t c) const noexcept {
-    const auto on_device = static_cast<std::size_t>(std::floor(std::clamp(device_fraction, 0.0, 1.0) *
-                                                               static_cast<double>(in.num_chunks)));
+    const auto on_device = static_cast<std::size_t>(
+        std::floor(std::clamp(device_fraction, 0.0, 1.0) * static_cast<double>(in.num_chunks)));
     return c < on_device ? tier::device : tier::host;
   }
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "static"; }

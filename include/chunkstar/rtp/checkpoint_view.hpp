@@ -44,7 +44,8 @@ namespace chunkstar::rtp {
  *  order), its buffers (`parts()`), and each buffer's lists read and written whole
  *  (`read(k, kind, out)`, `write(k, kind, in)`: weights, momentum, variance). */
 template <class M>
-concept ShardedModel = requires(M& m, const M& cm, std::size_t k, chunk_kind kind, std::span<float> out, std::span<const float> in) {
+concept ShardedModel = requires(M& m, const M& cm, std::size_t k, chunk_kind kind, std::span<float> out,
+                                std::span<const float> in) {
   { cm.specs() } -> std::convertible_to<std::span<const tensor_spec>>;
   { cm.parts() } -> std::convertible_to<std::span<const model_part>>;
   cm.read(k, kind, out);
@@ -107,7 +108,8 @@ class checkpoint_save_view {
         });
         auto& out = data_[t][slot(kind)];
         if (owner_[t] == me) out.assign(part.size(), 0.0f);
-        comm.reduce(part.data(), out.empty() ? nullptr : out.data(), part.size(), dtype::f32, reduce_op::sum, owner_[t]);
+        comm.reduce(part.data(), out.empty() ? nullptr : out.data(), part.size(), dtype::f32, reduce_op::sum,
+                    owner_[t]);
       }
     }
   }
@@ -133,7 +135,9 @@ class checkpoint_save_view {
 
  private:
   static constexpr chunk_kind lists_saved[] = {chunk_kind::param, chunk_kind::momentum, chunk_kind::variance};
-  static std::size_t slot(chunk_kind k) noexcept { return k == chunk_kind::momentum ? 1 : k == chunk_kind::variance ? 2 : 0; }
+  static std::size_t slot(chunk_kind k) noexcept {
+    return k == chunk_kind::momentum ? 1 : k == chunk_kind::variance ? 2 : 0;
+  }
 
   Model& model_;
   Comm& comm_;
@@ -162,7 +166,8 @@ class checkpoint_load_view {
     std::vector<float> v;
     for (std::size_t k = 0; k < parts.size(); ++k) {
       const auto& part = parts[k];
-      if (std::none_of(part.segments.begin(), part.segments.end(), [&](const auto& s) { return s.tensor == p.value; })) continue;
+      if (std::none_of(part.segments.begin(), part.segments.end(), [&](const auto& s) { return s.tensor == p.value; }))
+        continue;
       v.resize(part.elems);
       model_.read(k, kind, v);
       part.for_each([&](std::size_t t, std::size_t i, std::size_t off) {

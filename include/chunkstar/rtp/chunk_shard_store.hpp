@@ -64,7 +64,8 @@ class chunk_shard_store {
    *  and clipping come with each `step`, as for every ShardStore. */
   explicit chunk_shard_store(Runtime& rt, Ops ops = Ops{}) : rt_(rt), ops_(std::move(ops)) {
     if (rt.options().param_type != dtype::f32)
-      throw config_error("rtp::chunk_shard_store: the runtime holds " + std::string(dtype_name(rt.options().param_type)) +
+      throw config_error("rtp::chunk_shard_store: the runtime holds " +
+                         std::string(dtype_name(rt.options().param_type)) +
                          " parameters; RTP's shards are fp32: build the runtime with param_type f32");
   }
   chunk_shard_store(const chunk_shard_store&) = delete;
@@ -117,21 +118,26 @@ class chunk_shard_store {
 
   shard_step_result step(const adam_hyper& base, const param_groups& groups, int micro_batches, float max_norm,
                          const std::function<double(double)>& global_sum_sq) {
-    sum_sq_ = global_sum_sq;  // read by the optimizer's hook during this step only
+    sum_sq_ = global_sum_sq;     // read by the optimizer's hook during this step only
     const adam_hyper& h = base;  // its lr goes with each chunk_adam::step; the rest makes the optimizer
     if (!opt_ || max_norm != max_norm_ || !same_hyper(h, hyper_)) {
       const std::int64_t steps = opt_ ? opt_->step_count() : restored_;
-      opt_.emplace(chunk_adam_options{.hyper = h, .max_grad_norm = max_norm, .report_norm = false,
-                                      .global_sum_sq = [this](double local) { return sum_sq_ ? sum_sq_(local) : local; },
-                                      .counts_in_norm = all_counted_ ? std::function<bool(std::size_t)>()
-                                                                     : [this](std::size_t t) { return t >= counted_.size() || counted_[t]; }},
-                   groups);
+      opt_.emplace(
+          chunk_adam_options{
+              .hyper = h,
+              .max_grad_norm = max_norm,
+              .report_norm = false,
+              .global_sum_sq = [this](double local) { return sum_sq_ ? sum_sq_(local) : local; },
+              .counts_in_norm = all_counted_ ? std::function<bool(std::size_t)>()
+                                             : [this](std::size_t t) { return t >= counted_.size() || counted_[t]; }},
+          groups);
       opt_->restore_step_count(steps);
       max_norm_ = max_norm;
       hyper_ = h;
     }
     const auto r = opt_->step(rt_, base.lr, micro_batches);
-    return {.grad_norm = r.grad_norm, .clip_coefficient = r.clip_coefficient,
+    return {.grad_norm = r.grad_norm,
+            .clip_coefficient = r.clip_coefficient,
             .grad_scale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches)) * r.clip_coefficient};
   }
   [[nodiscard]] std::int64_t step_count() const noexcept { return opt_ ? opt_->step_count() : restored_; }
@@ -178,12 +184,14 @@ class chunk_shard_store {
   };
   const shard& in_stage(std::size_t k, const char* what) const {
     if (!scope_)
-      throw state_error(std::string("rtp::chunk_shard_store::") + what + " outside a stage: call it from inside stage(...)");
+      throw state_error(std::string("rtp::chunk_shard_store::") + what +
+                        " outside a stage: call it from inside stage(...)");
     return shards_.at(k);
   }
 
   static bool same_hyper(const adam_hyper& a, const adam_hyper& b) noexcept {
-    return a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps && a.weight_decay == b.weight_decay && a.mode == b.mode;
+    return a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps && a.weight_decay == b.weight_decay &&
+           a.mode == b.mode;
   }
 
   Runtime& rt_;

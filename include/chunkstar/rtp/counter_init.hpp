@@ -68,7 +68,8 @@ struct counter_init {
   /** @brief 64 random bits for element @p index; @p lane selects independent draws for one
    *  element (Box-Muller needs two). */
   [[nodiscard]] constexpr std::uint64_t bits(std::uint64_t index, std::uint64_t lane = 0) const noexcept {
-    const std::uint64_t stream = detail::mix64(detail::mix64(seed + detail::golden_gamma) ^ (key * 0xD1B54A32D192ED03ULL));
+    const std::uint64_t stream =
+        detail::mix64(detail::mix64(seed + detail::golden_gamma) ^ (key * 0xD1B54A32D192ED03ULL));
     const std::uint64_t counter = 2 * index + (lane & 1U) + 1;  // two lanes per element
     return detail::mix64(detail::mix64(stream + counter * detail::golden_gamma) ^ key);
   }

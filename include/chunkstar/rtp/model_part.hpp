@@ -54,8 +54,9 @@ inline model_part make_part(std::size_t elems, bool replicated, std::function<vo
   std::vector<std::size_t> lo(specs.size(), SIZE_MAX), hi(specs.size(), 0), count(specs.size(), 0);
   p.for_each([&](std::size_t t, std::size_t i, std::size_t off) {
     if (t >= specs.size() || i >= static_cast<std::size_t>(specs[t].numel()) || off >= elems)
-      throw config_error("rtp::make_part: element (tensor " + std::to_string(t) + ", index " + std::to_string(i) + ") at offset " +
-                         std::to_string(off) + " is outside the model's tensors or the part's " + std::to_string(elems) + " elements");
+      throw config_error("rtp::make_part: element (tensor " + std::to_string(t) + ", index " + std::to_string(i) +
+                         ") at offset " + std::to_string(off) + " is outside the model's tensors or the part's " +
+                         std::to_string(elems) + " elements");
     lo[t] = std::min(lo[t], off);
     hi[t] = std::max(hi[t], off + 1);
     ++count[t];
@@ -63,7 +64,8 @@ inline model_part make_part(std::size_t elems, bool replicated, std::function<vo
   for (std::size_t t = 0; t < specs.size(); ++t)
     if (count[t] > 0) {
       if (count[t] != hi[t] - lo[t])
-        throw config_error("rtp::make_part: tensor " + specs[t].name + " is not one contiguous run of the part; order the part so it is");
+        throw config_error("rtp::make_part: tensor " + specs[t].name +
+                           " is not one contiguous run of the part; order the part so it is");
       p.segments.push_back({lo[t], hi[t], t});
     }
   if (p.segments.empty()) throw config_error("rtp::make_part: the part holds no element of any tensor");
@@ -78,11 +80,14 @@ inline model_part make_part(std::size_t elems, bool replicated, std::function<vo
  *  tensor @p a_weight, its bias @p a_bias (ignored without one), B's weight @p b_weight. */
 inline model_part weight_pair_part(const weight_pair& pair, std::size_t shard, std::size_t a_weight, std::size_t a_bias,
                                    std::size_t b_weight, std::span<const tensor_spec> specs) {
-  return make_part(pair.shard_elems(), false, [=](const model_part::element_fn& f) {
-    pair.for_each(shard, [&](weight_pair::part p, std::size_t i, std::size_t off) {
-      f(p == weight_pair::part::a_weight ? a_weight : p == weight_pair::part::a_bias ? a_bias : b_weight, i, off);
-    });
-  }, specs);
+  return make_part(
+      pair.shard_elems(), false,
+      [=](const model_part::element_fn& f) {
+        pair.for_each(shard, [&](weight_pair::part p, std::size_t i, std::size_t off) {
+          f(p == weight_pair::part::a_weight ? a_weight : p == weight_pair::part::a_bias ? a_bias : b_weight, i, off);
+        });
+      },
+      specs);
 }
 
 /** @brief Whole tensors @p tensors, one after another, as a replica every rank holds. */
@@ -93,14 +98,18 @@ inline model_part replicated_part(std::span<const std::size_t> tensors, std::spa
   std::vector<run> runs;
   std::size_t at = 0;
   for (const std::size_t t : tensors) {
-    if (t >= specs.size()) throw config_error("rtp::replicated_part: tensor " + std::to_string(t) + " is not one of the model's");
+    if (t >= specs.size())
+      throw config_error("rtp::replicated_part: tensor " + std::to_string(t) + " is not one of the model's");
     runs.push_back({t, at, specs[t].numel()});
     at += specs[t].numel();
   }
-  return make_part(at, true, [runs](const model_part::element_fn& f) {
-    for (const run& r : runs)
-      for (std::size_t i = 0; i < r.elems; ++i) f(r.tensor, i, r.offset + i);
-  }, specs);
+  return make_part(
+      at, true,
+      [runs](const model_part::element_fn& f) {
+        for (const run& r : runs)
+          for (std::size_t i = 0; i < r.elems; ++i) f(r.tensor, i, r.offset + i);
+      },
+      specs);
 }
 
 }  // namespace chunkstar::rtp

@@ -54,11 +54,11 @@ inline void require_divisible(std::string_view name, std::size_t dim, int world)
   if (dim % static_cast<std::size_t>(world) == 0) return;
   std::string valid;
   for (const int n : valid_world_sizes(dim)) valid += (valid.empty() ? "" : ", ") + std::to_string(n);
-  throw config_error("rtp: dimension '" + std::string(name) + "' of size " + std::to_string(dim) +
-                     " does not split evenly over " + std::to_string(world) + " ranks; world sizes that divide it (up to " +
-                     std::to_string(max_listed_world_size) + "): " + valid +
-                     "; change the world size or the dimension (e.g. round the hidden width to a multiple of " +
-                     std::to_string(world) + ")");
+  throw config_error(
+      "rtp: dimension '" + std::string(name) + "' of size " + std::to_string(dim) + " does not split evenly over " +
+      std::to_string(world) + " ranks; world sizes that divide it (up to " + std::to_string(max_listed_world_size) +
+      "): " + valid + "; change the world size or the dimension (e.g. round the hidden width to a multiple of " +
+      std::to_string(world) + ")");
 }
 
 /** @brief The indices of @p dim that shard @p rank of @p world owns: the contiguous block

@@ -42,12 +42,14 @@ constexpr int backward_shard(int rank, int world, int step) noexcept {
 
 /** @brief The rank whose contribution is the @p k-th (0-based) term of shard @p shard's gradient
  *  sum: the rank that holds @p shard at backward step @p k. The last (k = world - 1) is the owner. */
-constexpr int gradient_contributor(int shard, int world, int k) noexcept { return detail::ring_mod(shard + 1 + k, world); }
+constexpr int gradient_contributor(int shard, int world, int k) noexcept {
+  return detail::ring_mod(shard + 1 + k, world);
+}
 
 /** @brief What one pass over one layer sends per rank (and receives: the ring is symmetric). */
 struct pass_traffic {
-  int shifts = 0;                 ///< ring shifts issued (collectives)
-  std::uint64_t bytes_sent = 0;   ///< bytes sent by each rank
+  int shifts = 0;                ///< ring shifts issued (collectives)
+  std::uint64_t bytes_sent = 0;  ///< bytes sent by each rank
   friend constexpr bool operator==(const pass_traffic&, const pass_traffic&) = default;
 };
 

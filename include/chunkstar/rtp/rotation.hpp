@@ -125,15 +125,13 @@ class rotation {
   /** @brief A schedule for shards of @p shard_elems elements on @p comm (held by reference; it
    *  must outlive this object). Allocates the owned shard and gradient (zeroed) and its own transit
    *  buffers. Throws `config_error` for an empty shard. */
-  rotation(Comm& comm, std::size_t shard_elems, Ops ops = Ops{})
-    requires(Ops::host_memory)
+  rotation(Comm& comm, std::size_t shard_elems, Ops ops = Ops{}) requires(Ops::host_memory)
       : rotation(comm, shard_elems, std::make_unique<transit_buffers<T>>(), nullptr, false, std::move(ops)) {}
 
   /** @brief The same, with transit buffers shared with other rotations (held by reference; they
    *  must outlive this object, and the rotations sharing them must not run passes concurrently):
    *  grows them to this shard's size if they are smaller. */
-  rotation(Comm& comm, std::size_t shard_elems, transit_buffers<T>& shared, Ops ops = Ops{})
-    requires(Ops::host_memory)
+  rotation(Comm& comm, std::size_t shard_elems, transit_buffers<T>& shared, Ops ops = Ops{}) requires(Ops::host_memory)
       : rotation(comm, shard_elems, std::unique_ptr<transit_buffers<T>>(), &shared, false, std::move(ops)) {}
 
   /** @brief A rotation that holds no owned shard: the caller keeps it (e.g. in a chunk runtime)
@@ -145,14 +143,21 @@ class rotation {
       : rotation(comm, shard_elems, std::unique_ptr<transit_buffers<T>>(), &shared, true, std::move(ops)) {}
 
  private:
-  rotation(Comm& comm, std::size_t shard_elems, std::unique_ptr<transit_buffers<T>> own, transit_buffers<T>* shared = nullptr,
-           bool external = false, Ops ops = Ops{})
-      : comm_(comm), rank_(comm.rank()), world_(comm.size()), elems_(shard_elems), external_(external), own_(std::move(own)),
-        pool_(shared ? shared : own_.get()), ops_(std::move(ops)) {
+  rotation(Comm& comm, std::size_t shard_elems, std::unique_ptr<transit_buffers<T>> own,
+           transit_buffers<T>* shared = nullptr, bool external = false, Ops ops = Ops{})
+      : comm_(comm),
+        rank_(comm.rank()),
+        world_(comm.size()),
+        elems_(shard_elems),
+        external_(external),
+        own_(std::move(own)),
+        pool_(shared ? shared : own_.get()),
+        ops_(std::move(ops)) {
     if (shard_elems == 0)
       throw config_error("rtp::rotation: a shard of 0 elements; a sharded layer needs at least one element per rank");
     if (shard_elems > std::numeric_limits<std::size_t>::max() / sizeof(T))
-      throw config_error("rtp::rotation: a shard of " + std::to_string(shard_elems) + " elements overflows its byte size");
+      throw config_error("rtp::rotation: a shard of " + std::to_string(shard_elems) +
+                         " elements overflows its byte size");
     if (!external_) {
       home_w_.assign(elems_, T{});
       home_g_.assign(elems_, T{});
@@ -161,7 +166,6 @@ class rotation {
   }
 
  public:
-
   rotation(const rotation&) = delete;
   rotation& operator=(const rotation&) = delete;
   ~rotation() = default;  // every pass waits for its shifts before it returns or unwinds
@@ -198,7 +202,7 @@ class rotation {
   /** @brief Runs a forward pass: `f(shard_index, std::span<const T> shard)` once per shard, in
    *  `forward_shard` order (see the class comment). */
   template <class F>
-    requires std::invocable<F&, int, std::span<const T>>
+  requires std::invocable<F&, int, std::span<const T>>
   void forward(F&& f) {
     require_own("forward");
     forward_impl([this](T*) -> const T* { return home_w_.data(); }, f);
@@ -208,7 +212,7 @@ class rotation {
    *  writes this rank's shard into `dst` (a transit buffer) at the start of the pass; then as
    *  `forward(f)`. */
   template <class L, class F>
-    requires std::invocable<L&, std::span<T>> && std::invocable<F&, int, std::span<const T>>
+  requires std::invocable<L&, std::span<T>> && std::invocable<F&, int, std::span<const T>>
   void forward(L&& load, F&& f) {
     require_external("forward");
     forward_impl(loader(load), f);
@@ -219,12 +223,11 @@ class rotation {
    *  gradient into `grad`. Afterwards `owned_grad()` holds the sum over all ranks (see the class
    *  comment). */
   template <class G>
-    requires std::invocable<G&, int, std::span<const T>, std::span<T>>
+  requires std::invocable<G&, int, std::span<const T>, std::span<T>>
   void backward(G&& g) {
     require_own("backward");
-    backward_impl([this](T*) -> const T* { return home_w_.data(); }, g, [this](const T* sum) {
-      ops_.copy(home_g_.data(), sum, elems_);
-    });
+    backward_impl([this](T*) -> const T* { return home_w_.data(); }, g,
+                  [this](const T* sum) { ops_.copy(home_g_.data(), sum, elems_); });
   }
 
   /** @brief The backward pass of a rotation built with `external_shard`: `load(std::span<T> dst)`
@@ -232,8 +235,8 @@ class rotation {
    *  own shard is needed once more), `g` as in `backward(g)`, and `store(std::span<const T> sum)`
    *  receives the gradient sum over all ranks once, after everything that can fail. */
   template <class L, class G, class S>
-    requires std::invocable<L&, std::span<T>> && std::invocable<G&, int, std::span<const T>, std::span<T>> &&
-             std::invocable<S&, std::span<const T>>
+  requires std::invocable<L&, std::span<T>> && std::invocable<G&, int, std::span<const T>, std::span<T>> &&
+      std::invocable<S&, std::span<const T>>
   void backward(L&& load, G&& g, S&& store) {
     require_external("backward");
     backward_impl(loader(load), g, [&](const T* sum) { std::invoke(store, std::span<const T>(sum, elems_)); });
@@ -249,7 +252,7 @@ class rotation {
     const T* resident = own_shard(world_ > 1 ? pool_->weights(1) : pool_->scratch());
     for (int s = 0; s < world_; ++s) {
       T* incoming = pool_->weights(static_cast<std::size_t>(s % 2));  // never `resident`: home, then alternating
-      comm_handle next;  // waited for quietly if the kernel throws
+      comm_handle next;                                               // waited for quietly if the kernel throws
       if (s + 1 < world_) next = shift(resident, incoming);
       std::invoke(f, forward_shard(rank_, world_, s), std::span<const T>(resident, elems_));
       if (s + 1 < world_) {
@@ -386,13 +389,15 @@ class rotation {
   }
   void require_own(const char* what) const {
     if (external_)
-      throw state_error(std::string("rtp::rotation::") + what +
-                        ": this rotation was built with external_shard and holds no shard; pass the load (and store) callbacks");
+      throw state_error(
+          std::string("rtp::rotation::") + what +
+          ": this rotation was built with external_shard and holds no shard; pass the load (and store) callbacks");
   }
   void require_external(const char* what) const {
     if (!external_)
-      throw state_error(std::string("rtp::rotation::") + what +
-                        ": load/store callbacks are for rotations built with external_shard; this one holds its shard (owned())");
+      throw state_error(
+          std::string("rtp::rotation::") + what +
+          ": load/store callbacks are for rotations built with external_shard; this one holds its shard (owned())");
   }
 
   Comm& comm_;

@@ -58,7 +58,7 @@ namespace chunkstar::rtp {
 
 /** @brief A contiguous run of one tensor inside a shard buffer. */
 struct shard_segment {
-  std::string name;       ///< unique per rank, e.g. "h0.attn.qkv.w@1" (the tensor, the shard)
+  std::string name;        ///< unique per rank, e.g. "h0.attn.qkv.w@1" (the tensor, the shard)
   std::size_t offset = 0;  ///< first element in the shard buffer
   std::size_t elems = 0;   ///< elements
   tensor_role role = tensor_role::weight;
@@ -68,7 +68,7 @@ struct shard_segment {
 struct shard_step_result {
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  ///< global norm (NaN when not clipping)
   float clip_coefficient = 1;                                   ///< factor the gradients were multiplied by
-  float grad_scale = 1;                                         ///< what every gradient was multiplied by (1 / micro-batches x clip)
+  float grad_scale = 1;  ///< what every gradient was multiplied by (1 / micro-batches x clip)
 };
 
 /** @brief Checks a shard's segments tile it: in order, contiguous, from 0 to @p elems. */
@@ -82,7 +82,8 @@ inline void check_segments(std::size_t elems, const std::vector<shard_segment>& 
     at += s.elems;
   }
   if (at != elems)
-    throw config_error("rtp shard store: segments cover " + std::to_string(at) + " of the shard's " + std::to_string(elems) + " elements");
+    throw config_error("rtp shard store: segments cover " + std::to_string(at) + " of the shard's " +
+                       std::to_string(elems) + " elements");
 }
 
 /** @brief Where a rank keeps the buffers it owns under RTP: the interface the file comment
@@ -92,10 +93,11 @@ inline void check_segments(std::size_t elems, const std::vector<shard_segment>& 
  *  chunkstar/testing/shard_store_conformance.hpp checks a model's laws. */
 template <class S>
 concept ShardStore = requires(S& s, const S& cs, std::size_t k, std::size_t n, std::vector<shard_segment> segments,
-                              std::string_view name, std::span<const std::size_t> shards, void (*body)(), std::span<float> out,
-                              std::span<const float> in, const adam_hyper& hyper, const param_groups& groups, int micro_batches,
-                              float max_norm, const std::function<double(double)>& global_sum_sq, std::int64_t steps,
-                              chunk_kind kind, float* p) {
+                              std::string_view name, std::span<const std::size_t> shards, void (*body)(),
+                              std::span<float> out, std::span<const float> in, const adam_hyper& hyper,
+                              const param_groups& groups, int micro_batches, float max_norm,
+                              const std::function<double(double)>& global_sum_sq, std::int64_t steps, chunk_kind kind,
+                              float* p) {
   { s.add_shard(n, std::move(segments)) } -> std::same_as<std::size_t>;
   { s.add_shard(n, std::move(segments), false) } -> std::same_as<std::size_t>;
   s.finalize();
@@ -147,9 +149,10 @@ class basic_host_shard_store {
   std::size_t add_shard(std::size_t elems, std::vector<shard_segment> segments, bool counted_in_norm = true) {
     if (finalized_) throw state_error("host_shard_store::add_shard after finalize(): add every shard first");
     check_segments(elems, segments);
-    shards_.push_back({std::move(segments),
-                       {std::vector<float>(elems), std::vector<float>(elems), std::vector<float>(elems), std::vector<float>(elems)},
-                       counted_in_norm});
+    shards_.push_back(
+        {std::move(segments),
+         {std::vector<float>(elems), std::vector<float>(elems), std::vector<float>(elems), std::vector<float>(elems)},
+         counted_in_norm});
     return shards_.size() - 1;
   }
   void finalize() { finalized_ = true; }
@@ -201,8 +204,9 @@ class basic_host_shard_store {
       for (const auto& seg : s.segments) {
         const auto h = groups.hyper_for(seg.role, base);
         const std::size_t o = seg.offset, n = seg.elems;
-        adam_update(std::span<float>(w).subspan(o, n), std::span<float>(m).subspan(o, n), std::span<float>(v).subspan(o, n),
-                    std::span<const float>(g).subspan(o, n), std::span<float>(), h, args);
+        adam_update(std::span<float>(w).subspan(o, n), std::span<float>(m).subspan(o, n),
+                    std::span<float>(v).subspan(o, n), std::span<const float>(g).subspan(o, n), std::span<float>(), h,
+                    args);
       }
       std::fill(g.begin(), g.end(), 0.0f);
     }
@@ -245,7 +249,8 @@ class basic_host_shard_store {
       case chunk_kind::grad: return 1;
       case chunk_kind::momentum: return 2;
       case chunk_kind::variance: return 3;
-      default: throw config_error("host_shard_store: no fp32 master list (the weights are fp32 and are their own master)");
+      default:
+        throw config_error("host_shard_store: no fp32 master list (the weights are fp32 and are their own master)");
     }
   }
   std::vector<float>& list(std::size_t k, chunk_kind kind) { return shards_.at(k).lists[slot(kind)]; }

@@ -104,8 +104,9 @@ class sharded_model {
     for (const auto& s : specs_) fields.push_back({s.name, std::to_string(s.numel())});
     require_agreement(comm_, fields, "rtp::sharded_model");
     store_.finalize();
-    transit_ = std::make_unique<transit_buffers<float>>([this](std::size_t n) { return store_.allocate(n); },
-                                                        [this](float* p, std::size_t n) noexcept { store_.deallocate(p, n); });
+    transit_ =
+        std::make_unique<transit_buffers<float>>([this](std::size_t n) { return store_.allocate(n); },
+                                                 [this](float* p, std::size_t n) noexcept { store_.deallocate(p, n); });
     rotations_.resize(parts_.size());
     for (std::size_t k = 0; k < parts_.size(); ++k) {
       if (parts_[k].replicated) {
@@ -163,7 +164,8 @@ class sharded_model {
   void reduce_replica_grads() {
     require_final("reduce_replica_grads");
     ops_.settle();  // the kernels' contributions are written
-    for (std::size_t r = 0; r < replica_g_.size(); ++r) reduce_replicated_grads(comm_, std::span<float>(replica_g_[r].p, replica_g_[r].n));
+    for (std::size_t r = 0; r < replica_g_.size(); ++r)
+      reduce_replicated_grads(comm_, std::span<float>(replica_g_[r].p, replica_g_[r].n));
     for (std::size_t r = 0; r < replica_g_.size(); ++r)
       store_.stage("replica grads", true, std::span<const std::size_t>(&replica_index_[r], 1), [&] {
         store_.add_grad(replica_index_[r], std::span<const float>(replica_g_[r].p, replica_g_[r].n));
@@ -259,15 +261,20 @@ class sharded_model {
   std::size_t add(model_part part, bool replicated) {
     if (finalized_) throw state_error("rtp::sharded_model: a part added after finalize(); add every part first");
     part.replicated = replicated;
-    if (part.segments.empty() || part.elems == 0) throw config_error("rtp::sharded_model: an empty part; build parts with rtp::make_part");
+    if (part.segments.empty() || part.elems == 0)
+      throw config_error("rtp::sharded_model: an empty part; build parts with rtp::make_part");
     std::vector<shard_segment> segs;
     for (const auto& s : part.segments) {
-      if (s.tensor >= specs_.size()) throw config_error("rtp::sharded_model: a part names tensor " + std::to_string(s.tensor) + ", which the specs do not have");
+      if (s.tensor >= specs_.size())
+        throw config_error("rtp::sharded_model: a part names tensor " + std::to_string(s.tensor) +
+                           ", which the specs do not have");
       const auto& spec = specs_[s.tensor];
-      segs.push_back({replicated ? spec.name : spec.name + "@" + std::to_string(comm_.rank()), s.begin, s.end - s.begin, spec.role});
+      segs.push_back({replicated ? spec.name : spec.name + "@" + std::to_string(comm_.rank()), s.begin, s.end - s.begin,
+                      spec.role});
     }
     const std::size_t k = store_.add_shard(part.elems, std::move(segs), !replicated || comm_.rank() == 0);
-    if (k != parts_.size()) throw state_error("rtp::sharded_model: the store holds buffers of its own; give the model a store of its own");
+    if (k != parts_.size())
+      throw state_error("rtp::sharded_model: the store holds buffers of its own; give the model a store of its own");
     parts_.push_back(std::move(part));
     return k;
   }
@@ -278,7 +285,8 @@ class sharded_model {
   }
   rotation_type* rotation_ptr(std::size_t k) const {
     if (!finalized_ || k >= rotations_.size() || !rotations_[k])
-      throw state_error("rtp::sharded_model: part " + std::to_string(k) + " is not a rotated part of a finalized model");
+      throw state_error("rtp::sharded_model: part " + std::to_string(k) +
+                        " is not a rotated part of a finalized model");
     return rotations_[k].get();
   }
   std::size_t slot(std::size_t k) const {
@@ -288,13 +296,16 @@ class sharded_model {
   }
   void check_size(std::size_t k, std::size_t n, const char* what) const {
     if (k >= parts_.size() || parts_[k].elems != n)
-      throw config_error(std::string("rtp::sharded_model::") + what + ": part " + std::to_string(k) + " with " + std::to_string(n) +
-                         " elements, but " + (k >= parts_.size() ? "the model has " + std::to_string(parts_.size()) + " parts"
-                                                                  : "it holds " + std::to_string(parts_[k].elems)) +
+      throw config_error(std::string("rtp::sharded_model::") + what + ": part " + std::to_string(k) + " with " +
+                         std::to_string(n) + " elements, but " +
+                         (k >= parts_.size() ? "the model has " + std::to_string(parts_.size()) + " parts"
+                                             : "it holds " + std::to_string(parts_[k].elems)) +
                          "; size the buffer by parts()[k].elems");
   }
   void require_final(const char* what) const {
-    if (!finalized_) throw state_error(std::string("rtp::sharded_model::") + what + " before finalize(): register the parts, then finalize");
+    if (!finalized_)
+      throw state_error(std::string("rtp::sharded_model::") + what +
+                        " before finalize(): register the parts, then finalize");
   }
   /** Replicas @p parts' working copies from their weights in the store, one stage each (untraced:
    *  not a stage of the model's iteration). */

@@ -33,9 +33,11 @@ class transit_buffers {
   using deallocate_fn = std::function<void(T*, std::size_t n)>;
 
   /** @brief Buffers in host memory. */
-  transit_buffers() : transit_buffers([](std::size_t n) { return new T[n](); }, [](T* p, std::size_t) { delete[] p; }) {}
+  transit_buffers()
+      : transit_buffers([](std::size_t n) { return new T[n](); }, [](T* p, std::size_t) { delete[] p; }) {}
   /** @brief Buffers from @p allocate / @p deallocate. */
-  transit_buffers(allocate_fn allocate, deallocate_fn deallocate) : alloc_(std::move(allocate)), free_(std::move(deallocate)) {}
+  transit_buffers(allocate_fn allocate, deallocate_fn deallocate)
+      : alloc_(std::move(allocate)), free_(std::move(deallocate)) {}
   transit_buffers(const transit_buffers&) = delete;
   transit_buffers& operator=(const transit_buffers&) = delete;
   ~transit_buffers() {

@@ -45,7 +45,8 @@ namespace chunkstar::rtp {
 
 /** @brief The kernels the vocabulary-parallel embedding and loss run on (see the file comment). */
 template <class K>
-concept VocabKernels = std::copy_constructible<K> && requires(K& k, float* p, const float* c, const int* t, std::size_t n, float s) {
+concept VocabKernels = std::copy_constructible<K> &&
+    requires(K& k, float* p, const float* c, const int* t, std::size_t n, float s) {
   k.gather_rows(p, t, c, n, n, c, n, n, n);
   k.scatter_add_rows(p, t, c, n, n, n, n);
   k.logits(p, c, c, n, n, n);
@@ -60,8 +61,8 @@ concept VocabKernels = std::copy_constructible<K> && requires(K& k, float* p, co
 /** @brief The host's kernels: loops over rows, OpenMP-parallel over independent rows or columns,
  *  each sum in a fixed order (the same bits with any number of threads). */
 struct cpu_vocab_kernels {
-  void gather_rows(float* out, const int* tokens, const float* shard, std::size_t v0, std::size_t vs, const float* positions,
-                   std::size_t N, std::size_t T, std::size_t C) const {
+  void gather_rows(float* out, const int* tokens, const float* shard, std::size_t v0, std::size_t vs,
+                   const float* positions, std::size_t N, std::size_t T, std::size_t C) const {
     for (std::size_t i = 0; i < N; ++i) {
       const std::size_t r = row_of(tokens[i], v0, vs);
       if (r >= vs) continue;
@@ -73,8 +74,8 @@ struct cpu_vocab_kernels {
       for (std::size_t k = 0; k < C; ++k) out[i * C + k] = row[k] + pos[k];
     }
   }
-  void scatter_add_rows(float* gshard, const int* tokens, const float* dout, std::size_t v0, std::size_t vs, std::size_t N,
-                        std::size_t C) const {
+  void scatter_add_rows(float* gshard, const int* tokens, const float* dout, std::size_t v0, std::size_t vs,
+                        std::size_t N, std::size_t C) const {
     for (std::size_t i = 0; i < N; ++i) {
       const std::size_t r = row_of(tokens[i], v0, vs);
       if (r >= vs) continue;
@@ -89,8 +90,8 @@ struct cpu_vocab_kernels {
       for (std::size_t v = 0; v < vs; ++v) z[i * vs + v] = dot(xi, shard + v * C, C);
     });
   }
-  void logits_backward(float* dx, float* dshard, const float* dz, const float* x, const float* shard, std::size_t N, std::size_t C,
-                       std::size_t vs) const {
+  void logits_backward(float* dx, float* dshard, const float* dz, const float* x, const float* shard, std::size_t N,
+                       std::size_t C, std::size_t vs) const {
     rows(N, [&](std::size_t i) {
       float* d = dx + i * C;
       for (std::size_t v = 0; v < vs; ++v) {
@@ -108,8 +109,8 @@ struct cpu_vocab_kernels {
       }
     });
   }
-  void softmax_fold(float* mx, float* sum, float* zt, const float* z, const int* targets, std::size_t v0, std::size_t valid,
-                    std::size_t N, std::size_t vs) const {
+  void softmax_fold(float* mx, float* sum, float* zt, const float* z, const int* targets, std::size_t v0,
+                    std::size_t valid, std::size_t N, std::size_t vs) const {
     if (valid == 0) return;  // a shard of padding only
     rows(N, [&](std::size_t i) {
       const float* zi = z + i * vs;
@@ -129,8 +130,8 @@ struct cpu_vocab_kernels {
       sum[i] = l + (m - zt[i]);
     }
   }
-  void softmax_grad(float* z, const float* lse, const int* targets, float scale, std::size_t v0, std::size_t valid, std::size_t N,
-                    std::size_t vs) const {
+  void softmax_grad(float* z, const float* lse, const int* targets, float scale, std::size_t v0, std::size_t valid,
+                    std::size_t N, std::size_t vs) const {
     rows(N, [&](std::size_t i) {
       float* zi = z + i * vs;
       const std::size_t r = row_of(targets[i], v0, valid);

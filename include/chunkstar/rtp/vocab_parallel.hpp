@@ -55,16 +55,22 @@ class vocab_parallel {
   static model_part part(std::size_t tensor, int world, int rank, std::span<const tensor_spec> specs) {
     const auto& s = specs[tensor];
     if (s.shape.size() != 2)
-      throw config_error("rtp::vocab_parallel: tensor " + s.name + " is not [vocab, width]; give the embedding as a 2-D tensor");
+      throw config_error("rtp::vocab_parallel: tensor " + s.name +
+                         " is not [vocab, width]; give the embedding as a 2-D tensor");
     const auto V = static_cast<std::size_t>(s.shape[0]), C = static_cast<std::size_t>(s.shape[1]);
-    const std::size_t vs = padded_vocab(V, world) / static_cast<std::size_t>(world), v0 = static_cast<std::size_t>(rank) * vs;
+    const std::size_t vs = padded_vocab(V, world) / static_cast<std::size_t>(world),
+                      v0 = static_cast<std::size_t>(rank) * vs;
     if (v0 >= V)
       throw config_error("rtp::vocab_parallel: " + std::to_string(world) + " ranks leave rank " + std::to_string(rank) +
-                         " no word of " + s.name + "'s " + std::to_string(V) + "; use at most " + std::to_string(V) + " ranks");
-    return make_part(vs * C, false, [=](const model_part::element_fn& f) {
-      for (std::size_t r = 0; r < vs && v0 + r < V; ++r)
-        for (std::size_t k = 0; k < C; ++k) f(tensor, (v0 + r) * C + k, r * C + k);
-    }, specs);
+                         " no word of " + s.name + "'s " + std::to_string(V) + "; use at most " + std::to_string(V) +
+                         " ranks");
+    return make_part(
+        vs * C, false,
+        [=](const model_part::element_fn& f) {
+          for (std::size_t r = 0; r < vs && v0 + r < V; ++r)
+            for (std::size_t k = 0; k < C; ++k) f(tensor, (v0 + r) * C + k, r * C + k);
+        },
+        specs);
   }
 
   /** @brief The embedding and loss over part @p part of @p model (built by `part`; the model
@@ -77,7 +83,8 @@ class vocab_parallel {
     C_ = static_cast<std::size_t>(s.shape[1]);
     vs_ = padded_vocab(V_, model.world()) / static_cast<std::size_t>(model.world());
     if (model.parts()[part].elems != vs_ * C_)
-      throw config_error("rtp::vocab_parallel: part " + std::to_string(part) + " is not tensor " + s.name + "'s vocabulary shard; build it with vocab_parallel::part");
+      throw config_error("rtp::vocab_parallel: part " + std::to_string(part) + " is not tensor " + s.name +
+                         "'s vocabulary shard; build it with vocab_parallel::part");
     if (max_rows == 0) throw config_error("rtp::vocab_parallel: max_rows must be at least 1");
     z_ = take(max_rows * vs_);
     mx_ = take(max_rows);
@@ -124,10 +131,12 @@ class vocab_parallel {
   }
   /** @brief The same, also writing row @p row's logits over the whole vocabulary into @p logits
    *  (V floats, host memory; e.g. to sample the next token). */
-  double loss(const float* x, const int* targets, std::size_t rows, std::size_t row, float* logits, std::string_view stage = "head") {
+  double loss(const float* x, const int* targets, std::size_t rows, std::size_t row, float* logits,
+              std::string_view stage = "head") {
     check(rows);
     if (logits && row >= rows)
-      throw config_error("rtp::vocab_parallel::loss: logits asked of row " + std::to_string(row) + " of a batch of " + std::to_string(rows) + " rows; pass a row below it");
+      throw config_error("rtp::vocab_parallel::loss: logits asked of row " + std::to_string(row) + " of a batch of " +
+                         std::to_string(rows) + " rows; pass a row below it");
     m_.stage(stage, false, {part_}, [&] {
       k_.fill(mx_, rows, -std::numeric_limits<float>::infinity());
       k_.fill(sum_, rows, 0.0f);
@@ -152,8 +161,12 @@ class vocab_parallel {
   /** @brief Backward of the last `loss` (the same @p x and @p targets): adds the gradient of
    *  @p scale x the mean loss into E's gradient and into @p dx [rows, C]: stage @p stage (backward).
    *  Collective. */
-  void loss_backward(const float* x, const int* targets, std::size_t rows, float scale, float* dx, std::string_view stage = "head") {
-    if (rows != rows_) throw state_error("rtp::vocab_parallel::loss_backward: " + std::to_string(rows) + " rows, but the last loss had " + std::to_string(rows_) + "; call loss on the same batch first");
+  void loss_backward(const float* x, const int* targets, std::size_t rows, float scale, float* dx,
+                     std::string_view stage = "head") {
+    if (rows != rows_)
+      throw state_error("rtp::vocab_parallel::loss_backward: " + std::to_string(rows) +
+                        " rows, but the last loss had " + std::to_string(rows_) +
+                        "; call loss on the same batch first");
     const float dloss = scale / static_cast<float>(rows);
     m_.stage(stage, true, {part_}, [&] {
       m_.backward(part_, [&](int j, std::span<const float> s, std::span<float> g) {
@@ -177,7 +190,8 @@ class vocab_parallel {
   }
   void check(std::size_t rows) const {
     if (rows == 0 || rows > max_rows_)
-      throw config_error("rtp::vocab_parallel: " + std::to_string(rows) + " rows, but it was built for 1 to " + std::to_string(max_rows_));
+      throw config_error("rtp::vocab_parallel: " + std::to_string(rows) + " rows, but it was built for 1 to " +
+                         std::to_string(max_rows_));
   }
   [[nodiscard]] std::size_t v0(int j) const noexcept { return static_cast<std::size_t>(j) * vs_; }
   [[nodiscard]] std::size_t valid(int j) const noexcept { return v0(j) >= V_ ? 0 : std::min(vs_, V_ - v0(j)); }

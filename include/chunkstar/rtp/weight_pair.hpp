@@ -9,7 +9,8 @@
  *  (3 for a fused q|k|v projection, 1 for an MLP's first layer), with an optional bias of the same
  *  rows; B is out x units. Shard s of N holds units [s k, (s + 1) k), k = units / N, of every block:
  *
- *      [ A's rows: block 0's k rows | block 1's k rows | ... (each `in` wide) | A's bias, the same rows | B's columns: out x k ]
+ *      [ A's rows: block 0's k rows | block 1's k rows | ... (each `in` wide) | A's bias, the same rows | B's columns:
+ *      out x k ]
  *
  *  A pure description (no memory, no communication): `for_each` maps every element of a shard to
  *  its tensor and global index, for initialisation by global index (counter_init), for loading
@@ -40,7 +41,9 @@ struct weight_pair {
   [[nodiscard]] constexpr std::size_t shard_units() const noexcept { return units / world; }
   [[nodiscard]] constexpr std::size_t a_weight_offset() const noexcept { return 0; }
   [[nodiscard]] constexpr std::size_t a_bias_offset() const noexcept { return groups * shard_units() * in; }
-  [[nodiscard]] constexpr std::size_t b_weight_offset() const noexcept { return a_bias_offset() + (a_bias ? groups * shard_units() : 0); }
+  [[nodiscard]] constexpr std::size_t b_weight_offset() const noexcept {
+    return a_bias_offset() + (a_bias ? groups * shard_units() : 0);
+  }
   /** @brief Elements of one shard: k (groups (in + bias) + out). */
   [[nodiscard]] constexpr std::size_t shard_elems() const noexcept { return b_weight_offset() + out * shard_units(); }
   /** @brief Elements of the whole tensors: A (groups units in), its bias, B (out units). */
@@ -68,10 +71,15 @@ struct weight_pair {
 /** @brief The pair A ((groups x units) x in, with a bias when @p a_bias) then B (out x units),
  *  split over @p world shards. Throws `config_error` naming @p what (e.g. "heads", "hidden units")
  *  and the world sizes that divide it when @p world does not divide @p units. */
-inline weight_pair make_weight_pair(std::size_t in, std::size_t units, std::size_t out, int world, const std::string& what,
-                                    std::size_t groups = 1, bool a_bias = true) {
+inline weight_pair make_weight_pair(std::size_t in, std::size_t units, std::size_t out, int world,
+                                    const std::string& what, std::size_t groups = 1, bool a_bias = true) {
   require_divisible(what, units, world);
-  return {.in = in, .units = units, .groups = groups, .out = out, .a_bias = a_bias, .world = static_cast<std::size_t>(world)};
+  return {.in = in,
+          .units = units,
+          .groups = groups,
+          .out = out,
+          .a_bias = a_bias,
+          .world = static_cast<std::size_t>(world)};
 }
 
 }  // namespace chunkstar::rtp

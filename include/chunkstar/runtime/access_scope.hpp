@@ -28,15 +28,17 @@ namespace chunkstar {
 /** @brief The chunks a scope of @p kind over @p params needs, in order of first use: each
  *  parameter's param chunk, and in backward its grad chunk. @throws config_error for an unknown
  *  parameter (naming scope @p name). */
-[[nodiscard]] inline std::vector<chunk_id> scope_chunks(const chunk_plan& plan, std::span<const param_id> params, moment_kind kind,
-                                                        std::string_view name) {
+[[nodiscard]] inline std::vector<chunk_id> scope_chunks(const chunk_plan& plan, std::span<const param_id> params,
+                                                        moment_kind kind, std::string_view name) {
   std::vector<chunk_id> ids;
   for (auto p : params) {
     if (p.value >= plan.slots.size())
       throw config_error("scope '" + std::string(name) + "' names an unknown param_id " + std::to_string(p.value));
     for (auto k : {chunk_kind::param, chunk_kind::grad}) {
       const chunk_id id{k, static_cast<std::uint32_t>(plan.slots[p.value].chunk)};
-      if ((k == chunk_kind::param || kind == moment_kind::backward) && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+      if ((k == chunk_kind::param || kind == moment_kind::backward) &&
+          std::find(ids.begin(), ids.end(), id) == ids.end())
+        ids.push_back(id);
     }
   }
   return ids;
@@ -54,7 +56,9 @@ class open_scope_names {
         return;
       }
   }
-  [[nodiscard]] std::string_view innermost() const noexcept { return names_.empty() ? std::string_view() : names_.back(); }
+  [[nodiscard]] std::string_view innermost() const noexcept {
+    return names_.empty() ? std::string_view() : names_.back();
+  }
   [[nodiscard]] std::size_t size() const noexcept { return names_.size(); }
 
  private:
@@ -75,8 +79,12 @@ class access_scope {
   using stream_type = typename Runtime::stream_type;
 
   access_scope(access_scope&& o) noexcept
-      : rt_(std::exchange(o.rt_, nullptr)), kind_(o.kind_), name_(std::move(o.name_)), begin_us_(o.begin_us_),
-        params_(std::move(o.params_)), pins_(std::move(o.pins_)) {}
+      : rt_(std::exchange(o.rt_, nullptr)),
+        kind_(o.kind_),
+        name_(std::move(o.name_)),
+        begin_us_(o.begin_us_),
+        params_(std::move(o.params_)),
+        pins_(std::move(o.pins_)) {}
   access_scope& operator=(access_scope&&) = delete;
   ~access_scope() { close(); }
 
@@ -107,7 +115,8 @@ class access_scope {
  private:
   friend Runtime;
   using pins_type = typename Runtime::store_type::pin_set;
-  access_scope(Runtime* rt, moment_kind k, std::string_view name, double begin_us, std::vector<param_id> p, pins_type pins)
+  access_scope(Runtime* rt, moment_kind k, std::string_view name, double begin_us, std::vector<param_id> p,
+               pins_type pins)
       : rt_(rt), kind_(k), name_(name), begin_us_(begin_us), params_(std::move(p)), pins_(std::move(pins)) {}
   Runtime* rt_;
   moment_kind kind_;

@@ -21,7 +21,8 @@ using patrickstar_runtime =
     chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, single_process_communicator>;
 
 /** @brief PatrickStar's assembly with least-recently-used eviction (no trace needed to evict). */
-using lru_runtime = chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction, warmup_tracer, single_process_communicator>;
+using lru_runtime =
+    chunk_runtime<searched_chunk_layout, auto_placement, lru_eviction, warmup_tracer, single_process_communicator>;
 
 /** @brief A fixed split (ZeRO-Offload-like): `static_placement` decides what stays on the device. */
 using static_runtime =
@@ -29,6 +30,7 @@ using static_runtime =
 
 /** @brief PatrickStar's assembly on the platform @p P (e.g. `cuda::cuda_platform`) over communicator @p Comm. */
 template <Platform P, Communicator Comm = single_process_communicator>
-using patrickstar_runtime_on = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, Comm, P>;
+using patrickstar_runtime_on =
+    chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction, warmup_tracer, Comm, P>;
 
 }  // namespace chunkstar

@@ -65,8 +65,10 @@ struct chunk_adam_options {
 
 /** @brief What one call to chunk_adam::step did. */
 struct optimizer_step_result {
-  bool stepped = false;        ///< false: skipped (overflow), gradients dropped
-  double grad_norm = 0.0;      ///< global norm of the unscaled, averaged gradients (inf on overflow; NaN when not computed, see chunk_adam_options::report_norm)
+  bool stepped = false;  ///< false: skipped (overflow), gradients dropped
+  /// global norm of the unscaled, averaged gradients (inf on overflow; NaN when not computed, see
+  /// chunk_adam_options::report_norm)
+  double grad_norm = 0.0;
   float clip_coefficient = 1;  ///< factor the gradients were multiplied by
   float loss_scale = 1;        ///< scale the gradients carried
 };
@@ -91,7 +93,8 @@ class chunk_adam {
   [[nodiscard]] std::int64_t step_count() const noexcept { return steps_; }
   /** @brief Restores the step count from a checkpoint. */
   void restore_step_count(std::int64_t steps) {
-    if (steps < 0) throw checkpoint_error("chunk_adam: negative step count " + std::to_string(steps) + " in checkpoint");
+    if (steps < 0)
+      throw checkpoint_error("chunk_adam: negative step count " + std::to_string(steps) + " in checkpoint");
     steps_ = steps;
   }
   [[nodiscard]] Scaler& scaler() noexcept { return scaler_; }
@@ -105,8 +108,9 @@ class chunk_adam {
   [[nodiscard]] std::vector<config_field> configuration(int micro_batches = 1) const {
     const adam_hyper& h = options_.hyper;
     std::vector<config_field> f = {
-        {"adam", std::string(h.mode == adam_mode::adamw ? "AdamW" : "Adam") + ", beta1 " + config_value(h.beta1) + ", beta2 " +
-                     config_value(h.beta2) + ", eps " + config_value(h.eps) + ", weight_decay " + config_value(h.weight_decay)},
+        {"adam", std::string(h.mode == adam_mode::adamw ? "AdamW" : "Adam") + ", beta1 " + config_value(h.beta1) +
+                     ", beta2 " + config_value(h.beta2) + ", eps " + config_value(h.eps) + ", weight_decay " +
+                     config_value(h.weight_decay)},
         {"max_grad_norm", config_value(options_.max_grad_norm)},
         {"report_norm", config_value(options_.report_norm)},
         {"global_sum_sq", options_.global_sum_sq ? "set" : "unset"},
@@ -118,8 +122,9 @@ class chunk_adam {
     for (std::size_t r = 0; r < param_groups::role_count; ++r) {
       const auto role = static_cast<tensor_role>(r);
       const param_group& g = groups_.group_for(role);
-      f.push_back({"group of " + std::string(role_name(role)), "'" + g.name + "' weight_decay " + config_value(g.weight_decay) +
-                                                                    ", lr x " + config_value(g.lr_multiplier)});
+      f.push_back({"group of " + std::string(role_name(role)), "'" + g.name + "' weight_decay " +
+                                                                   config_value(g.weight_decay) + ", lr x " +
+                                                                   config_value(g.lr_multiplier)});
     }
     return f;
   }
@@ -135,18 +140,20 @@ class chunk_adam {
    *  exactly once; `abandon()` forgets it instead. */
   template <class Runtime>
   optimizer_step_result step(Runtime& rt, float lr, int micro_batches = 1) {
-    if (micro_batches < 1) throw config_error("chunk_adam::step: micro_batches must be >= 1, got " + std::to_string(micro_batches));
+    if (micro_batches < 1)
+      throw config_error("chunk_adam::step: micro_batches must be >= 1, got " + std::to_string(micro_batches));
     if constexpr (requires { rt.options().sharding; }) {
       // micro_batches counts every rank's (docs/zero.md); each rank's own must not exceed what the
       // runtime was told, or ZeRO's first iteration would reduce after each instead of the last.
       const auto& sh = rt.options().sharding;
       const int world = rt.communicator().size();
       if (sh.enabled && micro_batches > sh.micro_batches * world)
-        throw config_error("chunk_adam::step: " + std::to_string(micro_batches) + " micro-batches over " + std::to_string(world) +
-                           " ranks, but the runtime was built with runtime_options::sharding.micro_batches " +
-                           std::to_string(sh.micro_batches) + ": set it to the micro-batches each rank accumulates per step (" +
-                           std::to_string((micro_batches + world - 1) / world) +
-                           "), so ZeRO's first iteration reduces each gradient once, after the last, as later ones do");
+        throw config_error(
+            "chunk_adam::step: " + std::to_string(micro_batches) + " micro-batches over " + std::to_string(world) +
+            " ranks, but the runtime was built with runtime_options::sharding.micro_batches " +
+            std::to_string(sh.micro_batches) + ": set it to the micro-batches each rank accumulates per step (" +
+            std::to_string((micro_batches + world - 1) / world) +
+            "), so ZeRO's first iteration reduces each gradient once, after the last, as later ones do");
     }
     if (!agreed_) {  // before the step's first collective: ranks that would step differently stop here, all of them
       require_agreement(rt.communicator(), configuration(micro_batches), "chunk_adam::step");
@@ -157,7 +164,8 @@ class chunk_adam {
       r.loss_scale = scaler_.scale();
       const float unscale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches));
       // The scan reads every gradient chunk: skipped when nothing reads the norm or the overflow flag.
-      const bool scan = options_.report_norm || options_.max_grad_norm > 0 || !std::is_same_v<Scaler, static_loss_scaler>;
+      const bool scan =
+          options_.report_norm || options_.max_grad_norm > 0 || !std::is_same_v<Scaler, static_loss_scaler>;
       double sum_sq = 0.0;
       if (scan) {
         // Per chunk, then summed in chunk order, so the total has the same bits however the chunks
@@ -173,8 +181,9 @@ class chunk_adam {
           const std::size_t ps = dtype_size(c.param_type);
           for (const std::size_t t : c.tensors)
             if (c.slots[t].numel > 0 && options_.counts_in_norm(t))
-              per_chunk[c.index] += scan_chunk<Runtime>(static_cast<const std::byte*>(c.grad) + c.slots[t].offset * ps, c.param_type,
-                                                        c.slots[t].numel, unscale, c.where).sum_sq;
+              per_chunk[c.index] += scan_chunk<Runtime>(static_cast<const std::byte*>(c.grad) + c.slots[t].offset * ps,
+                                                        c.param_type, c.slots[t].numel, unscale, c.where)
+                                        .sum_sq;
         });
         if (rt.gradients() == gradient_mode::sharded && !options_.global_sum_sq)
           rt.communicator().allreduce(std::span<double>(per_chunk), reduce_op::sum);
@@ -191,7 +200,8 @@ class chunk_adam {
       if (options_.max_grad_norm > 0) r.clip_coefficient = clip_coefficient(sum_sq, options_.max_grad_norm).coefficient;
       adam_hyper base = options_.hyper;
       base.lr = lr;
-      pending_ = pending{r, base, {.step = steps_ + 1, .grad_scale = unscale * r.clip_coefficient, .threads = options_.threads}};
+      pending_ = pending{
+          r, base, {.step = steps_ + 1, .grad_scale = unscale * r.clip_coefficient, .threads = options_.threads}};
     }
     const pending p = *pending_;
     using stream_type = typename Runtime::stream_type;
@@ -238,21 +248,26 @@ class chunk_adam {
 
   template <class Runtime>
   grad_stats scan_chunk(const void* g, dtype t, std::size_t n, float scale, tier where) const {
-    if (where == tier::host || device_on_host<Runtime>) return host_adam_kernels::scan(g, t, n, scale, options_.threads);
+    if (where == tier::host || device_on_host<Runtime>)
+      return host_adam_kernels::scan(g, t, n, scale, options_.threads);
     return Kernels::scan(g, t, n, scale, options_.threads);
   }
   /** Kernels whose device step returns before it finishes, on `Kernels::stream()` (a stream of
    *  the runtime's platform): `adam_async` and `stream`. */
   template <class Runtime>
-  static constexpr bool asynchronous = !device_on_host<Runtime> && requires(const adam_chunk& a, const adam_hyper& h, const adam_step_args& s) {
+  static constexpr bool asynchronous =
+      !device_on_host<Runtime> && requires(const adam_chunk& a, const adam_hyper& h, const adam_step_args& s) {
     Kernels::adam_async(a, h, s);
     { Kernels::stream() } -> std::convertible_to<typename Runtime::stream_type>;
   };
   template <class Runtime>
   void run_adam(const adam_chunk& a, const adam_hyper& h, const adam_step_args& args, tier where) const {
-    if (where == tier::host || device_on_host<Runtime>) host_adam_kernels::adam(a, h, args);
-    else if constexpr (asynchronous<Runtime>) Kernels::adam_async(a, h, args);
-    else Kernels::adam(a, h, args);
+    if (where == tier::host || device_on_host<Runtime>)
+      host_adam_kernels::adam(a, h, args);
+    else if constexpr (asynchronous<Runtime>)
+      Kernels::adam_async(a, h, args);
+    else
+      Kernels::adam(a, h, args);
   }
 
   /** A step decided (norm, clip, scale) whose update has not finished. */

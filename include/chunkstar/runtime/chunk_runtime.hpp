@@ -71,18 +71,17 @@ class chunk_runtime {
   using update_ref = function_ref<std::optional<stream_type>(const step_chunk&)>;
 
   /** @brief A runtime with its own default communicator (one process). */
-  chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier, runtime_options options = {},
-                Layout layout = Layout(), Placement placement = Placement(), Eviction eviction = Eviction(),
-                TracerT tracer = TracerT())
-    requires std::default_initializable<Comm>
-      : chunk_runtime(device, host, copier, nullptr, options, std::move(layout), std::move(placement), std::move(eviction),
-                      std::move(tracer)) {}
+  chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier,
+                runtime_options options = {}, Layout layout = Layout(), Placement placement = Placement(),
+                Eviction eviction = Eviction(), TracerT tracer = TracerT()) requires std::default_initializable<Comm>
+      : chunk_runtime(device, host, copier, nullptr, options, std::move(layout), std::move(placement),
+                      std::move(eviction), std::move(tracer)) {}
   /** @brief A runtime over the user's communicator @p comm, which must outlive it (like the spaces). */
   chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier, Comm& comm,
                 runtime_options options = {}, Layout layout = Layout(), Placement placement = Placement(),
                 Eviction eviction = Eviction(), TracerT tracer = TracerT())
-      : chunk_runtime(device, host, copier, &comm, options, std::move(layout), std::move(placement), std::move(eviction),
-                      std::move(tracer)) {}
+      : chunk_runtime(device, host, copier, &comm, options, std::move(layout), std::move(placement),
+                      std::move(eviction), std::move(tracer)) {}
   chunk_runtime(const chunk_runtime&) = delete;
   chunk_runtime& operator=(const chunk_runtime&) = delete;
   ~chunk_runtime();
@@ -112,9 +111,13 @@ class chunk_runtime {
 
   // --- access scopes -----------------------------------------------------------------------------
   /** @brief Opens a forward scope named @p name over @p params (a moment of the trace). */
-  [[nodiscard]] scope forward(std::string_view name, std::vector<param_id> params) { return open_scope(moment_kind::forward, name, std::move(params)); }
+  [[nodiscard]] scope forward(std::string_view name, std::vector<param_id> params) {
+    return open_scope(moment_kind::forward, name, std::move(params));
+  }
   /** @brief Opens a backward scope: params and (zero-initialised on first use) grads resident. */
-  [[nodiscard]] scope backward(std::string_view name, std::vector<param_id> params) { return open_scope(moment_kind::backward, name, std::move(params)); }
+  [[nodiscard]] scope backward(std::string_view name, std::vector<param_id> params) {
+    return open_scope(moment_kind::backward, name, std::move(params));
+  }
 
   // --- non-model memory on the compute tier ------------------------------------------------------
   /** @brief Allocates activation / workspace memory on the compute tier, evicting chunks not in use
@@ -126,7 +129,9 @@ class chunk_runtime {
   void deallocate_non_model(void* p, std::size_t bytes, std::size_t alignment = 64) noexcept;
   /** @brief @p count elements of non-model memory as an RAII buffer. */
   template <class T>
-  [[nodiscard]] non_model_buffer<T, chunk_runtime> allocate_buffer(std::size_t count, std::size_t alignment = 64) { return {*this, count, alignment}; }
+  [[nodiscard]] non_model_buffer<T, chunk_runtime> allocate_buffer(std::size_t count, std::size_t alignment = 64) {
+    return {*this, count, alignment};
+  }
 
   // --- optimizer step and iteration boundaries ---------------------------------------------------
   /** @brief Runs @p f (the optimizer, e.g. chunk_adam) once per chunk index with every list of it
@@ -195,7 +200,8 @@ class chunk_runtime {
   /** @brief Whether @p plan (runtime/memory_plan.hpp) fits this runtime: `chunkstar::admit` against
    *  its device space's, its host space's and its disk tier's capacities. */
   [[nodiscard]] admission admit(const memory_plan& plan) {
-    return chunkstar::admit(plan, {.device = store_.device().capacity(), .host = store_.host().capacity(), .disk = store_.disk_capacity()});
+    return chunkstar::admit(
+        plan, {.device = store_.device().capacity(), .host = store_.host().capacity(), .disk = store_.disk_capacity()});
   }
   /** @brief Refuses @p plan before the first step: `config_error` naming each tier's
    *  shortfall in bytes and what to change, unless `admit(plan)` fits. */
@@ -215,12 +221,17 @@ class chunk_runtime {
   [[nodiscard]] tier where(chunk_id id) const { return store_.at(id).where; }
   /** @brief The derived state of a chunk (PatrickStar): COMPUTE if any tensor is, else HOLD..., FREE. */
   [[nodiscard]] tensor_state chunk_state(chunk_id id) const {
-    return states_.chunk_state(plan_.chunk_tensors.at(id.index), id.kind != chunk_kind::grad || store_.at(id).where != tier::free);
+    return states_.chunk_state(plan_.chunk_tensors.at(id.index),
+                               id.kind != chunk_kind::grad || store_.at(id).where != tier::free);
   }
   [[nodiscard]] tensor_state state(param_id p) const { return states_[p.value]; }
   /** @brief Owner rank of chunk index @p c (ZeRO: chunk c belongs to rank c mod N). */
-  [[nodiscard]] int owner(std::size_t c) const { return store_.at({chunk_kind::param, static_cast<std::uint32_t>(c)}).owner; }
-  [[nodiscard]] gradient_mode gradients() const noexcept { return shard_.active() ? gradient_mode::sharded : options_.gradients; }
+  [[nodiscard]] int owner(std::size_t c) const {
+    return store_.at({chunk_kind::param, static_cast<std::uint32_t>(c)}).owner;
+  }
+  [[nodiscard]] gradient_mode gradients() const noexcept {
+    return shard_.active() ? gradient_mode::sharded : options_.gradients;
+  }
   /** @brief Which chunks this rank owns (ZeRO; one rank owns all without sharding). */
   [[nodiscard]] shard_map shards() const noexcept { return shard_.map(); }
   /** @brief Moves chunk @p id to the host now (a test and tooling hook; from the device or the
@@ -237,8 +248,8 @@ class chunk_runtime {
   friend untraced_section;
   using residency_type = residency_manager<P, Placement, Eviction, TracerT>;
 
-  chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier, Comm* comm, runtime_options options,
-                Layout layout, Placement placement, Eviction eviction, TracerT tracer);
+  chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier, Comm* comm,
+                runtime_options options, Layout layout, Placement placement, Eviction eviction, TracerT tracer);
   static std::optional<Comm> own_if(Comm* c) {
     if constexpr (std::default_initializable<Comm>)
       if (c == nullptr) return std::optional<Comm>(std::in_place);
@@ -246,14 +257,17 @@ class chunk_runtime {
   }
 
   void require_finalized(const char* what) const {
-    if (!finalized_) throw state_error(std::string(what) + "() before finalize(): register parameters and call finalize() first");
+    if (!finalized_)
+      throw state_error(std::string(what) + "() before finalize(): register parameters and call finalize() first");
   }
   void touch(chunk_id id) {
     store_.touch(id);
     if (!level_.untraced) tracer_.record_access(id);
   }
   void sample() const {
-    if (observer_) observer_.memory({store_.resident(tier::device), store_.resident(tier::host), level_.non_model, store_.resident(tier::disk)});
+    if (observer_)
+      observer_.memory(
+          {store_.resident(tier::device), store_.resident(tier::host), level_.non_model, store_.resident(tier::disk)});
   }
 
   scope open_scope(moment_kind kind, std::string_view name, std::vector<param_id> params);
@@ -264,7 +278,8 @@ class chunk_runtime {
 
   template <class T>
   std::span<T> scope_span(param_id p, chunk_kind k, const std::vector<param_id>& in_scope) {
-    if (dtype_of_v<std::remove_const_t<T>> != options_.param_type) wrong_scope_dtype(p, dtype_of_v<std::remove_const_t<T>>);
+    if (dtype_of_v<std::remove_const_t<T>> != options_.param_type)
+      wrong_scope_dtype(p, dtype_of_v<std::remove_const_t<T>>);
     if (std::find(in_scope.begin(), in_scope.end(), p) == in_scope.end()) not_in_scope(p);
     const auto& sl = plan_.slots[p.value];
     return {static_cast<T*>(store_.at({k, static_cast<std::uint32_t>(sl.chunk)}).data) + sl.offset, sl.numel};
@@ -301,27 +316,37 @@ class chunk_runtime {
 };
 
 // --- definitions ---------------------------------------------------------------------------------
-#define CHUNKSTAR_RUNTIME_TEMPLATE                                                                              \
-  template <ChunkLayout Layout, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT, Communicator Comm, \
-            Platform P>
+#define CHUNKSTAR_RUNTIME_TEMPLATE                                                                    \
+  template <ChunkLayout Layout, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT, \
+            Communicator Comm, Platform P>
 #define CHUNKSTAR_RUNTIME chunk_runtime<Layout, Placement, Eviction, TracerT, Comm, P>
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 CHUNKSTAR_RUNTIME::chunk_runtime(device_space_type& device, host_space_type& host, copy_engine_type& copier, Comm* comm,
-                                 runtime_options options, Layout layout, Placement placement, Eviction eviction, TracerT tracer)
-    : options_(options), layout_(std::move(layout)), placement_(std::move(placement)), eviction_(std::move(eviction)),
-      tracer_(std::move(tracer)), own_comm_(own_if(comm)), comm_(comm ? *comm : *own_comm_),
+                                 runtime_options options, Layout layout, Placement placement, Eviction eviction,
+                                 TracerT tracer)
+    : options_(options),
+      layout_(std::move(layout)),
+      placement_(std::move(placement)),
+      eviction_(std::move(eviction)),
+      tracer_(std::move(tracer)),
+      own_comm_(own_if(comm)),
+      comm_(comm ? *comm : *own_comm_),
       store_(device, host, copier, options.payload_alignment, stats_),
-      residency_(store_, placement_, eviction_, tracer_, level_, options.prefetch_depth, stats_, options.disk_prefetch_depth,
-                 options.disk_prefetch_horizon, options.disk_staging_chunks),
-      non_model_(device, level_), pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth),
+      residency_(store_, placement_, eviction_, tracer_, level_, options.prefetch_depth, stats_,
+                 options.disk_prefetch_depth, options.disk_prefetch_horizon, options.disk_staging_chunks),
+      non_model_(device, level_),
+      pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth),
       shard_(store_, residency_, tracer_, comm_, options.sharding, stats_, level_) {
   if (options_.sharding.micro_batches < 1)
-    throw config_error("runtime_options::sharding.micro_batches must be >= 1 (the backward passes per optimizer step), got " +
-                       std::to_string(options_.sharding.micro_batches));
+    throw config_error(
+        "runtime_options::sharding.micro_batches must be >= 1 (the backward passes per optimizer step), got " +
+        std::to_string(options_.sharding.micro_batches));
   if (options_.timeline) observer_ = own_timeline_;
   store_.clock = [this] { return observer_.now_us(); };
-  store_.on_copy_retired = [this](double submitted, tier from, tier to) { observer_.copy(from, to, submitted, observer_.now_us()); };
+  store_.on_copy_retired = [this](double submitted, tier from, tier to) {
+    observer_.copy(from, to, submitted, observer_.now_us());
+  };
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
@@ -338,7 +363,8 @@ void CHUNKSTAR_RUNTIME::attach_disk(disk_tier disk) {
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 param_id CHUNKSTAR_RUNTIME::register_param(tensor_spec spec, param_initializer init) {
-  if (finalized_) throw state_error("register_param('" + spec.name + "') after finalize(): register every parameter first");
+  if (finalized_)
+    throw state_error("register_param('" + spec.name + "') after finalize(): register every parameter first");
   return registry_.add(std::move(spec), std::move(init), options_.param_type);
 }
 
@@ -348,11 +374,14 @@ void CHUNKSTAR_RUNTIME::finalize(std::span<const config_field> run) {
   finalized_ = true;
   plan_ = registry_.plan(layout_);
   auto fields = describe_configuration(registry_.specs(), plan_, layout_.name(), options_);
-  fields.insert(fields.begin(), run.begin(), run.end());  // the run's fields first: a trainer's option is the likelier cause
+  fields.insert(fields.begin(), run.begin(),
+                run.end());  // the run's fields first: a trainer's option is the likelier cause
   require_agreement(comm_, fields, "finalize()");
   plan_.num_chunks = shard_.map().padded(plan_.num_chunks);  // ZeRO: whole groups (the padding holds no tensor)
   plan_.chunk_tensors.resize(plan_.num_chunks);
-  store_.build(make_chunk_lists(plan_, {.param_type = options_.param_type, .optimizer_state = options_.optimizer_state}), comm_.size());
+  store_.build(
+      make_chunk_lists(plan_, {.param_type = options_.param_type, .optimizer_state = options_.optimizer_state}),
+      comm_.size());
   states_.reset(registry_.specs());
   store_.allocate_initial(shard_.active(), comm_.rank());
   std::vector<float> values;
@@ -361,15 +390,17 @@ void CHUNKSTAR_RUNTIME::finalize(std::span<const config_field> run) {
     values.assign(registry_.specs()[t].numel(), 0.0f);
     if (registry_.initializer(t)) registry_.initializer(t)(values);
     write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, values);
-    if (store_.has(chunk_kind::master)) write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::master, values);
+    if (store_.has(chunk_kind::master))
+      write_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::master, values);
   }
   registry_.clear_initializers();
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void* CHUNKSTAR_RUNTIME::allocate_non_model(std::size_t bytes, std::size_t alignment) {
-  void* p = non_model_.allocate(bytes, alignment, [&] { return residency_.free_one_for_non_model(); },
-                                [&] { return memory_report_now(); }, open_.innermost());
+  void* p = non_model_.allocate(
+      bytes, alignment, [&] { return residency_.free_one_for_non_model(); }, [&] { return memory_report_now(); },
+      open_.innermost());
   stats_.peak_non_model_bytes = std::max(stats_.peak_non_model_bytes, level_.non_model);
   store_.note_device_peak();
   if (!level_.untraced) {
@@ -387,7 +418,8 @@ void CHUNKSTAR_RUNTIME::deallocate_non_model(void* p, std::size_t bytes, std::si
   try {
     tracer_.record_non_model(level_.non_model);
     ++level_.changes;
-    if (level_.releasing == never && iteration_open_) residency_.prefetch(tracer_.current_moment());  // a step prefetches for itself
+    if (level_.releasing == never && iteration_open_)
+      residency_.prefetch(tracer_.current_moment());  // a step prefetches for itself
   } catch (...) {  // an optimisation only: what cannot start now loads on demand at its scope
   }
 }
@@ -446,7 +478,8 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 typename CHUNKSTAR_RUNTIME::untraced_section CHUNKSTAR_RUNTIME::untraced() {
   require_finalized("untraced");
   states_.require_none_in_compute("untraced");
-  if (std::exchange(level_.untraced, true)) throw state_error("untraced() while an untraced section is already open: close it first");
+  if (std::exchange(level_.untraced, true))
+    throw state_error("untraced() while an untraced section is already open: close it first");
   return untraced_section(this);
 }
 
@@ -463,9 +496,7 @@ void CHUNKSTAR_RUNTIME::write_tensor(param_id p, chunk_kind k, std::span<const f
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
-std::size_t CHUNKSTAR_RUNTIME::chunk_budget() const {
-  return residency_.budget_now();
-}
+std::size_t CHUNKSTAR_RUNTIME::chunk_budget() const { return residency_.budget_now(); }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::offload(chunk_id id) {
@@ -475,9 +506,7 @@ void CHUNKSTAR_RUNTIME::offload(chunk_id id) {
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
-memory_report CHUNKSTAR_RUNTIME::memory_report_now() const {
-  return residency_.report();
-}
+memory_report CHUNKSTAR_RUNTIME::memory_report_now() const { return residency_.report(); }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 std::vector<std::string> CHUNKSTAR_RUNTIME::invariant_violations(bool sole_user) const {
@@ -516,8 +545,8 @@ typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
-void CHUNKSTAR_RUNTIME::scope_closed(moment_kind kind, std::string_view name, double begin_us, std::span<const param_id> params,
-                                     typename store_type::pin_set& pins) noexcept {
+void CHUNKSTAR_RUNTIME::scope_closed(moment_kind kind, std::string_view name, double begin_us,
+                                     std::span<const param_id> params, typename store_type::pin_set& pins) noexcept {
   pins.reset();
   for (auto p : params) {
     try {
@@ -564,4 +593,3 @@ void CHUNKSTAR_RUNTIME::not_in_scope(param_id p) const {
 #undef CHUNKSTAR_RUNTIME_TEMPLATE
 
 }  // namespace chunkstar
-

@@ -33,9 +33,9 @@
 #include <span>
 
 /** @brief The specialization behind runtime type @p R, as explicit instantiation must spell it. */
-#define CHUNKSTAR_RUNTIME_SPECIALIZATION(R)                                                                        \
-  ::chunkstar::chunk_runtime<R::layout_type, R::placement_type, R::eviction_type, R::tracer_type, R::communicator_type, \
-                             R::platform_type>
+#define CHUNKSTAR_RUNTIME_SPECIALIZATION(R)                                                       \
+  ::chunkstar::chunk_runtime<R::layout_type, R::placement_type, R::eviction_type, R::tracer_type, \
+                             R::communicator_type, R::platform_type>
 /** @brief Declares runtime type @p R compiled elsewhere (in a header; follow it with `;`). */
 #define CHUNKSTAR_EXTERN_RUNTIME(R) extern template class CHUNKSTAR_RUNTIME_SPECIALIZATION(R)
 /** @brief Compiles runtime type @p R here (in one source file of the program; follow it with `;`). */
@@ -52,35 +52,35 @@
 #define CHUNKSTAR_RUNTIME_STORE(KW, P) KW template class ::chunkstar::chunk_store<P>
 #define CHUNKSTAR_RUNTIME_RESIDENCY_(R) \
   ::chunkstar::residency_manager<R::platform_type, R::placement_type, R::eviction_type, R::tracer_type>
-#define CHUNKSTAR_RUNTIME_POLICIES(KW, R)                   \
-  KW template class CHUNKSTAR_RUNTIME_RESIDENCY_(R);        \
-  KW template class ::chunkstar::optimizer_pass<::chunkstar::chunk_store<R::platform_type>, CHUNKSTAR_RUNTIME_RESIDENCY_(R), \
-                                                R::tracer_type>
-#define CHUNKSTAR_RUNTIME_SHARDS(KW, R)                                                                                 \
-  KW template class ::chunkstar::shard_manager<::chunkstar::chunk_store<R::platform_type>, CHUNKSTAR_RUNTIME_RESIDENCY_(R), \
-                                               R::tracer_type, R::communicator_type>
+#define CHUNKSTAR_RUNTIME_POLICIES(KW, R)                                                   \
+  KW template class CHUNKSTAR_RUNTIME_RESIDENCY_(R);                                        \
+  KW template class ::chunkstar::optimizer_pass<::chunkstar::chunk_store<R::platform_type>, \
+                                                CHUNKSTAR_RUNTIME_RESIDENCY_(R), R::tracer_type>
+#define CHUNKSTAR_RUNTIME_SHARDS(KW, R)                                                    \
+  KW template class ::chunkstar::shard_manager<::chunkstar::chunk_store<R::platform_type>, \
+                                               CHUNKSTAR_RUNTIME_RESIDENCY_(R), R::tracer_type, R::communicator_type>
 
 /** @brief One Adam update (gradient type @p G, parameter type @p P) and the scans of @p G gradients. */
-#define CHUNKSTAR_HOST_KERNELS_OF(KW, G, P)                                                                              \
-  KW template void ::chunkstar::adam_update<G, P>(std::span<float>, std::span<float>, std::span<float>, std::span<const G>, \
-                                                  std::span<P>, const ::chunkstar::adam_hyper&,                          \
+#define CHUNKSTAR_HOST_KERNELS_OF(KW, G, P)                                                                         \
+  KW template void ::chunkstar::adam_update<G, P>(std::span<float>, std::span<float>, std::span<float>,             \
+                                                  std::span<const G>, std::span<P>, const ::chunkstar::adam_hyper&, \
                                                   const ::chunkstar::adam_step_args&)
-#define CHUNKSTAR_HOST_SCANS_OF(KW, G)                                                     \
-  KW template double ::chunkstar::sum_of_squares<G>(std::span<const G>, float, int);       \
+#define CHUNKSTAR_HOST_SCANS_OF(KW, G)                                               \
+  KW template double ::chunkstar::sum_of_squares<G>(std::span<const G>, float, int); \
   KW template bool ::chunkstar::all_finite<G>(std::span<const G>, int)
 /** @brief The host kernels for every pair of element types (KW: `extern` or nothing). */
-#define CHUNKSTAR_HOST_KERNELS(KW)                                                \
-  CHUNKSTAR_HOST_KERNELS_OF(KW, float, float);                                    \
-  CHUNKSTAR_HOST_KERNELS_OF(KW, float, ::chunkstar::float16);                     \
-  CHUNKSTAR_HOST_KERNELS_OF(KW, float, ::chunkstar::bfloat16);                    \
-  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::float16, float);                     \
-  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::float16, ::chunkstar::float16);      \
-  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::float16, ::chunkstar::bfloat16);     \
-  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::bfloat16, float);                    \
-  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::bfloat16, ::chunkstar::float16);     \
-  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::bfloat16, ::chunkstar::bfloat16);    \
-  CHUNKSTAR_HOST_SCANS_OF(KW, float);                                             \
-  CHUNKSTAR_HOST_SCANS_OF(KW, ::chunkstar::float16);                              \
+#define CHUNKSTAR_HOST_KERNELS(KW)                                             \
+  CHUNKSTAR_HOST_KERNELS_OF(KW, float, float);                                 \
+  CHUNKSTAR_HOST_KERNELS_OF(KW, float, ::chunkstar::float16);                  \
+  CHUNKSTAR_HOST_KERNELS_OF(KW, float, ::chunkstar::bfloat16);                 \
+  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::float16, float);                  \
+  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::float16, ::chunkstar::float16);   \
+  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::float16, ::chunkstar::bfloat16);  \
+  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::bfloat16, float);                 \
+  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::bfloat16, ::chunkstar::float16);  \
+  CHUNKSTAR_HOST_KERNELS_OF(KW, ::chunkstar::bfloat16, ::chunkstar::bfloat16); \
+  CHUNKSTAR_HOST_SCANS_OF(KW, float);                                          \
+  CHUNKSTAR_HOST_SCANS_OF(KW, ::chunkstar::float16);                           \
   CHUNKSTAR_HOST_SCANS_OF(KW, ::chunkstar::bfloat16)
 /** @brief Declares the host kernels compiled elsewhere (in a header; follow it with `;`). */
 #define CHUNKSTAR_EXTERN_HOST_KERNELS CHUNKSTAR_HOST_KERNELS(extern)

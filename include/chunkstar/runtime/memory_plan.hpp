@@ -43,7 +43,8 @@ using forward_scopes = std::vector<std::vector<std::size_t>>;
     std::vector<std::uint32_t> c;
     for (const std::size_t t : s) {
       if (t >= plan.slots.size())
-        throw config_error("scope_trace: tensor index " + std::to_string(t) + " is outside the plan's " + std::to_string(plan.slots.size()) +
+        throw config_error("scope_trace: tensor index " + std::to_string(t) + " is outside the plan's " +
+                           std::to_string(plan.slots.size()) +
                            " tensors: a scope lists the indices of registered tensors (registration order)");
       c.push_back(static_cast<std::uint32_t>(plan.slots[t].chunk));
     }
@@ -100,12 +101,14 @@ template <class T>
 
 /** @brief What one rank of a run needs (see plan_memory). */
 struct memory_plan {
-  chunk_plan chunks;                     ///< the layout's plan, padded to whole groups of N chunks under ZeRO (as the runtime pads)
+  chunk_plan chunks;  ///< the layout's plan, padded to whole groups of N chunks under ZeRO (as the runtime pads)
   std::size_t param_chunk_bytes = 0;     ///< one parameter (and gradient) chunk
   std::size_t model_bytes = 0;           ///< every chunk of every list, all ranks together
   std::size_t model_bytes_per_rank = 0;  ///< this rank's: model_bytes / N under ZeRO, all of it otherwise
-  std::size_t collective_bytes = 0;      ///< ZeRO: gather and reduction buffers at their peak on the compute tier, the first iteration included (0 otherwise)
-  std::size_t non_model_bytes = 0;       ///< as given: the compute tier's non-model peak (activations, workspace; a profile's highest)
+  /// ZeRO: gather and reduction buffers at their peak on the compute tier, the first iteration included (0 otherwise)
+  std::size_t collective_bytes = 0;
+  /// as given: the compute tier's non-model peak (activations, workspace; a profile's highest)
+  std::size_t non_model_bytes = 0;
   /** The most parameter and gradient chunks of its own one scope opens, which must be on the
    *  compute tier at once (the optimizer state may stay below; under ZeRO the rank's own chunks of
    *  the scope's groups, the rest being collective buffers; in the memory-saving mode its own
@@ -143,7 +146,8 @@ struct memory_plan {
  *  compute tier. Pure: no memory space, no communication; callable before anything is built.
  *
  *  The largest scope's own parameter and gradient chunks beside that peak give the least device a
- *  run that moves chunks needs (`device_floor`: tested to be exact unsharded). The collective buffers are the runtime's rules replayed over the scopes (`plan_gathers`, every
+ *  run that moves chunks needs (`device_floor`: tested to be exact unsharded). The collective buffers are the runtime's
+ *  rules replayed over the scopes (`plan_gathers`, every
  *  gather ahead accepted, which is their most), and with `keep_gathered` over the first iteration
  *  too, which keeps every gathered group until the step; in the memory-saving mode, the most
  *  chunks one scope holds at once (its parameters, its gradients, and the previous scope's
@@ -152,8 +156,9 @@ struct memory_plan {
  *  without keep_gathered, and in the memory-saving mode; with both memory_saving and
  *  keep_gathered an upper bound (it counts a rank's own chunks as buffers too: 1.2-1.5x there). */
 template <ChunkLayout Layout>
-[[nodiscard]] memory_plan plan_memory(std::span<const tensor_spec> specs, const Layout& layout, const runtime_options& o, int world,
-                                      const forward_scopes& scopes, std::size_t non_model_bytes = 0) {
+[[nodiscard]] memory_plan plan_memory(std::span<const tensor_spec> specs, const Layout& layout,
+                                      const runtime_options& o, int world, const forward_scopes& scopes,
+                                      std::size_t non_model_bytes = 0) {
   return plan_memory(specs, layout, o, world, scopes, std::span<const std::size_t>(&non_model_bytes, 1));
 }
 
@@ -163,8 +168,9 @@ template <ChunkLayout Layout>
  *  moment), so the compute tier's peak is the largest sum moment by moment, not the sum of the
  *  peaks. */
 template <ChunkLayout Layout>
-[[nodiscard]] memory_plan plan_memory(std::span<const tensor_spec> specs, const Layout& layout, const runtime_options& o, int world,
-                                      const forward_scopes& scopes, std::span<const std::size_t> non_model_profile) {
+[[nodiscard]] memory_plan plan_memory(std::span<const tensor_spec> specs, const Layout& layout,
+                                      const runtime_options& o, int world, const forward_scopes& scopes,
+                                      std::span<const std::size_t> non_model_profile) {
   if (world < 1) throw config_error("plan_memory: world " + std::to_string(world) + " is not a rank count; pass >= 1");
   memory_plan p;
   p.world = world;
@@ -172,7 +178,8 @@ template <ChunkLayout Layout>
   p.memory_saving = p.sharded && o.sharding.memory_saving;
   for (const std::size_t b : non_model_profile) p.non_model_bytes = std::max(p.non_model_bytes, b);
   p.chunks = layout.plan(specs);
-  p.chunks.num_chunks = shard_map{o.sharding.enabled ? world : 1, 0}.padded(p.chunks.num_chunks);  // whole groups, as the runtime pads
+  p.chunks.num_chunks =
+      shard_map{o.sharding.enabled ? world : 1, 0}.padded(p.chunks.num_chunks);  // whole groups, as the runtime pads
   p.chunks.chunk_tensors.resize(p.chunks.num_chunks);
   for (const auto& l : make_chunk_lists(p.chunks, {.param_type = o.param_type, .optimizer_state = o.optimizer_state}))
     if (!l.aliases_param) p.model_bytes += l.chunk_bytes * l.num_chunks;
@@ -180,9 +187,12 @@ template <ChunkLayout Layout>
   p.param_chunk_bytes = p.chunks.chunk_elems * dtype_size(o.param_type);
   const sharding_trace trace = scope_trace(p.chunks, scopes);
   if (non_model_profile.size() > 1 && non_model_profile.size() != trace.size())
-    throw config_error("plan_memory: a non-model profile of " + std::to_string(non_model_profile.size()) + " moments for an iteration of " +
-                       std::to_string(trace.size()) + " (forward scopes, backward scopes, the step): give one entry per moment, or one peak");
-  const auto non_model_at = [&](std::size_t m) { return non_model_profile.size() > 1 ? non_model_profile[m] : p.non_model_bytes; };
+    throw config_error("plan_memory: a non-model profile of " + std::to_string(non_model_profile.size()) +
+                       " moments for an iteration of " + std::to_string(trace.size()) +
+                       " (forward scopes, backward scopes, the step): give one entry per moment, or one peak");
+  const auto non_model_at = [&](std::size_t m) {
+    return non_model_profile.size() > 1 ? non_model_profile[m] : p.non_model_bytes;
+  };
   std::vector<std::size_t> buffers(trace.size(), 0);  // collective buffers per moment
   const shard_map map{o.sharding.enabled ? world : 1, 0};
   const auto finish = [&] {
@@ -197,12 +207,15 @@ template <ChunkLayout Layout>
     const bool profiled = non_model_profile.size() > 1;
     const auto backward = [&](std::size_t m) { return m < M && trace.kinds[m] == moment_kind::backward; };
     const auto opening = [&](std::size_t m) { return (m > 0 ? buffers[m - 1] : 0) + non_model_at(m); };
-    const auto opening_moving = [&](std::size_t m) { return std::max(m > 0 ? buffers[m - 1] : 0, buffers[m]) + non_model_at(m); };
+    const auto opening_moving = [&](std::size_t m) {
+      return std::max(m > 0 ? buffers[m - 1] : 0, buffers[m]) + non_model_at(m);
+    };
     const auto closing = [&](std::size_t m) { return buffers[m] + (backward(m + 1) ? non_model_at(m + 1) : 0); };
     p.transient_peak_bytes = p.collective_bytes + (profiled ? 0 : p.non_model_bytes);
     for (std::size_t m = 0; m < M; ++m)
-      p.transient_peak_bytes = std::max(p.transient_peak_bytes, profiled && backward(m) ? std::max(opening_moving(m), closing(m))
-                                                                                        : buffers[m] + non_model_at(m));
+      p.transient_peak_bytes =
+          std::max(p.transient_peak_bytes,
+                   profiled && backward(m) ? std::max(opening_moving(m), closing(m)) : buffers[m] + non_model_at(m));
     // Rank 0's own chunks (every rank owns as many: the plan is padded to whole groups); under ZeRO
     // their gradient chunks hold a payload from their first reduction to the step.
     const std::size_t gb = p.param_chunk_bytes;
@@ -220,8 +233,9 @@ template <ChunkLayout Layout>
       for (const std::uint32_t c : trace.grads[m])
         if (map.owner(c) == 0 && !std::exchange(seen[c], 1)) ++live;
       const std::size_t after = base + live * gb;
-      p.resident_peak_bytes = std::max(p.resident_peak_bytes, profiled && backward(m) ? std::max(before + opening(m), after + closing(m))
-                                                                                      : after + buffers[m] + non_model_at(m));
+      p.resident_peak_bytes =
+          std::max(p.resident_peak_bytes, profiled && backward(m) ? std::max(before + opening(m), after + closing(m))
+                                                                  : after + buffers[m] + non_model_at(m));
     }
     return p;
   };
@@ -253,12 +267,14 @@ template <ChunkLayout Layout>
     if (kept > 0) std::fill(buffers.begin(), buffers.end(), p.collective_bytes);  // kept chunks: no profile
   } else {
     const auto peak = [&](const sharding_trace& t) {
-      const gather_plan g = plan_gathers(t, {.map = map,
-                                             .param_chunk_bytes = b,
-                                             .grad_chunk_bytes = b,
-                                             .keep_gathered = o.sharding.keep_gathered,
-                                             .budget = std::vector<std::size_t>(t.size(), std::numeric_limits<std::size_t>::max())});
-      for (std::size_t m = 0; m < std::min(buffers.size(), g.buffers.size()); ++m) buffers[m] = std::max(buffers[m], g.buffers[m]);
+      const gather_plan g =
+          plan_gathers(t, {.map = map,
+                           .param_chunk_bytes = b,
+                           .grad_chunk_bytes = b,
+                           .keep_gathered = o.sharding.keep_gathered,
+                           .budget = std::vector<std::size_t>(t.size(), std::numeric_limits<std::size_t>::max())});
+      for (std::size_t m = 0; m < std::min(buffers.size(), g.buffers.size()); ++m)
+        buffers[m] = std::max(buffers[m], g.buffers[m]);
       return g.peak_buffer_bytes;
     };
     p.collective_bytes = peak(trace);
@@ -279,16 +295,16 @@ template <ChunkLayout Layout>
 /** @brief The memory one rank of a run is given, per tier (`unbounded` for no limit). */
 struct tier_budgets {
   static constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
-  std::size_t device = 0;         ///< the compute tier
-  std::size_t host = unbounded;   ///< host memory for chunks
-  std::size_t disk = 0;           ///< a disk tier's file (0: none)
+  std::size_t device = 0;        ///< the compute tier
+  std::size_t host = unbounded;  ///< host memory for chunks
+  std::size_t disk = 0;          ///< a disk tier's file (0: none)
 };
 
 /** @brief Whether a plan fits its budgets (see `admit`). */
 struct admission {
   std::size_t device_short = 0;  ///< bytes the compute tier lacks below `device_floor()`
   std::size_t host_short = 0;    ///< with a disk tier: bytes the host lacks below `host_floor_with_disk()`
-  std::size_t total_short = 0;   ///< bytes all tiers together lack for the rank's model data, buffers and non-model peak
+  std::size_t total_short = 0;  ///< bytes all tiers together lack for the rank's model data, buffers and non-model peak
   [[nodiscard]] bool fits() const noexcept { return device_short == 0 && host_short == 0 && total_short == 0; }
   /** @brief Each shortfall in bytes and what would fix it; empty when it fits. */
   std::string message;
@@ -301,25 +317,33 @@ struct admission {
  *  time). Pure. */
 [[nodiscard]] inline admission admit(const memory_plan& p, const tier_budgets& b) {
   admission a;
-  const auto add = [](std::size_t x, std::size_t y) { return x > tier_budgets::unbounded - y ? tier_budgets::unbounded : x + y; };
+  const auto add = [](std::size_t x, std::size_t y) {
+    return x > tier_budgets::unbounded - y ? tier_budgets::unbounded : x + y;
+  };
   const std::size_t floor = p.device_floor(), need = p.resident_peak_bytes;
   const std::size_t have = add(add(b.device, b.host), b.disk);
   a.device_short = b.device < floor ? floor - b.device : 0;
   a.host_short = b.disk > 0 && b.host < p.host_floor_with_disk() ? p.host_floor_with_disk() - b.host : 0;
   a.total_short = have < need ? need - have : 0;
   if (a.device_short > 0)
-    a.message += "the device is " + format_bytes(a.device_short) + " short of the least this run can use, " + format_bytes(floor) +
-                 " (non-model memory and collective buffers at their peak " + format_bytes(p.transient_peak_bytes) +
-                 (p.largest_scope_bytes ? ", the largest scope's parameter and gradient chunks " + format_bytes(p.largest_scope_bytes) : "") +
+    a.message += "the device is " + format_bytes(a.device_short) + " short of the least this run can use, " +
+                 format_bytes(floor) + " (non-model memory and collective buffers at their peak " +
+                 format_bytes(p.transient_peak_bytes) +
+                 (p.largest_scope_bytes
+                      ? ", the largest scope's parameter and gradient chunks " + format_bytes(p.largest_scope_bytes)
+                      : "") +
                  "): give the device more memory, lower the non-model peak (a smaller batch) or use smaller chunks" +
                  (p.sharded && !p.memory_saving ? " (or ZeRO's memory-saving mode, if its plan fits)" : "") + ".";
   if (a.host_short > 0)
-    a.message += std::string(a.message.empty() ? "" : " ") + "with a disk tier the host is " + format_bytes(a.host_short) +
-                 " short of the " + format_bytes(p.host_floor_with_disk()) + " a host-side step and the chunks passing to and from the disk " +
-                 "need (eight chunks of " + format_bytes(p.host_floor_with_disk() / 8) + "): give the host more room or use smaller chunks.";
+    a.message += std::string(a.message.empty() ? "" : " ") + "with a disk tier the host is " +
+                 format_bytes(a.host_short) + " short of the " + format_bytes(p.host_floor_with_disk()) +
+                 " a host-side step and the chunks passing to and from the disk " + "need (eight chunks of " +
+                 format_bytes(p.host_floor_with_disk() / 8) + "): give the host more room or use smaller chunks.";
   if (a.total_short > 0)
-    a.message += std::string(a.message.empty() ? "" : " ") + "device, host and disk together are " + format_bytes(a.total_short) + " short of the " + format_bytes(need) +
-                 " this rank holds at its peak (model data " + format_bytes(p.model_bytes_per_rank) + ", buffers and non-model memory): " +
+    a.message += std::string(a.message.empty() ? "" : " ") + "device, host and disk together are " +
+                 format_bytes(a.total_short) + " short of the " + format_bytes(need) +
+                 " this rank holds at its peak (model data " + format_bytes(p.model_bytes_per_rank) +
+                 ", buffers and non-model memory): " +
                  "give the host or a disk tier more room, or shard the model over more ranks.";
   return a;
 }
@@ -329,7 +353,8 @@ struct admission {
  *  (not by bisection: chunk packing makes fitting non-monotone — a wider model can pack into
  *  fewer chunks). Returns @p lo - 1 when none fits. Pure when `plan_for` is. */
 template <class PlanFor>
-[[nodiscard]] std::int64_t largest_admitted(std::int64_t lo, std::int64_t hi, PlanFor&& plan_for, const tier_budgets& b) {
+[[nodiscard]] std::int64_t largest_admitted(std::int64_t lo, std::int64_t hi, PlanFor&& plan_for,
+                                            const tier_budgets& b) {
   for (std::int64_t k = hi; k >= lo; --k)
     if (admit(plan_for(k), b).fits()) return k;
   return lo - 1;
@@ -349,8 +374,9 @@ struct sharding_choice {
  *  `admit` refuses with its shortfalls. Options without ZeRO, or already in the memory-saving mode,
  *  come back as given. Pure. */
 template <ChunkLayout Layout>
-[[nodiscard]] sharding_choice choose_sharding(std::span<const tensor_spec> specs, const Layout& layout, runtime_options o, int world,
-                                              const forward_scopes& scopes, std::span<const std::size_t> non_model, const tier_budgets& b) {
+[[nodiscard]] sharding_choice choose_sharding(std::span<const tensor_spec> specs, const Layout& layout,
+                                              runtime_options o, int world, const forward_scopes& scopes,
+                                              std::span<const std::size_t> non_model, const tier_budgets& b) {
   sharding_choice c{o, plan_memory(specs, layout, o, world, scopes, non_model), false, {}};
   if (!o.sharding.enabled || world < 2 || o.sharding.memory_saving) return c;
   const admission group = admit(c.plan, b);
@@ -359,8 +385,9 @@ template <ChunkLayout Layout>
   saving.sharding.memory_saving = true;
   memory_plan p = plan_memory(specs, layout, saving, world, scopes, non_model);
   if (!admit(p, b).fits()) return c;
-  c.why = "the group mode needs at least " + format_bytes(c.plan.device_floor()) + " of device memory (gather and reduction buffers " +
-          format_bytes(c.plan.collective_bytes) + ") and the device has " + format_bytes(b.device) + "; the memory-saving mode needs " +
+  c.why = "the group mode needs at least " + format_bytes(c.plan.device_floor()) +
+          " of device memory (gather and reduction buffers " + format_bytes(c.plan.collective_bytes) +
+          ") and the device has " + format_bytes(b.device) + "; the memory-saving mode needs " +
           format_bytes(p.device_floor()) + " (buffers " + format_bytes(p.collective_bytes) + ")";
   c.options = saving;
   c.plan = std::move(p);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
- *  @brief `non_model_buffer`: the RAII handle a user holds non-model memory on the compute tier by (from a runtime's `allocate_buffer<T>(count)`).
+ *  @brief `non_model_buffer`: the RAII handle a user holds non-model memory on the compute tier by (from a runtime's
+ *         `allocate_buffer<T>(count)`).
  */
 #pragma once
 
@@ -19,10 +20,14 @@ class non_model_buffer {
  public:
   non_model_buffer() = default;
   non_model_buffer(Runtime& rt, std::size_t count, std::size_t alignment = 64)
-      : rt_(&rt), count_(count), alignment_(alignment),
+      : rt_(&rt),
+        count_(count),
+        alignment_(alignment),
         data_(static_cast<T*>(rt.allocate_non_model(count * sizeof(T), alignment))) {}
   non_model_buffer(non_model_buffer&& o) noexcept
-      : rt_(std::exchange(o.rt_, nullptr)), count_(std::exchange(o.count_, 0)), alignment_(o.alignment_),
+      : rt_(std::exchange(o.rt_, nullptr)),
+        count_(std::exchange(o.count_, 0)),
+        alignment_(o.alignment_),
         data_(std::exchange(o.data_, nullptr)) {}
   non_model_buffer& operator=(non_model_buffer&& o) noexcept {
     if (this != &o) {

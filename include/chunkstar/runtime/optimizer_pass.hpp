@@ -56,9 +56,10 @@ struct step_chunk {
  *  `tensors`, `slots` and `specs` set). A chunk on the disk is read into a host buffer for the
  *  call (`where` is then `host`): `f` only reads. */
 template <class Store, class F>
-void for_each_gradient(Store& store, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type, F&& f) {
+void for_each_gradient(Store& store, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
+                       F&& f) {
   struct aligned_free {
-    void operator()(std::byte* p) const noexcept { ::operator delete(p, std::align_val_t{4096}); }
+    void operator()(std::byte* p) const noexcept { ::operator delete (p, std::align_val_t{4096}); }
   };
   std::unique_ptr<std::byte, aligned_free> staging;
   for (std::uint32_t c = 0; c < plan.num_chunks; ++c) {
@@ -70,13 +71,19 @@ void for_each_gradient(Store& store, const chunk_plan& plan, std::span<const ten
     tier where = store.at(id).where;
     if (where == tier::disk) {
       const std::size_t bytes = store.bytes_of(chunk_kind::grad);
-      if (!staging) staging.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096})));
+      if (!staging) staging.reset(static_cast<std::byte*>(::operator new (bytes, std::align_val_t{4096})));
       chunk_values(store).read_bytes(id, 0, std::span<std::byte>(staging.get(), bytes));
       grad = staging.get();
       where = tier::host;
     }
-    f(step_chunk{.index = c, .where = where, .param_type = param_type, .elems = plan.chunk_elems,
-                 .grad = grad, .tensors = plan.chunk_tensors[c], .slots = plan.slots, .specs = specs});
+    f(step_chunk{.index = c,
+                 .where = where,
+                 .param_type = param_type,
+                 .elems = plan.chunk_elems,
+                 .grad = grad,
+                 .tensors = plan.chunk_tensors[c],
+                 .slots = plan.slots,
+                 .specs = specs});
   }
 }
 
@@ -105,7 +112,8 @@ class optimizer_pass {
 
   /** @brief Runs @p f once per chunk index not yet stepped in this pass (see the file comment),
    *  of the indices this rank owns under @p shards. */
-  void run(update_ref f, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type, shard_map shards = {});
+  void run(update_ref f, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
+           shard_map shards = {});
 
  private:
   /** Runs an optimisation; what fails here is left to the demand path (internal errors propagate). */
@@ -138,7 +146,9 @@ class optimizer_pass {
 };
 
 template <class Store, class Residency, class TracerT>
-void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type, shard_map shards) {
+void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_plan& plan,
+                                                    std::span<const tensor_spec> specs, dtype param_type,
+                                                    shard_map shards) {
   for (std::uint32_t c = static_cast<std::uint32_t>(next_); c < plan.num_chunks; ++c) {
     if (!shards.owns(c)) continue;  // ZeRO: another rank steps it
     // One moment per chunk index, so the trace orders the step's chunks like any scope's: Belady
@@ -175,15 +185,22 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
     for (auto id : ids) store_.wait_user(store_.at(id));  // the update must see the user's last writes
     // The trace holds device accesses only, so it cannot know that a later chunk of this step
     // needs its lists on the host first: never fetch those up just to move them down again.
-    residency_.prefetch(m, [&](chunk_id id) { return id.index > c && residency_.optimizer_tier(id.index) == tier::host; });
+    residency_.prefetch(m,
+                        [&](chunk_id id) { return id.index > c && residency_.optimizer_tier(id.index) == tier::host; });
     if (depth_) offload_ahead(c);
     const auto data = [&](chunk_kind k) { return store_.has(k) ? store_.at({k, c}).data : nullptr; };
-    const step_chunk view{.index = c, .where = where, .param_type = param_type, .elems = plan.chunk_elems,
-                          .param = data(chunk_kind::param), .grad = data(chunk_kind::grad),
+    const step_chunk view{.index = c,
+                          .where = where,
+                          .param_type = param_type,
+                          .elems = plan.chunk_elems,
+                          .param = data(chunk_kind::param),
+                          .grad = data(chunk_kind::grad),
                           .master = static_cast<float*>(data(chunk_kind::master)),
                           .momentum = static_cast<float*>(data(chunk_kind::momentum)),
                           .variance = static_cast<float*>(data(chunk_kind::variance)),
-                          .tensors = plan.chunk_tensors[c], .slots = plan.slots, .specs = specs};
+                          .tensors = plan.chunk_tensors[c],
+                          .slots = plan.slots,
+                          .specs = specs};
     next_ = c;  // until f returns, a retry starts here
     const auto stream = f(view);
     next_ = c + 1;
@@ -216,13 +233,19 @@ template <class Store, class Residency, class TracerT>
 void optimizer_pass<Store, Residency, TracerT>::offload_ahead(std::uint32_t c) {
   for (std::uint32_t next = c + 1, n = 0; next < store_.num_chunks() && n < depth_; ++next, ++n) {
     if (residency_.optimizer_tier(next) != tier::host) continue;
-    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) {
+    for (auto k :
+         {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) {
       if (!store_.has(k)) continue;
       const chunk_id id{k, next};
       auto& s = store_.at(id);
       if (s.where != tier::device || s.pinned) continue;
-      optional([&] { residency_.offload(id, {{chunk_kind::param, next}, {chunk_kind::grad, next}, {chunk_kind::master, next},
-                                              {chunk_kind::momentum, next}, {chunk_kind::variance, next}}); });
+      optional([&] {
+        residency_.offload(id, {{chunk_kind::param, next},
+                                {chunk_kind::grad, next},
+                                {chunk_kind::master, next},
+                                {chunk_kind::momentum, next},
+                                {chunk_kind::variance, next}});
+      });
     }
   }
 }

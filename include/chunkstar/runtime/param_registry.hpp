@@ -53,7 +53,8 @@ template <ChunkLayout Layout>
  *  (rounded up to @p align_elems) to @p spread times that — what a default-constructed
  *  `searched_chunk_layout` uses (see searched_layout_options::fitted_to). */
 [[nodiscard]] inline searched_layout_options default_layout_options(std::span<const tensor_spec> specs,
-                                                                    std::size_t align_elems = 32, std::size_t spread = 4) {
+                                                                    std::size_t align_elems = 32,
+                                                                    std::size_t spread = 4) {
   return searched_layout_options{.align_elems = align_elems, .spread = spread}.fitted_to(specs);
 }
 
@@ -68,7 +69,8 @@ class param_registry {
                          " but the runtime's param_type is " + std::string(dtype_name(param_type)) +
                          ": register it with that dtype or change runtime_options::param_type");
     if (names_.contains(spec.name))
-      throw config_error("parameter '" + spec.name + "' registered twice: parameter names must be unique (tie parameters by reusing the param_id)");
+      throw config_error("parameter '" + spec.name +
+                         "' registered twice: parameter names must be unique (tie parameters by reusing the param_id)");
     names_.emplace(spec.name, specs_.size());
     specs_.push_back(std::move(spec));
     inits_.push_back(std::move(init));
@@ -89,7 +91,8 @@ class param_registry {
   [[nodiscard]] std::size_t size() const noexcept { return specs_.size(); }
   [[nodiscard]] const tensor_spec& spec(param_id p) const {
     if (p.value >= specs_.size())
-      throw config_error("unknown param_id " + std::to_string(p.value) + ": " + std::to_string(specs_.size()) + " parameters are registered");
+      throw config_error("unknown param_id " + std::to_string(p.value) + ": " + std::to_string(specs_.size()) +
+                         " parameters are registered");
     return specs_[p.value];
   }
   /** @brief The initialiser of parameter @p t (empty: zeros). */
@@ -107,23 +110,29 @@ class param_registry {
  *  the model data or decide the sequence of collectives (sharding and its modes, the gradient
  *  mode), the layout's plan, and each parameter's name, shape, dtype and role. Options that only
  *  move memory on one rank (budgets, prefetch depths, the disk tier) may differ. */
-[[nodiscard]] inline std::vector<config_field> describe_configuration(std::span<const tensor_spec> specs, const chunk_plan& plan,
-                                                                      std::string_view layout, const runtime_options& o) {
+[[nodiscard]] inline std::vector<config_field> describe_configuration(std::span<const tensor_spec> specs,
+                                                                      const chunk_plan& plan, std::string_view layout,
+                                                                      const runtime_options& o) {
   auto flag = [](bool b) { return b ? std::string("on") : std::string("off"); };
   std::vector<config_field> f = {
       {"parameters", std::to_string(specs.size())},
       {"parameter dtype", std::string(dtype_name(o.param_type))},
-      {"optimizer state", "master " + flag(o.optimizer_state.master) + ", " + std::to_string(o.optimizer_state.moments) + " moment lists"},
-      {"sharding", flag(o.sharding.enabled) + ", keep_gathered " + flag(o.sharding.keep_gathered) + ", reduce_in_fp32 " +
-                       flag(o.sharding.reduce_in_fp32) + ", gather_ahead " + flag(o.sharding.gather_ahead) + ", memory_saving " +
-                       flag(o.sharding.memory_saving) + ", micro_batches " + std::to_string(o.sharding.micro_batches)},
-      {"gradient mode", o.gradients == gradient_mode::local ? "local" : o.gradients == gradient_mode::replicated ? "replicated" : "sharded"},
+      {"optimizer state",
+       "master " + flag(o.optimizer_state.master) + ", " + std::to_string(o.optimizer_state.moments) + " moment lists"},
+      {"sharding", flag(o.sharding.enabled) + ", keep_gathered " + flag(o.sharding.keep_gathered) +
+                       ", reduce_in_fp32 " + flag(o.sharding.reduce_in_fp32) + ", gather_ahead " +
+                       flag(o.sharding.gather_ahead) + ", memory_saving " + flag(o.sharding.memory_saving) +
+                       ", micro_batches " + std::to_string(o.sharding.micro_batches)},
+      {"gradient mode", o.gradients == gradient_mode::local        ? "local"
+                        : o.gradients == gradient_mode::replicated ? "replicated"
+                                                                   : "sharded"},
       {"chunk layout", std::string(layout) + ": " + std::to_string(plan.num_chunks) + " chunks of " +
                            std::to_string(plan.chunk_elems) + " elements"},
   };
   for (std::size_t t = 0; t < specs.size(); ++t)
     f.push_back({"parameter " + std::to_string(t), "'" + specs[t].name + "' " + specs[t].shape_string() + " " +
-                                                       std::string(dtype_name(specs[t].type)) + " " + std::string(role_name(specs[t].role))});
+                                                       std::string(dtype_name(specs[t].type)) + " " +
+                                                       std::string(role_name(specs[t].role))});
   return f;
 }
 

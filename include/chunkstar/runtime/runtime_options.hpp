@@ -17,9 +17,9 @@ namespace chunkstar {
 
 /** @brief Numeric knobs of a runtime (values, not types). */
 struct runtime_options {
-  dtype param_type = dtype::f32;                ///< compute precision of params and grads
-  optimizer_state_lists optimizer_state{};      ///< which optimizer-state lists exist (default Adam's; false: none)
-  std::size_t prefetch_depth = 2;               ///< most loads in flight ahead of the next moment; 0 turns prefetch off
+  dtype param_type = dtype::f32;            ///< compute precision of params and grads
+  optimizer_state_lists optimizer_state{};  ///< which optimizer-state lists exist (default Adam's; false: none)
+  std::size_t prefetch_depth = 2;           ///< most loads in flight ahead of the next moment; 0 turns prefetch off
   /// With a disk tier (attach_disk): most disk reads in flight ahead of use (store/disk_planner.hpp);
   /// 0 turns disk prefetch off (chunks come from the disk when a moment needs them).
   std::size_t disk_prefetch_depth = 8;
@@ -30,10 +30,11 @@ struct runtime_options {
   /// With a disk tier: host room (in chunks) kept free of resident chunks for the buffers disk writes
   /// in flight still read; the host space's capacity bounds both together.
   std::size_t disk_staging_chunks = 2;
-  std::size_t payload_alignment = 4096;         ///< alignment of chunk payloads (copies and SIMD like it)
-  bool timeline = false;                        ///< record a Chrome-trace timeline (see `timeline_recorder()`)
-  gradient_mode gradients = gradient_mode::local;  ///< how the gradients of ranks relate (the norm); sharding implies `sharded`
-  sharding_options sharding{};                  ///< ZeRO: shard the model data over the communicator's ranks
+  std::size_t payload_alignment = 4096;  ///< alignment of chunk payloads (copies and SIMD like it)
+  bool timeline = false;                 ///< record a Chrome-trace timeline (see `timeline_recorder()`)
+  /// how the gradients of ranks relate (the norm); sharding implies `sharded`
+  gradient_mode gradients = gradient_mode::local;
+  sharding_options sharding{};  ///< ZeRO: shard the model data over the communicator's ranks
 };
 
 }  // namespace chunkstar

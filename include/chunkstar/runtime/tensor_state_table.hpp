@@ -44,10 +44,12 @@ class tensor_state_table {
   /** @brief A scope of @p kind closes on tensor @p t: HOLD_AFTER_FWD / HOLD_AFTER_BWD once the last
    *  scope using it closes. */
   void close(std::size_t t, moment_kind kind) {
-    if (refs_.at(t) == 0) throw state_error("internal: closing a scope on tensor '" + specs_[t].name + "' that no scope opened");
+    if (refs_.at(t) == 0)
+      throw state_error("internal: closing a scope on tensor '" + specs_[t].name + "' that no scope opened");
     if (refs_[t] == 1)
-      states_[t] = transition(states_[t], kind == moment_kind::backward ? tensor_event::close_backward : tensor_event::close_forward,
-                              specs_[t].name);
+      states_[t] = transition(
+          states_[t], kind == moment_kind::backward ? tensor_event::close_backward : tensor_event::close_forward,
+          specs_[t].name);
     --refs_[t];
   }
 
@@ -55,7 +57,8 @@ class tensor_state_table {
    *  @throws state_error, changing nothing, when a tensor is still in COMPUTE. */
   void end_iteration() {
     std::vector<tensor_state> next(states_.size());
-    for (std::size_t t = 0; t < states_.size(); ++t) next[t] = transition(states_[t], tensor_event::end_iteration, specs_[t].name);
+    for (std::size_t t = 0; t < states_.size(); ++t)
+      next[t] = transition(states_[t], tensor_event::end_iteration, specs_[t].name);
     states_ = std::move(next);
   }
 

@@ -33,25 +33,27 @@ class chunk_slots {
  public:
   using device_space_type = typename P::device_space;
   using copy_engine_type = typename P::copy_engine;
-  using copy_handle = decltype(std::declval<copy_engine_type&>().copy_async(nullptr, nullptr, 0, copy_direction::to_device));
+  using copy_handle =
+      decltype(std::declval<copy_engine_type&>().copy_async(nullptr, nullptr, 0, copy_direction::to_device));
 
   /** @brief One chunk. `last_use` / `loaded_at` are ticks (see eviction_candidate). */
   struct slot {
-    tier where = tier::free;              ///< logical tier; decisions use only logical state
-    void* data = nullptr;                 ///< payload in `where` (valid once `pending` is ready)
-    std::optional<copy_handle> pending;   ///< the copy (or zero fill) into `data`, until seen complete
-    std::optional<copy_handle> user_done; ///< the user's work on this payload (scope closed on a stream)
-    std::size_t last_use = 0;             ///< LRU tick of the latest access
-    std::size_t loaded_at = 0;            ///< tick of its arrival on its tier
-    std::uint32_t pinned = 0;             ///< open scopes / steps / collectives using it: never moves while > 0
-    bool prefetched = false;              ///< loaded ahead of its use and not used since
-    int owner = 0;                        ///< the rank that owns it (ZeRO)
-    void* group = nullptr;                ///< the group buffer its payload lives in (ZeRO), or null: its own
+    tier where = tier::free;               ///< logical tier; decisions use only logical state
+    void* data = nullptr;                  ///< payload in `where` (valid once `pending` is ready)
+    std::optional<copy_handle> pending;    ///< the copy (or zero fill) into `data`, until seen complete
+    std::optional<copy_handle> user_done;  ///< the user's work on this payload (scope closed on a stream)
+    std::size_t last_use = 0;              ///< LRU tick of the latest access
+    std::size_t loaded_at = 0;             ///< tick of its arrival on its tier
+    std::uint32_t pinned = 0;              ///< open scopes / steps / collectives using it: never moves while > 0
+    bool prefetched = false;               ///< loaded ahead of its use and not used since
+    int owner = 0;                         ///< the rank that owns it (ZeRO)
+    void* group = nullptr;                 ///< the group buffer its payload lives in (ZeRO), or null: its own
     using disk_move = lower_move;
     std::optional<lower_move> disk_pending;  ///< a copy to or from the lower tier, until resolved
   };
 
-  chunk_slots(device_space_type& device, std::size_t alignment, runtime_stats& stats) : device_(device), alignment_(alignment), stats_(stats) {}
+  chunk_slots(device_space_type& device, std::size_t alignment, runtime_stats& stats)
+      : device_(device), alignment_(alignment), stats_(stats) {}
 
   /** @brief Creates the slots of @p lists (all FREE); chunk c is owned by rank c mod @p world. */
   void build(std::span<const chunk_list_desc> lists, int world) {
@@ -60,7 +62,8 @@ class chunk_slots {
       l.present = true;
       l.desc = d;
       l.chunks.resize(d.num_chunks);
-      for (std::size_t c = 0; c < d.num_chunks; ++c) l.chunks[c].owner = static_cast<int>(c % static_cast<std::size_t>(world));
+      for (std::size_t c = 0; c < d.num_chunks; ++c)
+        l.chunks[c].owner = static_cast<int>(c % static_cast<std::size_t>(world));
       num_chunks_ = d.num_chunks;
     }
   }
@@ -76,12 +79,18 @@ class chunk_slots {
   [[nodiscard]] std::size_t bytes_of(chunk_kind k) const { return desc(k).chunk_bytes; }
   [[nodiscard]] std::size_t num_chunks() const noexcept { return num_chunks_; }
   [[nodiscard]] slot& at(chunk_id id) { return lists_[static_cast<std::size_t>(id.kind)].chunks.at(id.index); }
-  [[nodiscard]] const slot& at(chunk_id id) const { return lists_[static_cast<std::size_t>(id.kind)].chunks.at(id.index); }
+  [[nodiscard]] const slot& at(chunk_id id) const {
+    return lists_[static_cast<std::size_t>(id.kind)].chunks.at(id.index);
+  }
   /** @brief Calls `f(chunk_id, slot&)` for every chunk of every list, kinds in enum order. */
   template <class F>
-  void for_each(F&& f) { for_each_in(*this, f); }
+  void for_each(F&& f) {
+    for_each_in(*this, f);
+  }
   template <class F>
-  void for_each(F&& f) const { for_each_in(*this, f); }
+  void for_each(F&& f) const {
+    for_each_in(*this, f);
+  }
   /** @brief Bytes of every list's chunks (what device + host hold). */
   [[nodiscard]] std::size_t model_bytes() const noexcept {
     std::size_t b = 0;
@@ -140,7 +149,8 @@ class chunk_slots {
   }
   void note_model_peak() noexcept {
     stats_.peak_collective_bytes = std::max(stats_.peak_collective_bytes, collective_);
-    stats_.peak_model_bytes = std::max(stats_.peak_model_bytes, resident(tier::device) + resident(tier::host) + unslotted_);
+    stats_.peak_model_bytes =
+        std::max(stats_.peak_model_bytes, resident(tier::device) + resident(tier::host) + unslotted_);
   }
   /** The id of slot @p s (slots live in the lists' vectors). */
   [[nodiscard]] chunk_id id_of(const slot& s) const noexcept {
@@ -162,9 +172,9 @@ class chunk_slots {
   runtime_stats& stats_;
   std::array<list, num_chunk_kinds> lists_;
   std::array<std::size_t, num_tiers> resident_{};
-  std::size_t unslotted_ = 0;    // device bytes outside payloads: scratch, unused group positions
-  std::size_t collective_ = 0;   // bytes of unslotted buffers no chunk owns (group buffers, scratch)
-  bool whole_blocks_ = false;    // a lower tier is attached: host and disk payloads are whole blocks
+  std::size_t unslotted_ = 0;   // device bytes outside payloads: scratch, unused group positions
+  std::size_t collective_ = 0;  // bytes of unslotted buffers no chunk owns (group buffers, scratch)
+  bool whole_blocks_ = false;   // a lower tier is attached: host and disk payloads are whole blocks
   std::size_t num_chunks_ = 0;
   std::size_t tick_ = 0;
 
@@ -173,7 +183,8 @@ class chunk_slots {
   static void for_each_in(Self& self, F& f) {
     for (std::size_t k = 0; k < num_chunk_kinds; ++k) {
       if (!self.lists_[k].present) continue;
-      for (std::uint32_t c = 0; c < self.lists_[k].chunks.size(); ++c) f(chunk_id{static_cast<chunk_kind>(k), c}, self.lists_[k].chunks[c]);
+      for (std::uint32_t c = 0; c < self.lists_[k].chunks.size(); ++c)
+        f(chunk_id{static_cast<chunk_kind>(k), c}, self.lists_[k].chunks[c]);
     }
   }
 };

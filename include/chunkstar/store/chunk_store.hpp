@@ -64,7 +64,8 @@ class chunk_store : public chunk_slots<P> {
   /** @brief Whether host code may dereference compute-tier payloads (the simulated device). */
   static constexpr bool device_is_host_accessible = can_access_v<host_exec, device_space_type>;
 
-  chunk_store(device_space_type& device, host_space_type& host, copy_engine_type& copier, std::size_t alignment, runtime_stats& stats)
+  chunk_store(device_space_type& device, host_space_type& host, copy_engine_type& copier, std::size_t alignment,
+              runtime_stats& stats)
       : base(device, alignment, stats), host_(host), copier_(copier) {}
   chunk_store(const chunk_store&) = delete;
   chunk_store& operator=(const chunk_store&) = delete;
@@ -82,7 +83,8 @@ class chunk_store : public chunk_slots<P> {
   [[nodiscard]] std::size_t disk_capacity() const { return lower_ ? lower_->space().capacity() : 0; }
   /** @brief Bytes of buffers on tier @p t that in-flight copies still read (freed when they land). */
   [[nodiscard]] std::size_t retiring(tier t) const noexcept {
-    return retiring_.bytes_on(t, [&](tier w, std::size_t b) { return footprint(w, b); }) + (lower_ ? lower_->retiring(t) : 0);
+    return retiring_.bytes_on(t, [&](tier w, std::size_t b) { return footprint(w, b); }) +
+           (lower_ ? lower_->retiring(t) : 0);
   }
 
   /** @brief A chunk pinned where it is, for work on its payload outside a scope (a collective). */
@@ -112,8 +114,10 @@ class chunk_store : public chunk_slots<P> {
    *  owns: the others are `remote`. */
   void allocate_initial(bool sharded = false, int rank = 0) {
     this->for_each([&](chunk_id id, slot& s) {
-      if (sharded && s.owner != rank) s.where = tier::remote;
-      else if (id.kind != chunk_kind::grad) allocate_initial(id);
+      if (sharded && s.owner != rank)
+        s.where = tier::remote;
+      else if (id.kind != chunk_kind::grad)
+        allocate_initial(id);
     });
   }
   /** @brief Gives chunk @p id a zeroed payload at finalize: on the host, spilling to the device
@@ -169,9 +173,12 @@ class chunk_store : public chunk_slots<P> {
   void deallocate(tier t, void* p, std::size_t bytes) noexcept {
     if (p == nullptr) return;
     bytes = footprint(t, bytes);
-    if (t == tier::device) this->device_.deallocate(p, bytes, this->alignment_);
-    else if (t == tier::disk) lower_->space().deallocate(p, bytes, this->alignment_);
-    else host_.deallocate(p, bytes, this->alignment_);
+    if (t == tier::device)
+      this->device_.deallocate(p, bytes, this->alignment_);
+    else if (t == tier::disk)
+      lower_->space().deallocate(p, bytes, this->alignment_);
+    else
+      host_.deallocate(p, bytes, this->alignment_);
   }
   /** @brief Chunk @p id's payload becomes @p data on @p to (an old one is the caller's to free),
    *  counted there; @p arrival: a new tick for `loaded_at`. */
@@ -251,7 +258,8 @@ class chunk_store : public chunk_slots<P> {
   void* allocate_on(tier t, std::size_t bytes) {
     bytes = footprint(t, bytes);
     if (t == tier::disk) return lower_ ? lower_->space().try_allocate(bytes, this->alignment_) : nullptr;
-    return t == tier::device ? this->device_.try_allocate(bytes, this->alignment_) : host_.try_allocate(bytes, this->alignment_);
+    return t == tier::device ? this->device_.try_allocate(bytes, this->alignment_)
+                             : host_.try_allocate(bytes, this->alignment_);
   }
   void free_payload(slot& s, std::size_t bytes) noexcept {
     if (s.data == nullptr) return;
@@ -275,8 +283,10 @@ class chunk_store : public chunk_slots<P> {
    *  (capacity was reserved), a fresh one is freed. */
   void give_back(buffer& b, tier t, std::size_t bytes) noexcept {
     if (b.p == nullptr) return;
-    if (b.reused) retiring_.add({*b.reused, b.p, t, bytes, now_us()});
-    else deallocate(t, b.p, bytes);
+    if (b.reused)
+      retiring_.add({*b.reused, b.p, t, bytes, now_us()});
+    else
+      deallocate(t, b.p, bytes);
     b.p = nullptr;
   }
   /** A device buffer of @p bytes for a job on @p lane that never blocks the caller: a free one when
@@ -321,15 +331,20 @@ void chunk_store<P>::allocate_initial(chunk_id id) {
   if (p == nullptr) p = allocate_on(got = tier::device, bytes);
   if (p == nullptr && lower_) p = allocate_on(got = tier::disk, bytes);
   if (p == nullptr)
-    throw out_of_memory_error("model data does not fit: a chunk of " + format_bytes(bytes) + " found no room on the host, the device" +
-                                  (lower_ ? " or the disk" : " (and there is no disk tier)") + " (model data " + format_bytes(this->model_bytes()) +
-                                  "). Raise the host space's capacity or the device space's" + (lower_ ? " or the disk's" : ", attach a disk tier") +
-                                  ", use a smaller model, or fewer optimizer-state lists (runtime_options::optimizer_state)",
-                              bytes, report());
+    throw out_of_memory_error(
+        "model data does not fit: a chunk of " + format_bytes(bytes) + " found no room on the host, the device" +
+            (lower_ ? " or the disk" : " (and there is no disk tier)") + " (model data " +
+            format_bytes(this->model_bytes()) + "). Raise the host space's capacity or the device space's" +
+            (lower_ ? " or the disk's" : ", attach a disk tier") +
+            ", use a smaller model, or fewer optimizer-state lists (runtime_options::optimizer_state)",
+        bytes, report());
   try {
-    if (got == tier::disk) lower_->zero(p, footprint(tier::disk, bytes));
-    else if (got == tier::host || device_is_host_accessible) std::memset(p, 0, bytes);
-    else copier_.zero_async(p, bytes).wait();
+    if (got == tier::disk)
+      lower_->zero(p, footprint(tier::disk, bytes));
+    else if (got == tier::host || device_is_host_accessible)
+      std::memset(p, 0, bytes);
+    else
+      copier_.zero_async(p, bytes).wait();
   } catch (...) {
     deallocate(got, p, bytes);
     throw;
@@ -341,12 +356,14 @@ template <Platform P>
 void chunk_store<P>::move(chunk_id id, tier to, move_reason why, std::size_t device_reserve) {
   auto& s = at(id);
   if (s.pinned)  // the invariant every caller must keep: a chunk in use never moves
-    throw state_error("internal: chunk " + to_string(id) + " is in use and cannot move to the " + std::string(tier_name(to)) +
-                      "; please report this as a chunkstar bug");
+    throw state_error("internal: chunk " + to_string(id) + " is in use and cannot move to the " +
+                      std::string(tier_name(to)) + "; please report this as a chunkstar bug");
   if (!holds_payload(s.where)) throw state_error("internal: chunk " + to_string(id) + " has no payload to move");
   resolve_disk(id);  // a chunk moves on only from bytes known to be good
   if (to == tier::disk || s.where == tier::disk) {
-    if (!lower_) throw state_error("internal: chunk " + to_string(id) + " cannot move to or from the disk: no disk tier is attached");
+    if (!lower_)
+      throw state_error("internal: chunk " + to_string(id) +
+                        " cannot move to or from the disk: no disk tier is attached");
     return lower_->move(id, to);
   }
   const std::size_t bytes = bytes_of(id.kind);
@@ -362,7 +379,8 @@ void chunk_store<P>::move(chunk_id id, tier to, move_reason why, std::size_t dev
       why = ": host and device are both full; raise the host space's capacity";
     else  // the lower tier may have room, but everything on the host is in use or in transit
       why = lower_->why_host_full();
-    throw out_of_memory_error("no room on the " + std::string(tier_name(to)) + " for chunk " + to_string(id) + " (" + format_bytes(bytes) + ")" + why,
+    throw out_of_memory_error("no room on the " + std::string(tier_name(to)) + " for chunk " + to_string(id) + " (" +
+                                  format_bytes(bytes) + ")" + why,
                               bytes, report());
   }
   const double submitted_us = now_us();
@@ -398,8 +416,10 @@ void chunk_store<P>::materialise(chunk_id id, tier where, std::size_t device_res
                               bytes, report());
   std::optional<copy_handle> h;
   try {
-    if (where == tier::device) h = copier_.zero_async(p.p, bytes);
-    else std::memset(p.p, 0, bytes);
+    if (where == tier::device)
+      h = copier_.zero_async(p.p, bytes);
+    else
+      std::memset(p.p, 0, bytes);
   } catch (...) {
     give_back(p, where, bytes);
     throw;
@@ -424,7 +444,8 @@ void chunk_store<P>::release(chunk_id id) noexcept {
   this->count(s.where, bytes_of(id.kind), -1);
   // The user's work may still read it (an asynchronous optimizer step): it retires, freed
   // once that work is done, like a buffer an eviction in flight still reads.
-  if (!(s.user_done && !s.user_done->ready() && retire_after_user(s, bytes_of(id.kind)))) free_payload(s, bytes_of(id.kind));
+  if (!(s.user_done && !s.user_done->ready() && retire_after_user(s, bytes_of(id.kind))))
+    free_payload(s, bytes_of(id.kind));
   s.user_done.reset();
   s.prefetched = false;
 }

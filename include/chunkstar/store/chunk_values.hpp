@@ -38,17 +38,23 @@ class chunk_values {
   void read_bytes(chunk_id id, std::size_t offset, std::span<std::byte> out) const {
     const std::byte* src = static_cast<const std::byte*>(ready(id, "read")) + offset;
     const tier where = store_.at(id).where;
-    if (where == tier::disk) store_.lower()->copy(out.data(), src, out.size(), copy_direction::to_device);
-    else if (where == tier::device && !Store::device_is_host_accessible) store_.copier().copy(out.data(), src, out.size(), copy_direction::to_host);
-    else std::memcpy(out.data(), src, out.size());
+    if (where == tier::disk)
+      store_.lower()->copy(out.data(), src, out.size(), copy_direction::to_device);
+    else if (where == tier::device && !Store::device_is_host_accessible)
+      store_.copier().copy(out.data(), src, out.size(), copy_direction::to_host);
+    else
+      std::memcpy(out.data(), src, out.size());
   }
   /** @brief Writes @p in at byte @p offset of chunk @p id's payload. */
   void write_bytes(chunk_id id, std::size_t offset, std::span<const std::byte> in) const {
     std::byte* dst = static_cast<std::byte*>(ready(id, "write")) + offset;
     const tier where = store_.at(id).where;
-    if (where == tier::disk) store_.lower()->copy(dst, in.data(), in.size(), copy_direction::to_host);
-    else if (where == tier::device && !Store::device_is_host_accessible) store_.copier().copy(dst, in.data(), in.size(), copy_direction::to_device);
-    else std::memcpy(dst, in.data(), in.size());
+    if (where == tier::disk)
+      store_.lower()->copy(dst, in.data(), in.size(), copy_direction::to_host);
+    else if (where == tier::device && !Store::device_is_host_accessible)
+      store_.copier().copy(dst, in.data(), in.size(), copy_direction::to_device);
+    else
+      std::memcpy(dst, in.data(), in.size());
   }
 
   /** @brief Reads @p out.size() elements at element @p offset of chunk @p id as fp32 (a FREE
@@ -76,15 +82,18 @@ class chunk_values {
   /** @brief The chunk of list @p k holding the tensor @p spec at @p slot, and its element offset,
    *  checking a buffer of @p n elements and that this rank holds the chunk (a `remote` one must be
    *  gathered first). @throws config_error, state_error naming the tensor. */
-  [[nodiscard]] std::pair<chunk_id, std::size_t> locate(const tensor_spec& spec, const tensor_slot& slot, chunk_kind k, std::size_t n) const {
+  [[nodiscard]] std::pair<chunk_id, std::size_t> locate(const tensor_spec& spec, const tensor_slot& slot, chunk_kind k,
+                                                        std::size_t n) const {
     if (n != spec.numel())
       throw config_error("buffer of " + std::to_string(n) + " elements for parameter '" + spec.name + "' of " +
                          std::to_string(spec.numel()) + " elements: pass a buffer of its size");
-    if (!store_.has(k)) throw config_error("the runtime has no " + std::string(chunk_kind_name(k)) + " list (see runtime_options::optimizer_state)");
+    if (!store_.has(k))
+      throw config_error("the runtime has no " + std::string(chunk_kind_name(k)) +
+                         " list (see runtime_options::optimizer_state)");
     const chunk_id id{k, static_cast<std::uint32_t>(slot.chunk)};
     if (store_.at(id).where == tier::remote)
-      throw state_error("parameter '" + spec.name + "' (" + to_string(id) + ") is held by rank " + std::to_string(store_.at(id).owner) +
-                        ", not this one: gather it before reading or writing it");
+      throw state_error("parameter '" + spec.name + "' (" + to_string(id) + ") is held by rank " +
+                        std::to_string(store_.at(id).owner) + ", not this one: gather it before reading or writing it");
     return {id, slot.offset};
   }
 
@@ -94,8 +103,10 @@ class chunk_values {
   void* ready(chunk_id id, const char* what) const {
     auto& s = store_.at(id);
     if (!holds_payload(s.where))  // a `remote` chunk must be gathered first: reading it is never reading zeros
-      throw state_error("cannot " + std::string(what) + " chunk " + to_string(id) + ": it has no payload on this rank (" +
-                        std::string(tier_name(s.where)) + (s.where == tier::remote ? ", held by rank " + std::to_string(s.owner) + "): gather it first" : ")"));
+      throw state_error(
+          "cannot " + std::string(what) + " chunk " + to_string(id) + ": it has no payload on this rank (" +
+          std::string(tier_name(s.where)) +
+          (s.where == tier::remote ? ", held by rank " + std::to_string(s.owner) + "): gather it first" : ")"));
     store_.wait(s);
     store_.wait_user(s);
     return s.data;

@@ -35,23 +35,26 @@ class disk_moves final : public lower_tier {
     auto& s = store_.at(id);
     const bool write = to == tier::disk;
     if (write ? s.where != tier::host : to != tier::host)
-      throw state_error("internal: chunk " + to_string(id) + " cannot move from the " + std::string(tier_name(s.where)) + " to the " +
-                        std::string(tier_name(to)) + " directly: the disk tier exchanges chunks with the host only");
+      throw state_error("internal: chunk " + to_string(id) + " cannot move from the " +
+                        std::string(tier_name(s.where)) + " to the " + std::string(tier_name(to)) +
+                        " directly: the disk tier exchanges chunks with the host only");
     const std::size_t bytes = store_.bytes_of(id.kind);
     void* dst = store_.allocate(to, bytes);
     if (dst == nullptr)
-      throw out_of_memory_error(write ? "no room on the disk tier for chunk " + to_string(id) + " (" + format_bytes(bytes) +
-                                            "): device, host and disk are full; raise the disk space's capacity (train_gpt: --disk-budget)"
-                                      : "no room on the host for chunk " + to_string(id) + " (" + format_bytes(bytes) +
-                                            ") coming from the disk: raise the host space's capacity (train_gpt: --host-budget)",
-                                bytes, store_.report());
+      throw out_of_memory_error(
+          write ? "no room on the disk tier for chunk " + to_string(id) + " (" + format_bytes(bytes) +
+                      "): device, host and disk are full; raise the disk space's capacity (train_gpt: --disk-budget)"
+                : "no room on the host for chunk " + to_string(id) + " (" + format_bytes(bytes) +
+                      ") coming from the disk: raise the host space's capacity (train_gpt: --host-budget)",
+          bytes, store_.report());
     const auto lane = write ? copy_direction::to_host : copy_direction::to_device;
     const double submitted_us = store_.now_us();
     disk_copy_handle h;
     try {
       if (s.user_done) disk_.order_after(*s.user_done, lane);
       if (s.pending) disk_.order_after(*s.pending, lane);
-      h = disk_.copy_async(dst, s.data, store_.footprint(tier::disk, bytes), lane);  // whole blocks: no read-modify-write
+      h = disk_.copy_async(dst, s.data, store_.footprint(tier::disk, bytes),
+                           lane);  // whole blocks: no read-modify-write
     } catch (...) {
       store_.deallocate(to, dst, bytes);
       throw;
@@ -88,8 +91,9 @@ class disk_moves final : public lower_tier {
       store_.deallocate(to, failed, bytes);
       s.disk_pending.reset();
       ++store_.stats().disk_failures;
-      const std::string what = std::string(e.what()) + " [chunk " + to_string(id) + " stays on the " + std::string(tier_name(from)) +
-                               " with its bytes as before the copy; memory now:\n" + store_.report().to_string() + "]";
+      const std::string what = std::string(e.what()) + " [chunk " + to_string(id) + " stays on the " +
+                               std::string(tier_name(from)) + " with its bytes as before the copy; memory now:\n" +
+                               store_.report().to_string() + "]";
       if (dynamic_cast<const corruption_error*>(&e)) throw corruption_error(what);
       if (dynamic_cast<const io_error*>(&e)) throw io_error(what);
       throw;
@@ -147,9 +151,11 @@ class disk_moves final : public lower_tier {
 
   /** With a disk tier, chunks pass through the host on their way to and from the disk. */
   [[nodiscard]] std::string why_host_full() const override {
-    return ": the host's " + format_bytes(store_.host().capacity()) + " hold chunks in use or in transit, none of which can go to the disk now (it holds " +
+    return ": the host's " + format_bytes(store_.host().capacity()) +
+           " hold chunks in use or in transit, none of which can go to the disk now (it holds " +
            format_bytes(store_.resident(tier::disk)) + " of its " + format_bytes(disk_.space().capacity()) +
-           "); with a disk tier, chunks pass through the host on their way to and from the disk and a host-side optimizer step holds up "
+           "); with a disk tier, chunks pass through the host on their way to and from the disk and a host-side "
+           "optimizer step holds up "
            "to five chunks at once: raise the host space's capacity (train_gpt asks for 8 of the largest chunk)";
   }
   void zero(void* p, std::size_t n) override { disk_.zero_async(p, n).wait(); }

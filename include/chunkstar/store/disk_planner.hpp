@@ -37,25 +37,29 @@ struct disk_op {
   };
   kind what = kind::read;
   chunk_id id;
-  friend constexpr bool operator==(const disk_op& a, const disk_op& b) noexcept { return a.what == b.what && a.id == b.id; }
+  friend constexpr bool operator==(const disk_op& a, const disk_op& b) noexcept {
+    return a.what == b.what && a.id == b.id;
+  }
 };
 
 /** @brief What the disk planner reads besides the needs and next uses. Chunks are dense like
  *  `prefetch_snapshot`'s: `chunks[kind * per_kind + index]`. */
 struct disk_snapshot {
-  std::size_t moment = 0;    ///< the current moment of the trace
-  std::size_t moments = 0;   ///< moments per iteration (the trace's length)
-  std::size_t per_kind = 0;  ///< chunks per list
+  std::size_t moment = 0;                            ///< the current moment of the trace
+  std::size_t moments = 0;                           ///< moments per iteration (the trace's length)
+  std::size_t per_kind = 0;                          ///< chunks per list
   std::array<std::size_t, num_chunk_kinds> bytes{};  ///< chunk bytes per list (0: no such list)
-  std::vector<chunk_view> chunks;  ///< tier, pins and ticks of every chunk
-  std::vector<char> arriving;      ///< per chunk: a disk read into it is still unresolved (it cannot move yet)
-  std::size_t host_resident = 0;   ///< chunk bytes on the host now (logical)
-  std::size_t host_budget = 0;     ///< chunk bytes the host may hold
-  std::size_t in_flight = 0;       ///< disk reads still unresolved
-  std::size_t depth = 0;           ///< most disk reads in flight
-  std::size_t horizon = never;     ///< moments ahead to look (the nearer, the fewer decisions later arrivals would change)
+  std::vector<chunk_view> chunks;                    ///< tier, pins and ticks of every chunk
+  std::vector<char> arriving;     ///< per chunk: a disk read into it is still unresolved (it cannot move yet)
+  std::size_t host_resident = 0;  ///< chunk bytes on the host now (logical)
+  std::size_t host_budget = 0;    ///< chunk bytes the host may hold
+  std::size_t in_flight = 0;      ///< disk reads still unresolved
+  std::size_t depth = 0;          ///< most disk reads in flight
+  std::size_t horizon = never;  ///< moments ahead to look (the nearer, the fewer decisions later arrivals would change)
 
-  [[nodiscard]] std::size_t dense(chunk_id id) const noexcept { return static_cast<std::size_t>(id.kind) * per_kind + id.index; }
+  [[nodiscard]] std::size_t dense(chunk_id id) const noexcept {
+    return static_cast<std::size_t>(id.kind) * per_kind + id.index;
+  }
   [[nodiscard]] chunk_id id_at(std::size_t x) const noexcept {
     return {static_cast<chunk_kind>(x / per_kind), static_cast<std::uint32_t>(x % per_kind)};
   }
@@ -68,7 +72,8 @@ struct disk_snapshot {
  *  @p eviction goes down first. Stops at the first chunk that cannot come up (no such victim, or
  *  one this plan sent down) or when `depth` reads are in flight. Pure: reads its arguments only. */
 template <EvictionStrategy E, class NeedsAt, class NextUse>
-[[nodiscard]] std::vector<disk_op> plan_disk_prefetch(const disk_snapshot& s, NeedsAt&& needs_at, NextUse&& next_use, const E& eviction) {
+[[nodiscard]] std::vector<disk_op> plan_disk_prefetch(const disk_snapshot& s, NeedsAt&& needs_at, NextUse&& next_use,
+                                                      const E& eviction) {
   std::vector<disk_op> ops;
   if (s.moments == 0 || s.depth == 0 || s.in_flight >= s.depth) return ops;
   const std::size_t total = s.chunks.size();

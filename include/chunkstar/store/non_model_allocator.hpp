@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
- *  @brief `non_model_allocator`: non-model memory (activations, workspaces, staging) from the compute tier's space, making room by asking the caller, with the live total in the `compute_level` the placement budgets against.
+ *  @brief `non_model_allocator`: non-model memory (activations, workspaces, staging) from the compute tier's space,
+ *         making room by asking the caller, with the live total in the `compute_level` the placement budgets against.
  */
 #pragma once
 
@@ -29,16 +30,18 @@ class non_model_allocator {
    *  (→ bool: something was freed). @p who names the open scope in the error.
    *  @throws out_of_memory_error with @p report() when nothing more can be freed. */
   template <class MakeRoom, class Report>
-  void* allocate(std::size_t bytes, std::size_t alignment, MakeRoom&& make_room, Report&& report, std::string_view who) {
+  void* allocate(std::size_t bytes, std::size_t alignment, MakeRoom&& make_room, Report&& report,
+                 std::string_view who) {
     void* p = space_.try_allocate(bytes, alignment);
     while (p == nullptr) {
       if (!make_room())
-        throw out_of_memory_error("cannot allocate " + format_bytes(bytes) + " of non-model memory on the compute tier" +
-                                      (who.empty() ? std::string(" outside any scope") : " in scope '" + std::string(who) + "'") +
-                                      ": every chunk there is in use. Give the device space more capacity, shrink the "
-                                      "micro-batch, or use smaller chunks (fixed_layout_options::chunk_elems, "
-                                      "searched_layout_options::max_chunk_elems)",
-                                  bytes, report());
+        throw out_of_memory_error(
+            "cannot allocate " + format_bytes(bytes) + " of non-model memory on the compute tier" +
+                (who.empty() ? std::string(" outside any scope") : " in scope '" + std::string(who) + "'") +
+                ": every chunk there is in use. Give the device space more capacity, shrink the "
+                "micro-batch, or use smaller chunks (fixed_layout_options::chunk_elems, "
+                "searched_layout_options::max_chunk_elems)",
+            bytes, report());
       p = space_.try_allocate(bytes, alignment);
     }
     level_.non_model += bytes;

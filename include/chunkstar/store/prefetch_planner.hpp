@@ -39,7 +39,9 @@ struct transfer_op {
   };
   kind what = kind::load;
   chunk_id id;
-  friend constexpr bool operator==(const transfer_op& a, const transfer_op& b) noexcept { return a.what == b.what && a.id == b.id; }
+  friend constexpr bool operator==(const transfer_op& a, const transfer_op& b) noexcept {
+    return a.what == b.what && a.id == b.id;
+  }
 };
 
 /** @brief The distinct chunks each moment of a trace uses, in order of first use; rebuilt only
@@ -76,8 +78,8 @@ struct chunk_view {
 /** @brief Everything the planner reads besides the trace and the policies. Chunks are dense:
  *  `chunks[kind * per_kind + index]`; absent lists have `bytes[kind] == 0`. */
 struct prefetch_snapshot {
-  std::size_t moment = 0;        ///< the current moment of the trace
-  std::size_t per_kind = 0;      ///< chunks per list
+  std::size_t moment = 0;                            ///< the current moment of the trace
+  std::size_t per_kind = 0;                          ///< chunks per list
   std::array<std::size_t, num_chunk_kinds> bytes{};  ///< chunk bytes per list (0: no such list)
   std::vector<chunk_view> chunks;
   std::size_t device_resident = 0;  ///< chunk bytes on the compute tier now (logical)
@@ -86,10 +88,12 @@ struct prefetch_snapshot {
   std::size_t releasing = never;    ///< chunk index whose gradient the current moment (a step) frees at its end
   std::size_t fits = 0;             ///< the current moment's budget
   std::size_t depth = 0;            ///< most loads in flight beyond the next moment
-  bool zero_free = true;            ///< a FREE chunk may be given a zeroed payload ahead (not under ZeRO: its group does)
-  std::vector<char> arriving;       ///< per chunk (dense), or empty: on the host but its read from the disk is unresolved
+  bool zero_free = true;       ///< a FREE chunk may be given a zeroed payload ahead (not under ZeRO: its group does)
+  std::vector<char> arriving;  ///< per chunk (dense), or empty: on the host but its read from the disk is unresolved
 
-  [[nodiscard]] std::size_t dense(chunk_id id) const noexcept { return static_cast<std::size_t>(id.kind) * per_kind + id.index; }
+  [[nodiscard]] std::size_t dense(chunk_id id) const noexcept {
+    return static_cast<std::size_t>(id.kind) * per_kind + id.index;
+  }
 };
 
 /** @brief How the planner asks the runtime about a coming moment @p k (pure functions of the trace):
@@ -109,8 +113,9 @@ struct prefetch_budgets {
  *  a chunk @p skip rejects, or more than `depth` loads in flight (the next moment's loads always go).
  *  Pure: reads its arguments only. */
 template <Tracer T, EvictionStrategy E, class Skip>
-[[nodiscard]] std::vector<transfer_op> plan_prefetch(const prefetch_snapshot& s, const T& tracer, const trace_needs& needs,
-                                                     const E& eviction, const prefetch_budgets& budgets, Skip&& skip) {
+[[nodiscard]] std::vector<transfer_op> plan_prefetch(const prefetch_snapshot& s, const T& tracer,
+                                                     const trace_needs& needs, const E& eviction,
+                                                     const prefetch_budgets& budgets, Skip&& skip) {
   std::vector<transfer_op> ops;
   const std::size_t n = tracer.num_moments();
   if (n == 0 || needs.size() != n) return ops;
@@ -184,10 +189,12 @@ template <Tracer T, EvictionStrategy E, class Skip>
         // On the device for real, absent only in the simulation: a gradient whose step (and
         // release) is still to come. Loading it is for after that release, not now.
         if (real[x] == tier::device || s.chunks[x].pinned || skip(id) || real_resident + bytes > fits) return false;
-        if (x < s.arriving.size() && s.arriving[x]) return false;  // still coming from the disk: load it once it is here
+        if (x < s.arriving.size() && s.arriving[x])
+          return false;  // still coming from the disk: load it once it is here
         const bool transfer = real[x] == tier::host;
         if (transfer && d > 1 && in_flight >= s.depth) return false;
-        if (!transfer && (real[x] != tier::free || !s.zero_free)) return false;  // remote, disk, or a ZeRO gradient: not this planner's move
+        if (!transfer && (real[x] != tier::free || !s.zero_free))
+          return false;  // remote, disk, or a ZeRO gradient: not this planner's move
         sim_on[x] = 1;
         sim_resident += bytes;
         sim_loaded[x] = ++tick;  // as the demand path stamps its arrival, after the moment's accesses

@@ -44,10 +44,19 @@ class residency_manager {
   using store_type = chunk_store<P>;
 
   residency_manager(store_type& store, const Placement& placement, const Eviction& eviction, const TracerT& tracer,
-                    const compute_level& level, std::size_t prefetch_depth, runtime_stats& stats, std::size_t disk_prefetch_depth = 0,
-                    std::size_t disk_prefetch_horizon = 0, std::size_t disk_staging_chunks = 0)
-      : store_(store), placement_(placement), eviction_(eviction), tracer_(tracer), level_(level), depth_(prefetch_depth),
-        stats_(stats), disk_depth_(disk_prefetch_depth), disk_horizon_(disk_prefetch_horizon), staging_(disk_staging_chunks) {}
+                    const compute_level& level, std::size_t prefetch_depth, runtime_stats& stats,
+                    std::size_t disk_prefetch_depth = 0, std::size_t disk_prefetch_horizon = 0,
+                    std::size_t disk_staging_chunks = 0)
+      : store_(store),
+        placement_(placement),
+        eviction_(eviction),
+        tracer_(tracer),
+        level_(level),
+        depth_(prefetch_depth),
+        stats_(stats),
+        disk_depth_(disk_prefetch_depth),
+        disk_horizon_(disk_prefetch_horizon),
+        staging_(disk_staging_chunks) {}
 
   // --- budgets -------------------------------------------------------------------------------------
   /** @brief The placement's view at moment @p m (the current non-model use is today's). */
@@ -119,7 +128,8 @@ class residency_manager {
 
   /** @brief Evicts victims until @p bytes more chunk bytes fit the budget (or the device's room),
    *  for a group buffer about to be allocated (ZeRO); @p who names the scope in errors. */
-  void make_room(std::size_t bytes, std::string_view who, std::string_view what = "a group of chunks (ZeRO gather or reduce)");
+  void make_room(std::size_t bytes, std::string_view who,
+                 std::string_view what = "a group of chunks (ZeRO gather or reduce)");
 
   /** @brief Makes room for @p bytes of non-model memory: finished copies retire first, then one
    *  victim goes. False when nothing more can be freed. */
@@ -222,7 +232,8 @@ placement_inputs residency_manager<P, Placement, Eviction, TracerT>::inputs(std:
   in.kind = in.trace_ready ? tracer_.kind_of(m) : level_.kind;
   if (in.trace_ready) {
     // The current moment's peak from here on (it falls once its activations are freed).
-    in.non_model_peak_here = m == tracer_.current_moment() ? tracer_.non_model_peak_from(m, level_.changes) : tracer_.non_model_peak(m);
+    in.non_model_peak_here =
+        m == tracer_.current_moment() ? tracer_.non_model_peak_from(m, level_.changes) : tracer_.non_model_peak(m);
     in.non_model_peak_next = tracer_.non_model_peak(m + 1);
     in.non_model_peak_max = trace_peak_max();
   }
@@ -258,7 +269,8 @@ std::size_t residency_manager<P, Placement, Eviction, TracerT>::device_reserve()
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
-void residency_manager<P, Placement, Eviction, TracerT>::make_resident_on_device(std::span<const chunk_id> ids, std::string_view who, std::size_t m) {
+void residency_manager<P, Placement, Eviction, TracerT>::make_resident_on_device(std::span<const chunk_id> ids,
+                                                                                 std::string_view who, std::size_t m) {
   const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
   std::size_t working = 0;
   for (auto id : ids) working += store_.bytes_of(id.kind);
@@ -282,9 +294,10 @@ void residency_manager<P, Placement, Eviction, TracerT>::make_resident_on_device
     while (store_.device_in_use() + store_.bytes_of(id.kind) > budget) {
       if (evict_one(keep, m)) continue;
       if (store_.device_in_use() + store_.bytes_of(id.kind) <= hard) break;
-      throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(working) +
-                                    " of chunks on the compute tier but nothing more can be evicted (every other chunk there is in use)",
-                                working, report());
+      throw out_of_memory_error(
+          "scope '" + std::string(who) + "' needs " + format_bytes(working) +
+              " of chunks on the compute tier but nothing more can be evicted (every other chunk there is in use)",
+          working, report());
     }
     if (s.where == tier::free) {
       store_.materialise(id, tier::device, device_reserve());
@@ -308,7 +321,8 @@ void residency_manager<P, Placement, Eviction, TracerT>::make_resident_on_device
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
-void residency_manager<P, Placement, Eviction, TracerT>::make_resident_on_host(chunk_id id, const std::unordered_set<chunk_id>& keep) {
+void residency_manager<P, Placement, Eviction, TracerT>::make_resident_on_host(
+    chunk_id id, const std::unordered_set<chunk_id>& keep) {
   auto& s = store_.at(id);
   if (s.where == tier::free) {
     make_host_room(store_.bytes_of(id.kind), keep, tracer_.current_moment());
@@ -322,7 +336,8 @@ void residency_manager<P, Placement, Eviction, TracerT>::make_resident_on_host(c
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
-void residency_manager<P, Placement, Eviction, TracerT>::offload(chunk_id id, const std::unordered_set<chunk_id>& keep) {
+void residency_manager<P, Placement, Eviction, TracerT>::offload(chunk_id id,
+                                                                 const std::unordered_set<chunk_id>& keep) {
   make_host_room(store_.bytes_of(id.kind), keep, tracer_.current_moment());
   store_.at(id).prefetched = false;
   store_.move(id, tier::host, move_reason::offload);
@@ -338,7 +353,9 @@ std::size_t residency_manager<P, Placement, Eviction, TracerT>::host_budget() co
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
-void residency_manager<P, Placement, Eviction, TracerT>::make_host_room(std::size_t bytes, const std::unordered_set<chunk_id>& keep, std::size_t reference) {
+void residency_manager<P, Placement, Eviction, TracerT>::make_host_room(std::size_t bytes,
+                                                                        const std::unordered_set<chunk_id>& keep,
+                                                                        std::size_t reference) {
   if (!store_.has_disk()) return;
   bytes = store_.footprint(tier::host, bytes);
   while (store_.resident(tier::host) + bytes > host_budget() && evict_one_to_disk(keep, reference)) {
@@ -346,11 +363,13 @@ void residency_manager<P, Placement, Eviction, TracerT>::make_host_room(std::siz
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
-bool residency_manager<P, Placement, Eviction, TracerT>::evict_one_to_disk(const std::unordered_set<chunk_id>& keep, std::size_t reference) {
+bool residency_manager<P, Placement, Eviction, TracerT>::evict_one_to_disk(const std::unordered_set<chunk_id>& keep,
+                                                                           std::size_t reference) {
   candidates_.clear();
   store_.for_each([&](chunk_id id, const typename store_type::slot& s) {
     if (s.where != tier::host || s.pinned || keep.contains(id)) return;
-    candidates_.push_back({id, store_.bytes_of(id.kind), s.last_use, reference == never ? never : host_next_use(id, reference), s.loaded_at});
+    candidates_.push_back({id, store_.bytes_of(id.kind), s.last_use,
+                           reference == never ? never : host_next_use(id, reference), s.loaded_at});
   });
   if (candidates_.empty()) return false;
   store_.move(candidates_[eviction_.pick(candidates_)].id, tier::disk, move_reason::evict);
@@ -381,7 +400,9 @@ void residency_manager<P, Placement, Eviction, TracerT>::note_step(std::size_t c
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
-void residency_manager<P, Placement, Eviction, TracerT>::read_from_disk(chunk_id id, const std::unordered_set<chunk_id>& keep, std::size_t reference, bool ahead) {
+void residency_manager<P, Placement, Eviction, TracerT>::read_from_disk(chunk_id id,
+                                                                        const std::unordered_set<chunk_id>& keep,
+                                                                        std::size_t reference, bool ahead) {
   make_host_room(store_.bytes_of(id.kind), keep, reference);
   store_.move(id, tier::host, move_reason::load);
   ++(ahead ? stats_.disk_prefetches : stats_.disk_demand_reads);
@@ -389,7 +410,8 @@ void residency_manager<P, Placement, Eviction, TracerT>::read_from_disk(chunk_id
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
-bool residency_manager<P, Placement, Eviction, TracerT>::evict_one(const std::unordered_set<chunk_id>& keep, std::size_t reference) {
+bool residency_manager<P, Placement, Eviction, TracerT>::evict_one(const std::unordered_set<chunk_id>& keep,
+                                                                   std::size_t reference) {
   collect_candidates(reference, [&](chunk_id id, const typename store_type::slot& s) {
     return s.where == tier::device && !s.pinned && !keep.contains(id);
   });
@@ -402,15 +424,18 @@ bool residency_manager<P, Placement, Eviction, TracerT>::evict_one(const std::un
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
-void residency_manager<P, Placement, Eviction, TracerT>::make_room(std::size_t bytes, std::string_view who, std::string_view what) {
+void residency_manager<P, Placement, Eviction, TracerT>::make_room(std::size_t bytes, std::string_view who,
+                                                                   std::string_view what) {
   const std::size_t budget = budget_now();
   while (store_.device_in_use() + bytes > budget && evict_one({}, tracer_.current_moment())) {
   }
   const std::size_t hard = room_after(store_.device().capacity(), level_.non_model);
   if (store_.device_in_use() + bytes > hard && !evict_one({}, never))
-    throw out_of_memory_error("scope '" + std::string(who) + "' needs " + format_bytes(bytes) + " more on the compute tier for " +
-                                  std::string(what) + " and nothing more can be evicted: raise the device space's capacity, or use smaller chunks",
-                              bytes, report());
+    throw out_of_memory_error(
+        "scope '" + std::string(who) + "' needs " + format_bytes(bytes) + " more on the compute tier for " +
+            std::string(what) +
+            " and nothing more can be evicted: raise the device space's capacity, or use smaller chunks",
+        bytes, report());
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
@@ -436,7 +461,8 @@ void residency_manager<P, Placement, Eviction, TracerT>::prefetch_from_disk(std:
         [&](std::size_t k) -> std::span<const chunk_id> {
           at_k.assign(needs_.at(k).begin(), needs_.at(k).end());
           if (const auto c = k < moment_step_.size() ? moment_step_[k] : never; c != never)
-            for (auto kind : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+            for (auto kind :
+                 {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
               if (store_.has(kind)) at_k.push_back({kind, static_cast<std::uint32_t>(c)});
           return at_k;
         },
@@ -448,8 +474,10 @@ void residency_manager<P, Placement, Eviction, TracerT>::prefetch_from_disk(std:
   }
   for (const auto& op : ops) {
     try {
-      if (op.what == disk_op::kind::write) store_.move(op.id, tier::disk, move_reason::evict);
-      else read_from_disk(op.id, {}, m, true);
+      if (op.what == disk_op::kind::write)
+        store_.move(op.id, tier::disk, move_reason::evict);
+      else
+        read_from_disk(op.id, {}, m, true);
     } catch (const state_error&) {
       throw;
     } catch (const std::exception&) {
@@ -470,7 +498,8 @@ void residency_manager<P, Placement, Eviction, TracerT>::load_ahead(chunk_id id,
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
 memory_report residency_manager<P, Placement, Eviction, TracerT>::report() const {
   memory_report r = store_.report();
-  r.spaces.push_back({"non-model on device", store_.device().capacity(), level_.non_model, stats_.peak_non_model_bytes, 0});
+  r.spaces.push_back(
+      {"non-model on device", store_.device().capacity(), level_.non_model, stats_.peak_non_model_bytes, 0});
 
   return r;
 }
@@ -554,7 +583,7 @@ void residency_manager<P, Placement, Eviction, TracerT>::carry_out(const transfe
     case transfer_op::kind::load: load_ahead(op.id); break;
     case transfer_op::kind::zero:
       store_.materialise(op.id, tier::device, device_reserve());  // a zero fill, not a transfer (no hit)
-      store_.touch(op.id);  // like a fetched chunk: prepared now, not the stalest
+      store_.touch(op.id);                                        // like a fetched chunk: prepared now, not the stalest
       break;
   }
 }

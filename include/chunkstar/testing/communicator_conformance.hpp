@@ -56,11 +56,11 @@ namespace chunkstar::testing {
  *  (`host_buffer`); device memory for NCCL (write by cudaMemcpy, read after a device sync). */
 template <class B>
 concept communicator_buffer = std::constructible_from<B, std::size_t> &&
-                              requires(B& b, const B& cb, const void* src, std::size_t n) {
-                                { b.data() } -> std::same_as<void*>;
-                                b.write(src, n, n);
-                                { cb.read() } -> std::same_as<std::vector<std::byte>>;
-                              };
+    requires(B& b, const B& cb, const void* src, std::size_t n) {
+  { b.data() } -> std::same_as<void*>;
+  b.write(src, n, n);
+  { cb.read() } -> std::same_as<std::vector<std::byte>>;
+};
 
 /** @brief Host memory as a `communicator_buffer`. */
 class host_buffer {
@@ -182,9 +182,12 @@ std::vector<double> abs_sum(std::uint64_t seed, int nranks, std::size_t n) {
 
 template <class T>
 constexpr double unit_roundoff() {
-  if constexpr (std::is_same_v<T, float>) return 0x1p-24;
-  else if constexpr (std::is_same_v<T, float16>) return 0x1p-11;
-  else return 0x1p-8;
+  if constexpr (std::is_same_v<T, float>)
+    return 0x1p-24;
+  else if constexpr (std::is_same_v<T, float16>)
+    return 0x1p-11;
+  else
+    return 0x1p-8;
 }
 
 /** @brief Index of the first element where @p got_bytes differs from @p want (bitwise when exact,
@@ -253,8 +256,8 @@ void allreduce_one(conformance_report& r, C& comm, std::size_t count, reduce_op 
   const auto want = reference<T>(seed, n, count, op);
   const std::size_t bad = first_bad(buf.read(), want, exact, abs_sum<T>(seed, n, count), n);
   r.expect(bad == count, [&] {
-    return describe(async ? "allreduce_async" : "allreduce", dtype_of_v<T>, op, count, comm.rank(), n) +
-           ": element " + std::to_string(bad) + " differs from the rank-order reduction";
+    return describe(async ? "allreduce_async" : "allreduce", dtype_of_v<T>, op, count, comm.rank(), n) + ": element " +
+           std::to_string(bad) + " differs from the rank-order reduction";
   });
 }
 
@@ -414,11 +417,13 @@ void reduce_checks(conformance_report& r, C& comm, bool exact) {
                 const std::size_t bad = first_bad(in_place ? send_after : recv_after, want, exact,
                                                   exact ? std::vector<double>{} : abs_sum<T>(seed, n, count), n);
                 r.expect(bad == count, [&] {
-                  return what + ": element " + std::to_string(bad) + " at the root differs from the rank-order reduction";
+                  return what + ": element " + std::to_string(bad) +
+                         " at the root differs from the rank-order reduction";
                 });
                 if (!in_place) r.expect(send_after == mine, [&] { return what + ": the root's send was modified"; });
               } else {
-                r.expect(send_after == mine, [&] { return what + ": send was modified on a rank other than the root"; });
+                r.expect(send_after == mine,
+                         [&] { return what + ": send was modified on a rank other than the root"; });
                 r.expect(recv_after == fill, [&] { return what + ": recv was written on a rank other than the root"; });
               }
             }
@@ -431,7 +436,8 @@ void reduce_checks(conformance_report& r, C& comm, bool exact) {
   for (bool async : {false, true}) {
     for (int root = 0; root < n; ++root) {
       for (bool null_elsewhere : {true, false}) {
-        const std::uint64_t seed = 3900 + static_cast<std::uint64_t>(root) * 4 + (async ? 2u : 0u) + (null_elsewhere ? 1u : 0u);
+        const std::uint64_t seed =
+            3900 + static_cast<std::uint64_t>(root) * 4 + (async ? 2u : 0u) + (null_elsewhere ? 1u : 0u);
         const std::size_t count = 5;
         const auto mine = as_bytes(rank_data<float>(seed, rk, count));
         B send(count * sizeof(float)), recv(count * sizeof(float));
@@ -440,11 +446,13 @@ void reduce_checks(conformance_report& r, C& comm, bool exact) {
                     : null_elsewhere ? nullptr
                                      : static_cast<std::byte*>(send.data()) + sizeof(float);
         const std::string what = std::string(async ? "reduce_async" : "reduce") + " to root " + std::to_string(root) +
-                                 " on rank " + std::to_string(rk) + (null_elsewhere ? " (recv null" : " (recv overlapping send") +
-                                 " on the other ranks)";
+                                 " on rank " + std::to_string(rk) +
+                                 (null_elsewhere ? " (recv null" : " (recv overlapping send") + " on the other ranks)";
         // A config_error here is not caught: the other ranks are in the collective already.
-        if (async) comm.reduce_async(send.data(), out, count, dtype::f32, reduce_op::sum, root).wait();
-        else comm.reduce(send.data(), out, count, dtype::f32, reduce_op::sum, root);
+        if (async)
+          comm.reduce_async(send.data(), out, count, dtype::f32, reduce_op::sum, root).wait();
+        else
+          comm.reduce(send.data(), out, count, dtype::f32, reduce_op::sum, root);
         if (rk == root) {
           const std::size_t bad = first_bad(recv.read(), reference<float>(seed, n, count, reduce_op::sum), exact,
                                             abs_sum<float>(seed, n, count), n);
@@ -458,15 +466,19 @@ void reduce_checks(conformance_report& r, C& comm, bool exact) {
   // Nothing to reduce: null buffers everywhere are fine.
   comm.reduce(nullptr, nullptr, 0, dtype::bf16, reduce_op::max, n - 1);
   // comm_stats volumes, where the model keeps them (not part of the concept).
-  if constexpr (requires(const C& c) { { c.stats() } -> std::convertible_to<comm_stats>; }) {
+  if constexpr (requires(const C& c) {
+                  { c.stats() } -> std::convertible_to<comm_stats>;
+                }) {
     const std::size_t count = 100, b = count * 2;
     B send(b), recv(b);
     send.write(as_bytes(rank_data<float16>(3999, rk, count)).data(), b, 0);
     for (int root = 0; root < n; ++root) {
       for (bool async : {false, true}) {
         const comm_stats before = comm.stats();
-        if (async) comm.reduce_async(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root).wait();
-        else comm.reduce(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root);
+        if (async)
+          comm.reduce_async(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root).wait();
+        else
+          comm.reduce(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root);
         const comm_stats after = comm.stats();
         const std::uint64_t sent = after.bytes_sent - before.bytes_sent;
         const std::uint64_t received = after.bytes_received - before.bytes_received;
@@ -474,9 +486,9 @@ void reduce_checks(conformance_report& r, C& comm, bool exact) {
         const std::uint64_t want_received = n > 1 && rk == root ? b * static_cast<std::uint64_t>(n - 1) : 0;
         r.expect(sent == want_sent && received == want_received, [&] {
           return std::string(async ? "reduce_async" : "reduce") + " of " + std::to_string(b) + " bytes to root " +
-                 std::to_string(root) + " on rank " + std::to_string(rk) + " of " + std::to_string(n) + ": comm_stats counts " +
-                 std::to_string(sent) + " sent, " + std::to_string(received) + " received; expected " +
-                 std::to_string(want_sent) + " sent, " + std::to_string(want_received) +
+                 std::to_string(root) + " on rank " + std::to_string(rk) + " of " + std::to_string(n) +
+                 ": comm_stats counts " + std::to_string(sent) + " sent, " + std::to_string(received) +
+                 " received; expected " + std::to_string(want_sent) + " sent, " + std::to_string(want_received) +
                  " received ((N-1)*b into the root, b out of every other rank)";
         });
         // A model that counts collectives (single_process keeps no stats at all) counts this one once.
@@ -492,18 +504,25 @@ void reduce_checks(conformance_report& r, C& comm, bool exact) {
   // communication starts, so each rank names itself), overlapping send and recv and null buffers.
   B buf(64), other(64);
   auto* p = static_cast<std::byte*>(buf.data());
-  expect_config_error(r, [&] { comm.reduce(p, other.data(), 4, dtype::f32, reduce_op::sum, n); }, "reduce with root = size()");
-  expect_config_error(r, [&] { comm.reduce(p, other.data(), 4, dtype::f32, reduce_op::sum, -1); }, "reduce with root = -1");
-  expect_config_error(r, [&] { (void)comm.reduce_async(p, other.data(), 4, dtype::f32, reduce_op::sum, n); },
-                      "reduce_async with root = size()");
-  expect_config_error(r, [&] { comm.reduce(p, p + 4, 8, dtype::f32, reduce_op::sum, rk); },
-                      "reduce with send and recv overlapping on the root (not equal)");
-  expect_config_error(r, [&] { (void)comm.reduce_async(p + 8, p, 8, dtype::f16, reduce_op::max, rk); },
-                      "reduce_async with send and recv overlapping on the root (not equal)");
-  expect_config_error(r, [&] { comm.reduce(nullptr, other.data(), 4, dtype::f32, reduce_op::sum, rk); },
-                      "reduce of 4 elements from a null send");
-  expect_config_error(r, [&] { comm.reduce(p, nullptr, 4, dtype::f32, reduce_op::sum, rk); },
-                      "reduce of 4 elements into a null recv on the root");
+  expect_config_error(
+      r, [&] { comm.reduce(p, other.data(), 4, dtype::f32, reduce_op::sum, n); }, "reduce with root = size()");
+  expect_config_error(
+      r, [&] { comm.reduce(p, other.data(), 4, dtype::f32, reduce_op::sum, -1); }, "reduce with root = -1");
+  expect_config_error(
+      r, [&] { (void)comm.reduce_async(p, other.data(), 4, dtype::f32, reduce_op::sum, n); },
+      "reduce_async with root = size()");
+  expect_config_error(
+      r, [&] { comm.reduce(p, p + 4, 8, dtype::f32, reduce_op::sum, rk); },
+      "reduce with send and recv overlapping on the root (not equal)");
+  expect_config_error(
+      r, [&] { (void)comm.reduce_async(p + 8, p, 8, dtype::f16, reduce_op::max, rk); },
+      "reduce_async with send and recv overlapping on the root (not equal)");
+  expect_config_error(
+      r, [&] { comm.reduce(nullptr, other.data(), 4, dtype::f32, reduce_op::sum, rk); },
+      "reduce of 4 elements from a null send");
+  expect_config_error(
+      r, [&] { comm.reduce(p, nullptr, 4, dtype::f32, reduce_op::sum, rk); },
+      "reduce of 4 elements into a null recv on the root");
 }
 
 template <class B, class C>
@@ -561,15 +580,18 @@ void broadcast_checks(conformance_report& r, C& comm) {
           comm.broadcast(buf.data(), bytes, root);
         }
         r.expect(buf.read() == rank_bytes(seed, root, bytes), [&] {
-          return "broadcast bytes=" + std::to_string(bytes) + " root=" + std::to_string(root) + (async ? " async" : "") +
-                 " on rank " + std::to_string(rk) + ": the buffer does not hold the root's bytes";
+          return "broadcast bytes=" + std::to_string(bytes) + " root=" + std::to_string(root) +
+                 (async ? " async" : "") + " on rank " + std::to_string(rk) +
+                 ": the buffer does not hold the root's bytes";
         });
       }
     }
   }
   B buf(8);
-  expect_config_error(r, [&] { comm.broadcast(buf.data(), 8, n); }, "broadcast with root = size()");
-  expect_config_error(r, [&] { comm.broadcast(buf.data(), 8, -1); }, "broadcast with root = -1");
+  expect_config_error(
+      r, [&] { comm.broadcast(buf.data(), 8, n); }, "broadcast with root = size()");
+  expect_config_error(
+      r, [&] { comm.broadcast(buf.data(), 8, -1); }, "broadcast with root = -1");
 }
 
 template <class B, class C>
@@ -590,9 +612,10 @@ void ring_shift_checks(conformance_report& r, C& comm) {
       } else {
         comm.ring_shift(a.data(), b.data(), bytes);
       }
-      const std::string what = std::string(async ? "ring_shift_async" : "ring_shift") + " bytes=" +
-                               std::to_string(bytes) + " on rank " + std::to_string(rk);
-      r.expect(b.read() == rank_bytes(seed, prev, bytes), [&] { return what + ": recv does not hold the previous rank's bytes"; });
+      const std::string what = std::string(async ? "ring_shift_async" : "ring_shift") +
+                               " bytes=" + std::to_string(bytes) + " on rank " + std::to_string(rk);
+      r.expect(b.read() == rank_bytes(seed, prev, bytes),
+               [&] { return what + ": recv does not hold the previous rank's bytes"; });
       r.expect(a.read() == rank_bytes(seed, rk, bytes), [&] { return what + ": send was modified"; });
       // size() steps, ping-ponging two buffers, bring every shard home; step k holds rank r-k's.
       B* cur = &a;
@@ -604,15 +627,19 @@ void ring_shift_checks(conformance_report& r, C& comm) {
         std::swap(cur, nxt);
       }
       r.expect(every_step_right, [&] { return what + ": after k steps a rank does not hold rank (r - k)'s shard"; });
-      r.expect(cur->read() == rank_bytes(seed, rk, bytes), [&] { return what + ": size() steps did not bring the shard home"; });
+      r.expect(cur->read() == rank_bytes(seed, rk, bytes),
+               [&] { return what + ": size() steps did not bring the shard home"; });
     }
   }
   // Overlapping send/recv is refused at the call, before any communication.
   B buf(64);
   auto* p = static_cast<std::byte*>(buf.data());
-  expect_config_error(r, [&] { comm.ring_shift(p, p, 32); }, "ring_shift with send == recv");
-  expect_config_error(r, [&] { comm.ring_shift(p, p + 16, 32); }, "ring_shift with overlapping send and recv");
-  expect_config_error(r, [&] { (void)comm.ring_shift_async(p + 16, p, 32); }, "ring_shift_async with overlapping send and recv");
+  expect_config_error(
+      r, [&] { comm.ring_shift(p, p, 32); }, "ring_shift with send == recv");
+  expect_config_error(
+      r, [&] { comm.ring_shift(p, p + 16, 32); }, "ring_shift with overlapping send and recv");
+  expect_config_error(
+      r, [&] { (void)comm.ring_shift_async(p + 16, p, 32); }, "ring_shift_async with overlapping send and recv");
   comm.ring_shift(p, p + 32, 32);  // adjacent, not overlapping: fine
 }
 
@@ -687,7 +714,8 @@ void async_checks(conformance_report& r, C& comm, bool exact) {
              where + ": reduce in place to root n-1 changed the buffer of another rank");
   r.expect(rs_b.read() == rank_bytes(s5, (rk - 1 + n) % n, bytes), where + ": ring_shift wrong");
   const double tri = double(n) * double(n - 1) / 2.0;
-  r.expect(scalars[0] == tri && scalars[1] == double(n) && scalars[2] == -tri, where + ": allreduce(span<double>) wrong");
+  r.expect(scalars[0] == tri && scalars[1] == double(n) && scalars[2] == -tri,
+           where + ": allreduce(span<double>) wrong");
 
   comm_handle empty;
   r.expect(empty.ready(), "a default-constructed comm_handle is not ready()");
@@ -718,7 +746,8 @@ void determinism_checks(conformance_report& r, C& comm) {
   b.write(rank_data<float>(seed, rk, count).data(), count * sizeof(float), 0);
   comm.allreduce(a.data(), count, dtype::f32, reduce_op::sum);
   comm.allreduce(b.data(), count, dtype::f32, reduce_op::sum);
-  r.expect(a.read() == b.read(), "allreduce of the same inputs twice gave different bits on rank " + std::to_string(rk));
+  r.expect(a.read() == b.read(),
+           "allreduce of the same inputs twice gave different bits on rank " + std::to_string(rk));
   B all(count * sizeof(float) * static_cast<std::size_t>(n));
   comm.allgather(a.data(), all.data(), count * sizeof(float));
   const auto everything = all.read();
@@ -753,8 +782,10 @@ void rank_size_checks(conformance_report& r, C& comm) {
   // Argument errors are thrown at the call, identically on every model.
   B buf(64);
   auto* p = static_cast<std::byte*>(buf.data());
-  expect_config_error(r, [&] { comm.allgather(p, p + 1, 8); }, "allgather with send overlapping recv other than in place");
-  expect_config_error(r, [&] { comm.allreduce(nullptr, 4, dtype::f32, reduce_op::sum); }, "allreduce of 4 elements at nullptr");
+  expect_config_error(
+      r, [&] { comm.allgather(p, p + 1, 8); }, "allgather with send overlapping recv other than in place");
+  expect_config_error(
+      r, [&] { comm.allreduce(nullptr, 4, dtype::f32, reduce_op::sum); }, "allreduce of 4 elements at nullptr");
 }
 
 }  // namespace comm_detail
@@ -762,7 +793,7 @@ void rank_size_checks(conformance_report& r, C& comm) {
 /** @brief Checks the `Communicator` requirements (see the file comment) on this rank's @p comm;
  *  call it on every rank of the group at once. @p Buffer is memory @p comm's collectives take. */
 template <class Buffer = host_buffer, Communicator C>
-  requires communicator_buffer<Buffer>
+requires communicator_buffer<Buffer>
 [[nodiscard]] conformance_report check_communicator(C& comm, const communicator_conformance_options& o = {}) {
   conformance_report r;
   r.subject = "Communicator (rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + ")";

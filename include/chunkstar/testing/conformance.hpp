@@ -85,8 +85,7 @@ struct conformance_report {
     } else {
       s += ": " + std::to_string(failed) + " of " + std::to_string(checks) + " checks failed:";
       for (const auto& f : failures) s += "\n  - " + f;
-      if (failed > failures.size())
-        s += "\n  ... and " + std::to_string(failed - failures.size()) + " more";
+      if (failed > failures.size()) s += "\n  ... and " + std::to_string(failed - failures.size()) + " more";
     }
     for (const auto& n : notes) s += "\n  note: " + n;
     return s;

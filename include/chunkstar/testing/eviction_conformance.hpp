@@ -38,10 +38,10 @@ namespace chunkstar::testing {
 
 /** @brief How much `check_eviction_strategy` tries. */
 struct eviction_conformance_options {
-  std::size_t trials = 500;         ///< random candidate sets
-  std::size_t max_candidates = 9;   ///< random sets hold 1..max_candidates candidates
-  bool exhaustive = true;           ///< every set of 3 over a small value domain, in every order
-  std::uint64_t seed = 3;           ///< the random sets' seed (reports are reproducible)
+  std::size_t trials = 500;        ///< random candidate sets
+  std::size_t max_candidates = 9;  ///< random sets hold 1..max_candidates candidates
+  bool exhaustive = true;          ///< every set of 3 over a small value domain, in every order
+  std::uint64_t seed = 3;          ///< the random sets' seed (reports are reproducible)
 };
 
 namespace conformance_detail {
@@ -50,7 +50,9 @@ inline std::string describe_candidates(std::span<const eviction_candidate> c) {
   std::string s = "[";
   const std::size_t shown = std::min<std::size_t>(c.size(), 12);
   for (std::size_t i = 0; i < shown; ++i) {
-    auto size = [](std::size_t v) { return v == std::numeric_limits<std::size_t>::max() ? std::string("SIZE_MAX") : std::to_string(v); };
+    auto size = [](std::size_t v) {
+      return v == std::numeric_limits<std::size_t>::max() ? std::string("SIZE_MAX") : std::to_string(v);
+    };
     s += (i ? ", " : "") + to_string(c[i].id) + "{bytes " + size(c[i].bytes) + ", last_use " + size(c[i].last_use) +
          ", next_use " + describe_value(c[i].next_use) + ", loaded_at " + size(c[i].loaded_at) + "}";
   }
@@ -127,13 +129,16 @@ template <EvictionStrategy E>
   };
 
   // The laws on one candidate set (distinct ids): determinism, order independence, trace independence.
-  auto check_set = [&](const std::vector<eviction_candidate>& c, std::size_t shuffles, conformance_detail::conformance_rng& rng) {
+  auto check_set = [&](const std::vector<eviction_candidate>& c, std::size_t shuffles,
+                       conformance_detail::conformance_rng& rng) {
     const auto v = pick(e, c);
     if (!v) return;
     const chunk_id victim = c[*v].id;
     if (c.size() == 1) r.expect(*v == 0, "pick of a single candidate must be 0");
     const auto again = pick(e, c);
-    r.expect(!again || *again == *v, [&] { return "not deterministic: a repeat pick differs on " + conformance_detail::describe_candidates(c); });
+    r.expect(!again || *again == *v, [&] {
+      return "not deterministic: a repeat pick differs on " + conformance_detail::describe_candidates(c);
+    });
     const std::vector<eviction_candidate> moved(c.begin(), c.end());  // same values, other address
     const auto there = pick(e, moved);
     r.expect(!there || *there == *v, [&] {
@@ -143,14 +148,17 @@ template <EvictionStrategy E>
     if constexpr (std::copy_constructible<E>) {
       const E copy = e;
       const auto by_copy = pick(copy, c);
-      r.expect(!by_copy || *by_copy == *v, [&] { return "a copy of the strategy picks differently on " + conformance_detail::describe_candidates(c); });
+      r.expect(!by_copy || *by_copy == *v, [&] {
+        return "a copy of the strategy picks differently on " + conformance_detail::describe_candidates(c);
+      });
     }
     auto same_victim = [&](const std::vector<eviction_candidate>& perm, const char* how) {
       const auto p = pick(e, perm);
       r.expect(!p || perm[*p].id == victim, [&] {
         return std::string("depends on the candidates' order (") + how + "): picks " + to_string(victim) + " in " +
-               conformance_detail::describe_candidates(c) + " but " + (p ? to_string(perm[*p].id) : std::string("nothing")) +
-               " in " + conformance_detail::describe_candidates(perm) + "; break ties by chunk id";
+               conformance_detail::describe_candidates(c) + " but " +
+               (p ? to_string(perm[*p].id) : std::string("nothing")) + " in " +
+               conformance_detail::describe_candidates(perm) + "; break ties by chunk id";
       });
     };
     if (c.size() > 1) {
@@ -248,7 +256,8 @@ template <EvictionStrategy E>
             const auto p = pick(e, perm);
             r.expect(!p || perm[*p].id == c[*v].id, [&] {
               return "depends on the candidates' order: picks " + to_string(c[*v].id) + " in " +
-                     conformance_detail::describe_candidates(c) + " but not in " + conformance_detail::describe_candidates(perm);
+                     conformance_detail::describe_candidates(c) + " but not in " +
+                     conformance_detail::describe_candidates(perm);
             });
           }
           if constexpr (!uses_trace) {
@@ -256,7 +265,8 @@ template <EvictionStrategy E>
             for (auto& x : blind) x.next_use = never;
             const auto p = pick(e, blind);
             r.expect(!p || blind[*p].id == c[*v].id, [&] {
-              return "uses_trace is false, yet the pick changes with next_use: " + conformance_detail::describe_candidates(c);
+              return "uses_trace is false, yet the pick changes with next_use: " +
+                     conformance_detail::describe_candidates(c);
             });
           }
         }
@@ -269,7 +279,9 @@ template <EvictionStrategy E>
     std::vector<eviction_candidate> extreme(3);
     for (std::size_t i = 0; i < 3; ++i)
       extreme[i] = {{chunk_kind::variance, static_cast<std::uint32_t>(std::numeric_limits<std::uint32_t>::max() - i)},
-                    std::numeric_limits<std::size_t>::max(), std::numeric_limits<std::size_t>::max(), never,
+                    std::numeric_limits<std::size_t>::max(),
+                    std::numeric_limits<std::size_t>::max(),
+                    never,
                     std::numeric_limits<std::size_t>::max()};
     check_set(extreme, 2, rng);
   }

@@ -109,11 +109,12 @@ inline std::vector<std::vector<std::size_t>> all_size_lists(std::size_t max_len,
   if (auto v = plan_violation(specs, p)) return v;
   auto str = [](std::size_t v) { return std::to_string(v); };
   auto who = [&](std::size_t i) { return "tensor " + str(i) + " ('" + specs[i].name + "')"; };
-  if (p.align_elems != align) return "plan.align_elems is " + str(p.align_elems) + ", the layout aligns to " + str(align);
+  if (p.align_elems != align)
+    return "plan.align_elems is " + str(p.align_elems) + ", the layout aligns to " + str(align);
   if (specs.empty() && p.num_chunks != 0) return "no tensors but " + str(p.num_chunks) + " chunks";
   if (p.num_chunks > 0 && (p.chunk_elems % align != 0 || p.chunk_elems > max_chunk_elems))
-    return "chunk_elems " + str(p.chunk_elems) + " is not a positive multiple of " + str(align) + " <= " +
-           str(max_chunk_elems);
+    return "chunk_elems " + str(p.chunk_elems) + " is not a positive multiple of " + str(align) +
+           " <= " + str(max_chunk_elems);
   for (std::size_t c = 0; c < p.num_chunks; ++c)
     if (p.chunk_tensors[c].empty()) return "chunk " + str(c) + " holds no tensor";
 
@@ -125,10 +126,11 @@ inline std::vector<std::vector<std::size_t>> all_size_lists(std::size_t max_len,
     const tensor_slot& s = p.slots[i];
     if (i > 0) {
       const tensor_slot& prev = p.slots[i - 1];
-      if (s.chunk < prev.chunk) return who(i) + ": placed in an earlier chunk than tensor " + str(i - 1) + ": order not kept";
+      if (s.chunk < prev.chunk)
+        return who(i) + ": placed in an earlier chunk than tensor " + str(i - 1) + ": order not kept";
       if (s.chunk == prev.chunk && s.offset < max_end)
-        return who(i) + ": starts at " + str(s.offset) + " before an earlier tensor of its chunk ends (" + str(max_end) +
-               "): order not kept";
+        return who(i) + ": starts at " + str(s.offset) + " before an earlier tensor of its chunk ends (" +
+               str(max_end) + "): order not kept";
       if (s.chunk != prev.chunk) max_end = 0;
     }
     max_end = std::max(max_end, s.offset + s.numel);
@@ -236,8 +238,8 @@ inline std::vector<tensor_spec> respecified(std::span<const tensor_spec> specs) 
 /** @brief Checks the `ChunkLayout` laws (see the file comment) on the layouts @p make builds:
  *  `make(max_chunk_elems, align_elems)` returns a `ChunkLayout`. */
 template <class Make>
-  requires std::invocable<Make&, std::size_t, std::size_t> &&
-           ChunkLayout<std::remove_cvref_t<std::invoke_result_t<Make&, std::size_t, std::size_t>>>
+requires std::invocable<Make&, std::size_t, std::size_t> &&
+    ChunkLayout<std::remove_cvref_t<std::invoke_result_t<Make&, std::size_t, std::size_t>>>
 [[nodiscard]] conformance_report check_chunk_layout(Make&& make, const layout_conformance_options& o = {}) {
   using L = std::remove_cvref_t<std::invoke_result_t<Make&, std::size_t, std::size_t>>;
   conformance_report r;
@@ -256,8 +258,9 @@ template <class Make>
       ++rejected;
       try {
         (void)layout.plan(specs);
-        r.fail(where() + "a tensor larger than the chunk bound was accepted (a tensor never straddles chunks: "
-                         "plan() must throw config_error naming it)");
+        r.fail(where() +
+               "a tensor larger than the chunk bound was accepted (a tensor never straddles chunks: "
+               "plan() must throw config_error naming it)");
       } catch (const config_error& e) {
         bool named = false;  // which oversized tensor it names, when several are, is the layout's choice
         for (std::size_t i = 0; i < sizes.size(); ++i)
@@ -279,15 +282,18 @@ template <class Make>
     const auto bad = plan_law_violation(specs, p, align, bound);
     if (!r.expect(!bad, [&] { return where() + *bad; })) return;
     try {
-      r.expect(conformance_detail::same_plan(layout.plan(specs), p), [&] { return where() + "not deterministic: a second plan() differs"; });
+      r.expect(conformance_detail::same_plan(layout.plan(specs), p),
+               [&] { return where() + "not deterministic: a second plan() differs"; });
       if (planned % 4 != 1) return;  // the copy and the renamed specs on every fourth case: the domain is redundant
       if constexpr (std::copy_constructible<L>) {
         const L copy = layout;
-        r.expect(conformance_detail::same_plan(copy.plan(specs), p), [&] { return where() + "a copy of the layout plans differently"; });
+        r.expect(conformance_detail::same_plan(copy.plan(specs), p),
+                 [&] { return where() + "a copy of the layout plans differently"; });
       }
       r.expect(conformance_detail::same_plan(layout.plan(other), p), [&] {
-        return where() + "the plan changes with the tensors' names, dtypes, roles or shapes, not only their element "
-                         "counts (the layout only needs numel())";
+        return where() +
+               "the plan changes with the tensors' names, dtypes, roles or shapes, not only their element "
+               "counts (the layout only needs numel())";
       });
     } catch (...) {
       r.fail(where() + "plan() threw on a repeat: " + current_exception_message());
@@ -309,7 +315,8 @@ template <class Make>
       for (std::size_t align = 1; align <= o.max_align; ++align)
         for (std::size_t bound = align; bound <= o.max_chunk_elems; bound += align) {
           const auto layout = make(bound, align);
-          for (std::size_t k = 0; k < lists.size(); ++k) check_case(layout, align, bound, lists[k], specs[k], others[k]);
+          for (std::size_t k = 0; k < lists.size(); ++k)
+            check_case(layout, align, bound, lists[k], specs[k], others[k]);
         }
     }
 
@@ -336,15 +343,18 @@ template <class Make>
                "an empty tensor list must give a plan with no chunks");
     }
     {
-      const std::vector<tensor_spec> specs{spec_of_numel(10, 0), {"h.3.mlp.c_fc.weight", {13, 5}, dtype::f16, tensor_role::weight}};
+      const std::vector<tensor_spec> specs{spec_of_numel(10, 0),
+                                           {"h.3.mlp.c_fc.weight", {13, 5}, dtype::f16, tensor_role::weight}};
       try {
         (void)layout.plan(specs);
         r.fail("a 65-element tensor was accepted by a layout whose chunks hold at most 64");
       } catch (const config_error& e) {
         const std::string m = e.what();
-        r.expect(conformance_detail::names_token(m, "h.3.mlp.c_fc.weight") && conformance_detail::names_token(m, "65") && conformance_detail::names_token(m, "64"),
+        r.expect(conformance_detail::names_token(m, "h.3.mlp.c_fc.weight") &&
+                     conformance_detail::names_token(m, "65") && conformance_detail::names_token(m, "64"),
                  "the config_error for a 65-element tensor 'h.3.mlp.c_fc.weight' over a 64-element bound must name the "
-                 "tensor and both sizes: " + m);
+                 "tensor and both sizes: " +
+                     m);
       } catch (...) {
         r.fail("an oversized tensor must throw config_error, not: " + current_exception_message());
       }

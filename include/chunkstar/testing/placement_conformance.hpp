@@ -45,10 +45,9 @@ inline std::string describe_inputs(const placement_inputs& in) {
   return "{moment " + v(in.moment) + " (" + std::string(moment_kind_name(in.kind)) + "), device_capacity " +
          v(in.device_capacity) + ", non_model_now " + v(in.non_model_now) + ", trace_ready " +
          (in.trace_ready ? "true" : "false") + ", non_model_peak_here " + v(in.non_model_peak_here) +
-         ", non_model_peak_next " + v(in.non_model_peak_next) + ", non_model_peak_max " +
-         v(in.non_model_peak_max) + ", total_chunk_bytes " + v(in.total_chunk_bytes) + ", compute_chunk_bytes " +
-         v(in.compute_chunk_bytes) + ", step_chunk_bytes " + v(in.step_chunk_bytes) + ", num_chunks " +
-         v(in.num_chunks) + "}";
+         ", non_model_peak_next " + v(in.non_model_peak_next) + ", non_model_peak_max " + v(in.non_model_peak_max) +
+         ", total_chunk_bytes " + v(in.total_chunk_bytes) + ", compute_chunk_bytes " + v(in.compute_chunk_bytes) +
+         ", step_chunk_bytes " + v(in.step_chunk_bytes) + ", num_chunks " + v(in.num_chunks) + "}";
 }
 
 /** @brief Inputs as the runtime fills them (peaks within capacity or not, chunk bytes consistent). */
@@ -126,8 +125,8 @@ template <PlacementPolicy P>
       return policy.optimizer_tier(in, c);
     } catch (...) {
       threw = true;
-      r.fail("optimizer_tier(in, " + std::to_string(c) + ") threw on " + conformance_detail::describe_inputs(in) + ": " +
-             current_exception_message());
+      r.fail("optimizer_tier(in, " + std::to_string(c) + ") threw on " + conformance_detail::describe_inputs(in) +
+             ": " + current_exception_message());
       return std::nullopt;
     }
   };
@@ -151,31 +150,32 @@ template <PlacementPolicy P>
   };
   auto same_answers = [&](const answers& want, const answers& got, const char* how) {
     r.expect(!want.budget || !got.budget || *want.budget == *got.budget, [&] {
-      return std::string("chunk_budget is not a pure function of its inputs (") + how + "): " +
-             std::to_string(*want.budget) + " then " + std::to_string(*got.budget) + " for " +
+      return std::string("chunk_budget is not a pure function of its inputs (") + how +
+             "): " + std::to_string(*want.budget) + " then " + std::to_string(*got.budget) + " for " +
              conformance_detail::describe_inputs(want.in);
     });
     const auto cs = indices(want.in);
     for (std::size_t k = 0; k < cs.size() && k < got.tiers.size(); ++k)
       r.expect(!want.tiers[k] || !got.tiers[k] || *want.tiers[k] == *got.tiers[k], [&] {
         return std::string("optimizer_tier(in, ") + std::to_string(cs[k]) + ") is not a pure function of (in, c) (" +
-               how + "): " + std::string(tier_name(*want.tiers[k])) + " then " +
-               std::string(tier_name(*got.tiers[k])) + " for " + conformance_detail::describe_inputs(want.in);
+               how + "): " + std::string(tier_name(*want.tiers[k])) + " then " + std::string(tier_name(*got.tiers[k])) +
+               " for " + conformance_detail::describe_inputs(want.in);
       });
   };
 
   conformance_detail::conformance_rng rng(o.seed);
   std::optional<answers> previous;
   for (std::size_t trial = 0; trial < o.trials + o.trials / 3 && !threw; ++trial) {
-    const placement_inputs in =
-        trial < o.trials ? conformance_detail::random_placement_inputs(rng) : conformance_detail::edge_placement_inputs(rng);
+    const placement_inputs in = trial < o.trials ? conformance_detail::random_placement_inputs(rng)
+                                                 : conformance_detail::edge_placement_inputs(rng);
     const answers first = ask(p, in);
     if (threw) break;
     const auto cs = indices(in);
     for (std::size_t k = 0; k < cs.size(); ++k)
       r.expect(!first.tiers[k] || *first.tiers[k] == tier::device || *first.tiers[k] == tier::host, [&] {
-        return "optimizer_tier(in, " + std::to_string(cs[k]) + ") returned tier::" +
-               std::string(tier_name(*first.tiers[k])) + "; an optimizer step runs on tier::device or tier::host only (" +
+        return "optimizer_tier(in, " + std::to_string(cs[k]) +
+               ") returned tier::" + std::string(tier_name(*first.tiers[k])) +
+               "; an optimizer step runs on tier::device or tier::host only (" +
                conformance_detail::describe_inputs(in) + ")";
       });
     same_answers(first, ask(p, in), "a repeat");

@@ -50,7 +50,9 @@ namespace shard_store_detail {
 
 /** The two shards every store under test gets. */
 inline std::vector<std::vector<rtp::shard_segment>> shards() {
-  return {{{"a.w@0", 0, 24, tensor_role::weight}, {"a.b@0", 24, 8, tensor_role::bias}, {"b.w@0", 32, 16, tensor_role::weight}},
+  return {{{"a.w@0", 0, 24, tensor_role::weight},
+           {"a.b@0", 24, 8, tensor_role::bias},
+           {"b.w@0", 32, 16, tensor_role::weight}},
           {{"emb@0", 0, 40, tensor_role::embedding}}};
 }
 inline std::size_t elems(const std::vector<rtp::shard_segment>& s) { return s.back().offset + s.back().elems; }
@@ -59,18 +61,19 @@ inline std::size_t elems(const std::vector<rtp::shard_segment>& s) { return s.ba
 inline std::vector<float> values(std::size_t n, std::size_t shard, int list, int salt) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i)
-    v[i] = 0.25f * std::sin(0.37f * static_cast<float>(i + 1) + 1.3f * static_cast<float>(shard) + 0.7f * static_cast<float>(list) +
-                            0.11f * static_cast<float>(salt));
+    v[i] = 0.25f * std::sin(0.37f * static_cast<float>(i + 1) + 1.3f * static_cast<float>(shard) +
+                            0.7f * static_cast<float>(list) + 0.11f * static_cast<float>(salt));
   return v;
 }
 
 inline bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](float x, float y) {
-           return std::memcmp(&x, &y, sizeof x) == 0;
-         });
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; });
 }
 
-inline bool close(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max({std::abs(a), std::abs(b), 1e-30}); }
+inline bool close(double a, double b, double rel) {
+  return std::abs(a - b) <= rel * std::max({std::abs(a), std::abs(b), 1e-30});
+}
 
 }  // namespace shard_store_detail
 
@@ -93,8 +96,10 @@ template <rtp::ShardStore S, class WithStore>
     try {
       with_store([&](S& s) {
         for (std::size_t k = 0; k < layout.size(); ++k) {
-          const std::size_t got = k == 1 ? s.add_shard(d::elems(layout[k]), layout[k], second_counted) : s.add_shard(d::elems(layout[k]), layout[k]);
-          r.expect(got == k, [&] { return "add_shard returned " + std::to_string(got) + " for shard " + std::to_string(k); });
+          const std::size_t got = k == 1 ? s.add_shard(d::elems(layout[k]), layout[k], second_counted)
+                                         : s.add_shard(d::elems(layout[k]), layout[k]);
+          r.expect(got == k,
+                   [&] { return "add_shard returned " + std::to_string(got) + " for shard " + std::to_string(k); });
         }
         s.finalize();
         for (std::size_t k = 0; k < layout.size(); ++k)
@@ -147,9 +152,11 @@ template <rtp::ShardStore S, class WithStore>
       lists[kind == chunk_kind::param ? 0 : kind == chunk_kind::momentum ? 1 : 2] = v;
     }
     for (const auto& seg : layout[k])
-      adam_update(std::span<float>(lists[0]).subspan(seg.offset, seg.elems), std::span<float>(lists[1]).subspan(seg.offset, seg.elems),
-                  std::span<float>(lists[2]).subspan(seg.offset, seg.elems), std::span<const float>(grad).subspan(seg.offset, seg.elems),
-                  std::span<float>(), groups.hyper_for(seg.role, base), adam_step_args{.step = t, .grad_scale = scale});
+      adam_update(std::span<float>(lists[0]).subspan(seg.offset, seg.elems),
+                  std::span<float>(lists[1]).subspan(seg.offset, seg.elems),
+                  std::span<float>(lists[2]).subspan(seg.offset, seg.elems),
+                  std::span<const float>(grad).subspan(seg.offset, seg.elems), std::span<float>(),
+                  groups.hyper_for(seg.role, base), adam_step_args{.step = t, .grad_scale = scale});
     return lists;
   };
 
@@ -167,7 +174,9 @@ template <rtp::ShardStore S, class WithStore>
         } catch (const config_error&) {
           refused = true;
         }
-        r.expect(refused, [&] { return "add_shard(10, segments starting with '" + segs[0].name + "') was accepted: they do not tile it"; });
+        r.expect(refused, [&] {
+          return "add_shard(10, segments starting with '" + segs[0].name + "') was accepted: they do not tile it";
+        });
       }
     });
   } catch (const std::exception& e) {
@@ -181,14 +190,16 @@ template <rtp::ShardStore S, class WithStore>
       for (const auto kind : {chunk_kind::param, chunk_kind::grad, chunk_kind::momentum, chunk_kind::variance}) {
         const auto v = d::values(n, k, 20 + static_cast<int>(kind), 1);
         s.write(k, kind, v);
-        r.expect(d::same_bits(read(s, k, kind), v),
-                 [&] { return "read after write differs: shard " + std::to_string(k) + ", " + std::string(chunk_kind_name(kind)); });
+        r.expect(d::same_bits(read(s, k, kind), v), [&] {
+          return "read after write differs: shard " + std::to_string(k) + ", " + std::string(chunk_kind_name(kind));
+        });
       }
     }
     s.zero_grad();
     for (std::size_t k = 0; k < layout.size(); ++k) {
       const auto g = read(s, k, chunk_kind::grad);
-      r.expect(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }), [&] { return "zero_grad left shard " + std::to_string(k) + "'s gradient non-zero"; });
+      r.expect(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }),
+               [&] { return "zero_grad left shard " + std::to_string(k) + "'s gradient non-zero"; });
     }
     const std::vector<std::size_t> all = {0, 1};
     s.stage("forward", false, std::span<const std::size_t>(all), [&] {
@@ -213,13 +224,19 @@ template <rtp::ShardStore S, class WithStore>
     const auto t0 = s.step_count();
     const rtp::shard_step_result res = s.step(base, groups, micro, 0.0f, {});
     r.expect(s.step_count() == t0 + 1, "step() did not count the step");
-    r.expect(res.grad_scale == 1.0f / micro, [&] { return "grad_scale " + std::to_string(res.grad_scale) + ", expected 1 / micro_batches"; });
-    r.expect(res.clip_coefficient == 1.0f && std::isnan(res.grad_norm), "without clipping: coefficient 1 and a NaN norm");
+    r.expect(res.grad_scale == 1.0f / micro,
+             [&] { return "grad_scale " + std::to_string(res.grad_scale) + ", expected 1 / micro_batches"; });
+    r.expect(res.clip_coefficient == 1.0f && std::isnan(res.grad_norm),
+             "without clipping: coefficient 1 and a NaN norm");
     for (std::size_t k = 0; k < layout.size(); ++k) {
       const auto want = reference_step(k, grads[k], 2, t0 + 1, 1.0f / micro);
-      r.expect(d::same_bits(read(s, k, chunk_kind::param), want[0]) && d::same_bits(read(s, k, chunk_kind::momentum), want[1]) &&
+      r.expect(d::same_bits(read(s, k, chunk_kind::param), want[0]) &&
+                   d::same_bits(read(s, k, chunk_kind::momentum), want[1]) &&
                    d::same_bits(read(s, k, chunk_kind::variance), want[2]),
-               [&] { return "shard " + std::to_string(k) + " after step(): not AdamW's bits (adam_update per segment, its role's group)"; });
+               [&] {
+                 return "shard " + std::to_string(k) +
+                        " after step(): not AdamW's bits (adam_update per segment, its role's group)";
+               });
       const auto g = read(s, k, chunk_kind::grad);
       r.expect(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }), "step() did not zero the gradients");
     }
@@ -232,8 +249,10 @@ template <rtp::ShardStore S, class WithStore>
     const auto grads = add_grads(s, 3);
     (void)s.step(base, groups, micro, 0.0f, {});
     for (std::size_t k = 0; k < layout.size(); ++k)
-      r.expect(d::same_bits(read(s, k, chunk_kind::param), reference_step(k, grads[k], 3, 42, 1.0f / micro)[0]),
-               [&] { return "after restore_step_count(41) the step's bias correction was not for step 42 (shard " + std::to_string(k) + ")"; });
+      r.expect(d::same_bits(read(s, k, chunk_kind::param), reference_step(k, grads[k], 3, 42, 1.0f / micro)[0]), [&] {
+        return "after restore_step_count(41) the step's bias correction was not for step 42 (shard " +
+               std::to_string(k) + ")";
+      });
   });
 
   // A step with clipping: the global sum of squares decides, and the same inputs give the same bits.
@@ -258,26 +277,32 @@ template <rtp::ShardStore S, class WithStore>
       });
       const clip_result want = clip_coefficient(4.0 * local, max_norm);
       r.expect(calls == 1 && d::close(seen, local, 1e-6), [&] {
-        return "global_sum_sq was called " + std::to_string(calls) + " times with " + std::to_string(seen) + ", expected once with " +
-               std::to_string(local) + " (the sum of squares of the gradients / micro_batches" +
+        return "global_sum_sq was called " + std::to_string(calls) + " times with " + std::to_string(seen) +
+               ", expected once with " + std::to_string(local) +
+               " (the sum of squares of the gradients / micro_batches" +
                (second_counted ? ")" : ", shard 1 left out: it was added with counted_in_norm false)");
       });
       r.expect(d::close(res.grad_norm, want.norm, 1e-6) && d::close(res.clip_coefficient, want.coefficient, 1e-6) &&
                    d::close(res.grad_scale, want.coefficient / micro, 1e-6),
                [&] {
-                 return "clipping: norm " + std::to_string(res.grad_norm) + ", coefficient " + std::to_string(res.clip_coefficient) +
-                        ", expected " + std::to_string(want.norm) + ", " + std::to_string(want.coefficient);
+                 return "clipping: norm " + std::to_string(res.grad_norm) + ", coefficient " +
+                        std::to_string(res.clip_coefficient) + ", expected " + std::to_string(want.norm) + ", " +
+                        std::to_string(want.coefficient);
                });
       std::vector<std::vector<float>> now;
       for (std::size_t k = 0; k < layout.size(); ++k) {
         const auto w = read(s, k, chunk_kind::param);
         const auto ref = reference_step(k, grads[k], 4, 1, res.grad_scale)[0];
         double worst = 0;
-        for (std::size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(w[i]) - ref[i]));
-        r.expect(worst <= 1e-6, [&] { return "clipped step on shard " + std::to_string(k) + " is " + std::to_string(worst) + " from AdamW"; });
+        for (std::size_t i = 0; i < w.size(); ++i)
+          worst = std::max(worst, std::abs(static_cast<double>(w[i]) - ref[i]));
+        r.expect(worst <= 1e-6, [&] {
+          return "clipped step on shard " + std::to_string(k) + " is " + std::to_string(worst) + " from AdamW";
+        });
         now.push_back(w);
       }
-      if (trial == 0) first_result = now;
+      if (trial == 0)
+        first_result = now;
       else if (trial == 1)
         for (std::size_t k = 0; k < now.size(); ++k)
           r.expect(d::same_bits(now[k], first_result[k]), "two stores given the same inputs ended with different bits");
@@ -291,7 +316,8 @@ template <rtp::ShardStore S, class WithStore>
     for (int round = 0; round < 3; ++round) {
       constexpr std::size_t n = 1000;
       float* p = s.allocate(n);
-      r.expect(std::all_of(p, p + n, [](float x) { return x == 0.0f; }), "allocate(n) returned memory that is not zeroed");
+      r.expect(std::all_of(p, p + n, [](float x) { return x == 0.0f; }),
+               "allocate(n) returned memory that is not zeroed");
       std::fill(p, p + n, 3.0f);
       s.deallocate(p, n);
     }

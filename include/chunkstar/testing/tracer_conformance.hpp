@@ -84,8 +84,8 @@ struct trace_reference {
   std::vector<std::string> names;
   std::vector<std::vector<std::size_t>> levels;  // per moment: the level at opening, then after each change
   std::vector<trace_access> accesses;
-  std::vector<chunk_id> chunks;                   // distinct, in first-use order
-  const trace_script* script;                     // for messages
+  std::vector<chunk_id> chunks;  // distinct, in first-use order
+  const trace_script* script;    // for messages
 
   explicit trace_reference(const trace_script& s) : script(&s) {
     std::size_t level = 0;  // below carry_floor, like any carried level
@@ -126,8 +126,7 @@ inline std::string describe_script(const trace_script& s) {
   for (std::size_t m = 0; m < s.size(); ++m) {
     if (m) out += "; ";
     out += std::to_string(m) + ":" + std::string(moment_kind_name(s[m].kind)) + " '" + s[m].name + "'";
-    for (const auto& e : s[m].events)
-      out += e.access ? " use " + to_string(e.id) : " level " + std::to_string(e.bytes);
+    for (const auto& e : s[m].events) out += e.access ? " use " + to_string(e.id) : " level " + std::to_string(e.bytes);
   }
   return out + "]";
 }
@@ -142,8 +141,10 @@ inline trace_script random_script(conformance_rng& rng, std::size_t max_moments)
     m.name = std::string(names[rng.below(6)]);  // repeats, as forward and backward of one layer do
     const std::size_t events = rng.below(5);
     for (std::size_t e = 0; e < events; ++e) {
-      if (rng.below(5) < 3) m.events.push_back({true, pool[rng.below(6)], 0});
-      else m.events.push_back({false, {}, rng.below(2 * carry_floor)});
+      if (rng.below(5) < 3)
+        m.events.push_back({true, pool[rng.below(6)], 0});
+      else
+        m.events.push_back({false, {}, rng.below(2 * carry_floor)});
     }
   }
   auto& first = s.front().events;
@@ -153,7 +154,8 @@ inline trace_script random_script(conformance_rng& rng, std::size_t max_moments)
   const std::size_t high = carry_floor + rng.below(carry_floor);
   first.insert(first.begin() + static_cast<std::ptrdiff_t>(at), trace_event{false, {}, high});
   for (auto m = s.rbegin(); m != s.rend(); ++m) {
-    const auto last = std::find_if(m->events.rbegin(), m->events.rend(), [](const trace_event& e) { return !e.access; });
+    const auto last =
+        std::find_if(m->events.rbegin(), m->events.rend(), [](const trace_event& e) { return !e.access; });
     if (last == m->events.rend()) continue;
     if (last->bytes >= carry_floor) s.back().events.push_back({false, {}, rng.below(carry_floor)});
     break;
@@ -166,7 +168,7 @@ inline trace_script random_script(conformance_rng& rng, std::size_t max_moments)
 /** @brief Checks the `Tracer` laws (see the file comment) on tracers made by @p make, a callable
  *  returning a fresh tracer that has observed nothing (it is called once per script). */
 template <class Make>
-  requires std::invocable<Make&> && Tracer<std::remove_cvref_t<std::invoke_result_t<Make&>>>
+requires std::invocable<Make&> && Tracer<std::remove_cvref_t<std::invoke_result_t<Make&>>>
 [[nodiscard]] conformance_report check_tracer(Make&& make, const tracer_conformance_options& o = {}) {
   using conformance_detail::trace_reference;
   using conformance_detail::trace_script;
@@ -216,15 +218,17 @@ template <class Make>
         for (std::size_t m = 0; m < n; ++m) {
           for (std::size_t wrap : {std::size_t{0}, n, 3 * n})
             r.expect(t.kind_of(m + wrap) == ref.kinds[m], [&] {
-              return ctx + ": kind_of(" + std::to_string(m + wrap) + ") is " + std::string(moment_kind_name(t.kind_of(m + wrap))) +
-                     ", the trace's moment " + std::to_string(m) + " is " + std::string(moment_kind_name(ref.kinds[m])) +
+              return ctx + ": kind_of(" + std::to_string(m + wrap) + ") is " +
+                     std::string(moment_kind_name(t.kind_of(m + wrap))) + ", the trace's moment " + std::to_string(m) +
+                     " is " + std::string(moment_kind_name(ref.kinds[m])) +
                      (wrap ? " (moments past the end wrap into the next iteration)" : "");
             });
           eq(t.non_model_peak(m), ref.peak_from(m, 0), [&] { return "non_model_peak(" + num(m) + ")"; });
           eq(t.non_model_peak(m + n), ref.peak_from(m, 0),
              [&] { return "non_model_peak(" + num(m + n) + ") (wraps to moment " + num(m) + ")"; });
-          eq(t.non_model_peak_from(m, 0), t.non_model_peak(m),
-             [&] { return "non_model_peak_from(" + num(m) + ", 0), which must equal non_model_peak(" + num(m) + "),"; });
+          eq(t.non_model_peak_from(m, 0), t.non_model_peak(m), [&] {
+            return "non_model_peak_from(" + num(m) + ", 0), which must equal non_model_peak(" + num(m) + "),";
+          });
           for (std::size_t e = 1; e <= ref.changes(m); ++e)
             eq(t.non_model_peak_from(m, e), ref.peak_from(m, e),
                [&] { return "non_model_peak_from(" + num(m) + ", " + num(e) + ")"; });
@@ -243,11 +247,13 @@ template <class Make>
         }
         bool complete = true;
         for (const auto& x : ref.accesses)
-          if (std::none_of(a.begin(), a.end(), [&](const trace_access& y) { return x.moment == y.moment && x.id == y.id; }))
+          if (std::none_of(a.begin(), a.end(),
+                           [&](const trace_access& y) { return x.moment == y.moment && x.id == y.id; }))
             complete = false;
         r.expect(ordered, [&] { return ctx + ": accesses() is not in moment order" + trace(); });
         r.expect(in_range, [&] { return ctx + ": accesses() holds a moment >= num_moments()" + trace(); });
-        r.expect(recorded, [&] { return ctx + ": accesses() holds a (moment, chunk) that was never recorded" + trace(); });
+        r.expect(recorded,
+                 [&] { return ctx + ": accesses() holds a (moment, chunk) that was never recorded" + trace(); });
         r.expect(complete, [&] { return ctx + ": accesses() misses a recorded (moment, chunk)" + trace(); });
         for (std::size_t m = 0; m <= n; ++m) {
           std::size_t first = 0;
@@ -274,7 +280,8 @@ template <class Make>
           r.expect(got == m, [&] {
             return ctx + ": open_moment returned " + std::to_string(got) + "; moments count from 0 in every iteration";
           });
-          r.expect(t.current_moment() == m, [&] { return ctx + ": current_moment() is " + std::to_string(t.current_moment()); });
+          r.expect(t.current_moment() == m,
+                   [&] { return ctx + ": current_moment() is " + std::to_string(t.current_moment()); });
           const bool left = diverge_at && m >= *diverge_at;
           if (left) {
             r.expect(!t.ready(), [&] {
@@ -283,14 +290,16 @@ template <class Make>
             });
             if (m == *diverge_at)
               r.expect(t.stats().divergences == before.divergences + 1, [&] {
-                return ctx + ": leaving the trace counted " + std::to_string(t.stats().divergences - before.divergences) +
-                       " divergences, not 1";
+                return ctx + ": leaving the trace counted " +
+                       std::to_string(t.stats().divergences - before.divergences) + " divergences, not 1";
               });
           } else if (must_be_ready) {
             r.expect(t.ready(), [&] { return ctx + ": not ready() though the trace matches this iteration so far"; });
           }
-          if (t.ready() && current && !injected) check_answers(*current);
-          else if (!t.ready()) check_neutral(current ? *current : ref);
+          if (t.ready() && current && !injected)
+            check_answers(*current);
+          else if (!t.ready())
+            check_neutral(current ? *current : ref);
           if (inject_at && m == *inject_at && t.ready()) {
             t.record_non_model(t.non_model_peak(m) + 1);
             t.record_non_model(level);
@@ -313,12 +322,12 @@ template <class Make>
                  std::to_string(after.iterations) + " over one iteration";
         });
         if (!diverge_at)
-          r.expect(after.divergences == before.divergences, [&] {
-            return ctx + ": an iteration identical to the trace counted a divergence";
-          });
+          r.expect(after.divergences == before.divergences,
+                   [&] { return ctx + ": an iteration identical to the trace counted a divergence"; });
         if (diverge_at)
           r.expect(after.traces > before.traces, [&] {
-            return ctx + ": the iteration left the trace, but stats().traces did not grow: it must be adopted at its end";
+            return ctx +
+                   ": the iteration left the trace, but stats().traces did not grow: it must be adopted at its end";
           });
         if (inject_at)
           r.expect(after.memory_divergences == before.memory_divergences + 1, [&] {
@@ -326,9 +335,8 @@ template <class Make>
                    std::to_string(after.memory_divergences - before.memory_divergences) + " memory divergences, not 1";
           });
         else
-          r.expect(after.memory_divergences == before.memory_divergences, [&] {
-            return ctx + ": no level exceeded a recorded peak, yet a memory divergence was counted";
-          });
+          r.expect(after.memory_divergences == before.memory_divergences,
+                   [&] { return ctx + ": no level exceeded a recorded peak, yet a memory divergence was counted"; });
       };
 
       ctx = "a fresh tracer";
@@ -348,15 +356,21 @@ template <class Make>
           for (std::size_t m = 0; m < s.size(); ++m) {
             ctx = "first iteration, moment " + std::to_string(m);
             const std::size_t got = t.open_moment(s[m].kind, s[m].name);
-            r.expect(got == m, [&] { return ctx + ": open_moment returned " + std::to_string(got) + ", not " + std::to_string(m); });
-            r.expect(t.current_moment() == m, [&] { return ctx + ": current_moment() is " + std::to_string(t.current_moment()); });
-            r.expect(!t.ready(), [&] { return ctx + ": ready() during the first iteration, before any trace was adopted"; });
+            r.expect(got == m, [&] {
+              return ctx + ": open_moment returned " + std::to_string(got) + ", not " + std::to_string(m);
+            });
+            r.expect(t.current_moment() == m,
+                     [&] { return ctx + ": current_moment() is " + std::to_string(t.current_moment()); });
+            r.expect(!t.ready(),
+                     [&] { return ctx + ": ready() during the first iteration, before any trace was adopted"; });
             if (!t.ready()) check_neutral(ref_s);
             for (const auto& e : s[m].events) e.access ? t.record_access(e.id) : t.record_non_model(e.bytes);
           }
           t.end_iteration();
-          r.expect(t.stats().iterations == before.iterations + 1, "stats().iterations did not count the first iteration");
-          r.expect(t.stats().divergences == 0, "the first iteration counted a divergence, though there was no trace to leave");
+          r.expect(t.stats().iterations == before.iterations + 1,
+                   "stats().iterations did not count the first iteration");
+          r.expect(t.stats().divergences == 0,
+                   "the first iteration counted a divergence, though there was no trace to leave");
         } else {
           run(s, &ref_s, std::nullopt, was_ready, std::nullopt, "repeating one iteration");
         }
@@ -402,7 +416,8 @@ template <class Make>
       // Phase 5: one level above a moment's recorded peak.
       run(s4, &ref_s4, std::nullopt, true, rng.below(s4.size()), "exceeding a recorded peak");
     } catch (...) {
-      r.fail("the tracer threw on script " + conformance_detail::describe_script(s) + ": " + current_exception_message());
+      r.fail("the tracer threw on script " + conformance_detail::describe_script(s) + ": " +
+             current_exception_message());
       break;
     }
   }
@@ -413,7 +428,7 @@ template <class Make>
 
 /** @brief `check_tracer` on default-constructed tracers. */
 template <Tracer T>
-  requires std::default_initializable<T>
+requires std::default_initializable<T>
 [[nodiscard]] conformance_report check_tracer(const tracer_conformance_options& o = {}) {
   return check_tracer([] { return T{}; }, o);
 }

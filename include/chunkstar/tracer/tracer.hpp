@@ -26,9 +26,9 @@ struct trace_access {
 
 /** @brief What a tracer has seen. */
 struct tracer_stats {
-  std::size_t iterations = 0;   ///< iterations observed
-  std::size_t traces = 0;       ///< times a trace was (re)adopted
-  std::size_t divergences = 0;  ///< iterations that left the recorded trace
+  std::size_t iterations = 0;          ///< iterations observed
+  std::size_t traces = 0;              ///< times a trace was (re)adopted
+  std::size_t divergences = 0;         ///< iterations that left the recorded trace
   std::size_t memory_divergences = 0;  ///< moments whose non-model memory exceeded the recorded peak
 };
 

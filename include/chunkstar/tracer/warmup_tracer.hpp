@@ -149,10 +149,10 @@ class warmup_tracer {
     ++stats_.traces;
   }
 
-  recording trace_;  // the adopted trace
-  recording rec_;    // the iteration being recorded
+  recording trace_;                                              // the adopted trace
+  recording rec_;                                                // the iteration being recorded
   std::unordered_map<chunk_id, std::vector<std::size_t>> uses_;  // chunk -> moments using it
-  std::vector<std::vector<std::size_t>> tails_;  // per moment: peak from each non-model change on
+  std::vector<std::vector<std::size_t>> tails_;                  // per moment: peak from each non-model change on
   std::size_t moment_ = 0;
   std::size_t carry_ = 0;
   bool open_ = false;

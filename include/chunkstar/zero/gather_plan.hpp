@@ -62,10 +62,10 @@ template <Tracer T>
 
 /** @brief What plan_gathers needs besides the trace. */
 struct gather_plan_inputs {
-  shard_map map;                       ///< ownership (world > 1)
-  std::size_t param_chunk_bytes = 0;   ///< one parameter chunk
-  std::size_t grad_chunk_bytes = 0;    ///< one gradient chunk
-  bool keep_gathered = false;          ///< sharding_options::keep_gathered
+  shard_map map;                      ///< ownership (world > 1)
+  std::size_t param_chunk_bytes = 0;  ///< one parameter chunk
+  std::size_t grad_chunk_bytes = 0;   ///< one gradient chunk
+  bool keep_gathered = false;         ///< sharding_options::keep_gathered
   /// Per moment: chunk bytes the compute tier may hold while it computes (the placement's budget
   /// after the moment's recorded non-model peak). Shorter than the trace: no gather ahead there.
   std::vector<std::size_t> budget;
@@ -75,12 +75,12 @@ struct gather_plan_inputs {
  *  moment m + 1), and the predicted compute-tier bytes. */
 struct gather_plan {
   std::vector<std::vector<std::size_t>> ahead;  ///< per moment: groups gathered while it computes, for the next
-  std::vector<std::size_t> need;                ///< per moment: owned parameter chunks in use + group buffers + gathers ahead
-  std::vector<std::size_t> buffers;             ///< per moment: group buffers and reduction scratch live (gathers ahead included)
-  std::size_t peak_buffer_bytes = 0;            ///< the most of `buffers`, the optimizer step's reductions included
-  std::size_t gathers = 0;                      ///< allgathers per iteration (ahead or not)
-  std::size_t gathers_ahead = 0;                ///< of which start a moment ahead
-  std::size_t reductions = 0;                   ///< reduce-scatters per iteration
+  std::vector<std::size_t> need;      ///< per moment: owned parameter chunks in use + group buffers + gathers ahead
+  std::vector<std::size_t> buffers;   ///< per moment: group buffers and reduction scratch live (gathers ahead included)
+  std::size_t peak_buffer_bytes = 0;  ///< the most of `buffers`, the optimizer step's reductions included
+  std::size_t gathers = 0;            ///< allgathers per iteration (ahead or not)
+  std::size_t gathers_ahead = 0;      ///< of which start a moment ahead
+  std::size_t reductions = 0;         ///< reduce-scatters per iteration
   /** @brief Whether moment @p m starts gathers for the next one. */
   [[nodiscard]] bool starts_ahead(std::size_t m) const noexcept { return m < ahead.size() && !ahead[m].empty(); }
 };

@@ -34,7 +34,7 @@ class group_buffers {
   ~group_buffers() {
     try {
       if (!groups_.empty()) store_.copier().synchronize();  // no collective still reads them
-    } catch (...) {  // freed anyway: a failed copy is reported by its handle
+    } catch (...) {                                         // freed anyway: a failed copy is reported by its handle
     }
     while (!groups_.empty()) detach(groups_.back().base, tier::free);
   }
@@ -44,13 +44,15 @@ class group_buffers {
    *  Members are pinned until detach; positions without a member are counted as scratch.
    *  Zero-filled when @p zero. @return the buffer. @throws out_of_memory_error (nothing changed)
    *  when the device has no room. */
-  void* attach(std::span<const chunk_id> members, std::span<const std::size_t> at_position, std::size_t positions, bool zero) {
+  void* attach(std::span<const chunk_id> members, std::span<const std::size_t> at_position, std::size_t positions,
+               bool zero) {
     const std::size_t b = store_.bytes_of(members.front().kind), total = positions * b;
     groups_.reserve(groups_.size() + 1);
     group g{nullptr, total, std::vector<chunk_id>(members.begin(), members.end())};
     g.base = store_.allocate_unslotted(total);
     if (g.base == nullptr)
-      throw out_of_memory_error("no room on the device for a group of " + std::to_string(positions) + " chunks (" + format_bytes(total) +
+      throw out_of_memory_error("no room on the device for a group of " + std::to_string(positions) + " chunks (" +
+                                    format_bytes(total) +
                                     ") to gather or reduce: raise the device space's capacity, or use smaller chunks",
                                 total, store_.report());
     if (zero) {
@@ -92,7 +94,8 @@ class group_buffers {
    *  member's own device payload: it stays on the device, unpinned, outside any group. */
   void ungroup(void* base) noexcept {
     const auto it = find(base);
-    if (it == groups_.end() || it->members.size() != 1 || it->bytes != store_.bytes_of(it->members.front().kind)) return;
+    if (it == groups_.end() || it->members.size() != 1 || it->bytes != store_.bytes_of(it->members.front().kind))
+      return;
     const chunk_id id = it->members.front();
     store_.own(id);
     store_.at(id).group = nullptr;
@@ -104,7 +107,9 @@ class group_buffers {
    *  until free_scratch or adopt. @throws out_of_memory_error when there is no room. */
   void* allocate_scratch(std::size_t bytes) {
     void* p = store_.allocate_unslotted(bytes);
-    if (p == nullptr) throw out_of_memory_error("no room on the device for " + format_bytes(bytes) + " of collective buffers", bytes, store_.report());
+    if (p == nullptr)
+      throw out_of_memory_error("no room on the device for " + format_bytes(bytes) + " of collective buffers", bytes,
+                                store_.report());
     return p;
   }
   void free_scratch(void* p, std::size_t bytes) noexcept { store_.free_unslotted(p, bytes); }

@@ -44,9 +44,11 @@ class replicated_gradients {
  public:
   explicit replicated_gradients(Runtime& rt, replicated_gradients_options options = {}) : rt_(rt), options_(options) {
     if (rt.gradients() != gradient_mode::replicated)
-      throw config_error("replicated_gradients needs a runtime built with runtime_options::gradients = gradient_mode::replicated, "
-                         "so that the optimizer takes the summed gradients' norm as the global one");
-    if (options_.max_in_flight == 0) throw config_error("replicated_gradients_options::max_in_flight must be at least 1");
+      throw config_error(
+          "replicated_gradients needs a runtime built with runtime_options::gradients = gradient_mode::replicated, "
+          "so that the optimizer takes the summed gradients' norm as the global one");
+    if (options_.max_in_flight == 0)
+      throw config_error("replicated_gradients_options::max_in_flight must be at least 1");
   }
   replicated_gradients(const replicated_gradients&) = delete;
   replicated_gradients& operator=(const replicated_gradients&) = delete;
@@ -63,7 +65,8 @@ class replicated_gradients {
     for (std::uint32_t c = 0; c < rt_.plan().num_chunks; ++c) {
       if (started_[c] || rt_.where({chunk_kind::grad, c}) == tier::free) continue;
       const std::size_t d = tracer.next_use({chunk_kind::grad, c}, m);
-      if (d != never && m + d < n && tracer.kind_of(m + d) != moment_kind::optimizer) continue;  // more backward to come
+      if (d != never && m + d < n && tracer.kind_of(m + d) != moment_kind::optimizer)
+        continue;  // more backward to come
       start(c);
     }
   }
@@ -93,7 +96,8 @@ class replicated_gradients {
 
   void start(std::uint32_t c) {
     while (in_flight_.size() >= options_.max_in_flight) retire_oldest();
-    auto hold = takes_device_memory_v<typename Runtime::communicator_type> ? rt_.hold_gradient_on_device(c) : rt_.hold_gradient(c);
+    auto hold = takes_device_memory_v<typename Runtime::communicator_type> ? rt_.hold_gradient_on_device(c)
+                                                                           : rt_.hold_gradient(c);
     comm_handle h = rt_.communicator().allreduce_async(hold.data, hold.elems, hold.type, reduce_op::sum);
     in_flight_.push_back({std::move(hold), std::move(h)});
     started_[c] = true;

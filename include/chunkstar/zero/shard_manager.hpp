@@ -86,7 +86,14 @@ class shard_manager {
  public:
   shard_manager(Store& store, Residency& residency, const TracerT& tracer, Comm& comm, sharding_options options,
                 runtime_stats& stats, compute_level& level)
-      : store_(store), buffers_(store), residency_(residency), tracer_(tracer), comm_(comm), options_(options), stats_(stats), level_(level) {
+      : store_(store),
+        buffers_(store),
+        residency_(residency),
+        tracer_(tracer),
+        comm_(comm),
+        options_(options),
+        stats_(stats),
+        level_(level) {
     level.sharded = active();  // gradients then come from group buffers, never zero-filled chunk by chunk
   }
 
@@ -96,7 +103,9 @@ class shard_manager {
   ~shard_manager() { drop(); }
 
   [[nodiscard]] bool active() const noexcept { return options_.enabled && comm_.size() > 1; }
-  [[nodiscard]] shard_map map() const noexcept { return active() ? shard_map{comm_.size(), comm_.rank()} : shard_map{}; }
+  [[nodiscard]] shard_map map() const noexcept {
+    return active() ? shard_map{comm_.size(), comm_.rank()} : shard_map{};
+  }
   [[nodiscard]] const sharding_options& options() const noexcept { return options_; }
 
   /** @brief Before a scope of @p kind over chunks @p ids opens (moment @p m): gathers the groups of
@@ -135,12 +144,12 @@ class shard_manager {
  private:
   /** A unit's state: a group of N chunks, or one chunk in the memory-saving mode. */
   struct group_state {
-    bool gathered = false;   // its parameters are on the compute tier for use
-    void* params = nullptr;  // their buffer (remote chunks attached; none for an owner's own chunk)
+    bool gathered = false;      // its parameters are on the compute tier for use
+    void* params = nullptr;     // their buffer (remote chunks attached; none for an owner's own chunk)
     bool accumulating = false;  // its gradients collect contributions
-    void* grads = nullptr;   // their buffer (chunks without a payload attached; none for a payload of its own)
-    bool reducing = false;   // its reduce-scatter is in flight (grads is its send buffer until done)
-    bool gathering = false;  // its allgather, started ahead, is in flight (params is its receive buffer)
+    void* grads = nullptr;      // their buffer (chunks without a payload attached; none for a payload of its own)
+    bool reducing = false;      // its reduce-scatter is in flight (grads is its send buffer until done)
+    bool gathering = false;     // its allgather, started ahead, is in flight (params is its receive buffer)
   };
 
   /** An allgather started ahead of its moment; this rank's chunk, its send buffer, stays pinned. */
@@ -153,10 +162,10 @@ class shard_manager {
   /** A reduce-scatter started and not yet completed: it runs while the next scope computes. */
   struct reduction_in_flight {
     std::size_t group = 0;
-    typename Store::pin_set own;     // memory-saving mode: the owner's own gradient payload, reduced in place
+    typename Store::pin_set own;  // memory-saving mode: the owner's own gradient payload, reduced in place
     comm_handle done;
-    void* result = nullptr;          // scratch receiving this rank's reduced chunk
-    std::vector<float> send, recv;   // fp32 staging when 16-bit gradients are reduced in fp32
+    void* result = nullptr;         // scratch receiving this rank's reduced chunk
+    std::vector<float> send, recv;  // fp32 staging when 16-bit gradients are reduced in fp32
   };
 
   /** Room for @p bytes more on the compute tier. Reductions in flight hold their buffers; rather
@@ -256,9 +265,9 @@ class shard_manager {
   };
   /** What the first iteration counts while it has no trace (gradient_final_untraced); reset when it ends. */
   struct untraced_counts {
-    std::vector<use_count> uses;                // per chunk
-    int micro_batch = 0;                        // micro-batches begun before this one (a forward after a backward begins one)
-    bool after_backward = false;                // the last traced scope was a backward one
+    std::vector<use_count> uses;  // per chunk
+    int micro_batch = 0;          // micro-batches begun before this one (a forward after a backward begins one)
+    bool after_backward = false;  // the last traced scope was a backward one
     std::vector<std::uint32_t> first_backward;  // each chunk's backward uses in the first micro-batch
   };
   std::string last_scope_;  // the last scope prepared: what a reduction started after it is named by
@@ -267,12 +276,14 @@ class shard_manager {
   std::vector<gather_in_flight> gathering_;     // gathers started ahead, in the order started
   gather_plan plan_;                            // the gathers ahead of the adopted trace
   std::size_t plan_key_ = never;                // tracer_stats::traces when plan_ was made
-  std::size_t closed_at_ = never;  // the moment of the last scope closed, until settle()
-  bool closed_untraced_ = false;   // it was closed inside an untraced section
+  std::size_t closed_at_ = never;               // the moment of the last scope closed, until settle()
+  bool closed_untraced_ = false;                // it was closed inside an untraced section
 };
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(std::span<const chunk_id> ids, moment_kind kind, std::string_view who, std::size_t m) {
+std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(std::span<const chunk_id> ids,
+                                                                              moment_kind kind, std::string_view who,
+                                                                              std::size_t m) {
   std::vector<chunk_id> owned;
   if (!active()) return {ids.begin(), ids.end()};
   last_scope_.assign(who);
@@ -281,13 +292,15 @@ std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(st
   // chunk the scope needs: every rank runs this scope, so every rank takes part in the collective.
   if (!tracer_.ready() && !level_.untraced) {  // the first iteration: count uses (gradient_final_untraced)
     first_.uses.resize(store_.num_chunks());
-    if (kind == moment_kind::forward && first_.after_backward && first_.micro_batch++ == 0) {  // the first micro-batch ended
+    if (kind == moment_kind::forward && first_.after_backward &&
+        first_.micro_batch++ == 0) {  // the first micro-batch ended
       first_.first_backward.resize(first_.uses.size());
       for (std::size_t c = 0; c < first_.uses.size(); ++c) first_.first_backward[c] = first_.uses[c].backward;
     }
     first_.after_backward = kind == moment_kind::backward;
     for (auto id : ids)
-      if ((kind == moment_kind::forward) == (id.kind == chunk_kind::param)) ++(kind == moment_kind::forward ? first_.uses[id.index].forward : first_.uses[id.index].backward);
+      if ((kind == moment_kind::forward) == (id.kind == chunk_kind::param))
+        ++(kind == moment_kind::forward ? first_.uses[id.index].forward : first_.uses[id.index].backward);
   }
   for (auto id : ids) {
     const std::size_t g = unit_of(id.index);
@@ -306,7 +319,8 @@ std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(st
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::gather_ahead(std::size_t m, std::string_view who) {
-  if (!active() || !options_.gather_ahead || memory_saving() || m == never || level_.untraced || !tracer_.ready()) return;
+  if (!active() || !options_.gather_ahead || memory_saving() || m == never || level_.untraced || !tracer_.ready())
+    return;
   if (plan_key_ != tracer_.stats().traces) make_plan();
   if (!plan_.starts_ahead(m)) return;
   for (auto g : plan_.ahead[m])
@@ -340,7 +354,8 @@ void shard_manager<Store, Residency, TracerT, Comm>::after_close(std::size_t m, 
       continue;
     }
     if (groups_[g].accumulating && !groups_[g].reducing && all_final(g, m)) start_reduction(g);
-    if (groups_[g].gathered && release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered)) release(g);
+    if (groups_[g].gathered && release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered))
+      release(g);
   }
 }
 
@@ -369,7 +384,8 @@ void shard_manager<Store, Residency, TracerT, Comm>::drop() noexcept {
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-void shard_manager<Store, Residency, TracerT, Comm>::room(std::size_t bytes, std::string_view who, std::string_view what) {
+void shard_manager<Store, Residency, TracerT, Comm>::room(std::size_t bytes, std::string_view who,
+                                                          std::string_view what) {
   if (!in_flight_.empty() && store_.device_in_use() + bytes > residency_.budget_now()) finish_reductions();
   residency_.make_room(bytes, who, what);
 }
@@ -383,7 +399,8 @@ template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::remote_members(std::size_t g) const {
   std::vector<chunk_id> v;
   for (std::size_t k = 0; k < group_size(g); ++k)
-    if (static_cast<int>(k) != comm_.rank()) v.push_back({chunk_kind::param, static_cast<std::uint32_t>(map().first(g) + k)});
+    if (static_cast<int>(k) != comm_.rank())
+      v.push_back({chunk_kind::param, static_cast<std::uint32_t>(map().first(g) + k)});
   return v;
 }
 
@@ -402,8 +419,10 @@ bool shard_manager<Store, Residency, TracerT, Comm>::all_final(std::size_t g, st
       if (!gradient_final(tracer_, {chunk_kind::grad, static_cast<std::uint32_t>(c)}, m)) return false;
     } else if (first_.micro_batch + 1 < options_.micro_batches) {  // more micro-batches add to it before the step
       return false;
-    } else if (c < first_.first_backward.size() && first_.first_backward[c] > 0) {  // the last micro-batch adds as the first did
-      if (first_.uses[c].backward < static_cast<std::uint32_t>(options_.micro_batches) * first_.first_backward[c]) return false;
+    } else if (c < first_.first_backward.size() &&
+               first_.first_backward[c] > 0) {  // the last micro-batch adds as the first did
+      if (first_.uses[c].backward < static_cast<std::uint32_t>(options_.micro_batches) * first_.first_backward[c])
+        return false;
     } else if (c < first_.uses.size() && (first_.uses[c].forward > 0 || first_.uses[c].backward > 0) &&
                !gradient_final_untraced(first_.uses[c].forward, first_.uses[c].backward)) {
       return false;
@@ -434,7 +453,8 @@ void shard_manager<Store, Residency, TracerT, Comm>::make_plan() {
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::start_gather(std::size_t g, std::string_view who, std::size_t m) {
   const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::param);
-  const chunk_id own{chunk_kind::param, static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
+  const chunk_id own{chunk_kind::param,
+                     static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
   const chunk_id own_ids[] = {own};
   residency_.make_resident_on_device(own_ids, who, m);
   gather_in_flight r{.group = g, .own = typename Store::pin_set(store_, {own}), .done = {}};
@@ -481,7 +501,8 @@ void shard_manager<Store, Residency, TracerT, Comm>::discard_gathers() noexcept 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::gather(std::size_t g, std::string_view who, std::size_t m) {
   const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::param);
-  const chunk_id own{chunk_kind::param, static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
+  const chunk_id own{chunk_kind::param,
+                     static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
   const chunk_id own_ids[] = {own};
   residency_.make_resident_on_device(own_ids, who, m);
   typename Store::pin_set pin(store_, {own});
@@ -527,7 +548,8 @@ void shard_manager<Store, Residency, TracerT, Comm>::attach_gradients(std::size_
     members.push_back(id);
     at.push_back(k);
   }
-  room(n * store_.bytes_of(chunk_kind::grad), who, "its gradient buffers (a ZeRO group of one chunk per rank, summed over the ranks after backward)");
+  room(n * store_.bytes_of(chunk_kind::grad), who,
+       "its gradient buffers (a ZeRO group of one chunk per rank, summed over the ranks after backward)");
   groups_[g].grads = buffers_.attach(members, at, n, /*zero=*/true);
   groups_[g].accumulating = true;
 }
@@ -597,7 +619,8 @@ void shard_manager<Store, Residency, TracerT, Comm>::complete(reduction_in_fligh
   const std::size_t g = r.group, b = store_.bytes_of(chunk_kind::grad);
   const dtype t = store_.desc(chunk_kind::grad).type;
   const std::size_t elems = b / dtype_size(t);
-  const chunk_id own{chunk_kind::grad, static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
+  const chunk_id own{chunk_kind::grad,
+                     static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
   r.done.wait();
   if (!r.recv.empty()) narrow_from_float(r.recv, t, static_cast<std::byte*>(r.result));
   const bool own_had_payload = store_.at(own).group == nullptr && holds_payload(store_.at(own).where);
@@ -694,7 +717,8 @@ void shard_manager<Store, Residency, TracerT, Comm>::complete_chunk_reduction(re
   r.done.wait();
   auto& unit = groups_[c];
   if (map().owns(c)) {
-    if (!r.send.empty()) narrow_from_float(r.send, store_.desc(chunk_kind::grad).type, static_cast<std::byte*>(store_.at(id).data));
+    if (!r.send.empty())
+      narrow_from_float(r.send, store_.desc(chunk_kind::grad).type, static_cast<std::byte*>(store_.at(id).data));
     if (unit.grads) buffers_.ungroup(std::exchange(unit.grads, nullptr));
   } else if (unit.grads) {
     buffers_.detach(std::exchange(unit.grads, nullptr), tier::remote);

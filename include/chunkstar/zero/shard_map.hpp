@@ -13,10 +13,16 @@ namespace chunkstar {
 struct shard_map {
   int world = 1;
   int rank = 0;
-  [[nodiscard]] constexpr int owner(std::size_t c) const noexcept { return static_cast<int>(c % static_cast<std::size_t>(world)); }
+  [[nodiscard]] constexpr int owner(std::size_t c) const noexcept {
+    return static_cast<int>(c % static_cast<std::size_t>(world));
+  }
   [[nodiscard]] constexpr bool owns(std::size_t c) const noexcept { return owner(c) == rank; }
-  [[nodiscard]] constexpr std::size_t group(std::size_t c) const noexcept { return c / static_cast<std::size_t>(world); }
-  [[nodiscard]] constexpr std::size_t first(std::size_t g) const noexcept { return g * static_cast<std::size_t>(world); }
+  [[nodiscard]] constexpr std::size_t group(std::size_t c) const noexcept {
+    return c / static_cast<std::size_t>(world);
+  }
+  [[nodiscard]] constexpr std::size_t first(std::size_t g) const noexcept {
+    return g * static_cast<std::size_t>(world);
+  }
   /** @brief @p chunks rounded up to whole groups (every rank then owns as many chunks). */
   [[nodiscard]] constexpr std::size_t padded(std::size_t chunks) const noexcept {
     const auto n = static_cast<std::size_t>(world);

@@ -8,8 +8,9 @@ namespace chunkstar {
 
 /** @brief Knobs of ZeRO sharding (zero/shard_manager.hpp). */
 struct sharding_options {
-  bool enabled = false;        ///< shard the model data over the communicator's ranks (1/N of it each)
-  bool keep_gathered = false;  ///< keep gathered parameters from forward until their last backward use (FSDP's reshard_after_forward = false)
+  bool enabled = false;  ///< shard the model data over the communicator's ranks (1/N of it each)
+  /// keep gathered parameters from forward until their last backward use (FSDP's reshard_after_forward = false)
+  bool keep_gathered = false;
   bool reduce_in_fp32 = true;  ///< reduce 16-bit gradients in fp32 (false: in the gradient dtype; half the bytes)
   /// Start the allgathers of the next moment's groups once a scope is open, so they run while it
   /// computes, where the trace says the budget holds them (runtime/gather_plan.hpp); false: each

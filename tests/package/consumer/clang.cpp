@@ -23,11 +23,14 @@ int main() {
       const scoped_cpu_isa forced(isa);
       std::vector<float> master(n), m(n, 0.0f), v(n, 0.0f), g(n);
       std::vector<bfloat16> p(n);
-      for (std::size_t i = 0; i < n; ++i) master[i] = 0.001f * static_cast<float>(i % 101), g[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
-      adam_update<float, bfloat16>(master, m, v, std::span<const float>(g), std::span<bfloat16>(p), {.lr = 1e-2f}, {.step = 2});
+      for (std::size_t i = 0; i < n; ++i)
+        master[i] = 0.001f * static_cast<float>(i % 101), g[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
+      adam_update<float, bfloat16>(master, m, v, std::span<const float>(g), std::span<bfloat16>(p), {.lr = 1e-2f},
+                                   {.step = 2});
       const double sq = sum_of_squares<float>(std::span<const float>(g));
       master.push_back(static_cast<float>(sq));
-      if (ref.empty()) ref = master;
+      if (ref.empty())
+        ref = master;
       else if (master != ref) {
         std::printf("FAIL: the %s path differs from the portable one\n", std::string(cpu_isa_name(isa)).c_str());
         return 1;
@@ -46,7 +49,9 @@ int main() {
   std::vector<param_id> layers;
   for (int l = 0; l < 4; ++l)
     layers.push_back(rt.register_param({"layer" + std::to_string(l), {64, 64}, dtype::f32, tensor_role::weight},
-                                       [](std::span<float> w) { for (float& x : w) x = 0.5f; }));
+                                       [](std::span<float> w) {
+                                         for (float& x : w) x = 0.5f;
+                                       }));
   rt.finalize();
   chunk_adam<> adam({.max_grad_norm = 1.0f});
   for (int step = 0; step < 2; ++step) {
@@ -62,8 +67,8 @@ int main() {
   }
   auto s = rt.forward(rt.spec(layers[0]).name, {layers[0]});
   const float w0 = s.param<float>(layers[0])[0];
-  std::printf("clang consumer: flags' isa %s, kernels %s, layer0[0] = %g\n", std::string(cpu_isa_name(native_cpu_isa)).c_str(),
-              cpu_isa_report().c_str(), static_cast<double>(w0));
+  std::printf("clang consumer: flags' isa %s, kernels %s, layer0[0] = %g\n",
+              std::string(cpu_isa_name(native_cpu_isa)).c_str(), cpu_isa_report().c_str(), static_cast<double>(w0));
   if (!(w0 < 0.5f)) {
     std::printf("FAIL: two Adam steps on positive gradients did not lower the weights\n");
     return 1;

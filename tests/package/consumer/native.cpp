@@ -69,7 +69,8 @@ int main() {
 #endif
   // The kernels choose at run time, whatever this TU's flags: the CPU's widest path.
   check(active_cpu_isa() == detected_cpu_isa(), "the kernels run the CPU's widest ISA");
-  check(native_cpu_isa != cpu_isa::avx512 || active_cpu_isa() == cpu_isa::avx512, "an AVX-512 TU runs the AVX-512 kernels");
+  check(native_cpu_isa != cpu_isa::avx512 || active_cpu_isa() == cpu_isa::avx512,
+        "an AVX-512 TU runs the AVX-512 kernels");
 
   compare_with_portable<float, float>("f32 grads, f32 params: SIMD == portable");
   compare_with_portable<bfloat16, bfloat16>("bf16 grads, bf16 params: SIMD == portable");
@@ -85,7 +86,9 @@ int main() {
   std::vector<param_id> layers;
   for (int l = 0; l < 4; ++l)
     layers.push_back(rt.register_param({"layer" + std::to_string(l), {64, 64}, dtype::f32, tensor_role::weight},
-                                       [](std::span<float> w) { for (float& x : w) x = 0.5f; }));
+                                       [](std::span<float> w) {
+                                         for (float& x : w) x = 0.5f;
+                                       }));
   rt.finalize();
   chunk_adam<> adam({.max_grad_norm = 1.0f});
   for (int step = 0; step < 2; ++step) {
@@ -114,7 +117,9 @@ int main() {
     patrickstar_runtime back(device2, host, copier);
     for (int l = 0; l < 4; ++l)
       (void)back.register_param({"layer" + std::to_string(l), {64, 64}, dtype::f32, tensor_role::weight},
-                                [](std::span<float> w) { for (float& x : w) x = 0.0f; });
+                                [](std::span<float> w) {
+                                  for (float& x : w) x = 0.0f;
+                                });
     back.finalize();
     (void)load_checkpoint(back, dir);
     std::filesystem::remove_all(dir);
@@ -122,7 +127,8 @@ int main() {
     auto b = back.forward(back.spec(layers[3]).name, {layers[3]});
     const auto wa = a.param<float>(layers[3]);
     const auto wb = b.param<float>(layers[3]);
-    check(std::memcmp(wa.data(), wb.data(), wa.size_bytes()) == 0, "a checkpoint saved and loaded gives the same weights");
+    check(std::memcmp(wa.data(), wb.data(), wa.size_bytes()) == 0,
+          "a checkpoint saved and loaded gives the same weights");
   }
 
   std::printf("isa: %s (kernels: %s)\n", std::string(cpu_isa_name(native_cpu_isa)).c_str(), cpu_isa_report().c_str());

@@ -46,8 +46,9 @@ template <class Runtime, class Backend, class Kernels, class Scaler, class Devic
 run_result train(Runtime& rt, Backend backend, Device& dev, const shape_info& s, int steps) {
   gpt::chunked_gpt<Runtime, Backend> model(rt, s.c, s.shape, 42, std::move(backend));
   model.finalize();
-  chunk_adam<Scaler, Kernels> opt({.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f}, .max_grad_norm = 1.0f},
-                                  param_groups::with_default_decay(0.1f));
+  chunk_adam<Scaler, Kernels> opt(
+      {.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f}, .max_grad_norm = 1.0f},
+      param_groups::with_default_decay(0.1f));
   const run_result r = gpt::testing::train_steps(rt, model, opt, s.shape, {.steps = steps});  // fp16 may skip a step
   CHECK(dev.usage().peak <= dev.capacity());
   return r;
@@ -55,7 +56,8 @@ run_result train(Runtime& rt, Backend backend, Device& dev, const shape_info& s,
 
 template <class Placement, class Eviction, class Scaler = static_loss_scaler>
 run_result on_gpu(dtype type, double fraction, Placement placement, std::size_t prefetch, int steps) {
-  using rt_t = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, single_process_communicator, cuda::cuda_platform>;
+  using rt_t = chunk_runtime<fixed_chunk_layout, Placement, Eviction, warmup_tracer, single_process_communicator,
+                             cuda::cuda_platform>;
   const shape_info s(type);
   cuda::device_space dev({.capacity = s.capacity<gpt::cuda_backend>(fraction)});
   cuda::pinned_host_space host;

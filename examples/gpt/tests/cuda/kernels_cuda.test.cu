@@ -29,7 +29,9 @@ template <class T>
 struct device_buffer {
   T* ptr = nullptr;
   std::size_t n = 0;
-  explicit device_buffer(std::size_t count) : n(count) { CUDA_OK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T))); }
+  explicit device_buffer(std::size_t count) : n(count) {
+    CUDA_OK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)));
+  }
   explicit device_buffer(const std::vector<T>& v) : device_buffer(v.size()) { upload(v); }
   ~device_buffer() { cudaFree(ptr); }
   device_buffer(const device_buffer&) = delete;
@@ -111,7 +113,8 @@ TEST_CASE("cuda layernorm matches the CPU") {
   device_buffer<float> d_x(x), d_w(w), d_b(b), d_dout(dout), d_out(N * C), d_mean(N), d_rstd(N), d_dx(dx0), d_dw(dw0),
       d_db(db0);
   gpt::cuda::layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_x.ptr, d_w.ptr, d_b.ptr, N, C);
-  gpt::cuda::layernorm_backward(d_dx.ptr, d_dw.ptr, d_db.ptr, d_dout.ptr, d_x.ptr, d_w.ptr, d_mean.ptr, d_rstd.ptr, N, C);
+  gpt::cuda::layernorm_backward(d_dx.ptr, d_dw.ptr, d_db.ptr, d_dout.ptr, d_x.ptr, d_w.ptr, d_mean.ptr, d_rstd.ptr, N,
+                                C);
   check_close("out", out, d_out.download());
   check_close("mean", mean, d_mean.download());
   check_close("rstd", rstd, d_rstd.download());
@@ -133,8 +136,8 @@ TEST_CASE("cuda matmul matches the CPU, with and without bias") {
                               C, OC);
     device_buffer<float> d_x(x), d_W(W), d_bias(bias), d_dout(dout), d_out(N * OC), d_dx(dx0), d_dW(dW0), d_db(db0);
     gpt::cuda::matmul_forward(h.h, d_out.ptr, d_x.ptr, d_W.ptr, with_bias ? d_bias.ptr : nullptr, N, C, OC);
-    gpt::cuda::matmul_backward(h.h, d_dx.ptr, d_dW.ptr, with_bias ? d_db.ptr : nullptr, d_dout.ptr, d_x.ptr, d_W.ptr,
-                               N, C, OC);
+    gpt::cuda::matmul_backward(h.h, d_dx.ptr, d_dW.ptr, with_bias ? d_db.ptr : nullptr, d_dout.ptr, d_x.ptr, d_W.ptr, N,
+                               C, OC);
     INFO("bias: " << with_bias);
     check_close("out", out, d_out.download());
     check_close("dx", dx, d_dx.download());

@@ -77,10 +77,12 @@ void fields(F&& f, R&... r) {
 /** The record's bytes, field after field (every rank's record has the same shape). */
 std::vector<std::byte> pack(const rank_record& rec) {
   std::vector<std::byte> out;
-  fields([&](const char*, std::size_t, auto s) {
-    const auto b = std::as_bytes(s);
-    out.insert(out.end(), b.begin(), b.end());
-  }, rec);
+  fields(
+      [&](const char*, std::size_t, auto s) {
+        const auto b = std::as_bytes(s);
+        out.insert(out.end(), b.begin(), b.end());
+      },
+      rec);
   return out;
 }
 
@@ -88,11 +90,13 @@ std::vector<std::byte> pack(const rank_record& rec) {
 rank_record unpack(std::span<const std::byte> bytes, const rank_record& shape) {
   rank_record rec = shape;
   std::size_t at = 0;
-  fields([&](const char*, std::size_t, auto s) {
-    if (s.empty()) return;  // data() may be null
-    std::memcpy(s.data(), bytes.data() + at, s.size_bytes());
-    at += s.size_bytes();
-  }, rec);
+  fields(
+      [&](const char*, std::size_t, auto s) {
+        if (s.empty()) return;  // data() may be null
+        std::memcpy(s.data(), bytes.data() + at, s.size_bytes());
+        at += s.size_bytes();
+      },
+      rec);
   return rec;
 }
 
@@ -101,20 +105,22 @@ rank_record unpack(std::span<const std::byte> bytes, const rank_record& shape) {
 std::vector<std::string> bit_differences(const rank_record& got, const rank_record& want) {
   std::vector<std::string> out;
   if (pack(got).size() != pack(want).size()) out.push_back("the records have different shapes (steps or sizes)");
-  fields([&](const char* name, std::size_t step, auto x, auto y) {
-    if (x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size_bytes()) == 0)) return;
-    std::ostringstream line;
-    line << name;
-    if (step != whole_run) line << " (step " << step << ")";
-    std::size_t i = 0;
-    while (i < std::min(x.size(), y.size()) && std::memcmp(&x[i], &y[i], sizeof x[i]) == 0) ++i;
-    if (i < std::min(x.size(), y.size()))
-      line << "[" << i << "] is " << std::hexfloat << static_cast<double>(x[i]) << " over MPI, " << static_cast<double>(y[i])
-           << " in-process";
-    else
-      line << " has " << x.size() << " elements over MPI, " << y.size() << " in-process";
-    out.push_back(line.str());
-  }, got, want);
+  fields(
+      [&](const char* name, std::size_t step, auto x, auto y) {
+        if (x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size_bytes()) == 0)) return;
+        std::ostringstream line;
+        line << name;
+        if (step != whole_run) line << " (step " << step << ")";
+        std::size_t i = 0;
+        while (i < std::min(x.size(), y.size()) && std::memcmp(&x[i], &y[i], sizeof x[i]) == 0) ++i;
+        if (i < std::min(x.size(), y.size()))
+          line << "[" << i << "] is " << std::hexfloat << static_cast<double>(x[i]) << " over MPI, "
+               << static_cast<double>(y[i]) << " in-process";
+        else
+          line << " has " << x.size() << " elements over MPI, " << y.size() << " in-process";
+        out.push_back(line.str());
+      },
+      got, want);
   return out;
 }
 
@@ -140,12 +146,18 @@ class failing_ring {
   void allreduce(void* p, std::size_t n, dtype t, reduce_op op) { inner_.allreduce(p, n, t, op); }
   void allreduce(std::span<double> d, reduce_op op) { inner_.allreduce(d, op); }
   void allgather(const void* s, void* r, std::size_t n) { inner_.allgather(s, r, n); }
-  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { inner_.reduce_scatter(s, r, n, t, op); }
-  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) { inner_.reduce(s, r, n, t, op, root); }
+  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    inner_.reduce_scatter(s, r, n, t, op);
+  }
+  void reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op, int root) {
+    inner_.reduce(s, r, n, t, op, root);
+  }
   void broadcast(void* p, std::size_t n, int root) { inner_.broadcast(p, n, root); }
   void ring_shift(const void* s, void* r, std::size_t n) { ring_shift_async(s, r, n).wait(); }
   void barrier() { inner_.barrier(); }
-  comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) { return inner_.allreduce_async(p, n, t, op); }
+  comm_handle allreduce_async(void* p, std::size_t n, dtype t, reduce_op op) {
+    return inner_.allreduce_async(p, n, t, op);
+  }
   comm_handle allreduce_async(std::span<double> d, reduce_op op) { return inner_.allreduce_async(d, op); }
   comm_handle allgather_async(const void* s, void* r, std::size_t n) { return inner_.allgather_async(s, r, n); }
   comm_handle reduce_scatter_async(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
@@ -182,7 +194,9 @@ static_assert(Communicator<failing_ring<mpi_communicator>>);
 
 }  // namespace
 
-TEST_CASE("whole GPT under RTP on MPI ranks: the bits of the same rank in-process, every step, and the serial model's tolerance") {
+TEST_CASE(
+    "whole GPT under RTP on MPI ranks: the bits of the same rank in-process, every step, and the serial model's "
+    "tolerance") {
   mpi_communicator comm(MPI_COMM_WORLD, {.check_sequence = true});
   REQUIRE(comm.checks_sequence());
   const int n = comm.size(), me = comm.rank();
@@ -205,7 +219,8 @@ TEST_CASE("whole GPT under RTP on MPI ranks: the bits of the same rank in-proces
     CHECK(bit_differences(mine, nudged).size() == 1);
   }
   CHECK(mine.eval_displaced == 0);
-  for (const float c : mine.clip_scale) CHECK(c < 1.0f);  // max_norm is below the gradients' norms: clipping is exercised
+  for (const float c : mine.clip_scale)
+    CHECK(c < 1.0f);  // max_norm is below the gradients' norms: clipping is exercised
 
   // The whole MPI run, from every rank's record, against the in-process run and the serial model
   // (rank 0 checks: pure computation on the gathered records, and one report is enough).
@@ -215,7 +230,9 @@ TEST_CASE("whole GPT under RTP on MPI ranks: the bits of the same rank in-proces
   if (me != 0) return;
   start = std::chrono::steady_clock::now();
   std::vector<rank_record> ranks;
-  for (int r = 0; r < n; ++r) ranks.push_back(unpack(std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * bytes.size(), bytes.size()), mine));
+  for (int r = 0; r < n; ++r)
+    ranks.push_back(unpack(
+        std::span<const std::byte>(all).subspan(static_cast<std::size_t>(r) * bytes.size(), bytes.size()), mine));
   CHECK(same_bits(ranks, threads));
   check_against_serial(ranks, n);
   // AdamW: the norm step() reported (the same on every rank) is the assembled gradient's.
@@ -227,12 +244,15 @@ TEST_CASE("whole GPT under RTP on MPI ranks: the bits of the same rank in-proces
     CHECK(std::abs(mine.grad_norm[s] - std::sqrt(sq)) <= 1e-9 * std::sqrt(sq));
     CHECK(mine.clip_scale[s] == doctest::Approx(max_norm / (std::sqrt(sq) + 1e-6)).epsilon(1e-6));
   }
-  MESSAGE("N = " << n << ": training over MPI " << mpi_seconds << " s, in-process " << in_process_seconds << " s, checks against the serial model "
-                 << seconds_since(start) << " s; AdamW gradient norms " << mine.grad_norm.front() << " -> " << mine.grad_norm.back()
-                 << ", evaluation loss " << mine.adam_eval_loss.back());
+  MESSAGE("N = " << n << ": training over MPI " << mpi_seconds << " s, in-process " << in_process_seconds
+                 << " s, checks against the serial model " << seconds_since(start) << " s; AdamW gradient norms "
+                 << mine.grad_norm.front() << " -> " << mine.grad_norm.back() << ", evaluation loss "
+                 << mine.adam_eval_loss.back());
 }
 
-TEST_CASE("whole GPT under RTP on MPI ranks: a bad input or a failing shift on one rank gives every rank communication_error within seconds, not a hang") {
+TEST_CASE(
+    "whole GPT under RTP on MPI ranks: a bad input or a failing shift on one rank gives every rank communication_error "
+    "within seconds, not a hang") {
   // MPI cannot tell the peers that a rank left the schedule: they would wait in their next
   // collective for ever. With the collective-sequence check, the failing rank's next collective
   // (a barrier, its "I failed" to the others) differs from the peers' (a shift or an all-reduce),
@@ -250,14 +270,16 @@ TEST_CASE("whole GPT under RTP on MPI ranks: a bad input or a failing shift on o
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const int shifts_per_pass = world - 1;  // per rotation: N - 1 in forward, 2(N - 1) in backward
   const fault_case cases[] = {
-      {fault::bad_token, world - 1, 3, stage::train_forward, 0, "tokens[5] = 50 is outside the vocabulary", "ring_shift"},
+      {fault::bad_token, world - 1, 3, stage::train_forward, 0, "tokens[5] = 50 is outside the vocabulary",
+       "ring_shift"},
       {fault::bad_target, 0, 6, stage::eval, 0, "targets[11] = -1 is outside the vocabulary", "ring_shift"},
       // backward's first shift (the head's first fetch), and its last (the embedding gradient's
       // last partial sum; six rotations of 2(N - 1) shifts each)
       {fault::shift_at_call, 1, 2, stage::backward, 0, "injected", "ring_shift"},
       {fault::shift_at_call, 0, 5, stage::backward, 12 * shifts_per_pass - 1, "injected", "ring_shift"},
       // the second AdamW iteration's forward, block 1's attention's first shift
-      {fault::shift_in_flight, world - 1, iterations + 1, stage::train_forward, 3 * shifts_per_pass, "injected", "ring_shift"},
+      {fault::shift_in_flight, world - 1, iterations + 1, stage::train_forward, 3 * shifts_per_pass, "injected",
+       "ring_shift"},
       {fault::no_micro_batches, 1, iterations, stage::step, 0, "micro_batches must be >= 1", "allreduce(1 x f64"},
   };
   for (const fault_case& f : cases) {

@@ -72,7 +72,9 @@ inline std::optional<std::pair<int, int>> parse_shard_name(std::string_view name
   int r = 0, w = 0;
   char tail[32] = {};
   const std::string fmt = std::string(stem) + "-%5d-of-%5d%31s";
-  if (std::sscanf(std::string(name).c_str(), fmt.c_str(), &r, &w, tail) != 3 || std::string_view(tail) != ".safetensors") return std::nullopt;
+  if (std::sscanf(std::string(name).c_str(), fmt.c_str(), &r, &w, tail) != 3 ||
+      std::string_view(tail) != ".safetensors")
+    return std::nullopt;
   if (r < 1 || w < 1 || r > w || shard_file_name(stem, r - 1, w) != name) return std::nullopt;
   return std::pair{r - 1, w};
 }
@@ -145,8 +147,9 @@ inline void refuse_unless_replaceable(const std::filesystem::path& dir) {
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) return;
   if (const auto why = not_replaceable(dir); !why.empty())
-    throw checkpoint_error("refusing to replace '" + dir.string() + "' with a checkpoint: " + why +
-                           "; a save replaces only an empty directory or a chunkstar checkpoint, so choose another path or move it away");
+    throw checkpoint_error(
+        "refusing to replace '" + dir.string() + "' with a checkpoint: " + why +
+        "; a save replaces only an empty directory or a chunkstar checkpoint, so choose another path or move it away");
 }
 
 /** An exclusive (writers) or shared (readers) advisory lock on `<dir>.lock`, a small file beside
@@ -166,11 +169,13 @@ class directory_lock {
       if (::flock(fd_.get(), (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) break;
       if (errno == EINTR) continue;
       if (errno != EWOULDBLOCK)
-        throw checkpoint_error(errno_message("cannot lock", path_, errno) + ": the file system may not support flock; save elsewhere");
+        throw checkpoint_error(errno_message("cannot lock", path_, errno) +
+                               ": the file system may not support flock; save elsewhere");
       if (std::chrono::steady_clock::now() >= deadline)
-        throw checkpoint_error("another process (" + holder() + ") has held '" + path_.string() + "' for more than " +
-                               std::to_string(timeout.count() / 1000.0).substr(0, 5) +
-                               " s while saving or loading this checkpoint: wait for it to finish, or use another path");
+        throw checkpoint_error(
+            "another process (" + holder() + ") has held '" + path_.string() + "' for more than " +
+            std::to_string(timeout.count() / 1000.0).substr(0, 5) +
+            " s while saving or loading this checkpoint: wait for it to finish, or use another path");
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     if (exclusive) {  // for the message a waiting writer prints; failure to record it is harmless
@@ -197,10 +202,12 @@ class directory_lock {
     while (fd < 0 && errno == EINTR);
     if (fd < 0) {
       if (errno == ELOOP)
-        throw checkpoint_error("the checkpoint lock file '" + path.string() +
-                               "' is a symbolic link, which a lock never follows (it would write into the link's target): "
-                               "remove the link or choose another checkpoint path");
-      if (optional_if_unwritable && (errno == EACCES || errno == EROFS || errno == EPERM)) return {};  // read-only media
+        throw checkpoint_error(
+            "the checkpoint lock file '" + path.string() +
+            "' is a symbolic link, which a lock never follows (it would write into the link's target): "
+            "remove the link or choose another checkpoint path");
+      if (optional_if_unwritable && (errno == EACCES || errno == EROFS || errno == EPERM))
+        return {};  // read-only media
       throw checkpoint_error(errno_message("cannot open the checkpoint lock file", path, errno) +
                              ": make the directory that holds the checkpoint writable or choose another path");
     }
@@ -226,7 +233,9 @@ class directory_lock {
 };
 
 /** The prefix of every temporary directory of a save to @p dir: `<dir>.tmp.` then pid and serial. */
-inline std::string temp_prefix(const std::filesystem::path& dir) { return with_suffix(dir, ".tmp.").filename().string(); }
+inline std::string temp_prefix(const std::filesystem::path& dir) {
+  return with_suffix(dir, ".tmp.").filename().string();
+}
 
 /** Creates a new, empty temporary directory beside @p dir that no one else uses: `<dir>.tmp.<pid>.<n>`
  *  made with mkdir, which fails rather than reuse an existing path. */
@@ -260,7 +269,8 @@ inline std::vector<std::filesystem::path> shard_files(const std::filesystem::pat
     const auto rw = parse_shard_name(name, stem);
     if (!rw) continue;
     if (world != 0 && rw->second != world)
-      throw checkpoint_error("checkpoint '" + dir.string() + "' mixes shards of " + std::to_string(world) + " and " + std::to_string(rw->second) +
+      throw checkpoint_error("checkpoint '" + dir.string() + "' mixes shards of " + std::to_string(world) + " and " +
+                             std::to_string(rw->second) +
                              " ranks: its files come from different saves; use a complete checkpoint directory");
     world = rw->second;
     found.resize(static_cast<std::size_t>(world));
@@ -268,7 +278,8 @@ inline std::vector<std::filesystem::path> shard_files(const std::filesystem::pat
   }
   for (std::size_t r = 0; r < found.size(); ++r)
     if (found[r].empty())
-      throw checkpoint_error("checkpoint '" + dir.string() + "' lacks " + shard_file_name(stem, static_cast<int>(r), world) +
+      throw checkpoint_error("checkpoint '" + dir.string() + "' lacks " +
+                             shard_file_name(stem, static_cast<int>(r), world) +
                              ": a shard is missing; use a complete checkpoint directory");
   return found;
 }
@@ -281,19 +292,23 @@ class file_set {
     for (std::size_t k = 0; k < files_.size(); ++k)
       for (const auto& t : files_[k].tensors())
         if (!where_.emplace(t.name, k).second)
-          throw checkpoint_error("checkpoint tensor '" + t.name + "' is in both " + files_[where_[t.name]].path().filename().string() +
-                                 " and " + files_[k].path().filename().string() + ": the files come from different saves");
+          throw checkpoint_error("checkpoint tensor '" + t.name + "' is in both " +
+                                 files_[where_[t.name]].path().filename().string() + " and " +
+                                 files_[k].path().filename().string() + ": the files come from different saves");
   }
   [[nodiscard]] const safetensors_tensor_info* find(std::string_view name) const {
     const auto it = where_.find(std::string(name));
     return it == where_.end() ? nullptr : files_[it->second].find(name);
   }
-  void read_floats(std::string_view name, std::span<float> out) const { files_[where_.at(std::string(name))].read_floats(name, out); }
+  void read_floats(std::string_view name, std::span<float> out) const {
+    files_[where_.at(std::string(name))].read_floats(name, out);
+  }
   [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return files_.front().metadata(); }
   [[nodiscard]] const std::filesystem::path& first_path() const { return files_.front().path(); }
   [[nodiscard]] std::string description() const {
-    return files_.size() == 1 ? files_.front().path().filename().string()
-                              : std::to_string(files_.size()) + " shards (" + files_.front().path().filename().string() + ", ...)";
+    return files_.size() == 1
+               ? files_.front().path().filename().string()
+               : std::to_string(files_.size()) + " shards (" + files_.front().path().filename().string() + ", ...)";
   }
   [[nodiscard]] std::vector<std::string> names() const {
     std::vector<std::string> v;
@@ -321,7 +336,8 @@ inline std::pair<file_set, file_set> open_checkpoint_files(const std::filesystem
     opts = shard_files(dir, checkpoint_optimizer_stem);
     if (models.empty() || models.size() != opts.size())
       throw checkpoint_error("checkpoint '" + dir.string() + "' has " + std::to_string(models.size()) + " model and " +
-                             std::to_string(opts.size()) + " optimizer shards: it is incomplete; use a complete checkpoint directory");
+                             std::to_string(opts.size()) +
+                             " optimizer shards: it is incomplete; use a complete checkpoint directory");
   }
   const safetensors_open_options strict{.verify_checksum = true, .require_checksum = true};
   std::vector<safetensors_file> m, o;
@@ -338,9 +354,10 @@ inline std::pair<file_set, file_set> open_checkpoint_files(const std::filesystem
       return;
     }
     if (id != *save_id)
-      throw checkpoint_error("checkpoint '" + dir.string() + "' mixes the files of two saves: " + f.path().filename().string() +
-                             " belongs to a different save than " + first_file.filename().string() + " (save " + id + ", not " +
-                             *save_id + "; a shard copied from another checkpoint?); use a complete checkpoint directory");
+      throw checkpoint_error(
+          "checkpoint '" + dir.string() + "' mixes the files of two saves: " + f.path().filename().string() +
+          " belongs to a different save than " + first_file.filename().string() + " (save " + id + ", not " + *save_id +
+          "; a shard copied from another checkpoint?); use a complete checkpoint directory");
   };
   for (std::size_t k = 0; k < models.size(); ++k) {
     m.push_back(safetensors_file::open(models[k], strict));
@@ -349,10 +366,12 @@ inline std::pair<file_set, file_set> open_checkpoint_files(const std::filesystem
     same_save(o.back());
     const auto it = o.back().metadata().find("chunkstar.model_checksum");
     if (it == o.back().metadata().end())
-      throw checkpoint_error("checkpoint file '" + opts[k].string() + "' has no \"chunkstar.model_checksum\" metadata: it was not written by save_checkpoint");
+      throw checkpoint_error("checkpoint file '" + opts[k].string() +
+                             "' has no \"chunkstar.model_checksum\" metadata: it was not written by save_checkpoint");
     if (it->second != hex64(*m.back().checksum()))
-      throw checkpoint_error("checkpoint '" + dir.string() + "': " + opts[k].filename().string() + " belongs to a different save than " +
-                             models[k].filename().string() + " (model checksum mismatch): the files were mixed; use a complete checkpoint directory");
+      throw checkpoint_error("checkpoint '" + dir.string() + "': " + opts[k].filename().string() +
+                             " belongs to a different save than " + models[k].filename().string() +
+                             " (model checksum mismatch): the files were mixed; use a complete checkpoint directory");
   }
   return {file_set(std::move(m)), file_set(std::move(o))};
 }
@@ -371,7 +390,8 @@ inline void remove_stale_temps(const std::filesystem::path& dir) {
     const auto dot = rest.find('.');
     if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789.") != std::string::npos) continue;
     const long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
-    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;  // alive, or not ours to judge
+    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH))
+      continue;  // alive, or not ours to judge
     bool only_ours = true;
     std::error_code ec2;
     for (fs::directory_iterator f(it->path(), ec2), fend; !ec2 && f != fend; f.increment(ec2))
@@ -385,12 +405,14 @@ inline void remove_stale_temps(const std::filesystem::path& dir) {
  *  where the OS offers it (Linux renameat2; @p try_exchange = false skips it, for tests of the
  *  portable path); else rename the old one aside to a new unique name, the new one in, and delete
  *  the old. */
-inline void swap_into_place(const std::filesystem::path& fresh, const std::filesystem::path& dir, bool try_exchange = true) {
+inline void swap_into_place(const std::filesystem::path& fresh, const std::filesystem::path& dir,
+                            bool try_exchange = true) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto parent = parent_of(dir);
   if (!fs::exists(fs::symlink_status(dir, ec))) {
-    if (::rename(fresh.c_str(), dir.c_str()) != 0) throw checkpoint_error(errno_message("cannot rename '" + fresh.string() + "' to", dir, errno));
+    if (::rename(fresh.c_str(), dir.c_str()) != 0)
+      throw checkpoint_error(errno_message("cannot rename '" + fresh.string() + "' to", dir, errno));
     fsync_directory(parent);
     return;
   }
@@ -409,7 +431,8 @@ inline void swap_into_place(const std::filesystem::path& fresh, const std::files
     old = with_suffix(dir, ".old." + std::to_string(::getpid()) + "." + std::to_string(n));
     if (!fs::exists(fs::symlink_status(old, ec))) break;
   }
-  if (::rename(dir.c_str(), old.c_str()) != 0) throw checkpoint_error(errno_message("cannot move the previous checkpoint aside to", old, errno));
+  if (::rename(dir.c_str(), old.c_str()) != 0)
+    throw checkpoint_error(errno_message("cannot move the previous checkpoint aside to", old, errno));
   if (::rename(fresh.c_str(), dir.c_str()) != 0) {
     const int err = errno;
     (void)::rename(old.c_str(), dir.c_str());
@@ -427,7 +450,8 @@ inline std::vector<std::filesystem::path> interrupted_swap_leftovers(const std::
   const auto old_prefix = with_suffix(dir, ".old.").filename().string(), tmp_prefix = temp_prefix(dir);
   for (fs::directory_iterator it(parent_of(dir), ec), end; !ec && it != end; it.increment(ec)) {
     const auto name = it->path().filename().string();
-    if ((name.starts_with(old_prefix) || name.starts_with(tmp_prefix)) && it->is_directory(ec)) out.push_back(it->path());
+    if ((name.starts_with(old_prefix) || name.starts_with(tmp_prefix)) && it->is_directory(ec))
+      out.push_back(it->path());
   }
   std::sort(out.begin(), out.end());
   return out;

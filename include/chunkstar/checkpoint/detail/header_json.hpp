@@ -36,10 +36,10 @@ struct json_member;
 struct json_value {
   enum class kind : std::uint8_t { object, array, string, integer };
   kind type = kind::object;
-  std::string text;                                         ///< string value (unescaped)
-  std::int64_t integer = 0;                                 ///< integer value
-  std::vector<json_member> members;                         ///< object members, in file order
-  std::vector<json_value> items;                            ///< array items
+  std::string text;                  ///< string value (unescaped)
+  std::int64_t integer = 0;          ///< integer value
+  std::vector<json_member> members;  ///< object members, in file order
+  std::vector<json_value> items;     ///< array items
   std::size_t begin = 0, end = 0;
 };
 
@@ -100,7 +100,8 @@ class json_reader {
     if (c == '[') return array(depth);
     if (c == '"') return string_value();
     if (c == '-' || (c >= '0' && c <= '9')) return integer();
-    fail(std::string("unexpected character '") + printable(c) + "' (only objects, arrays, strings and integers belong in a safetensors header)");
+    fail(std::string("unexpected character '") + printable(c) +
+         "' (only objects, arrays, strings and integers belong in a safetensors header)");
   }
 
   static std::string printable(char c) {
@@ -184,7 +185,8 @@ class json_reader {
       fail("leading zero in a number");
     // Accumulate the magnitude as unsigned so INT64_MIN parses and anything larger is caught.
     std::uint64_t mag = 0;
-    const std::uint64_t limit = negative ? std::uint64_t{1} << 63 : static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    const std::uint64_t limit =
+        negative ? std::uint64_t{1} << 63 : static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
     while (!at_end() && s_[pos_] >= '0' && s_[pos_] <= '9') {
       const auto d = static_cast<std::uint64_t>(s_[pos_] - '0');
       if (mag > (limit - d) / 10) fail("integer out of the 64-bit range");
@@ -203,10 +205,14 @@ class json_reader {
     for (int i = 0; i < 4; ++i) {
       const char c = peek();
       u <<= 4;
-      if (c >= '0' && c <= '9') u |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') u |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') u |= static_cast<unsigned>(c - 'A' + 10);
-      else fail("bad \\u escape (expected 4 hex digits)");
+      if (c >= '0' && c <= '9')
+        u |= static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        u |= static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        u |= static_cast<unsigned>(c - 'A' + 10);
+      else
+        fail("bad \\u escape (expected 4 hex digits)");
       ++pos_;
     }
     return u;
@@ -235,10 +241,14 @@ class json_reader {
     const auto b0 = static_cast<unsigned char>(s_[pos_]);
     std::size_t len;
     std::uint32_t cp;
-    if (b0 >= 0xc2 && b0 <= 0xdf) len = 2, cp = b0 & 0x1fu;
-    else if (b0 >= 0xe0 && b0 <= 0xef) len = 3, cp = b0 & 0x0fu;
-    else if (b0 >= 0xf0 && b0 <= 0xf4) len = 4, cp = b0 & 0x07u;
-    else fail("invalid UTF-8 in a string");
+    if (b0 >= 0xc2 && b0 <= 0xdf)
+      len = 2, cp = b0 & 0x1fu;
+    else if (b0 >= 0xe0 && b0 <= 0xef)
+      len = 3, cp = b0 & 0x0fu;
+    else if (b0 >= 0xf0 && b0 <= 0xf4)
+      len = 4, cp = b0 & 0x07u;
+    else
+      fail("invalid UTF-8 in a string");
     if (s_.size() - pos_ < len) fail("truncated UTF-8 sequence in a string");
     for (std::size_t i = 1; i < len; ++i) {
       const auto b = static_cast<unsigned char>(s_[pos_ + i]);
@@ -285,7 +295,8 @@ class json_reader {
           std::uint32_t cp = hex4();
           if (cp >= 0xdc00 && cp <= 0xdfff) fail("unpaired low surrogate in a \\u escape");
           if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (s_.size() - pos_ < 2 || s_[pos_] != '\\' || s_[pos_ + 1] != 'u') fail("unpaired high surrogate in a \\u escape");
+            if (s_.size() - pos_ < 2 || s_[pos_] != '\\' || s_[pos_ + 1] != 'u')
+              fail("unpaired high surrogate in a \\u escape");
             pos_ += 2;
             const std::uint32_t lo = hex4();
             if (lo < 0xdc00 || lo > 0xdfff) fail("high surrogate not followed by a low surrogate");
@@ -316,10 +327,14 @@ inline bool is_valid_utf8(std::string_view s) noexcept {
     }
     std::size_t len;
     std::uint32_t cp;
-    if (b0 >= 0xc2 && b0 <= 0xdf) len = 2, cp = b0 & 0x1fu;
-    else if (b0 >= 0xe0 && b0 <= 0xef) len = 3, cp = b0 & 0x0fu;
-    else if (b0 >= 0xf0 && b0 <= 0xf4) len = 4, cp = b0 & 0x07u;
-    else return false;
+    if (b0 >= 0xc2 && b0 <= 0xdf)
+      len = 2, cp = b0 & 0x1fu;
+    else if (b0 >= 0xe0 && b0 <= 0xef)
+      len = 3, cp = b0 & 0x0fu;
+    else if (b0 >= 0xf0 && b0 <= 0xf4)
+      len = 4, cp = b0 & 0x07u;
+    else
+      return false;
     if (s.size() - i < len) return false;
     for (std::size_t k = 1; k < len; ++k) {
       const auto b = static_cast<unsigned char>(s[i + k]);

@@ -90,7 +90,9 @@ inline void write_all(int fd, std::span<const std::byte> data, const std::filesy
   while (!data.empty()) {
     const ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw checkpoint_error(errno_message("cannot write", p, n < 0 ? errno : EIO) + ": free disk space or choose another directory");
+    if (n <= 0)
+      throw checkpoint_error(errno_message("cannot write", p, n < 0 ? errno : EIO) +
+                             ": free disk space or choose another directory");
     data = data.subspan(static_cast<std::size_t>(n));
   }
 }
@@ -112,8 +114,9 @@ inline void pread_all(int fd, std::span<std::byte> out, std::uint64_t offset, co
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw checkpoint_error(errno_message("cannot read", p, errno));
     if (n == 0)
-      throw checkpoint_error("checkpoint file '" + p.string() + "' ended at byte " + std::to_string(offset) +
-                             " while reading: it shrank after it was opened; do not modify checkpoints while loading them");
+      throw checkpoint_error(
+          "checkpoint file '" + p.string() + "' ended at byte " + std::to_string(offset) +
+          " while reading: it shrank after it was opened; do not modify checkpoints while loading them");
     out = out.subspan(static_cast<std::size_t>(n));
     offset += static_cast<std::uint64_t>(n);
   }
@@ -138,7 +141,9 @@ inline void fsync_directory(const std::filesystem::path& dir) {
 inline std::uint64_t file_size(int fd, const std::filesystem::path& p) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw checkpoint_error(errno_message("cannot stat", p, errno));
-  if (!S_ISREG(st.st_mode)) throw checkpoint_error("checkpoint file '" + p.string() + "' is not a regular file: pass the path of a .safetensors file");
+  if (!S_ISREG(st.st_mode))
+    throw checkpoint_error("checkpoint file '" + p.string() +
+                           "' is not a regular file: pass the path of a .safetensors file");
   return static_cast<std::uint64_t>(st.st_size);
 }
 

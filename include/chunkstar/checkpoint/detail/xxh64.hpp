@@ -19,8 +19,7 @@ namespace chunkstar::checkpoint_detail {
  *  (the same value as hashing the concatenation at once). */
 class xxh64 {
  public:
-  explicit xxh64(std::uint64_t seed = 0) noexcept
-      : v_{seed + p1 + p2, seed + p2, seed, seed - p1}, seed_(seed) {}
+  explicit xxh64(std::uint64_t seed = 0) noexcept : v_{seed + p1 + p2, seed + p2, seed, seed - p1}, seed_(seed) {}
 
   void update(std::span<const std::byte> data) noexcept {
     const std::byte* p = data.data();
@@ -61,7 +60,8 @@ class xxh64 {
       p += 4;
       n -= 4;
     }
-    for (; n; ++p, --n) h = std::rotl(h ^ (static_cast<std::uint64_t>(std::to_integer<std::uint8_t>(*p)) * p5), 11) * p1;
+    for (; n; ++p, --n)
+      h = std::rotl(h ^ (static_cast<std::uint64_t>(std::to_integer<std::uint8_t>(*p)) * p5), 11) * p1;
     h ^= h >> 33;
     h *= p2;
     h ^= h >> 29;
@@ -98,9 +98,12 @@ class xxh64 {
   static constexpr std::uint64_t round(std::uint64_t acc, std::uint64_t lane) noexcept {
     return std::rotl(acc + lane * p2, 31) * p1;
   }
-  static constexpr std::uint64_t merge(std::uint64_t acc, std::uint64_t v) noexcept { return (acc ^ round(0, v)) * p1 + p4; }
+  static constexpr std::uint64_t merge(std::uint64_t acc, std::uint64_t v) noexcept {
+    return (acc ^ round(0, v)) * p1 + p4;
+  }
   void stripe(const std::byte* p) noexcept {
-    for (int i = 0; i < 4; ++i) v_[static_cast<std::size_t>(i)] = round(v_[static_cast<std::size_t>(i)], load64(p + 8 * i));
+    for (int i = 0; i < 4; ++i)
+      v_[static_cast<std::size_t>(i)] = round(v_[static_cast<std::size_t>(i)], load64(p + 8 * i));
   }
 
   std::array<std::uint64_t, 4> v_;

@@ -76,7 +76,11 @@ struct float16 {
   constexpr float16() noexcept = default;
   CHUNKSTAR_HOST_DEVICE constexpr explicit float16(float f) noexcept : bits(float_to_f16_bits(f)) {}
   CHUNKSTAR_HOST_DEVICE constexpr explicit operator float() const noexcept { return f16_bits_to_float(bits); }
-  static constexpr float16 from_bits(std::uint16_t b) noexcept { float16 h; h.bits = b; return h; }
+  static constexpr float16 from_bits(std::uint16_t b) noexcept {
+    float16 h;
+    h.bits = b;
+    return h;
+  }
   friend constexpr bool operator==(float16, float16) noexcept = default;  // bitwise
 };
 
@@ -86,7 +90,11 @@ struct bfloat16 {
   constexpr bfloat16() noexcept = default;
   CHUNKSTAR_HOST_DEVICE constexpr explicit bfloat16(float f) noexcept : bits(float_to_bf16_bits(f)) {}
   CHUNKSTAR_HOST_DEVICE constexpr explicit operator float() const noexcept { return bf16_bits_to_float(bits); }
-  static constexpr bfloat16 from_bits(std::uint16_t b) noexcept { bfloat16 h; h.bits = b; return h; }
+  static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
+    bfloat16 h;
+    h.bits = b;
+    return h;
+  }
   friend constexpr bool operator==(bfloat16, bfloat16) noexcept = default;  // bitwise
 };
 

@@ -22,10 +22,12 @@
 
 namespace chunkstar::simd_detail {
 
-template <cpu_isa Isa> struct simd;
+template <cpu_isa Isa>
+struct simd;
 
 /** @brief One element at a time; the reference every vector path must match bit for bit. */
-template <> struct simd<cpu_isa::portable> {
+template <>
+struct simd<cpu_isa::portable> {
   using vf = float;
   static constexpr std::size_t width = 1;
   static CHUNKSTAR_FORCEINLINE vf set1(float x) noexcept { return x; }
@@ -47,7 +49,8 @@ template <> struct simd<cpu_isa::portable> {
 #if CHUNKSTAR_ISA_DISPATCH
 CHUNKSTAR_SIMD_BEGIN_AVX2
 namespace chunkstar::simd_detail {
-template <> struct simd<cpu_isa::avx2> {
+template <>
+struct simd<cpu_isa::avx2> {
   using vf = __m256;
   static constexpr std::size_t width = 8;
   static CHUNKSTAR_FORCEINLINE vf set1(float x) noexcept { return _mm256_set1_ps(x); }
@@ -58,7 +61,8 @@ template <> struct simd<cpu_isa::avx2> {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     const __m256i f = _mm256_castps_si256(_mm256_cvtph_ps(h));
     const __m256i w = _mm256_cvtepu16_epi32(h);
-    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7c00));
+    const __m256i is_nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7c00));
     const __m256i exact = _mm256_or_si256(_mm256_andnot_si256(_mm256_set1_epi32(0x400000), f),
                                           _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x200)), 13));
     return _mm256_castsi256_ps(_mm256_blendv_epi8(f, exact, is_nan));
@@ -95,7 +99,8 @@ CHUNKSTAR_SIMD_END
 
 CHUNKSTAR_SIMD_BEGIN_AVX512
 namespace chunkstar::simd_detail {
-template <> struct simd<cpu_isa::avx512> {
+template <>
+struct simd<cpu_isa::avx512> {
   using vf = __m512;
   static constexpr std::size_t width = 16;
   static CHUNKSTAR_FORCEINLINE vf set1(float x) noexcept { return _mm512_set1_ps(x); }
@@ -105,7 +110,8 @@ template <> struct simd<cpu_isa::avx512> {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m512i f = _mm512_castps_si512(_mm512_cvtph_ps(h));
     const __m512i w = _mm512_cvtepu16_epi32(h);
-    const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7c00));
+    const __mmask16 is_nan =
+        _mm512_cmpgt_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7c00));
     const __m512i exact = _mm512_or_si512(_mm512_andnot_si512(_mm512_set1_epi32(0x400000), f),
                                           _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x200)), 13));
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_nan, f, exact));

@@ -31,8 +31,8 @@ constexpr std::size_t layout_round_up(std::size_t n, std::size_t align) noexcept
  *  Preconditions: `align_elems >= 1`, `chunk_elems` a multiple of it, every numel <= chunk_elems.
  *  Calls `on_place(index, chunk, offset)` for each tensor; returns the number of chunks. */
 template <class OnPlace>
-constexpr std::size_t next_fit(std::span<const std::size_t> numels, std::size_t chunk_elems,
-                               std::size_t align_elems, OnPlace&& on_place) {
+constexpr std::size_t next_fit(std::span<const std::size_t> numels, std::size_t chunk_elems, std::size_t align_elems,
+                               OnPlace&& on_place) {
   std::size_t chunks = 0;
   std::size_t cursor = 0;  // first free element of the open chunk
   for (std::size_t i = 0; i < numels.size(); ++i) {
@@ -59,8 +59,7 @@ constexpr std::size_t next_fit_waste(std::span<const std::size_t> numels, std::s
 }
 
 /** @brief The full plan of next-fit at @p chunk_elems. */
-inline chunk_plan next_fit_plan(std::span<const std::size_t> numels, std::size_t chunk_elems,
-                                std::size_t align_elems) {
+inline chunk_plan next_fit_plan(std::span<const std::size_t> numels, std::size_t chunk_elems, std::size_t align_elems) {
   chunk_plan p;
   p.chunk_elems = chunk_elems;
   p.align_elems = align_elems;

@@ -79,8 +79,8 @@ inline void check_alignment(std::size_t a, std::string_view space) {
 /** @brief The error every space throws from allocate() when try_allocate() would return null. */
 [[nodiscard]] inline out_of_memory_error make_oom(std::string_view space, std::size_t n, std::size_t a,
                                                   space_usage usage, std::string_view hint) {
-  std::string what = std::string(space) + ": cannot allocate " + format_bytes(n) + " (alignment " +
-                     std::to_string(a) + "); " + std::string(hint);
+  std::string what = std::string(space) + ": cannot allocate " + format_bytes(n) + " (alignment " + std::to_string(a) +
+                     "); " + std::string(hint);
   return out_of_memory_error(what, n, memory_report{{std::move(usage)}});
 }
 
