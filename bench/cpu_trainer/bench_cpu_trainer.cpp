@@ -61,24 +61,15 @@ options parse(int argc, char** argv) {
         throw config_error(a + " takes one positive integer, got '" + v + "'");
       return static_cast<std::size_t>(x[0]);
     };
-    if (a == "--preset")
-      o.preset = value();
-    else if (a == "--batch")
-      o.batch = count(value());
-    else if (a == "--seq")
-      o.seq = count(value());
-    else if (a == "--rounds")
-      o.rounds = static_cast<int>(count(value()));
-    else if (a == "--warmup")
-      o.warmup = static_cast<int>(count(value()));
-    else if (a == "--policy")
-      o.policy = value();
-    else if (a == "--quick")
-      o.quick = true;
-    else if (a == "--json")
-      o.json = value();
-    else if (a == "--plot")
-      o.plot = value();
+    if (a == "--preset") o.preset = value();
+    else if (a == "--batch") o.batch = count(value());
+    else if (a == "--seq") o.seq = count(value());
+    else if (a == "--rounds") o.rounds = static_cast<int>(count(value()));
+    else if (a == "--warmup") o.warmup = static_cast<int>(count(value()));
+    else if (a == "--policy") o.policy = value();
+    else if (a == "--quick") o.quick = true;
+    else if (a == "--json") o.json = value();
+    else if (a == "--plot") o.plot = value();
     else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench_cpu_trainer [--preset gpt2] [--batch 4] [--seq 64] [--rounds 7] [--warmup 2]\n"
@@ -86,8 +77,7 @@ options parse(int argc, char** argv) {
           "Measures, alternating, the sgemm rate of the model's GEMM shapes and the trainer's model FLOP/s\n"
           "(6 N tokens + causal attention), and prints their ratio. --quick: preset tiny, 2 x 32, 2 rounds.\n");
       std::exit(0);
-    } else
-      throw config_error("unknown option '" + a + "' (bench_cpu_trainer --help)");
+    } else throw config_error("unknown option '" + a + "' (bench_cpu_trainer --help)");
   }
   if (o.policy != "resident" && o.policy != "patrickstar")
     throw config_error("--policy: resident or patrickstar, got '" + o.policy + "'");

@@ -368,10 +368,8 @@ scale_result search_scale(const options& o, const gpt::gpt_config& preset, const
                 e2e::mib(static_cast<double>(e2e::model_bytes(layout, c))).c_str(),
                 result.substr(0, std::min<std::size_t>(result.find('\n'), 140)).c_str());
     std::fflush(stdout);
-    if (fits)
-      lo = mid + 1;
-    else
-      hi = mid - 1;
+    if (fits) lo = mid + 1;
+    else hi = mid - 1;
   }
   (void)lim;
   return r;
@@ -458,40 +456,23 @@ options parse(int argc, char** argv) {
       o.scale_device = std::size_t{2} << 20;
       o.scale_host = std::size_t{4} << 20;
       o.scale_disk = std::size_t{12} << 20;
-    } else if (a == "--dir")
-      o.dir = value();
-    else if (a == "--engine")
-      o.engine = value();
-    else if (a == "--preset")
-      o.preset = value();
-    else if (a == "--batch")
-      o.batch = std::stoul(value());
-    else if (a == "--seq")
-      o.seq = std::stoul(value());
-    else if (a == "--iters")
-      o.iters = std::stoi(value());
-    else if (a == "--device-fraction")
-      o.device_fraction = std::stod(value());
-    else if (a == "--host-fractions")
-      o.host_fractions = bench::parse_number_list(a, value());
-    else if (a == "--limit-mib")
-      o.limit_bytes = std::stoul(value()) << 20;
-    else if (a == "--queue")
-      o.queue = static_cast<unsigned>(std::stoul(value()));
-    else if (a == "--scale-device")
-      o.scale_device = size_arg(a, value());
-    else if (a == "--scale-host")
-      o.scale_host = size_arg(a, value());
-    else if (a == "--scale-disk")
-      o.scale_disk = size_arg(a, value());
-    else if (a == "--json")
-      o.json = value();
-    else if (a == "--disk-prefetch")
-      o.prefetch_depth = std::stoul(value());
-    else if (a == "--horizon")
-      o.horizon = std::stoul(value());
-    else if (a == "--plot")
-      o.plot = value();
+    } else if (a == "--dir") o.dir = value();
+    else if (a == "--engine") o.engine = value();
+    else if (a == "--preset") o.preset = value();
+    else if (a == "--batch") o.batch = std::stoul(value());
+    else if (a == "--seq") o.seq = std::stoul(value());
+    else if (a == "--iters") o.iters = std::stoi(value());
+    else if (a == "--device-fraction") o.device_fraction = std::stod(value());
+    else if (a == "--host-fractions") o.host_fractions = bench::parse_number_list(a, value());
+    else if (a == "--limit-mib") o.limit_bytes = std::stoul(value()) << 20;
+    else if (a == "--queue") o.queue = static_cast<unsigned>(std::stoul(value()));
+    else if (a == "--scale-device") o.scale_device = size_arg(a, value());
+    else if (a == "--scale-host") o.scale_host = size_arg(a, value());
+    else if (a == "--scale-disk") o.scale_disk = size_arg(a, value());
+    else if (a == "--json") o.json = value();
+    else if (a == "--disk-prefetch") o.prefetch_depth = std::stoul(value());
+    else if (a == "--horizon") o.horizon = std::stoul(value());
+    else if (a == "--plot") o.plot = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);

@@ -299,10 +299,8 @@ std::vector<offload_row> run_offload(const gpt::gpt_config& c, const options& o)
         r.capacity = capacity;
         std::unique_ptr<offload_trainer> t;
         guarded(r.error, [&] {
-          if (pol == 0)
-            t = std::make_unique<offload_trainer_of<belady_eviction>>(c, o, capacity, pf);
-          else
-            t = std::make_unique<offload_trainer_of<lru_eviction>>(c, o, capacity, pf);
+          if (pol == 0) t = std::make_unique<offload_trainer_of<belady_eviction>>(c, o, capacity, pf);
+          else t = std::make_unique<offload_trainer_of<lru_eviction>>(c, o, capacity, pf);
         });
         group.push_back(r);
         trainers.push_back(std::move(t));
@@ -460,28 +458,17 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw config_error(a + " needs a value (see --help)");
       return argv[++i];
     };
-    if (a == "--quick")
-      o.quick = true;
-    else if (a == "--mode")
-      o.mode = value();
-    else if (a == "--json")
-      o.json = value();
-    else if (a == "--plot")
-      o.plot = value();
-    else if (a == "--preset")
-      o.preset = value(), preset_set = true;
-    else if (a == "--batch")
-      o.batch = std::stoul(value()), batch_set = true;
-    else if (a == "--seq")
-      o.seq = std::stoul(value()), seq_set = true;
-    else if (a == "--iterations")
-      o.iterations = std::stoi(value()), iterations_set = true;
-    else if (a == "--warmup")
-      o.warmup = std::stoi(value());
-    else if (a == "--bandwidth")
-      o.bandwidth = std::stod(value());
-    else if (a == "--prefetch-depth")
-      o.prefetch_depth = std::stoul(value());
+    if (a == "--quick") o.quick = true;
+    else if (a == "--mode") o.mode = value();
+    else if (a == "--json") o.json = value();
+    else if (a == "--plot") o.plot = value();
+    else if (a == "--preset") o.preset = value(), preset_set = true;
+    else if (a == "--batch") o.batch = std::stoul(value()), batch_set = true;
+    else if (a == "--seq") o.seq = std::stoul(value()), seq_set = true;
+    else if (a == "--iterations") o.iterations = std::stoi(value()), iterations_set = true;
+    else if (a == "--warmup") o.warmup = std::stoi(value());
+    else if (a == "--bandwidth") o.bandwidth = std::stod(value());
+    else if (a == "--prefetch-depth") o.prefetch_depth = std::stoul(value());
     else if (a == "--budgets") {
       o.budgets = chunkstar::bench::parse_number_list(a, value());
       budgets_set = true;

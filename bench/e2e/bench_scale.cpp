@@ -255,31 +255,21 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw config_error(a + " needs a value (see --help)");
       return argv[++i];
     };
-    if (a == "--quick")
-      o.quick = true;
-    else if (a == "--device-budget")
-      o.device_budgets = parse_sizes(a, value()), device_set = true;
-    else if (a == "--host-budget")
-      o.host_budgets = parse_sizes(a, value()), host_set = true;
-    else if (a == "--preset")
-      o.preset = value(), preset_set = true;
-    else if (a == "--batch")
-      o.batch = std::stoul(value());
-    else if (a == "--seq")
-      o.seq = std::stoul(value());
-    else if (a == "--steps")
-      o.steps = std::stoi(value());
-    else if (a == "--layout")
-      o.layout = value(), layout_set = true;
+    if (a == "--quick") o.quick = true;
+    else if (a == "--device-budget") o.device_budgets = parse_sizes(a, value()), device_set = true;
+    else if (a == "--host-budget") o.host_budgets = parse_sizes(a, value()), host_set = true;
+    else if (a == "--preset") o.preset = value(), preset_set = true;
+    else if (a == "--batch") o.batch = std::stoul(value());
+    else if (a == "--seq") o.seq = std::stoul(value());
+    else if (a == "--steps") o.steps = std::stoi(value());
+    else if (a == "--layout") o.layout = value(), layout_set = true;
     else if (a == "--widths") {
       const std::string w = value();
       if (w != "all" && w != "preset") throw config_error("--widths '" + w + "': use all or preset");
       o.all_widths = w == "all";
       widths_set = true;
-    } else if (a == "--json")
-      o.json = value();
-    else if (a == "--plot")
-      o.plot = value();
+    } else if (a == "--json") o.json = value();
+    else if (a == "--plot") o.plot = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);

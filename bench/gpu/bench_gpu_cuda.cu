@@ -493,12 +493,9 @@ std::vector<record> bench_engine(std::size_t chunk, int reps, const std::vector<
 std::string json_string(const std::string& s) {
   std::string o = "\"";
   for (const char ch : s) {
-    if (ch == '"' || ch == '\\')
-      o += '\\', o += ch;
-    else if (static_cast<unsigned char>(ch) < 0x20)
-      o += ' ';
-    else
-      o += ch;
+    if (ch == '"' || ch == '\\') o += '\\', o += ch;
+    else if (static_cast<unsigned char>(ch) < 0x20) o += ' ';
+    else o += ch;
   }
   return o + "\"";
 }
@@ -625,18 +622,12 @@ options parse(int argc, char** argv) {
     if (i + 1 >= argc)
       fail(a.rfind("--", 0) == 0 ? a + " needs a value, or is unknown" : "unexpected argument '" + a + "'");
     const char* val = argv[++i];
-    if (a == "--size-mib")
-      o.size_mib = integer(a, val, 1, 1 << 20);
-    else if (a == "--chunk-mib")
-      o.chunk_mib = integer(a, val, 1, 1 << 14);
-    else if (a == "--reps")
-      o.reps = static_cast<int>(integer(a, val, 1, 10000));
-    else if (a == "--json")
-      o.json = val;
-    else if (a == "--plot")
-      o.plot = val;
-    else
-      fail("unknown option '" + a + "'");
+    if (a == "--size-mib") o.size_mib = integer(a, val, 1, 1 << 20);
+    else if (a == "--chunk-mib") o.chunk_mib = integer(a, val, 1, 1 << 14);
+    else if (a == "--reps") o.reps = static_cast<int>(integer(a, val, 1, 10000));
+    else if (a == "--json") o.json = val;
+    else if (a == "--plot") o.plot = val;
+    else fail("unknown option '" + a + "'");
   }
   return o;
 }

@@ -266,8 +266,7 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--sizes")
-      sizes = parse_sizes(next());
+    if (a == "--sizes") sizes = parse_sizes(next());
     else if (a == "--threads") {
       threads.clear();
       for (auto t : parse_sizes(next())) threads.push_back(int(t));
@@ -280,12 +279,9 @@ int main(int argc, char** argv) {
         if (c == std::string::npos) break;
         p = c + 1;
       }
-    } else if (a == "--reps")
-      reps = std::stoi(next());
-    else if (a == "--json")
-      json = next();
-    else if (a == "--plot")
-      plot = next();
+    } else if (a == "--reps") reps = std::stoi(next());
+    else if (a == "--json") json = next();
+    else if (a == "--plot") plot = next();
     else {
       std::printf(
           "usage: bench_optim [--sizes 16M,64M,256M] [--threads 1,2] [--dtypes f32,f16,bf16] [--reps 5]\n"
@@ -304,12 +300,9 @@ int main(int argc, char** argv) {
   for (std::size_t n : sizes) {
     n = (n + 63) / 64 * 64;  // whole vectors: the limit loops have no tails
     for (const auto& d : dtypes) {
-      if (d == "f32")
-        run_config<float, float>(n, threads, reps, recs);
-      else if (d == "f16")
-        run_config<float16, float16>(n, threads, reps, recs);
-      else if (d == "bf16")
-        run_config<bfloat16, bfloat16>(n, threads, reps, recs);
+      if (d == "f32") run_config<float, float>(n, threads, reps, recs);
+      else if (d == "f16") run_config<float16, float16>(n, threads, reps, recs);
+      else if (d == "bf16") run_config<bfloat16, bfloat16>(n, threads, reps, recs);
       else {
         std::fprintf(stderr, "bench_optim: unknown dtype '%s'; use f32, f16 or bf16\n", d.c_str());
         return 1;

@@ -497,28 +497,17 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw config_error(a + " needs a value (see --help)");
       return argv[++i];
     };
-    if (a == "--quick")
-      o.quick = true;
-    else if (a == "--json")
-      o.json = value();
-    else if (a == "--plot")
-      o.plot = value();
-    else if (a == "--bandwidth")
-      o.bandwidth = std::stod(value());
-    else if (a == "--layers")
-      o.layers = std::stoi(value());
-    else if (a == "--width")
-      o.width = std::stoi(value());
-    else if (a == "--flops")
-      o.flops = std::stod(value());
-    else if (a == "--prefetch-depth")
-      o.prefetch_depth = static_cast<std::size_t>(std::stoul(value()));
-    else if (a == "--iterations")
-      o.iterations = std::stoi(value());
-    else if (a == "--budgets")
-      o.budgets = bench::parse_number_list(a, value());
-    else if (a == "--policy")
-      o.policy = value();
+    if (a == "--quick") o.quick = true;
+    else if (a == "--json") o.json = value();
+    else if (a == "--plot") o.plot = value();
+    else if (a == "--bandwidth") o.bandwidth = std::stod(value());
+    else if (a == "--layers") o.layers = std::stoi(value());
+    else if (a == "--width") o.width = std::stoi(value());
+    else if (a == "--flops") o.flops = std::stod(value());
+    else if (a == "--prefetch-depth") o.prefetch_depth = static_cast<std::size_t>(std::stoul(value()));
+    else if (a == "--iterations") o.iterations = std::stoi(value());
+    else if (a == "--budgets") o.budgets = bench::parse_number_list(a, value());
+    else if (a == "--policy") o.policy = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);

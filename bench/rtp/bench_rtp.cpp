@@ -111,49 +111,34 @@ options parse(int argc, char** argv) {
       if (x != std::floor(x) || x > 1e9) throw config_error(a + " takes one positive integer, got '" + v + "'");
       return static_cast<int>(x);
     };
-    if (a == "--layers")
-      o.config.layers = count(value());
-    else if (a == "--width")
-      o.config.width = count(value());
-    else if (a == "--heads")
-      o.config.heads = count(value());
-    else if (a == "--vocab")
-      o.config.vocab = count(value());
-    else if (a == "--context")
-      o.config.context = count(value());
-    else if (a == "--batch")
-      o.batch = static_cast<std::size_t>(count(value()));
-    else if (a == "--seq")
-      o.seq = static_cast<std::size_t>(count(value()));
+    if (a == "--layers") o.config.layers = count(value());
+    else if (a == "--width") o.config.width = count(value());
+    else if (a == "--heads") o.config.heads = count(value());
+    else if (a == "--vocab") o.config.vocab = count(value());
+    else if (a == "--context") o.config.context = count(value());
+    else if (a == "--batch") o.batch = static_cast<std::size_t>(count(value()));
+    else if (a == "--seq") o.seq = static_cast<std::size_t>(count(value()));
     else if (a == "--ranks") {
       o.ranks.clear();
       for (double x : bench::parse_number_list(a, value())) {
         if (x < 1 || x > 64 || x != std::floor(x)) throw config_error("--ranks: integers in [1, 64], comma-separated");
         o.ranks.push_back(static_cast<int>(x));
       }
-    } else if (a == "--iterations")
-      o.iterations = count(value());
-    else if (a == "--warmup")
-      o.warmup = count(value());
-    else if (a == "--bandwidth")
-      o.bandwidth = number(value());
+    } else if (a == "--iterations") o.iterations = count(value());
+    else if (a == "--warmup") o.warmup = count(value());
+    else if (a == "--bandwidth") o.bandwidth = number(value());
     else if (a == "--latency") {
       const auto x = bench::parse_number_list(a, value());
       if (x.size() != 1 || x[0] < 0) throw config_error("--latency takes one number >= 0 (seconds)");
       o.latency = x[0];
-    } else if (a == "--loss-tolerance")
-      o.loss_tolerance = number(value());
-    else if (a == "--quick")
-      continue;  // applied above
-    else if (a == "--json")
-      o.json = value();
-    else if (a == "--plot")
-      o.plot = value();
+    } else if (a == "--loss-tolerance") o.loss_tolerance = number(value());
+    else if (a == "--quick") continue;  // applied above
+    else if (a == "--json") o.json = value();
+    else if (a == "--plot") o.plot = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
-    } else
-      throw config_error("unknown option '" + a + "' (bench_rtp --help)");
+    } else throw config_error("unknown option '" + a + "' (bench_rtp --help)");
   }
   gpt::validate(o.config);
   // The corpus is bytes: every id 0..255 occurs, so a smaller vocabulary could not embed it.

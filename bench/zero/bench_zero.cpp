@@ -162,69 +162,46 @@ options parse(int argc, char** argv) {
       if (!b || *b == 0) throw config_error(a + " '" + v + "': write a size like 16MiB or 1.5GiB");
       return *b;
     };
-    if (a == "--mode")
-      o.mode = value();
-    else if (a == "--preset")
-      o.preset = value(), preset_set = true;
-    else if (a == "--batch")
-      o.batch = count(value()), batch_set = true;
-    else if (a == "--seq")
-      o.seq = count(value()), seq_set = true;
+    if (a == "--mode") o.mode = value();
+    else if (a == "--preset") o.preset = value(), preset_set = true;
+    else if (a == "--batch") o.batch = count(value()), batch_set = true;
+    else if (a == "--seq") o.seq = count(value()), seq_set = true;
     else if (a == "--ranks") {
       o.ranks.clear();
       for (double x : bench::parse_number_list(a, value())) {
         if (x < 1 || x > 64 || x != std::floor(x)) throw config_error("--ranks: integers in [1, 64], comma-separated");
         o.ranks.push_back(static_cast<int>(x));
       }
-    } else if (a == "--iterations")
-      o.iterations = static_cast<int>(count(value())), its_set = true;
-    else if (a == "--warmup")
-      o.warmup = static_cast<int>(count(value())), warmup_set = true;
-    else if (a == "--bandwidth")
-      o.bandwidth = number(value());
+    } else if (a == "--iterations") o.iterations = static_cast<int>(count(value())), its_set = true;
+    else if (a == "--warmup") o.warmup = static_cast<int>(count(value())), warmup_set = true;
+    else if (a == "--bandwidth") o.bandwidth = number(value());
     else if (a == "--latency") {
       const auto x = bench::parse_number_list(a, value());
       if (x.size() != 1 || x[0] < 0) throw config_error("--latency takes one number >= 0 (seconds)");
       o.latency = x[0];
-    } else if (a == "--keep-gathered")
-      o.keep_gathered = true;
-    else if (a == "--no-gather-ahead")
-      o.gather_ahead = false;
-    else if (a == "--memory-saving")
-      o.memory_saving = true;
-    else if (a == "--scale-preset")
-      o.scale_preset = value();
-    else if (a == "--scale-grow")
-      o.scale_grow = value();
-    else if (a == "--scale-layers")
-      o.scale_layers = static_cast<int>(count(value())), layers_set = true;
-    else if (a == "--no-chunk-cap")
-      o.chunk_cap = false;
+    } else if (a == "--keep-gathered") o.keep_gathered = true;
+    else if (a == "--no-gather-ahead") o.gather_ahead = false;
+    else if (a == "--memory-saving") o.memory_saving = true;
+    else if (a == "--scale-preset") o.scale_preset = value();
+    else if (a == "--scale-grow") o.scale_grow = value();
+    else if (a == "--scale-layers") o.scale_layers = static_cast<int>(count(value())), layers_set = true;
+    else if (a == "--no-chunk-cap") o.chunk_cap = false;
     else if (a == "--scale-buffer-fraction") {
       const double f = number(value());
       if (f > 1) throw config_error("--scale-buffer-fraction takes a number in (0, 1]");
       o.scale_buffer_fraction = f;
-    } else if (a == "--device-budget")
-      o.device_budget = bytes(value()), dev_set = true;
-    else if (a == "--host-budget")
-      o.host_budget = bytes(value()), host_set = true;
-    else if (a == "--scale-batch")
-      o.scale_batch = count(value());
-    else if (a == "--scale-seq")
-      o.scale_seq = count(value());
-    else if (a == "--scale-steps")
-      o.scale_steps = static_cast<int>(count(value())), steps_set = true;
-    else if (a == "--quick")
-      o.quick = true;
-    else if (a == "--json")
-      o.json = value();
-    else if (a == "--plot")
-      o.plot = value();
+    } else if (a == "--device-budget") o.device_budget = bytes(value()), dev_set = true;
+    else if (a == "--host-budget") o.host_budget = bytes(value()), host_set = true;
+    else if (a == "--scale-batch") o.scale_batch = count(value());
+    else if (a == "--scale-seq") o.scale_seq = count(value());
+    else if (a == "--scale-steps") o.scale_steps = static_cast<int>(count(value())), steps_set = true;
+    else if (a == "--quick") o.quick = true;
+    else if (a == "--json") o.json = value();
+    else if (a == "--plot") o.plot = value();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
-    } else
-      throw config_error("unknown option '" + a + "' (bench_zero --help)");
+    } else throw config_error("unknown option '" + a + "' (bench_zero --help)");
   }
   if (o.mode != "all" && o.mode != "timing" && o.mode != "scale")
     throw config_error("--mode: all, timing or scale, got '" + o.mode + "'");
@@ -322,12 +299,9 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
   std::uint64_t live = 0;                                   // bytes in group buffers now
   std::uint64_t sent = 0, received = 0;
   const auto gather_bytes = [&](std::size_t g) {
-    if (!msc)
-      sent += (n - 1) * param_chunk_bytes, received += (n - 1) * param_chunk_bytes;
-    else if (owns(g))
-      sent += (n - 1) * param_chunk_bytes;
-    else
-      received += param_chunk_bytes;
+    if (!msc) sent += (n - 1) * param_chunk_bytes, received += (n - 1) * param_chunk_bytes;
+    else if (owns(g)) sent += (n - 1) * param_chunk_bytes;
+    else received += param_chunk_bytes;
   };
   // A reduce-scatter starts when a scope closes with its group final (or before the step) and
   // holds its group buffer and the owner's result chunk until the next scope has closed (or the
@@ -338,12 +312,9 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
     t.peak_collective_bytes = std::max(t.peak_collective_bytes, live);
     in_flight.push_back(g);
     ++t.reductions;
-    if (!msc)
-      sent += (n - 1) * grad_chunk_bytes, received += (n - 1) * grad_chunk_bytes;
-    else if (owns(g))
-      received += (n - 1) * grad_chunk_bytes;
-    else
-      sent += grad_chunk_bytes;
+    if (!msc) sent += (n - 1) * grad_chunk_bytes, received += (n - 1) * grad_chunk_bytes;
+    else if (owns(g)) received += (n - 1) * grad_chunk_bytes;
+    else sent += grad_chunk_bytes;
   };
   auto finish = [&] {
     for (std::size_t g : in_flight) attached[g] = false, live -= group_g + result;
@@ -894,8 +865,7 @@ scale_result search_scale(const options& o, const scale_family& family, const gp
       std::printf("trains, peak model data %s MiB per rank, %s MiB of it gather/reduce buffers (%.1f s)\n",
                   e2e::mib(max_over_ranks(t.ranks, whole_peak_model)).c_str(),
                   e2e::mib(max_over_ranks(t.ranks, whole_peak_collective)).c_str(), t.seconds);
-    else
-      std::printf("%s (%.1f s)\n", first_line(t.error).c_str(), t.seconds);
+    else std::printf("%s (%.1f s)\n", first_line(t.error).c_str(), t.seconds);
     std::fflush(stdout);
     if (t.fits) {
       lo = mid + 1;

@@ -233,10 +233,8 @@ TEST_CASE("writer and reader round-trip every dtype, scalars and zero-size tenso
         }
         default: break;
       }
-      if (std::isnan(want))
-        CHECK(std::isnan(got[i]));
-      else
-        CHECK(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want));
+      if (std::isnan(want)) CHECK(std::isnan(got[i]));
+      else CHECK(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want));
     }
   }
   // F32 bits are copied as they are, NaN payloads included.

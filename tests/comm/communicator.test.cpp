@@ -296,10 +296,8 @@ TEST_CASE("in_process_group: mismatched collective sequences are detected and bo
                                 comm.barrier();  // call #0 matches
                                 std::vector<float> buf(32);
                                 try {
-                                  if (comm.rank() == 0)
-                                    comm.allreduce(buf.data(), 10, dtype::f32, reduce_op::sum);
-                                  else
-                                    comm.allgather(buf.data(), buf.data() + 8, 8);
+                                  if (comm.rank() == 0) comm.allreduce(buf.data(), 10, dtype::f32, reduce_op::sum);
+                                  else comm.allgather(buf.data(), buf.data() + 8, 8);
                                 } catch (const communication_error& e) {
                                   errors[static_cast<std::size_t>(comm.rank())] = e.what();
                                   throw;
@@ -344,10 +342,8 @@ TEST_CASE("in_process_group: same kind but different sizes, dtypes, ops or roots
        }},
       {"reduce vs allreduce",
        [](in_process_communicator& c, std::vector<float>& b) {
-         if (c.rank() == 0)
-           c.reduce(b.data(), b.data(), 4, dtype::f32, reduce_op::sum, 0);
-         else
-           c.allreduce(b.data(), 4, dtype::f32, reduce_op::sum);
+         if (c.rank() == 0) c.reduce(b.data(), b.data(), 4, dtype::f32, reduce_op::sum, 0);
+         else c.allreduce(b.data(), 4, dtype::f32, reduce_op::sum);
        }},
   };
   for (const auto& v : variants) {

@@ -68,10 +68,8 @@ double reference_value(format16 f, std::uint16_t bits) {
   double v;
   if (e == (1u << f.exp_bits) - 1u)
     v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
-  else if (e == 0)
-    v = std::ldexp(static_cast<double>(m), 1 - f.bias() - f.man_bits);
-  else
-    v = std::ldexp(static_cast<double>((1u << f.man_bits) + m), static_cast<int>(e) - f.bias() - f.man_bits);
+  else if (e == 0) v = std::ldexp(static_cast<double>(m), 1 - f.bias() - f.man_bits);
+  else v = std::ldexp(static_cast<double>((1u << f.man_bits) + m), static_cast<int>(e) - f.bias() - f.man_bits);
   return neg ? -v : v;
 }
 

@@ -37,8 +37,7 @@ std::vector<float> train(typename Platform::device_space& dev, typename Platform
       for (std::size_t k = 0; k < g.size(); ++k) g[k] = bfloat16(std::cos(0.03f * k + i + step));
       if constexpr (can_access_v<host_exec, typename Platform::device_space>)
         std::copy(g.begin(), g.end(), span.begin());
-      else
-        REQUIRE(cudaMemcpy(span.data(), g.data(), g.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+      else REQUIRE(cudaMemcpy(span.data(), g.data(), g.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
     }
     CHECK(opt.step(rt, 1e-2f).stepped);
   }

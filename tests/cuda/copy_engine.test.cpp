@@ -35,10 +35,8 @@ struct cuda_engine_fixture {
     return s == copy_side::host ? host.allocate(n, 64) : device.allocate(n, 256);
   }
   void free(copy_side s, void* p, std::size_t n) {
-    if (s == copy_side::host)
-      host.deallocate(p, n, 64);
-    else
-      device.deallocate(p, n, 256);
+    if (s == copy_side::host) host.deallocate(p, n, 64);
+    else device.deallocate(p, n, 256);
   }
   void put(copy_side, void* block, const void* src, std::size_t n) {
     CHUNKSTAR_CUDA_CHECK(cudaMemcpy(block, src, n, cudaMemcpyDefault));

@@ -53,8 +53,7 @@ std::map<std::string, std::vector<float>> train(Comm& comm, typename Platform::d
                static_cast<float>(1 + comm.rank());
       if constexpr (can_access_v<host_exec, typename Platform::device_space>)
         std::copy(g.begin(), g.end(), span.begin());
-      else
-        REQUIRE(cudaMemcpy(span.data(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+      else REQUIRE(cudaMemcpy(span.data(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
     }
     CHECK(opt.step(rt, 1e-2f, comm.size()).stepped);
   }

@@ -79,10 +79,8 @@ TEST_CASE(
           CHECK(r->disk_engine[copy_direction::to_device].bytes >= r->stats.bytes_from_disk);
           CHECK(r->disk_engine[copy_direction::to_device].bytes <= r->stats.bytes_from_disk + r->model_bytes / 4);
         }
-        if (disk_prefetch > 0)
-          CHECK(bel.stats.disk_prefetches > 0);
-        else
-          CHECK(bel.stats.disk_prefetches == 0);
+        if (disk_prefetch > 0) CHECK(bel.stats.disk_prefetches > 0);
+        else CHECK(bel.stats.disk_prefetches == 0);
       }
     }
   }

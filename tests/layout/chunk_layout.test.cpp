@@ -333,18 +333,13 @@ TEST_CASE("searched_chunk_layout picks the least waste among its candidates (bru
     std::string bad;
     if (r.plan.chunk_elems != best_c)
       bad = "chose " + std::to_string(r.plan.chunk_elems) + ", best is " + std::to_string(best_c);
-    else if (r.plan.waste_elems() != best_w)
-      bad = "plan waste differs from the reference";
-    else if (r.report.best_chunk_elems != best_c || r.report.best_waste_elems != best_w)
-      bad = "report best wrong";
-    else if (r.report.worst_waste_elems != worst_w)
-      bad = "report worst wrong";
+    else if (r.plan.waste_elems() != best_w) bad = "plan waste differs from the reference";
+    else if (r.report.best_chunk_elems != best_c || r.report.best_waste_elems != best_w) bad = "report best wrong";
+    else if (r.report.worst_waste_elems != worst_w) bad = "report worst wrong";
     else if (r.report.candidates_tried != count)
       bad = "candidates_tried " + std::to_string(r.report.candidates_tried) + " != " + std::to_string(count);
-    else if (r.report.first_candidate_elems != first)
-      bad = "first candidate wrong";
-    else
-      bad = plan_law_violation(r.plan, specs, align, max_c);
+    else if (r.report.first_candidate_elems != first) bad = "first candidate wrong";
+    else bad = plan_law_violation(r.plan, specs, align, max_c);
     if (!bad.empty() && ++failures <= 10) FAIL_CHECK("round " << round << ": " << bad);
   }
   CHECK(failures == 0);
@@ -462,10 +457,8 @@ TEST_CASE("searched_chunk_layout: options and oversized tensors") {
 TEST_CASE_TEMPLATE("both layouts: edge cases particular to the library's models", L, fixed_chunk_layout,
                    searched_chunk_layout) {
   const L layout = [] {
-    if constexpr (std::is_same_v<L, fixed_chunk_layout>)
-      return make_fixed(64, 8);
-    else
-      return make_searched(64, 8);
+    if constexpr (std::is_same_v<L, fixed_chunk_layout>) return make_fixed(64, 8);
+    else return make_searched(64, 8);
   }();
   SUBCASE("zero-element tensors get aligned slots in a chunk") {
     std::vector<tensor_spec> specs{spec_of_numel(0, 0), spec_of_numel(5, 1), spec_of_numel(0, 2), spec_of_numel(3, 3)};

@@ -265,24 +265,18 @@ TEST_CASE("plan_violation: random corruptions agree with an element-by-element o
           if (!p.slots.empty()) p.slots[below(p.slots.size())].numel = wild(24);
           break;
         case 6:
-          if (below(2))
-            p.slots.push_back({below(3), below(3) * align, below(3)});
-          else if (!p.slots.empty())
-            p.slots.pop_back();
+          if (below(2)) p.slots.push_back({below(3), below(3) * align, below(3)});
+          else if (!p.slots.empty()) p.slots.pop_back();
           break;
         case 7:
-          if (below(2))
-            p.chunk_tensors.emplace_back();
-          else if (!p.chunk_tensors.empty())
-            p.chunk_tensors.pop_back();
+          if (below(2)) p.chunk_tensors.emplace_back();
+          else if (!p.chunk_tensors.empty()) p.chunk_tensors.pop_back();
           break;
         case 8:
           if (!p.chunk_tensors.empty()) {
             auto& l = p.chunk_tensors[below(p.chunk_tensors.size())];
-            if (below(2) || l.empty())
-              l.push_back(wild(6));
-            else
-              l.erase(l.begin() + static_cast<std::ptrdiff_t>(below(l.size())));
+            if (below(2) || l.empty()) l.push_back(wild(6));
+            else l.erase(l.begin() + static_cast<std::ptrdiff_t>(below(l.size())));
           }
           break;
         case 9:

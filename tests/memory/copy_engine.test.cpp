@@ -43,10 +43,8 @@ struct host_engine_fixture {
     return s == copy_side::host ? host.allocate(n, 64) : device.allocate(n, 64);
   }
   void free(copy_side s, void* p, std::size_t n) {
-    if (s == copy_side::host)
-      host.deallocate(p, n, 64);
-    else
-      device.deallocate(p, n, 64);
+    if (s == copy_side::host) host.deallocate(p, n, 64);
+    else device.deallocate(p, n, 64);
   }
   void put(copy_side, void* block, const void* src, std::size_t n) { std::memcpy(block, src, n); }
   void get(copy_side, void* dst, const void* block, std::size_t n) { std::memcpy(dst, block, n); }

@@ -74,10 +74,8 @@ TEST_CASE("mpi_communicator gives the same bits as in_process_group for the same
       for (std::size_t i = 0; i < count; ++i) {
         const float v = chunkstar::testing::communicator_test_value(seed, rank, i);
         const std::uint16_t half = t == dtype::f16 ? float16(v).bits : bfloat16(v).bits;
-        if (t == dtype::f32)
-          std::memcpy(bytes.data() + i * 4, &v, 4);
-        else
-          std::memcpy(bytes.data() + i * 2, &half, 2);
+        if (t == dtype::f32) std::memcpy(bytes.data() + i * 4, &v, 4);
+        else std::memcpy(bytes.data() + i * 2, &half, 2);
       }
       return bytes;
     };
@@ -167,10 +165,8 @@ TEST_CASE(
   comm.allgather(send.data(), recv.data(), 16);  // call #0 agrees
   std::string what;
   try {
-    if (comm.rank() == 1)
-      comm.allgather(send.data(), recv.data(), 8);  // call #1: rank 1 asks for less
-    else
-      comm.allgather(send.data(), recv.data(), 16);
+    if (comm.rank() == 1) comm.allgather(send.data(), recv.data(), 8);  // call #1: rank 1 asks for less
+    else comm.allgather(send.data(), recv.data(), 16);
     FAIL_CHECK("a divergent collective did not throw");
   } catch (const communication_error& e) {
     what = e.what();
@@ -191,10 +187,8 @@ TEST_CASE(
   mpi_communicator other(MPI_COMM_WORLD, {.check_sequence = true});
   try {
     float x = 1;
-    if (other.rank() == other.size() - 1)
-      other.barrier();
-    else
-      other.allreduce(&x, 1, dtype::f32, reduce_op::max);
+    if (other.rank() == other.size() - 1) other.barrier();
+    else other.allreduce(&x, 1, dtype::f32, reduce_op::max);
     FAIL_CHECK("a divergent collective did not throw");
   } catch (const communication_error& e) {
     const std::string w = e.what();

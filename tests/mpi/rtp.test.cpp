@@ -54,8 +54,7 @@ std::vector<std::string> bit_differences(const rank_record& got, const rank_reco
     if (i < std::min(x.size(), y.size()))
       line << "[" << i << "] is " << std::hexfloat << static_cast<double>(x[i]) << " over MPI, "
            << static_cast<double>(y[i]) << " in-process";
-    else
-      line << " has " << x.size() << " elements over MPI, " << y.size() << " in-process";
+    else line << " has " << x.size() << " elements over MPI, " << y.size() << " in-process";
     out.push_back(line.str());
   };
   for (std::size_t it = 0; it < iterations; ++it) {

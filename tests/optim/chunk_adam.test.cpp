@@ -206,10 +206,8 @@ TEST_CASE("without clipping, a dynamic scaler or report_norm the norm scan is sk
         const auto r = opt.step(s.rt, 1e-2f);
         CHECK(r.stepped);
         CHECK(r.clip_coefficient == 1.0f);
-        if (report)
-          CHECK(std::isfinite(r.grad_norm));
-        else
-          CHECK(std::isnan(r.grad_norm));  // not computed
+        if (report) CHECK(std::isfinite(r.grad_norm));
+        else CHECK(std::isnan(r.grad_norm));  // not computed
       }
       results.push_back(s.values());
     }

@@ -21,10 +21,8 @@ namespace {
 
 template <class T>
 std::uint32_t bits_of(T x) {
-  if constexpr (sizeof(T) == 4)
-    return std::bit_cast<std::uint32_t>(x);
-  else
-    return x.bits;
+  if constexpr (sizeof(T) == 4) return std::bit_cast<std::uint32_t>(x);
+  else return x.bits;
 }
 
 template <class T>

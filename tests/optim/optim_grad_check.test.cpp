@@ -31,10 +31,8 @@ TEST_CASE_TEMPLATE("all_finite finds one inf or NaN at any position", G, float, 
   CHECK(all_finite<G>(g));
   CHECK(all_finite_isa<cpu_isa::portable, G>(g));
   // The largest finite value is finite.
-  if constexpr (std::is_same_v<G, float>)
-    g[7] = std::numeric_limits<float>::max();
-  else
-    g[7] = G::from_bits(std::is_same_v<G, float16> ? 0x7bff : 0x7f7f);
+  if constexpr (std::is_same_v<G, float>) g[7] = std::numeric_limits<float>::max();
+  else g[7] = G::from_bits(std::is_same_v<G, float16> ? 0x7bff : 0x7f7f);
   CHECK(all_finite<G>(g));
   for (std::size_t pos : {std::size_t{0}, std::size_t{31}, grad_sum_block - 1, grad_sum_block + 17, n - 1}) {
     for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),

@@ -171,12 +171,9 @@ std::vector<int> kernels_overlapping(const ring_log& log) {
   std::vector<int> kernels_before(static_cast<std::size_t>(log.next_id), 0);
   int kernels = 0;
   for (const auto& e : log.events) {
-    if (e.kind == ring_log::event::kernel)
-      ++kernels;
-    else if (e.kind == ring_log::event::start)
-      kernels_before[static_cast<std::size_t>(e.id)] = kernels;
-    else
-      out[static_cast<std::size_t>(e.id)] = kernels - kernels_before[static_cast<std::size_t>(e.id)];
+    if (e.kind == ring_log::event::kernel) ++kernels;
+    else if (e.kind == ring_log::event::start) kernels_before[static_cast<std::size_t>(e.id)] = kernels;
+    else out[static_cast<std::size_t>(e.id)] = kernels - kernels_before[static_cast<std::size_t>(e.id)];
   }
   return out;
 }

@@ -90,10 +90,8 @@ TEST_CASE(
       const std::size_t vs = vp.shard_rows(), v0 = me * vs;
       for (std::size_t r = 0; r < vs; ++r)
         for (std::size_t k = 0; k < C; ++k) {
-          if (v0 + r < V)
-            got_dE[(v0 + r) * C + k] = g[r * C + k] / static_cast<float>(n);
-          else
-            padding_nonzero[me] += g[r * C + k] != 0.0f;
+          if (v0 + r < V) got_dE[(v0 + r) * C + k] = g[r * C + k] / static_cast<float>(n);
+          else padding_nonzero[me] += g[r * C + k] != 0.0f;
         }
     });
     for (int r = 0; r < n; ++r) {

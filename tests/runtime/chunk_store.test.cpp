@@ -107,10 +107,8 @@ struct fixture {
     engine.on_stall = nullptr;  // the store's destructor synchronises; no test is watching then
   }
   static auto make_device(std::size_t c) {
-    if constexpr (std::is_same_v<device_type, simulated_device_space>)
-      return simulated_device_options{.capacity = c};
-    else
-      return c;
+    if constexpr (std::is_same_v<device_type, simulated_device_space>) return simulated_device_options{.capacity = c};
+    else return c;
   }
   std::size_t bytes() const { return store.bytes_of(chunk_kind::param); }
 

@@ -897,10 +897,8 @@ class json_checker {
   bool number() {
     const std::size_t start = i_;
     if (peek('-')) ++i_;
-    if (peek('0'))
-      ++i_;
-    else if (!digits())
-      return false;
+    if (peek('0')) ++i_;
+    else if (!digits()) return false;
     if (peek('.')) {
       ++i_;
       if (!digits()) return false;

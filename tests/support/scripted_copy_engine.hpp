@@ -325,10 +325,8 @@ class scripted_copy_engine {
     if (failure) {
       j.error = std::move(failure);
     } else if (j.bytes != 0) {
-      if (j.kind == detail::scripted_job_kind::copy)
-        std::memcpy(j.dst, j.src, j.bytes);
-      else
-        std::memset(j.dst, 0, j.bytes);
+      if (j.kind == detail::scripted_job_kind::copy) std::memcpy(j.dst, j.src, j.bytes);
+      else std::memset(j.dst, 0, j.bytes);
       if (j.kind == detail::scripted_job_kind::copy) {
         stats_[j.lane].bytes += j.bytes;
         stats_[j.lane].copies += 1;

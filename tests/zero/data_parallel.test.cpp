@@ -51,8 +51,7 @@ std::vector<float> reference(int ranks, std::vector<double>& clip) {
       r.rt.zero_grad();
       r.forward_backward(step, mb, [] {});
       const auto g = r.all(chunk_kind::grad);
-      if (mb == 0)
-        sum = g;
+      if (mb == 0) sum = g;
       else
         for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];  // rank order, in float
     }

@@ -67,8 +67,7 @@ trained reference(int ranks, int micro = 1, int n_steps = steps) {
       for (int a = 0; a < micro; ++a)
         losses[static_cast<std::size_t>(step - 1)].push_back(r.forward_backward(step, rank * micro + a, [] {}));
       const auto g = r.all(chunk_kind::grad);
-      if (rank == 0)
-        sum = g;
+      if (rank == 0) sum = g;
       else
         for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
     }
@@ -442,10 +441,8 @@ std::vector<recorded_rank> train_recorded(int ranks, sharding_options sharding, 
     const auto computed = [&] { me.log.push_back("computed"); };
     for (int step = 1; step <= steps; ++step) {
       me.log.push_back("iteration");
-      if (log_forward)
-        r.forward_backward(step, comm.rank(), computed, computed);
-      else
-        r.forward_backward(step, comm.rank(), computed);
+      if (log_forward) r.forward_backward(step, comm.rank(), computed, computed);
+      else r.forward_backward(step, comm.rank(), computed);
       me.log.push_back("step");
       REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
     }
@@ -476,12 +473,9 @@ TEST_CASE(
       bool open = false;
       std::size_t computed_since_start = 0;
       for (const auto& e : log) {
-        if (e == "iteration")
-          overlapped.push_back(0), started.push_back(0);
-        else if (e == "reduce-start")
-          open = true, computed_since_start = 0, ++started.back();
-        else if (e == "computed" && open)
-          ++computed_since_start;
+        if (e == "iteration") overlapped.push_back(0), started.push_back(0);
+        else if (e == "reduce-start") open = true, computed_since_start = 0, ++started.back();
+        else if (e == "computed" && open) ++computed_since_start;
         else if (e == "reduce-wait") {
           if (computed_since_start > 0) ++overlapped.back();
           open = false;
@@ -529,16 +523,11 @@ TEST_CASE(
       std::vector<std::size_t> sync, ahead, overlapped;
       std::size_t pending = 0, computed_since = 0;
       for (const auto& e : got[k].log) {
-        if (e == "iteration")
-          sync.push_back(0), ahead.push_back(0), overlapped.push_back(0);
-        else if (sync.empty())
-          continue;  // finalize()'s agreement on the configuration
-        else if (e == "allgather")
-          ++sync.back();
-        else if (e == "gather-start")
-          ++ahead.back(), ++pending, computed_since = 0;
-        else if (e == "computed")
-          ++computed_since;
+        if (e == "iteration") sync.push_back(0), ahead.push_back(0), overlapped.push_back(0);
+        else if (sync.empty()) continue;  // finalize()'s agreement on the configuration
+        else if (e == "allgather") ++sync.back();
+        else if (e == "gather-start") ++ahead.back(), ++pending, computed_since = 0;
+        else if (e == "computed") ++computed_since;
         else if (e == "gather-wait") {
           REQUIRE(pending > 0);
           --pending;
@@ -700,14 +689,10 @@ TEST_CASE("ZeRO memory-saving mode: each chunk's reduction to its owner runs whi
       std::vector<std::size_t> started, overlapped;
       std::size_t pending = 0, computed_since = 0;
       for (const auto& e : log) {
-        if (e == "iteration")
-          started.push_back(0), overlapped.push_back(0);
-        else if (started.empty())
-          continue;
-        else if (e == "reduce-start")
-          ++started.back(), ++pending, computed_since = 0;
-        else if (e == "computed")
-          ++computed_since;
+        if (e == "iteration") started.push_back(0), overlapped.push_back(0);
+        else if (started.empty()) continue;
+        else if (e == "reduce-start") ++started.back(), ++pending, computed_since = 0;
+        else if (e == "computed") ++computed_since;
         else if (e == "reduce-wait") {
           REQUIRE(pending > 0);
           --pending;

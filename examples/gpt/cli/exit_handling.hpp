@@ -29,10 +29,8 @@ inline int process_rank = 0;  // for messages: every rank of a parallel run prin
  *  alive. Checkpoints are written atomically, so nothing on disk is half-done. */
 [[noreturn]] inline void fatal(int code, const std::string& message) {
   std::fflush(stdout);
-  if (process_rank > 0)
-    std::fprintf(stderr, "error (rank %d): %s\n", process_rank, message.c_str());
-  else
-    std::fprintf(stderr, "error: %s\n", message.c_str());
+  if (process_rank > 0) std::fprintf(stderr, "error (rank %d): %s\n", process_rank, message.c_str());
+  else std::fprintf(stderr, "error: %s\n", message.c_str());
   std::fflush(stderr);
   std::_Exit(code);
 }

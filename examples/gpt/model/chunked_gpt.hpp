@@ -277,8 +277,7 @@ class chunked_gpt {
     void with_16bit(typename Runtime::scope& s, chunkstar::param_id id, bool grad, F&& f) {
       if (m_.rt_.options().param_type == chunkstar::dtype::bf16)
         f(grad ? s.template grad<chunkstar::bfloat16>(id) : s.template param<chunkstar::bfloat16>(id));
-      else
-        f(grad ? s.template grad<chunkstar::float16>(id) : s.template param<chunkstar::float16>(id));
+      else f(grad ? s.template grad<chunkstar::float16>(id) : s.template param<chunkstar::float16>(id));
     }
     float* view(typename Runtime::scope& s, chunkstar::param_id id, bool grad) {
       if (m_.rt_.options().param_type == chunkstar::dtype::f32)
@@ -286,8 +285,7 @@ class chunked_gpt {
       const std::size_t n = m_.rt_.spec(id).numel();
       staging_.emplace_back(m_, n);
       float* out = staging_.back().data();
-      if (grad)
-        m_.be_.zero(out, n);
+      if (grad) m_.be_.zero(out, n);
       else
         with_16bit(s, id, false, [&](auto span) {
           m_.be_.widen(reinterpret_cast<const std::byte*>(span.data()), m_.rt_.options().param_type, out, n);

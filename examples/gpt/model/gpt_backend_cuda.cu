@@ -292,8 +292,7 @@ void cuda_backend::add_into(std::byte* dst16, chunkstar::dtype t, const float* a
   else if (t == chunkstar::dtype::f16)
     add_into_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<chunkstar::float16*>(dst16),
                                                                        add, n);
-  else
-    add_into_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<float*>(dst16), add, n);
+  else add_into_kernel<<<grid, cuda::detail::block_size, 0, s_->stream>>>(reinterpret_cast<float*>(dst16), add, n);
   check(cudaGetLastError(), "gradient accumulation kernel launch");
 }
 

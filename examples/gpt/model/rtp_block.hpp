@@ -525,10 +525,8 @@ class rtp_block {
           "a pass");
     return [this](int which, auto&& f) {
       rotation_type& r = which == 0 ? *attn_ : *mlp_;
-      if constexpr (std::is_invocable_v<decltype(f), int, std::span<const float>>)
-        r.forward(f);
-      else
-        r.backward(f);
+      if constexpr (std::is_invocable_v<decltype(f), int, std::span<const float>>) r.forward(f);
+      else r.backward(f);
     };
   }
 

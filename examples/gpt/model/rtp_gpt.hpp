@@ -467,10 +467,8 @@ class rtp_gpt {
     // compute tier; the embedding and head on the vocabulary rotation; the blocks on theirs.
     m_.emplace(comm, *store_, specs_, backend_buffer_ops<Backend>{be_});
     for (auto& p : describe(c, world_, rank_)) {
-      if (p.replicated)
-        m_->add_replicated(std::move(p));
-      else
-        m_->add_rotated(std::move(p));
+      if (p.replicated) m_->add_replicated(std::move(p));
+      else m_->add_rotated(std::move(p));
     }
     m_->finalize();
     vocab_.emplace(*m_, 0, B * Tn, backend_vocab_kernels<Backend>{be_});
@@ -567,10 +565,8 @@ class rtp_gpt {
     m_->stage("h" + std::to_string(l), backward, {ia, ia + 1}, [&] {
       f([&](int which, auto&& g) {  // a forward's g(j, shard) or a backward's g(j, shard, grad)
         const std::size_t k = ia + static_cast<std::size_t>(which);
-        if constexpr (std::is_invocable_v<decltype(g), int, std::span<const float>>)
-          m_->forward(k, g);
-        else
-          m_->backward(k, g);
+        if constexpr (std::is_invocable_v<decltype(g), int, std::span<const float>>) m_->forward(k, g);
+        else m_->backward(k, g);
       });
     });
   }

@@ -197,8 +197,7 @@ TEST_CASE(
         got = scripted<static_placement, belady_eviction>(type, v.fraction, static_placement::all_device(), log);
       else if (std::string(v.name) == "lru 30%")
         got = scripted<auto_placement, lru_eviction>(type, v.fraction, auto_placement{}, log);
-      else
-        got = scripted<auto_placement, belady_eviction>(type, v.fraction, auto_placement{}, log);
+      else got = scripted<auto_placement, belady_eviction>(type, v.fraction, auto_placement{}, log);
       CHECK(got.losses == ref.losses);
       CHECK(got.params == ref.params);
       if (v.fraction < 1) CHECK(got.stats.bytes_moved() > 0);  // the budget really moves chunks

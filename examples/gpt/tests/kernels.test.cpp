@@ -320,10 +320,8 @@ TEST_CASE("matmul: forward is x W^T + b, backward matches finite differences, wi
                               OC);
     check_grad("x", x.data(), x.size(), dx.data(), dx0.data(), loss);
     check_grad("W", W.data(), W.size(), dW.data(), dW0.data(), loss);
-    if (with_bias)
-      check_grad("bias", bias.data(), bias.size(), db.data(), db0.data(), loss);
-    else
-      CHECK(db == db0);
+    if (with_bias) check_grad("bias", bias.data(), bias.size(), db.data(), db0.data(), loss);
+    else CHECK(db == db0);
   }
 }
 

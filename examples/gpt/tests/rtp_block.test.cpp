@@ -172,10 +172,8 @@ rank_record train_rank(Comm& comm, int iters) {
   block_buffers buf;
   auto snapshot = [&](bool grads) {
     block_tensors<float> s = nan_block();
-    if (grads)
-      blk.store_grads(s.view());
-    else
-      blk.store(s.view());
+    if (grads) blk.store_grads(s.view());
+    else blk.store(s.view());
     return s;
   };
   for (int it = 0; it < iters; ++it) {

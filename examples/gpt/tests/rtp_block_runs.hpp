@@ -58,10 +58,8 @@ rtp_block_record run_rtp_block(Comm& comm, Backend& b, int iters, float lr = 0.1
     float* const shard = (which == 0 ? attn_w : mlp_w).data();
     float* const sum_out = (which == 0 ? attn_g : mlp_g).data();
     const auto load = [&](std::span<float> d) { b.copy(d.data(), shard, d.size()); };
-    if constexpr (std::is_invocable_v<decltype(f), int, std::span<const float>>)
-      r.forward(load, f);
-    else
-      r.backward(load, f, [&](std::span<const float> sum) { b.copy(sum_out, sum.data(), sum.size()); });
+    if constexpr (std::is_invocable_v<decltype(f), int, std::span<const float>>) r.forward(load, f);
+    else r.backward(load, f, [&](std::span<const float> sum) { b.copy(sum_out, sum.data(), sum.size()); });
   };
 
   // This rank's shards and the replicas, by global index.

@@ -129,20 +129,16 @@ namespace checkpoint_detail {
 /** A sharded runtime (ZeRO) exposes `shards()`: who owns which chunk. Others hold everything. */
 template <class R>
 [[nodiscard]] shard_map shards_of(const R& rt) {
-  if constexpr (requires { rt.shards(); })
-    return rt.shards();
-  else
-    return {};
+  if constexpr (requires { rt.shards(); }) return rt.shards();
+  else return {};
 }
 /** The rank that saves tensor @p t of a sharded runtime: the one the runtime names
  *  (`rt.tensor_owner(t)`, for runtimes that split tensors some other way, such as RTP's), else the
  *  owner of the chunk that holds it (ZeRO). */
 template <class R>
 [[nodiscard]] int owner_of(const R& rt, std::size_t t) {
-  if constexpr (requires { rt.tensor_owner(t); })
-    return rt.tensor_owner(t);
-  else
-    return rt.shards().owner(rt.plan().slots[t].chunk);
+  if constexpr (requires { rt.tensor_owner(t); }) return rt.tensor_owner(t);
+  else return rt.shards().owner(rt.plan().slots[t].chunk);
 }
 /** Whether @p rt holds tensor @p t's data (it is in a chunk this rank owns). */
 template <class R>
@@ -157,8 +153,7 @@ template <class R>
                        rt.plan();
                      })
     return rt.shards().owns(rt.plan().slots[t].chunk);
-  else
-    return true;
+  else return true;
 }
 
 /** Writes the tensors of @p rt this rank holds into @p model_path and @p opt_path (see the file comment). */

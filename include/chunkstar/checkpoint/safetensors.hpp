@@ -170,10 +170,8 @@ inline void to_floats(const std::byte* src, safetensors_dtype t, std::span<float
     for (std::size_t i = 0; i < out.size(); ++i) {
       T v;
       std::memcpy(&v, src + i * sizeof(T), sizeof(T));
-      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>)
-        out[i] = to_float(v);
-      else
-        out[i] = static_cast<float>(v);
+      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) out[i] = to_float(v);
+      else out[i] = static_cast<float>(v);
     }
   };
   switch (t) {
@@ -361,28 +359,17 @@ class safetensors_writer {
   template <class T>
   static constexpr safetensors_dtype dtype_of_storage() {
     using U = std::remove_const_t<T>;
-    if constexpr (std::is_same_v<U, double>)
-      return safetensors_dtype::f64;
-    else if constexpr (std::is_same_v<U, float>)
-      return safetensors_dtype::f32;
-    else if constexpr (std::is_same_v<U, float16>)
-      return safetensors_dtype::f16;
-    else if constexpr (std::is_same_v<U, bfloat16>)
-      return safetensors_dtype::bf16;
-    else if constexpr (std::is_same_v<U, bool>)
-      return safetensors_dtype::boolean;
-    else if constexpr (std::is_same_v<U, std::int64_t>)
-      return safetensors_dtype::i64;
-    else if constexpr (std::is_same_v<U, std::int32_t>)
-      return safetensors_dtype::i32;
-    else if constexpr (std::is_same_v<U, std::int16_t>)
-      return safetensors_dtype::i16;
-    else if constexpr (std::is_same_v<U, std::int8_t>)
-      return safetensors_dtype::i8;
-    else if constexpr (std::is_same_v<U, std::uint8_t>)
-      return safetensors_dtype::u8;
-    else
-      static_assert(sizeof(U) == 0, "no safetensors dtype stores this type");
+    if constexpr (std::is_same_v<U, double>) return safetensors_dtype::f64;
+    else if constexpr (std::is_same_v<U, float>) return safetensors_dtype::f32;
+    else if constexpr (std::is_same_v<U, float16>) return safetensors_dtype::f16;
+    else if constexpr (std::is_same_v<U, bfloat16>) return safetensors_dtype::bf16;
+    else if constexpr (std::is_same_v<U, bool>) return safetensors_dtype::boolean;
+    else if constexpr (std::is_same_v<U, std::int64_t>) return safetensors_dtype::i64;
+    else if constexpr (std::is_same_v<U, std::int32_t>) return safetensors_dtype::i32;
+    else if constexpr (std::is_same_v<U, std::int16_t>) return safetensors_dtype::i16;
+    else if constexpr (std::is_same_v<U, std::int8_t>) return safetensors_dtype::i8;
+    else if constexpr (std::is_same_v<U, std::uint8_t>) return safetensors_dtype::u8;
+    else static_assert(sizeof(U) == 0, "no safetensors dtype stores this type");
   }
 
   static std::string shape_json(std::span<const std::int64_t> shape) {
@@ -631,12 +618,9 @@ class safetensors_file {
            ", must be an object with dtype, shape and data_offsets");
     const cd::json_value *dt = nullptr, *shape = nullptr, *offsets = nullptr;
     for (const auto& [k, m] : v.members) {
-      if (k == "dtype")
-        dt = &m;
-      else if (k == "shape")
-        shape = &m;
-      else if (k == "data_offsets")
-        offsets = &m;
+      if (k == "dtype") dt = &m;
+      else if (k == "shape") shape = &m;
+      else if (k == "data_offsets") offsets = &m;
       else
         fail("tensor '" + name + "' has an unknown field \"" + k +
              "\" (a safetensors entry has dtype, shape and data_offsets)");

@@ -260,10 +260,8 @@ concept Communicator = requires(C& c, const C& cc, void* p, const void* cp, std:
  *  own control-plane data through `allreduce(span<double>)` (comm/host_scalars.hpp). */
 template <class C>
 inline constexpr bool takes_device_memory_v = [] {
-  if constexpr (requires { C::takes_device_memory; })
-    return static_cast<bool>(C::takes_device_memory);
-  else
-    return false;
+  if constexpr (requires { C::takes_device_memory; }) return static_cast<bool>(C::takes_device_memory);
+  else return false;
 }();
 
 namespace detail {

@@ -75,10 +75,8 @@ class communicator_ref : public blocking_collectives<communicator_ref> {
       [](void* o, void* p, std::size_t n, int root) { return static_cast<C*>(o)->broadcast_async(p, n, root); },
       [](void* o, const void* s, void* r, std::size_t n) { return static_cast<C*>(o)->ring_shift_async(s, r, n); },
       [](const void* o) -> comm_stats {
-        if constexpr (requires(const C& c) { c.stats(); })
-          return static_cast<const C*>(o)->stats();
-        else
-          return {};
+        if constexpr (requires(const C& c) { c.stats(); }) return static_cast<const C*>(o)->stats();
+        else return {};
       },
   };
   void* obj_;

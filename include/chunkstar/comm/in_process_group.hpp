@@ -405,8 +405,7 @@ inline void in_process_communicator::run_allreduce(std::uint64_t index, const de
   if (call.kind == detail::collective_kind::allreduce_f64)
     detail::fold_ranks_f64(reinterpret_cast<double*>(scratch.data()), srcs.data(), static_cast<int>(n), hi - lo,
                            call.op);
-  else
-    detail::fold_ranks(scratch.data(), srcs.data(), static_cast<int>(n), hi - lo, call.type, call.op);
+  else detail::fold_ranks(scratch.data(), srcs.data(), static_cast<int>(n), hi - lo, call.type, call.op);
   g.sync(rank_, nullptr);
   for (std::size_t k = 0; k < n; ++k) {
     const auto [klo, khi] = range(k);

@@ -91,10 +91,8 @@ class staged_communicator : public blocking_collectives<staged_communicator<Inne
   /** @brief The inner communicator's byte counts (the volumes of its algorithm; staging copies are
    *  not network bytes). */
   [[nodiscard]] comm_stats stats() const {
-    if constexpr (requires(const Inner& c) { c.stats(); })
-      return inner_.stats();
-    else
-      return {};
+    if constexpr (requires(const Inner& c) { c.stats(); }) return inner_.stats();
+    else return {};
   }
   /** @brief Bytes copied device → host and host → device so far. */
   [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> staged_bytes() const noexcept {

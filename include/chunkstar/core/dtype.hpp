@@ -78,10 +78,8 @@ CHUNKSTAR_HOST_DEVICE constexpr float to_float(bfloat16 x) noexcept { return bf1
 /** @brief Narrow a float to storage type @p T with round-to-nearest-even. */
 template <class T>
 requires is_element_type_v<T> CHUNKSTAR_HOST_DEVICE constexpr T from_float(float x) noexcept {
-  if constexpr (std::is_same_v<T, float>)
-    return x;
-  else
-    return T(x);
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return T(x);
 }
 
 namespace simd_detail {

@@ -34,10 +34,8 @@ class function_ref<R(Args...)> {
  private:
   template <class F>
   static R invoke(void* object, Args... args) {
-    if constexpr (std::is_void_v<R>)
-      std::invoke(*static_cast<F*>(object), std::forward<Args>(args)...);
-    else
-      return std::invoke(*static_cast<F*>(object), std::forward<Args>(args)...);
+    if constexpr (std::is_void_v<R>) std::invoke(*static_cast<F*>(object), std::forward<Args>(args)...);
+    else return std::invoke(*static_cast<F*>(object), std::forward<Args>(args)...);
   }
 
   void* object_;

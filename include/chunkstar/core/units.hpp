@@ -70,10 +70,8 @@ inline std::string format_bytes(std::size_t bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0)
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  else
-    std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, names[u]);
+  if (u == 0) std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  else std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, names[u]);
   return buf;
 }
 

@@ -132,10 +132,8 @@ struct sq_op {
 template <class G>
 struct abs_bits_op {
   __device__ unsigned operator()(const G& x) const {
-    if constexpr (std::is_same_v<G, float>)
-      return __float_as_uint(x) & 0x7fffffffu;
-    else
-      return static_cast<unsigned>(x.bits & 0x7fffu);
+    if constexpr (std::is_same_v<G, float>) return __float_as_uint(x) & 0x7fffffffu;
+    else return static_cast<unsigned>(x.bits & 0x7fffu);
   }
 };
 struct max_op {
@@ -227,12 +225,9 @@ void max_abs_bits_device(std::span<const G> grad, unsigned* d_max_abs_bits, cuda
 template <class G>
 requires is_element_type_v<G>
 constexpr unsigned finite_limit_bits() noexcept {
-  if constexpr (std::is_same_v<G, float>)
-    return 0x7f800000u;
-  else if constexpr (std::is_same_v<G, float16>)
-    return 0x7c00u;
-  else
-    return 0x7f80u;
+  if constexpr (std::is_same_v<G, float>) return 0x7f800000u;
+  else if constexpr (std::is_same_v<G, float16>) return 0x7c00u;
+  else return 0x7f80u;
 }
 
 /** @brief True iff no element of @p grad (device memory) is inf or NaN. Synchronises @p stream. */

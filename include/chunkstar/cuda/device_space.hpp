@@ -123,10 +123,8 @@ class device_space {
     std::size_t free = 0, total = 0;
     try {
       const device_guard g(options_.device);
-      if (cudaMemGetInfo(&free, &total) == cudaSuccess)
-        u.largest_free_block = std::min(u.largest_free_block, free);
-      else
-        (void)cudaGetLastError();
+      if (cudaMemGetInfo(&free, &total) == cudaSuccess) u.largest_free_block = std::min(u.largest_free_block, free);
+      else (void)cudaGetLastError();
     } catch (const error&) {  // a report must not fail because the device is unhappy
     }
     return u;

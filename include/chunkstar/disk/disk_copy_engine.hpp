@@ -387,10 +387,8 @@ class basic_disk_copy_engine {
         l.stats.busy_s += busy;
       }
       lock.unlock();
-      if (j->failure)
-        j->done.set_exception(j->failure);
-      else
-        j->done.set_value();
+      if (j->failure) j->done.set_exception(j->failure);
+      else j->done.set_value();
       lock.lock();
       l.queue.pop_front();  // after the handle is ready: synchronize() returns only then
       l.wake.notify_all();
@@ -401,10 +399,8 @@ class basic_disk_copy_engine {
   void finish(job& j) {
     if (!options_.verify_checksums) return;
     using k = detail::disk_job_kind;
-    if (j.kind == k::zero_disk || (j.kind == k::write && j.failure))
-      checksums_.forget(j.offset, j.bytes);
-    else if (j.kind == k::write)
-      checksums_.record(j.offset, j.bytes, detail::crc32c(j.host, j.bytes));
+    if (j.kind == k::zero_disk || (j.kind == k::write && j.failure)) checksums_.forget(j.offset, j.bytes);
+    else if (j.kind == k::write) checksums_.record(j.offset, j.bytes, detail::crc32c(j.host, j.bytes));
     else if (j.kind == k::read && !j.failure) {
       std::uint32_t expect = 0;
       if (!checksums_.find(j.offset, j.bytes, expect)) return;
@@ -441,10 +437,8 @@ class basic_disk_copy_engine {
     const std::uint64_t lo = std::max<std::uint64_t>(j.offset, (j.offset / p + piece) * p);
     const std::uint64_t hi = std::min<std::uint64_t>(j.offset + j.bytes, (j.offset / p + piece + 1) * p);
     unsigned char* host = j.host == nullptr ? nullptr : j.host + (lo - j.offset);
-    if (j.kind == k::read)
-      read_range(lo, host, static_cast<std::size_t>(hi - lo), bounce);
-    else
-      write_range(lo, j.kind == k::write ? host : nullptr, static_cast<std::size_t>(hi - lo), bounce);
+    if (j.kind == k::read) read_range(lo, host, static_cast<std::size_t>(hi - lo), bounce);
+    else write_range(lo, j.kind == k::write ? host : nullptr, static_cast<std::size_t>(hi - lo), bounce);
   }
 
   [[nodiscard]] bool aligned(std::uint64_t off, const void* host, std::size_t n) const noexcept {

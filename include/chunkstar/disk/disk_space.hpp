@@ -139,8 +139,7 @@ class disk_space {
     int rc = ::fallocate(fd_owned_, 0, 0, static_cast<off_t>(capacity_));
     if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
       rc = ::posix_fallocate(fd_owned_, 0, static_cast<off_t>(capacity_));
-    else if (rc != 0)
-      rc = errno;
+    else if (rc != 0) rc = errno;
     if (rc != 0) {
       const std::string what = options_.name + ": cannot preallocate " + format_bytes(capacity_) + " (" +
                                std::to_string(capacity_) + " bytes) in '" + dir + "': " + std::strerror(rc);
@@ -199,10 +198,8 @@ class disk_space {
       const std::size_t start = addr - base;
       if (start - off > len || len - (start - off) < size) continue;
       const std::size_t tail_off = start + size, tail_len = off + len - tail_off;
-      if (start > off)
-        it->second = start - off;  // the head stays free
-      else
-        free_.erase(it);
+      if (start > off) it->second = start - off;  // the head stays free
+      else free_.erase(it);
       if (tail_len > 0) free_.emplace(tail_off, tail_len);
       (void)accounting_.try_reserve(size);  // cannot fail: the free extents never exceed the capacity
       return base_ + start;

@@ -79,8 +79,7 @@ class disk_tier {
       [](void* e, std::function<void()> w, copy_direction d) {
         if constexpr (requires(E & x, const waitable& h) { x.order_after(h, d); })
           static_cast<E*>(e)->order_after(waitable{std::move(w)}, d);
-        else
-          w();  // an engine that orders only after its own handles: wait here
+        else w();  // an engine that orders only after its own handles: wait here
       },
       [](void* e) { static_cast<E*>(e)->synchronize(); },
       [](const void* e) { return static_cast<const E*>(e)->stats(); },

@@ -101,10 +101,8 @@ class uring_io {
       const std::lock_guard lock(submit_mutex_);
       io_uring_sqe* sqe = get_sqe();
       if (sqe == nullptr) return -EBUSY;
-      if (write)
-        ::io_uring_prep_write(sqe, fd, buf, static_cast<unsigned>(n), off);
-      else
-        ::io_uring_prep_read(sqe, fd, buf, static_cast<unsigned>(n), off);
+      if (write) ::io_uring_prep_write(sqe, fd, buf, static_cast<unsigned>(n), off);
+      else ::io_uring_prep_read(sqe, fd, buf, static_cast<unsigned>(n), off);
       ::io_uring_sqe_set_data(sqe, &r);
       const int rc = ::io_uring_submit(&ring_);
       if (rc < 0) return rc;

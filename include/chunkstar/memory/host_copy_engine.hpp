@@ -226,10 +226,8 @@ class host_copy_engine {
         l.stats.copies += 1;
         l.stats.busy_s += busy;
       }
-      if (failure)
-        j.done.set_exception(failure);
-      else
-        j.done.set_value();
+      if (failure) j.done.set_exception(failure);
+      else j.done.set_value();
       {
         const std::lock_guard lock(l.mutex);
         --l.pending;

@@ -110,10 +110,8 @@ class host_space {
       deallocate_large(p, n);
       return;
     }
-    if (is_mid(n))
-      deallocate_mid(p, n);
-    else
-      ::operator delete (p, std::align_val_t{a});
+    if (is_mid(n)) deallocate_mid(p, n);
+    else ::operator delete (p, std::align_val_t{a});
     accounting_.release(n);
   }
 

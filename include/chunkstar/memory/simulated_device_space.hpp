@@ -94,10 +94,8 @@ class simulated_device_space {
   /** @brief Return a block; `n` and `a` as passed to allocate. */
   void deallocate(void* p, std::size_t n, std::size_t a = alignof(std::max_align_t)) noexcept {
     if (p == nullptr) return;
-    if (is_large(n))
-      deallocate_large(p, n);
-    else
-      ::operator delete (p, std::align_val_t{a});
+    if (is_large(n)) deallocate_large(p, n);
+    else ::operator delete (p, std::align_val_t{a});
     accounting_.release(n);
   }
 

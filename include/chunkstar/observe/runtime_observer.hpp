@@ -114,10 +114,8 @@ class observer_ref {
         static_cast<O*>(o)->on_scope_close(k, n, b, e);
       },
       [](void* o, tier from, tier to, double b, double e) {
-        if constexpr (requires(O & x) { x.on_copy(from, to, b, e); })
-          static_cast<O*>(o)->on_copy(from, to, b, e);
-        else if (from != tier::disk && to != tier::disk)
-          static_cast<O*>(o)->on_copy(from, b, e);
+        if constexpr (requires(O & x) { x.on_copy(from, to, b, e); }) static_cast<O*>(o)->on_copy(from, to, b, e);
+        else if (from != tier::disk && to != tier::disk) static_cast<O*>(o)->on_copy(from, b, e);
       },
       [](void* o, double b, double e) { static_cast<O*>(o)->on_step(b, e); },
       [](void* o, const memory_levels& l) { static_cast<O*>(o)->on_memory(l); },

@@ -188,10 +188,8 @@ void adam_update_isa(std::span<float> master, std::span<float> m, std::span<floa
           optim_detail::adam_kernels<Isa>::template range<G, P, decltype(write_param)::value>(ptrs, c, b, e);
         });
   };
-  if (param_out.empty())
-    run(std::false_type{});
-  else
-    run(std::true_type{});
+  if (param_out.empty()) run(std::false_type{});
+  else run(std::true_type{});
 }
 
 /** @brief One fused Adam(W) step over a range of a chunk, on the host.

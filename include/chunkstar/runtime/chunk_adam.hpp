@@ -262,12 +262,9 @@ class chunk_adam {
   };
   template <class Runtime>
   void run_adam(const adam_chunk& a, const adam_hyper& h, const adam_step_args& args, tier where) const {
-    if (where == tier::host || device_on_host<Runtime>)
-      host_adam_kernels::adam(a, h, args);
-    else if constexpr (asynchronous<Runtime>)
-      Kernels::adam_async(a, h, args);
-    else
-      Kernels::adam(a, h, args);
+    if (where == tier::host || device_on_host<Runtime>) host_adam_kernels::adam(a, h, args);
+    else if constexpr (asynchronous<Runtime>) Kernels::adam_async(a, h, args);
+    else Kernels::adam(a, h, args);
   }
 
   /** A step decided (norm, clip, scale) whose update has not finished. */

@@ -1,15 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
- *  @brief `chunk_store`: the chunks themselves — their slots (chunk_slots.hpp) — and the mechanics
- *         that change them: allocate, move, zero-fill, pin, release, wait, retire the buffers
- *         finished copies read. It decides nothing: what moves where, and when, is the caller's.
+ *  @brief `chunk_store`: the chunks (their slots: chunk_slots.hpp) and the mechanics that change
+ *         them — allocate, move, zero-fill, pin, release, wait, retire the buffers finished copies
+ *         read. It decides nothing: what moves where, and when, is the caller's.
  *
  *  Every operation gives the strong guarantee on the logical state (tier, payload, residency
- *  counters): it changes it after its last call that can throw, so after a throw the chunk is where
- *  it was. Decisions read only that logical state, never whether a copy happens to have finished,
- *  so they are deterministic. The destructor waits for every copy and never throws.
- *
- *  Built beside it on these mechanics: a tier below the host joins move() through `lower_tier`
+ *  counters): it changes it after its last call that can throw. Decisions read only that state,
+ *  never whether a copy has finished, so they are deterministic. The destructor waits for every
+ *  copy and never throws. Built beside it: a tier below the host joins move() through `lower_tier`
  *  (the disk: disk_moves.hpp); chunk_values.hpp reads and writes values; ZeRO's group buffers
  *  (zero/group_buffers.hpp) live in its unslotted buffers; chunk_store_report.hpp reports. */
 #pragma once
@@ -114,10 +112,8 @@ class chunk_store : public chunk_slots<P> {
    *  owns: the others are `remote`. */
   void allocate_initial(bool sharded = false, int rank = 0) {
     this->for_each([&](chunk_id id, slot& s) {
-      if (sharded && s.owner != rank)
-        s.where = tier::remote;
-      else if (id.kind != chunk_kind::grad)
-        allocate_initial(id);
+      if (sharded && s.owner != rank) s.where = tier::remote;
+      else if (id.kind != chunk_kind::grad) allocate_initial(id);
     });
   }
   /** @brief Gives chunk @p id a zeroed payload at finalize: on the host, spilling to the device
@@ -173,12 +169,9 @@ class chunk_store : public chunk_slots<P> {
   void deallocate(tier t, void* p, std::size_t bytes) noexcept {
     if (p == nullptr) return;
     bytes = footprint(t, bytes);
-    if (t == tier::device)
-      this->device_.deallocate(p, bytes, this->alignment_);
-    else if (t == tier::disk)
-      lower_->space().deallocate(p, bytes, this->alignment_);
-    else
-      host_.deallocate(p, bytes, this->alignment_);
+    if (t == tier::device) this->device_.deallocate(p, bytes, this->alignment_);
+    else if (t == tier::disk) lower_->space().deallocate(p, bytes, this->alignment_);
+    else host_.deallocate(p, bytes, this->alignment_);
   }
   /** @brief Chunk @p id's payload becomes @p data on @p to (an old one is the caller's to free),
    *  counted there; @p arrival: a new tick for `loaded_at`. */
@@ -283,10 +276,8 @@ class chunk_store : public chunk_slots<P> {
    *  (capacity was reserved), a fresh one is freed. */
   void give_back(buffer& b, tier t, std::size_t bytes) noexcept {
     if (b.p == nullptr) return;
-    if (b.reused)
-      retiring_.add({*b.reused, b.p, t, bytes, now_us()});
-    else
-      deallocate(t, b.p, bytes);
+    if (b.reused) retiring_.add({*b.reused, b.p, t, bytes, now_us()});
+    else deallocate(t, b.p, bytes);
     b.p = nullptr;
   }
   /** A device buffer of @p bytes for a job on @p lane that never blocks the caller: a free one when
@@ -339,12 +330,9 @@ void chunk_store<P>::allocate_initial(chunk_id id) {
             ", use a smaller model, or fewer optimizer-state lists (runtime_options::optimizer_state)",
         bytes, report());
   try {
-    if (got == tier::disk)
-      lower_->zero(p, footprint(tier::disk, bytes));
-    else if (got == tier::host || device_is_host_accessible)
-      std::memset(p, 0, bytes);
-    else
-      copier_.zero_async(p, bytes).wait();
+    if (got == tier::disk) lower_->zero(p, footprint(tier::disk, bytes));
+    else if (got == tier::host || device_is_host_accessible) std::memset(p, 0, bytes);
+    else copier_.zero_async(p, bytes).wait();
   } catch (...) {
     deallocate(got, p, bytes);
     throw;
@@ -375,8 +363,7 @@ void chunk_store<P>::move(chunk_id id, tier to, move_reason why, std::size_t dev
     std::string why;
     if (to == tier::device)
       why = ": the device is full of non-model data; raise the device space's capacity or lower the activation memory";
-    else if (!lower_)
-      why = ": host and device are both full; raise the host space's capacity";
+    else if (!lower_) why = ": host and device are both full; raise the host space's capacity";
     else  // the lower tier may have room, but everything on the host is in use or in transit
       why = lower_->why_host_full();
     throw out_of_memory_error("no room on the " + std::string(tier_name(to)) + " for chunk " + to_string(id) + " (" +
@@ -416,10 +403,8 @@ void chunk_store<P>::materialise(chunk_id id, tier where, std::size_t device_res
                               bytes, report());
   std::optional<copy_handle> h;
   try {
-    if (where == tier::device)
-      h = copier_.zero_async(p.p, bytes);
-    else
-      std::memset(p.p, 0, bytes);
+    if (where == tier::device) h = copier_.zero_async(p.p, bytes);
+    else std::memset(p.p, 0, bytes);
   } catch (...) {
     give_back(p, where, bytes);
     throw;

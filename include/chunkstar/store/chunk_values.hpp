@@ -38,23 +38,19 @@ class chunk_values {
   void read_bytes(chunk_id id, std::size_t offset, std::span<std::byte> out) const {
     const std::byte* src = static_cast<const std::byte*>(ready(id, "read")) + offset;
     const tier where = store_.at(id).where;
-    if (where == tier::disk)
-      store_.lower()->copy(out.data(), src, out.size(), copy_direction::to_device);
+    if (where == tier::disk) store_.lower()->copy(out.data(), src, out.size(), copy_direction::to_device);
     else if (where == tier::device && !Store::device_is_host_accessible)
       store_.copier().copy(out.data(), src, out.size(), copy_direction::to_host);
-    else
-      std::memcpy(out.data(), src, out.size());
+    else std::memcpy(out.data(), src, out.size());
   }
   /** @brief Writes @p in at byte @p offset of chunk @p id's payload. */
   void write_bytes(chunk_id id, std::size_t offset, std::span<const std::byte> in) const {
     std::byte* dst = static_cast<std::byte*>(ready(id, "write")) + offset;
     const tier where = store_.at(id).where;
-    if (where == tier::disk)
-      store_.lower()->copy(dst, in.data(), in.size(), copy_direction::to_host);
+    if (where == tier::disk) store_.lower()->copy(dst, in.data(), in.size(), copy_direction::to_host);
     else if (where == tier::device && !Store::device_is_host_accessible)
       store_.copier().copy(dst, in.data(), in.size(), copy_direction::to_device);
-    else
-      std::memcpy(dst, in.data(), in.size());
+    else std::memcpy(dst, in.data(), in.size());
   }
 
   /** @brief Reads @p out.size() elements at element @p offset of chunk @p id as fp32 (a FREE

@@ -474,10 +474,8 @@ void residency_manager<P, Placement, Eviction, TracerT>::prefetch_from_disk(std:
   }
   for (const auto& op : ops) {
     try {
-      if (op.what == disk_op::kind::write)
-        store_.move(op.id, tier::disk, move_reason::evict);
-      else
-        read_from_disk(op.id, {}, m, true);
+      if (op.what == disk_op::kind::write) store_.move(op.id, tier::disk, move_reason::evict);
+      else read_from_disk(op.id, {}, m, true);
     } catch (const state_error&) {
       throw;
     } catch (const std::exception&) {

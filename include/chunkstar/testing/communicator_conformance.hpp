@@ -182,12 +182,9 @@ std::vector<double> abs_sum(std::uint64_t seed, int nranks, std::size_t n) {
 
 template <class T>
 constexpr double unit_roundoff() {
-  if constexpr (std::is_same_v<T, float>)
-    return 0x1p-24;
-  else if constexpr (std::is_same_v<T, float16>)
-    return 0x1p-11;
-  else
-    return 0x1p-8;
+  if constexpr (std::is_same_v<T, float>) return 0x1p-24;
+  else if constexpr (std::is_same_v<T, float16>) return 0x1p-11;
+  else return 0x1p-8;
 }
 
 /** @brief Index of the first element where @p got_bytes differs from @p want (bitwise when exact,
@@ -449,10 +446,8 @@ void reduce_checks(conformance_report& r, C& comm, bool exact) {
                                  " on rank " + std::to_string(rk) +
                                  (null_elsewhere ? " (recv null" : " (recv overlapping send") + " on the other ranks)";
         // A config_error here is not caught: the other ranks are in the collective already.
-        if (async)
-          comm.reduce_async(send.data(), out, count, dtype::f32, reduce_op::sum, root).wait();
-        else
-          comm.reduce(send.data(), out, count, dtype::f32, reduce_op::sum, root);
+        if (async) comm.reduce_async(send.data(), out, count, dtype::f32, reduce_op::sum, root).wait();
+        else comm.reduce(send.data(), out, count, dtype::f32, reduce_op::sum, root);
         if (rk == root) {
           const std::size_t bad = first_bad(recv.read(), reference<float>(seed, n, count, reduce_op::sum), exact,
                                             abs_sum<float>(seed, n, count), n);
@@ -475,10 +470,8 @@ void reduce_checks(conformance_report& r, C& comm, bool exact) {
     for (int root = 0; root < n; ++root) {
       for (bool async : {false, true}) {
         const comm_stats before = comm.stats();
-        if (async)
-          comm.reduce_async(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root).wait();
-        else
-          comm.reduce(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root);
+        if (async) comm.reduce_async(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root).wait();
+        else comm.reduce(send.data(), recv.data(), count, dtype::f16, reduce_op::sum, root);
         const comm_stats after = comm.stats();
         const std::uint64_t sent = after.bytes_sent - before.bytes_sent;
         const std::uint64_t received = after.bytes_received - before.bytes_received;
@@ -702,8 +695,7 @@ void async_checks(conformance_report& r, C& comm, bool exact) {
   if (rk == 0)  // min is order-free: exact on every model
     r.expect(first_bad(red_recv.read(), reference<float16>(s6, n, count, reduce_op::min), true, {}, n) == count,
              where + ": reduce (f16 min) to root 0 wrong");
-  else
-    r.expect(red_recv.read() == red_fill, where + ": reduce to root 0 wrote recv on another rank");
+  else r.expect(red_recv.read() == red_fill, where + ": reduce to root 0 wrote recv on another rank");
   const auto red_mine = rank_data<float>(s7, rk, count);
   if (rk == n - 1)
     r.expect(first_bad(red_inout.read(), reference<float>(s7, n, count, reduce_op::sum), exact,

@@ -51,8 +51,7 @@ struct conformance_report {
     if (!holds) {
       if constexpr (std::is_invocable_v<Message&>)
         record_failure(failures.size() < max_recorded ? std::string(message()) : std::string());
-      else
-        record_failure(failures.size() < max_recorded ? std::string(std::forward<Message>(message)) : std::string());
+      else record_failure(failures.size() < max_recorded ? std::string(std::forward<Message>(message)) : std::string());
     }
     return holds;
   }

@@ -301,8 +301,7 @@ template <rtp::ShardStore S, class WithStore>
         });
         now.push_back(w);
       }
-      if (trial == 0)
-        first_result = now;
+      if (trial == 0) first_result = now;
       else if (trial == 1)
         for (std::size_t k = 0; k < now.size(); ++k)
           r.expect(d::same_bits(now[k], first_result[k]), "two stores given the same inputs ended with different bits");

@@ -141,10 +141,8 @@ inline trace_script random_script(conformance_rng& rng, std::size_t max_moments)
     m.name = std::string(names[rng.below(6)]);  // repeats, as forward and backward of one layer do
     const std::size_t events = rng.below(5);
     for (std::size_t e = 0; e < events; ++e) {
-      if (rng.below(5) < 3)
-        m.events.push_back({true, pool[rng.below(6)], 0});
-      else
-        m.events.push_back({false, {}, rng.below(2 * carry_floor)});
+      if (rng.below(5) < 3) m.events.push_back({true, pool[rng.below(6)], 0});
+      else m.events.push_back({false, {}, rng.below(2 * carry_floor)});
     }
   }
   auto& first = s.front().events;
@@ -296,10 +294,8 @@ requires std::invocable<Make&> && Tracer<std::remove_cvref_t<std::invoke_result_
           } else if (must_be_ready) {
             r.expect(t.ready(), [&] { return ctx + ": not ready() though the trace matches this iteration so far"; });
           }
-          if (t.ready() && current && !injected)
-            check_answers(*current);
-          else if (!t.ready())
-            check_neutral(current ? *current : ref);
+          if (t.ready() && current && !injected) check_answers(*current);
+          else if (!t.ready()) check_neutral(current ? *current : ref);
           if (inject_at && m == *inject_at && t.ready()) {
             t.record_non_model(t.non_model_peak(m) + 1);
             t.record_non_model(level);

@@ -29,8 +29,7 @@ int main() {
                                    {.step = 2});
       const double sq = sum_of_squares<float>(std::span<const float>(g));
       master.push_back(static_cast<float>(sq));
-      if (ref.empty())
-        ref = master;
+      if (ref.empty()) ref = master;
       else if (master != ref) {
         std::printf("FAIL: the %s path differs from the portable one\n", std::string(cpu_isa_name(isa)).c_str());
         return 1;

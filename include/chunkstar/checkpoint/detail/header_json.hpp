@@ -205,14 +205,10 @@ class json_reader {
     for (int i = 0; i < 4; ++i) {
       const char c = peek();
       u <<= 4;
-      if (c >= '0' && c <= '9')
-        u |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        u |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        u |= static_cast<unsigned>(c - 'A' + 10);
-      else
-        fail("bad \\u escape (expected 4 hex digits)");
+      if (c >= '0' && c <= '9') u |= static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f') u |= static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F') u |= static_cast<unsigned>(c - 'A' + 10);
+      else fail("bad \\u escape (expected 4 hex digits)");
       ++pos_;
     }
     return u;
@@ -241,14 +237,10 @@ class json_reader {
     const auto b0 = static_cast<unsigned char>(s_[pos_]);
     std::size_t len;
     std::uint32_t cp;
-    if (b0 >= 0xc2 && b0 <= 0xdf)
-      len = 2, cp = b0 & 0x1fu;
-    else if (b0 >= 0xe0 && b0 <= 0xef)
-      len = 3, cp = b0 & 0x0fu;
-    else if (b0 >= 0xf0 && b0 <= 0xf4)
-      len = 4, cp = b0 & 0x07u;
-    else
-      fail("invalid UTF-8 in a string");
+    if (b0 >= 0xc2 && b0 <= 0xdf) len = 2, cp = b0 & 0x1fu;
+    else if (b0 >= 0xe0 && b0 <= 0xef) len = 3, cp = b0 & 0x0fu;
+    else if (b0 >= 0xf0 && b0 <= 0xf4) len = 4, cp = b0 & 0x07u;
+    else fail("invalid UTF-8 in a string");
     if (s_.size() - pos_ < len) fail("truncated UTF-8 sequence in a string");
     for (std::size_t i = 1; i < len; ++i) {
       const auto b = static_cast<unsigned char>(s_[pos_ + i]);
@@ -327,14 +319,10 @@ inline bool is_valid_utf8(std::string_view s) noexcept {
     }
     std::size_t len;
     std::uint32_t cp;
-    if (b0 >= 0xc2 && b0 <= 0xdf)
-      len = 2, cp = b0 & 0x1fu;
-    else if (b0 >= 0xe0 && b0 <= 0xef)
-      len = 3, cp = b0 & 0x0fu;
-    else if (b0 >= 0xf0 && b0 <= 0xf4)
-      len = 4, cp = b0 & 0x07u;
-    else
-      return false;
+    if (b0 >= 0xc2 && b0 <= 0xdf) len = 2, cp = b0 & 0x1fu;
+    else if (b0 >= 0xe0 && b0 <= 0xef) len = 3, cp = b0 & 0x0fu;
+    else if (b0 >= 0xf0 && b0 <= 0xf4) len = 4, cp = b0 & 0x07u;
+    else return false;
     if (s.size() - i < len) return false;
     for (std::size_t k = 1; k < len; ++k) {
       const auto b = static_cast<unsigned char>(s[i + k]);
