@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace gpt {
@@ -109,12 +110,7 @@ class chunked_session {
         with_disk ? std::min(model_bytes, host_capacity_ == SIZE_MAX ? model_bytes : host_capacity_ + device_capacity_)
                   : model_bytes;
     check_memory(host_memory_need(in_memory + collective, act_, device_capacity_, device_free == 0));
-    cpu::blas_warm_up();  // the BLAS's buffers before the model data: under ulimit -v it never waits for room
-    const double bandwidth = static_cast<double>(bytes_option("--link-bandwidth", o.link_bandwidth));
-    const copy_model link{.bandwidth_bytes_per_s = bandwidth,
-                          .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
-    memory_.emplace(plan.device.gpu, device_capacity_, host_capacity_, link, with_disk);
-    open_disk(disk_, o, disk_capacity_);
+    open_memory(memory_, disk_, o, plan.device.gpu, device_capacity_, host_capacity_, disk_capacity_);
 
     // The runtime and the model: every parameter registered in execution order.
     rt_.emplace(memory_->device, memory_->host, memory_->copier, comm_, ro, layout,
@@ -181,9 +177,7 @@ class chunked_session {
                        " | host " + format_bytes(rt_->host_chunk_bytes()) + " | moved " +
                        format_bytes(s.bytes_moved() - before_.bytes_moved()) + " | stall " +
                        one_decimal(1e3 * (s.stall_s - before_.stall_s)) + " ms";
-    if (disk_) line += disk_step_report(*rt_, before_);
-    memory_->device.reset_peak();
-    return line;
+    return end_step_line(std::move(line), disk_, *rt_, before_, memory_->device);
   }
 
   /** The run's summary after the common line: what the runtime did, per tier and per rank. */

@@ -31,6 +31,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gpt {
@@ -86,12 +87,7 @@ class rtp_session {
         with_disk ? std::min(model_bytes, host_capacity_ == SIZE_MAX ? model_bytes : host_capacity_ + device_capacity_)
                   : model_bytes;
     check_memory(host_memory_need(in_memory, act, device_capacity_, device_free == 0));
-    cpu::blas_warm_up();  // the BLAS's buffers before the model data: under ulimit -v it never waits for room
-    const double bandwidth = static_cast<double>(bytes_option("--link-bandwidth", o.link_bandwidth));
-    const copy_model link{.bandwidth_bytes_per_s = bandwidth,
-                          .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
-    memory_.emplace(plan.device.gpu, device_capacity_, host_capacity_, link, with_disk);
-    open_disk(disk_, o, disk_capacity_);
+    open_memory(memory_, disk_, o, plan.device.gpu, device_capacity_, host_capacity_, disk_capacity_);
     backend_.emplace(memory_->make_backend());
     // The runtime's communicator is a one-rank one: RTP talks in the model's rotations.
     rt_.emplace(memory_->device, memory_->host, memory_->copier, one_ref_,
@@ -160,11 +156,11 @@ class rtp_session {
     std::string line = "sent " + format_bytes(step_bytes_) + " | device " + format_bytes(memory_->device.usage().peak) +
                        " / " + format_bytes(device_capacity_) + " | moved " +
                        format_bytes(s.bytes_moved() - before_.bytes_moved()) + " | stall " + stall + " ms";
-    if (disk_) line += disk_step_report(*rt_, before_);
-    memory_->device.reset_peak();
-    return line;
+    return end_step_line(std::move(line), disk_, *rt_, before_, memory_->device);
   }
 
+  /** The run's summary after the common line: rank 0's chunk traffic, then the largest rank's memory
+   *  and the bytes it sent beside the theory. */
   void print_summary() {
     const runtime_stats& s = rt_->stats();
     std::printf(

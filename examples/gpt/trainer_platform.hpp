@@ -147,6 +147,29 @@ std::string disk_step_report(const Runtime& rt, const runtime_stats& before) {
          std::to_string(static_cast<long long>(1e3 * (s.disk_stall_s - before.disk_stall_s))) + " ms";
 }
 
+/** The run's memory at these budgets: the platform's spaces (with a modelled link when
+ *  --link-bandwidth asks) and the disk tier of --disk-dir, if any. The BLAS's buffers come first: under
+ *  ulimit -v it never waits for room. */
+template <class Parts>
+void open_memory(std::optional<Parts>& memory, std::optional<disk_parts>& disk, const train_options& o, int gpu,
+                 std::size_t device_capacity, std::size_t host_capacity, std::size_t disk_capacity) {
+  cpu::blas_warm_up();
+  const double bandwidth = static_cast<double>(bytes_option("--link-bandwidth", o.link_bandwidth));
+  const copy_model link{.bandwidth_bytes_per_s = bandwidth, .latency_s = bandwidth > 0 ? modelled_copy_latency_s : 0.0};
+  memory.emplace(gpu, device_capacity, host_capacity, link, !o.disk_dir.empty());
+  open_disk(disk, o, disk_capacity);
+}
+
+/** A step line's end: the disk's part, when there is a disk tier; the device's peak then starts
+ *  again for the next step. */
+template <class Runtime, class Device>
+std::string end_step_line(std::string line, const std::optional<disk_parts>& disk, const Runtime& rt,
+                          const runtime_stats& before, Device& device) {
+  if (disk) line += disk_step_report(rt, before);
+  device.reset_peak();
+  return line;
+}
+
 /** The summary's disk line. */
 inline void print_disk_summary(const runtime_stats& s, std::size_t host_capacity, std::size_t disk_capacity) {
   std::printf(

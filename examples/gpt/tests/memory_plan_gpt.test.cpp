@@ -97,6 +97,32 @@ chunked_result chunked(int n, sharding_options sharding) {
           *std::max_element(peak.begin(), peak.end())};
 }
 
+/** Rank @p rank's plan under RTP on @p n ranks: its shard tensors in a one-rank chunk runtime,
+ *  opened stage by stage, beside the model's non-model bytes. */
+template <class Model>
+memory_plan rtp_plan(int n, int rank) {
+  const auto specs = Model::shard_tensors(cfg, n, rank);
+  return plan_memory(specs, layout_of(specs), {.param_type = dtype::f32}, 1, Model::stage_scopes(cfg, n, rank),
+                     Model::compute_tier_bytes(cfg, n, shape.batch, shape.seq));
+}
+
+/** Two AdamW steps of the RTP GPT on @p n ranks, this rank's parts in @p rt (a chunk shard store). */
+template <class Model, class Store, class Runtime>
+void rtp_steps(in_process_communicator& comm, Runtime& rt, int n) {
+  Store store(rt);
+  Model model(comm, store, cfg, shape.batch, shape.seq);
+  model.init(42);
+  const auto data = gpt::load_text("", shape.seq);
+  std::vector<int> tokens(shape.batch * shape.seq), targets(tokens.size());
+  for (int step = 1; step <= 2; ++step) {
+    gpt::fill_batch(data.train, 1, gpt::train_key(step, comm.rank()), shape.batch, shape.seq, tokens.data(),
+                    targets.data());
+    (void)model.forward(tokens.data(), targets.data());
+    model.backward(tokens.data(), targets.data());
+    (void)model.step({.lr = 3e-3f, .weight_decay = 0.1f}, param_groups::with_default_decay(0.1f), n, 1.0f);
+  }
+}
+
 /** The RTP run on @p n ranks, each rank's parts in its own chunk runtime, resident. */
 std::pair<std::size_t, std::size_t> rtp(int n) {
   using rt_type = chunk_runtime<fixed_chunk_layout, static_placement>;
@@ -104,28 +130,14 @@ std::pair<std::size_t, std::size_t> rtp(int n) {
   using model_type = gpt::rtp_gpt<in_process_communicator, store_type>;
   std::vector<std::size_t> need(static_cast<std::size_t>(n)), peak(static_cast<std::size_t>(n));
   run_ranks(n, [&](in_process_communicator& comm) {
-    const auto specs = model_type::shard_tensors(cfg, n, comm.rank());
-    const auto layout = layout_of(specs);
-    const memory_plan plan =
-        plan_memory(specs, layout, {.param_type = dtype::f32}, 1, model_type::stage_scopes(cfg, n, comm.rank()),
-                    model_type::compute_tier_bytes(cfg, n, shape.batch, shape.seq));
+    const auto layout = layout_of(model_type::shard_tensors(cfg, n, comm.rank()));
+    const memory_plan plan = rtp_plan<model_type>(n, comm.rank());
     simulated_device_space dev({.capacity = std::size_t{1} << 30});
     host_space host;
     host_copy_engine copier;
     single_process_communicator one;
     rt_type rt(dev, host, copier, one, {.param_type = dtype::f32}, layout, static_placement::all_device());
-    store_type store(rt);
-    model_type model(comm, store, cfg, shape.batch, shape.seq);
-    model.init(42);
-    const auto data = gpt::load_text("", shape.seq);
-    std::vector<int> tokens(shape.batch * shape.seq), targets(tokens.size());
-    for (int step = 1; step <= 2; ++step) {
-      gpt::fill_batch(data.train, 1, gpt::train_key(step, comm.rank()), shape.batch, shape.seq, tokens.data(),
-                      targets.data());
-      (void)model.forward(tokens.data(), targets.data());
-      model.backward(tokens.data(), targets.data());
-      (void)model.step({.lr = 3e-3f, .weight_decay = 0.1f}, param_groups::with_default_decay(0.1f), n, 1.0f);
-    }
+    rtp_steps<model_type, store_type>(comm, rt, n);
     need[static_cast<std::size_t>(comm.rank())] = plan.device_for_resident();
     peak[static_cast<std::size_t>(comm.rank())] = dev.usage().peak;
   });
@@ -201,31 +213,15 @@ TEST_CASE(
   for (const int n : {1, 2, 4}) {
     CAPTURE(n);
     run_ranks(n, [&](in_process_communicator& comm) {
-      const auto specs = model_type::shard_tensors(cfg, n, comm.rank());
-      const auto layout = layout_of(specs);
-      const memory_plan plan =
-          plan_memory(specs, layout, {.param_type = dtype::f32}, 1, model_type::stage_scopes(cfg, n, comm.rank()),
-                      model_type::compute_tier_bytes(cfg, n, shape.batch, shape.seq));
+      const auto layout = layout_of(model_type::shard_tensors(cfg, n, comm.rank()));
+      const memory_plan plan = rtp_plan<model_type>(n, comm.rank());
       REQUIRE(plan.device_floor() < plan.device_for_resident());  // chunks must move
       simulated_device_space dev({.capacity = plan.device_floor()});
       host_space host;
       host_copy_engine copier;
       single_process_communicator one;  // the store's runtime is a one-rank one
       rt_type rt(dev, host, copier, one, {.param_type = dtype::f32}, layout, auto_placement{});
-      store_type store(rt);
-      model_type model(comm, store, cfg, shape.batch, shape.seq);
-      model.init(42);
-      const auto data = gpt::load_text("", shape.seq);
-      std::vector<int> tokens(shape.batch * shape.seq), targets(tokens.size());
-      CHECK_NOTHROW([&] {
-        for (int step = 1; step <= 2; ++step) {
-          gpt::fill_batch(data.train, 1, gpt::train_key(step, comm.rank()), shape.batch, shape.seq, tokens.data(),
-                          targets.data());
-          (void)model.forward(tokens.data(), targets.data());
-          model.backward(tokens.data(), targets.data());
-          (void)model.step({.lr = 3e-3f, .weight_decay = 0.1f}, param_groups::with_default_decay(0.1f), n, 1.0f);
-        }
-      }());
+      CHECK_NOTHROW(rtp_steps<model_type, store_type>(comm, rt, n));
     });
   }
 }
