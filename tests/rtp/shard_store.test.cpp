@@ -43,6 +43,14 @@ struct unaveraged_store : rtp::host_shard_store {
   }
 };
 
+/** A store whose sleep loses the accumulated gradients: the laws must catch it. */
+struct forgetful_store : rtp::host_shard_store {
+  void sleep() {
+    rtp::host_shard_store::sleep();
+    zero_grad();
+  }
+};
+
 TEST_CASE("ShardStore laws: a store that breaks them is reported, naming the law") {
   const auto a = testing::check_shard_store<overwriting_store>([](auto&& body) {
     overwriting_store s;
@@ -56,6 +64,12 @@ TEST_CASE("ShardStore laws: a store that breaks them is reported, naming the law
   });
   CHECK_FALSE(b.ok());
   CHECK(b.to_string().find("expected 1 / micro_batches") != std::string::npos);
+  const auto c = testing::check_shard_store<forgetful_store>([](auto&& body) {
+    forgetful_store s;
+    body(s);
+  });
+  CHECK_FALSE(c.ok());
+  CHECK(c.to_string().find("read() while asleep changed the bits") != std::string::npos);
 }
 
 TEST_CASE("ShardStore laws: chunk_shard_store, everything on the device and a device holding a few chunks") {

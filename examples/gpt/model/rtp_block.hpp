@@ -321,6 +321,14 @@ class rtp_block {
   rtp_block(const rtp_block&) = delete;
   rtp_block& operator=(const rtp_block&) = delete;
 
+  /** @brief On a model's state: its replicas' buffers moved (the model woke from a sleep). */
+  void rebind_replicas(const float* replicas, float* replica_grads) {
+    if (!model_replicas_)
+      throw chunkstar::state_error("gpt::rtp_block::rebind_replicas: this block holds its own replicas");
+    rep_p_ = const_cast<float*>(replicas);  // as the constructor's
+    rep_grad_p_ = replica_grads;
+  }
+
   [[nodiscard]] const rtp_block_partition& partition() const noexcept { return part_; }
   [[nodiscard]] const gpt_config& config() const noexcept { return config_; }
   /** @brief The attention sub-layer's rotation: `owned()` is this rank's attention shard. */

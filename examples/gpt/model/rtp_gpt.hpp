@@ -186,6 +186,29 @@ class rtp_gpt {
   /** @brief The model's state (parts, rotations, replicas, the step). */
   [[nodiscard]] state_type& state() noexcept { return *m_; }
 
+  /** @brief Between steps (not between a forward and its backward: `state_error`), frees the
+   *  compute tier: the activations, the workspace and scratch, the vocabulary pass's buffers, then
+   *  the state's (`sharded_model::sleep`: transit buffers, replicas, the store's chunks off the
+   *  device). `wake()` allocates them again; the next step's bits are those of a run that never
+   *  slept. */
+  void sleep() {
+    require_no_pending("sleep");
+    if (m_->asleep()) throw chunkstar::state_error("rtp_gpt::sleep while asleep: call wake() first");
+    acts_ = {}, work_ = {}, scratch_ = {}, tokens_c_ = {}, targets_c_ = {};
+    vocab_->sleep();
+    m_->sleep();
+  }
+  void wake() {
+    if (!m_->asleep()) throw chunkstar::state_error("rtp_gpt::wake while awake: call sleep() first");
+    m_->wake();
+    vocab_->wake();
+    for (int l = 0; l < c_.layers; ++l) {
+      const std::size_t rep = first_replica() + 1 + static_cast<std::size_t>(l);
+      blocks_[static_cast<std::size_t>(l)]->rebind_replicas(m_->replica(rep), m_->replica_grad(rep));
+    }
+    allocate_buffers();
+  }
+
   /** @brief The tensors rank @p rank of @p world registers in its store, in order: one per segment
    *  of each part, the shards' named "<tensor>@<rank>", the replicas' by their tensor (what a chunk
    *  layout plans: a trainer sizes the device from them before it builds anything). */
@@ -310,6 +333,7 @@ class rtp_gpt {
   /** @brief Forward of this rank's micro-batch: returns its mean cross-entropy, keeps the
    *  activations (and a copy of @p tokens and @p targets) for `backward`. Collective. */
   double forward(const int* tokens, const int* targets) {
+    require_awake("forward");
     pending_ = false;
     const double l =
         run_forward(B_, Tn_, tokens, targets, nullptr);  // keeps the compute tier's copies of tokens and targets
@@ -324,6 +348,7 @@ class rtp_gpt {
    *  loss; every rank keeps holding its own shards. It reuses the activations, so between a
    *  `forward` and its `backward` it is a `state_error` (evaluate after the step). Collective. */
   double loss(const int* tokens, const int* targets) {
+    require_awake("loss");
     require_no_pending("loss");
     auto guard = store_->untraced();
     return run_forward(B_, Tn_, tokens, targets, nullptr);
@@ -337,6 +362,7 @@ class rtp_gpt {
     const std::size_t n = std::min(context.size(), Tn_);
     if (n == 0)
       throw chunkstar::config_error("rtp_gpt::next_token_probs: the context is empty; pass at least one token");
+    require_awake("next_token_probs");
     require_no_pending("next_token_probs");
     std::vector<int> tokens(context.end() - static_cast<std::ptrdiff_t>(n), context.end()), targets(n, 0);
     std::vector<float> logits(static_cast<std::size_t>(c_.vocab));
@@ -485,12 +511,16 @@ class rtp_gpt {
     // one at a time).
     act_elems_ = activation_elems(c, world_, B, Tn);
     work_elems_ = workspace_elems(c, world_, B, Tn);
-    acts_ = store_buffer(*store_, act_elems_ - vocab_elems(B * Tn));
+    allocate_buffers();
+  }
+
+  void allocate_buffers() {
+    acts_ = store_buffer(*store_, act_elems_ - vocab_elems(B_ * Tn_));
     work_ = store_buffer(*store_, work_elems_);
-    scratch_ = store_buffer(*store_, scratch_elems(c, world_, B, Tn));
+    scratch_ = store_buffer(*store_, scratch_elems(c_, world_, B_, Tn_));
     if constexpr (!Backend::host_memory) {  // the kernels' copies of the micro-batch (ints in float-sized slots)
-      tokens_c_ = store_buffer(*store_, B * Tn);
-      targets_c_ = store_buffer(*store_, B * Tn);
+      tokens_c_ = store_buffer(*store_, B_ * Tn_);
+      targets_c_ = store_buffer(*store_, B_ * Tn_);
     }
   }
 
@@ -518,6 +548,10 @@ class rtp_gpt {
     return a;
   }
 
+  void require_awake(const char* what) const {
+    if (m_->asleep())
+      throw chunkstar::state_error(std::string("rtp_gpt::") + what + " while asleep: call wake() first");
+  }
   void require_no_pending(const char* what) const {
     if (pending_)
       throw chunkstar::state_error(

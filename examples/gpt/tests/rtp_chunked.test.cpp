@@ -19,7 +19,9 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,9 +50,15 @@ struct chunked_record {
 
 constexpr int steps = 4;
 
+/** Iterations after whose evaluation the model sleeps and wakes; `asleep` runs while it sleeps. */
+struct sleeps {
+  std::set<int> after;
+  std::function<void()> asleep = [] {};
+};
+
 /** Trains `steps` AdamW steps (clipping at @p clip, 0 off) on this rank, an evaluation after each. */
 template <class Model>
-void train(Model& model, in_process_communicator& comm, float clip, chunked_record& rec) {
+void train(Model& model, in_process_communicator& comm, float clip, chunked_record& rec, const sleeps& sl = {}) {
   model.init(seed);
   for (int it = 0; it < steps; ++it) {
     const micro_batch mb = make_batch(false, it, comm.rank());
@@ -60,6 +68,11 @@ void train(Model& model, in_process_communicator& comm, float clip, chunked_reco
     rec.params.push_back(stored(model, false));
     const micro_batch ev = make_batch(true, 0, comm.rank());
     rec.eval.push_back(model.loss(ev.tokens.data(), ev.targets.data()));
+    if (sl.after.contains(it)) {
+      model.sleep();
+      sl.asleep();
+      model.wake();
+    }
   }
 }
 
@@ -67,7 +80,8 @@ void train(Model& model, in_process_communicator& comm, float clip, chunked_reco
  *  non-model memory (activations, transit buffers), runtime assembly @p Runtime. */
 template <class Runtime>
 std::vector<chunked_record> run_chunked(int n, double device_share, float clip,
-                                        typename Runtime::placement_type placement = {}) {
+                                        typename Runtime::placement_type placement = {}, std::set<int> sleep_after = {},
+                                        std::vector<std::size_t>* asleep_device_used = nullptr) {
   std::vector<chunked_record> out(static_cast<std::size_t>(n));
   chunkstar::run_ranks(n, [&](in_process_communicator& comm) {
     auto& rec = out[static_cast<std::size_t>(comm.rank())];
@@ -87,7 +101,10 @@ std::vector<chunked_record> run_chunked(int n, double device_share, float clip,
     Runtime rt(device, host, copier, one, {}, chunkstar::searched_chunk_layout(), placement);
     chunkstar::rtp::chunk_shard_store<Runtime> store(rt);
     gpt::rtp_gpt<in_process_communicator, chunkstar::rtp::chunk_shard_store<Runtime>> model(comm, store, config, B, Tn);
-    train(model, comm, clip, rec);
+    train(model, comm, clip, rec, {sleep_after, [&] {
+                                     if (comm.rank() == 0 && asleep_device_used)
+                                       asleep_device_used->push_back(device.used() + rt.device_chunk_bytes());
+                                   }});
     const auto& s = rt.stats();
     rec.device_peak = device.usage().peak;
     rec.device_capacity = capacity;
@@ -101,11 +118,11 @@ std::vector<chunked_record> run_chunked(int n, double device_share, float clip,
   return out;
 }
 
-std::vector<chunked_record> run_host(int n, float clip) {
+std::vector<chunked_record> run_host(int n, float clip, std::set<int> sleep_after = {}) {
   std::vector<chunked_record> out(static_cast<std::size_t>(n));
   chunkstar::run_ranks(n, [&](in_process_communicator& comm) {
     gpt::rtp_gpt<in_process_communicator> model(comm, config, B, Tn);
-    train(model, comm, clip, out[static_cast<std::size_t>(comm.rank())]);
+    train(model, comm, clip, out[static_cast<std::size_t>(comm.rank())], {sleep_after});
   });
   return out;
 }
@@ -216,6 +233,37 @@ TEST_CASE("rtp chunk store: every stage closes its scope on the ops' stream, and
   CHECK(records.size() - at_init == 2 * (L + 2) + L + 1);
   for (const auto& op : records) CHECK(op.stream == scripted_shard_ops::stream_id);
   CHECK(copies > 0);  // the shards were loaded through the ops (on a GPU: device copies on the stream)
+}
+
+TEST_CASE(
+    "rtp sleep and wake between steps: nothing on the device while asleep (chunks, transit buffers, replicas, "
+    "activations), then the bits of a run that never slept") {
+  for (const int n : {1, 3}) {
+    CAPTURE(n);
+    for (const double share : {1.5, 0.3}) {
+      CAPTURE(share);
+      const auto awake = run_chunked<belady_rt>(n, share, max_norm);
+      std::vector<std::size_t> asleep_used;
+      CHECK(run_chunked<belady_rt>(n, share, max_norm, {}, {0, 2}, &asleep_used) == awake);
+      CHECK(asleep_used == std::vector<std::size_t>(2, 0));
+    }
+    CHECK(run_host(n, max_norm, {1}) == run_host(n, max_norm));
+  }
+  // Refused where it would lose work: between a forward and its backward, and twice.
+  chunkstar::single_process_communicator comm;
+  gpt::rtp_gpt<chunkstar::single_process_communicator> m(comm, config, B, Tn);
+  m.init(seed);
+  const micro_batch mb = make_batch(false, 0, 0);
+  m.forward(mb.tokens.data(), mb.targets.data());
+  CHECK_THROWS_WITH_AS(m.sleep(), doctest::Contains("a forward is waiting for its backward"), chunkstar::state_error);
+  m.backward(mb.tokens.data(), mb.targets.data());
+  m.sleep();
+  CHECK_THROWS_WITH_AS(m.sleep(), doctest::Contains("call wake() first"), chunkstar::state_error);
+  CHECK_THROWS_WITH_AS(m.forward(mb.tokens.data(), mb.targets.data()), doctest::Contains("call wake() first"),
+                       chunkstar::state_error);
+  m.wake();
+  CHECK_THROWS_WITH_AS(m.wake(), doctest::Contains("call sleep() first"), chunkstar::state_error);
+  CHECK(std::isfinite(m.forward(mb.tokens.data(), mb.targets.data())));
 }
 
 }  // namespace rtp_chunked_test

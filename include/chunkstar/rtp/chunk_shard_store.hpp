@@ -171,6 +171,10 @@ class chunk_shard_store {
   }
   void deallocate(float* p, std::size_t n) noexcept { rt_.deallocate_non_model(p, n * sizeof(float)); }
   [[nodiscard]] auto untraced() { return rt_.untraced(); }
+  /** @brief The runtime's sleep: every chunk off the device (`chunk_runtime::sleep`). */
+  void sleep() { rt_.sleep(); }
+  void wake() { rt_.wake(); }
+  [[nodiscard]] bool asleep() const noexcept { return rt_.asleep(); }
 
   /** @brief Bytes of model data in the runtime (its chunks, all lists). */
   [[nodiscard]] std::size_t bytes() const noexcept { return rt_.model_bytes(); }

@@ -28,6 +28,9 @@
  *    activations), which a chunk runtime accounts as non-model memory.
  *  - `untraced()`: a guard for forward-only passes (evaluation, sampling) that are not part of the
  *    training iteration.
+ *  - `sleep()`, `wake()`, `asleep()`: between stages, the store moves whatever model data it keeps
+ *    on the compute tier elsewhere (a chunk runtime: off the device) and back; values unchanged.
+ *    Stages and steps are refused while asleep; `read` and `write` work.
  *
  *  `basic_host_shard_store<Tier>` keeps the lists in host memory and its compute tier is `Tier`
  *  (`ComputeTier`): host memory by default (`host_shard_store`), or e.g. a GPU's, where `load`
@@ -88,7 +91,8 @@ inline void check_segments(std::size_t elems, const std::vector<shard_segment>& 
 
 /** @brief Where a rank keeps the buffers it owns under RTP: the interface the file comment
  *  describes (`add_shard`, `finalize`, `stage`, `load`, `add_grad`, `zero_grad`, `step`,
- *  `step_count`, `restore_step_count`, `read`, `write`, `allocate`, `deallocate`, `untraced`).
+ *  `step_count`, `restore_step_count`, `read`, `write`, `allocate`, `deallocate`, `untraced`,
+ *  `sleep`, `wake`, `asleep`).
  *  Models: `basic_host_shard_store` (below) and `chunk_shard_store` (rtp/chunk_shard_store.hpp);
  *  chunkstar/testing/shard_store_conformance.hpp checks a model's laws. */
 template <class S>
@@ -113,6 +117,9 @@ concept ShardStore = requires(S& s, const S& cs, std::size_t k, std::size_t n, s
   { s.allocate(n) } -> std::same_as<float*>;
   s.deallocate(p, n);
   s.untraced();
+  s.sleep();
+  s.wake();
+  { cs.asleep() } -> std::convertible_to<bool>;
 };
 
 /** @brief Where a host shard store's compute-tier buffers live and how bytes move there:
@@ -159,6 +166,7 @@ class basic_host_shard_store {
 
   template <class F>
   void stage(std::string_view, bool, std::span<const std::size_t>, F&& f) {
+    awake("stage");
     f();
   }
   void load(std::size_t k, std::span<float> dst) {
@@ -181,6 +189,7 @@ class basic_host_shard_store {
 
   shard_step_result step(const adam_hyper& base, const param_groups& groups, int micro_batches, float max_norm,
                          const std::function<double(double)>& global_sum_sq) {
+    awake("step");
     if (micro_batches < 1) throw config_error("host_shard_store::step: micro_batches must be >= 1");
     shard_step_result r;
     const float unscale = 1.0f / static_cast<float>(micro_batches);  // as chunk_adam
@@ -233,6 +242,18 @@ class basic_host_shard_store {
   };
   [[nodiscard]] no_guard untraced() noexcept { return {}; }
 
+  /** @brief Nothing of the model data is on the compute tier (the lists are host vectors): sleep
+   *  only marks the store, and stages and steps are refused until `wake()`. */
+  void sleep() {
+    if (asleep_) throw state_error("host_shard_store::sleep while asleep: call wake() first");
+    asleep_ = true;
+  }
+  void wake() {
+    if (!asleep_) throw state_error("host_shard_store::wake while awake: call sleep() first");
+    asleep_ = false;
+  }
+  [[nodiscard]] bool asleep() const noexcept { return asleep_; }
+
   /** @brief Bytes of model data held: four lists of every shard. */
   [[nodiscard]] std::size_t bytes() const noexcept {
     std::size_t n = 0;
@@ -253,6 +274,9 @@ class basic_host_shard_store {
         throw config_error("host_shard_store: no fp32 master list (the weights are fp32 and are their own master)");
     }
   }
+  void awake(const char* what) const {
+    if (asleep_) throw state_error(std::string("host_shard_store::") + what + " while asleep: call wake() first");
+  }
   std::vector<float>& list(std::size_t k, chunk_kind kind) { return shards_.at(k).lists[slot(kind)]; }
   const std::vector<float>& list(std::size_t k, chunk_kind kind) const { return shards_.at(k).lists[slot(kind)]; }
 
@@ -265,6 +289,7 @@ class basic_host_shard_store {
   std::vector<shard> shards_;
   std::vector<float> staged_;  // a gradient sum copied down from a compute tier that is not host memory
   bool finalized_ = false;
+  bool asleep_ = false;
   std::int64_t steps_ = 0;
 };
 

@@ -83,7 +83,8 @@ class sharded_model {
   ~sharded_model() {
     rotations_.clear();  // before the transit buffers they use
     transit_.reset();
-    for (auto& b : buffers_) store_.deallocate(b.p, b.n);
+    for (auto& b : buffers_)
+      if (b.p) store_.deallocate(b.p, b.n);
   }
 
   /** @brief Registers this rank's shard of a rotated layer (every rank a part of the same size, in
@@ -152,11 +153,17 @@ class sharded_model {
   }
 
   /** @brief Replica @p k's working copy on the compute tier, for the kernels to read. */
-  [[nodiscard]] const float* replica(std::size_t k) const { return replica_w_.at(slot(k)).p; }
+  [[nodiscard]] const float* replica(std::size_t k) const {
+    require_final("replica");
+    return replica_w_.at(slot(k)).p;
+  }
   /** @brief Replica @p k's gradient buffer for this backward on the compute tier: the kernels add
    *  into it; `reduce_replica_grads` sums it over the ranks into the accumulated gradient and
    *  zeroes it. */
-  [[nodiscard]] float* replica_grad(std::size_t k) { return replica_g_.at(slot(k)).p; }
+  [[nodiscard]] float* replica_grad(std::size_t k) {
+    require_final("replica_grad");
+    return replica_g_.at(slot(k)).p;
+  }
   /** @brief After a backward: each replica's gradient buffer summed over the ranks (in rank order,
    *  the same bits on every rank, as the rotations' sums), added to its accumulated gradient in the
    *  store (a backward stage "replica grads" per replica, so the compute tier holds one replica's
@@ -189,11 +196,46 @@ class sharded_model {
   }
   /** @brief Drops the accumulated gradients. */
   void zero_grad() {
+    require_final("zero_grad");
     store_.zero_grad();
     for (auto& b : replica_g_) ops_.zero(b.p, b.n);
   }
   [[nodiscard]] std::int64_t step_count() const { return store_.step_count(); }
   void restore_step_count(std::int64_t n) { store_.restore_step_count(n); }
+
+  // ---- sleep and wake --------------------------------------------------------------------------
+
+  /** @brief Between passes, frees the compute tier of this model's memory: the transit buffers and
+   *  the replicas' working copies and gradient buffers (scratch, copies of the store's weights, and
+   *  zeros outside a backward), then puts the store to sleep (`ShardStore::sleep`: a chunk runtime
+   *  moves its chunks off the device). Until `wake()`, stages, passes, steps, `zero_grad()` and
+   *  `replica()` are refused (`state_error`); `read` and `write` work. Not collective. */
+  void sleep() {
+    require_final("sleep");
+    if (asleep_) throw state_error("rtp::sharded_model::sleep while asleep: call wake() first");
+    ops_.settle();
+    transit_->release();
+    for (auto& b : buffers_) store_.deallocate(std::exchange(b.p, nullptr), b.n);
+    replica_w_.assign(replica_w_.size(), {});
+    replica_g_.assign(replica_g_.size(), {});
+    asleep_ = true;
+    store_.sleep();  // if it throws, the model is asleep and the store awake: wake() brings both back
+  }
+  /** @brief Ends a sleep: the store wakes, the buffers are allocated again and the replicas'
+   *  working copies loaded. Pointers from `replica()` and `replica_grad()` taken before the sleep
+   *  are stale: take them again. A call that throws (no room) may be made again. */
+  void wake() {
+    if (!asleep_) throw state_error("rtp::sharded_model::wake while awake: call sleep() first");
+    if (store_.asleep()) store_.wake();
+    transit_->restore();
+    for (auto& b : buffers_)
+      if (!b.p) b.p = store_.allocate(b.n);
+    for (std::size_t r = 0; r < replica_index_.size(); ++r)  // take() gave each replica two: weights, gradient
+      replica_w_[r] = buffers_[2 * r], replica_g_[r] = buffers_[2 * r + 1];
+    asleep_ = false;
+    publish(replica_index_);
+  }
+  [[nodiscard]] bool asleep() const noexcept { return asleep_; }
 
   // ---- state -----------------------------------------------------------------------------------
 
@@ -220,7 +262,8 @@ class sharded_model {
   void write(std::size_t k, chunk_kind kind, std::span<const float> in) {
     check_size(k, in.size(), "write");
     store_.write(k, kind, in);
-    if (kind == chunk_kind::param && parts_[k].replicated && finalized_) publish(std::span<const std::size_t>(&k, 1));
+    if (kind == chunk_kind::param && parts_[k].replicated && finalized_ && !asleep_)  // else wake() publishes
+      publish(std::span<const std::size_t>(&k, 1));
   }
 
   [[nodiscard]] int rank() const noexcept { return comm_.rank(); }
@@ -306,6 +349,7 @@ class sharded_model {
     if (!finalized_)
       throw state_error(std::string("rtp::sharded_model::") + what +
                         " before finalize(): register the parts, then finalize");
+    if (asleep_) throw state_error(std::string("rtp::sharded_model::") + what + " while asleep: call wake() first");
   }
   /** Replicas @p parts' working copies from their weights in the store, one stage each (untraced:
    *  not a stage of the model's iteration). */
@@ -330,6 +374,7 @@ class sharded_model {
   std::vector<std::size_t> replica_index_;                 // the replicas' part indices
   std::vector<std::size_t> slot_of_;                       // by part: its replica slot, SIZE_MAX for a rotated part
   bool finalized_ = false;
+  bool asleep_ = false;
 };
 
 }  // namespace chunkstar::rtp

@@ -54,6 +54,22 @@ class transit_buffers {
     for (auto& b : w_) grow(b, elems);
     for (auto& b : g_) grow(b, elems);
   }
+  /** @brief Frees every buffer and keeps its size for `restore()` (a model going to sleep: their
+   *  contents are scratch between passes). */
+  void release() noexcept {
+    const auto bs = all();
+    for (std::size_t i = 0; i < bs.size(); ++i) {
+      if (bs[i]->n > 0) kept_[i] = bs[i]->n;
+      release(*bs[i]);
+    }
+  }
+  /** @brief Allocates again, zeroed, the buffers `release()` freed, at their sizes. A call that
+   *  throws may be made again: it allocates what is still missing. */
+  void restore() {
+    const auto bs = all();
+    for (std::size_t i = 0; i < bs.size(); ++i) grow(*bs[i], kept_[i]);
+    kept_ = {};
+  }
   /** @brief Weight buffer @p k (0 or 1). */
   [[nodiscard]] T* weights(std::size_t k) noexcept { return w_[k].p; }
   /** @brief Gradient buffer @p k (0 or 1). */
@@ -76,7 +92,7 @@ class transit_buffers {
     b = {};
   }
   void grow(buffer& b, std::size_t n) {
-    if (b.n >= n) return;
+    if (b.n >= n || n == 0) return;
     T* p = alloc_(n);  // first, so a failure leaves the old buffer in place
     release(b);
     b = {p, n};
@@ -85,6 +101,7 @@ class transit_buffers {
   deallocate_fn free_;
   std::array<buffer, 2> w_, g_;
   buffer scratch_;
+  std::array<std::size_t, 5> kept_{};  // the sizes release() freed, in all()'s order
 };
 
 }  // namespace chunkstar::rtp

@@ -35,6 +35,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace chunkstar::rtp {
@@ -94,7 +95,19 @@ class vocab_parallel {
   vocab_parallel(const vocab_parallel&) = delete;
   vocab_parallel& operator=(const vocab_parallel&) = delete;
   ~vocab_parallel() {
-    for (auto& b : bufs_) m_.store().deallocate(b.p, b.n);
+    for (auto& b : bufs_)
+      if (b.p) m_.store().deallocate(b.p, b.n);
+  }
+
+  /** @brief Frees its compute-tier buffers (scratch between calls) before the model sleeps;
+   *  `wake()` allocates them again. Calls in between are refused by the model's stages. */
+  void sleep() noexcept {
+    for (auto& b : bufs_) m_.store().deallocate(std::exchange(b.p, nullptr), b.n);
+  }
+  void wake() {
+    for (auto& b : bufs_)
+      if (!b.p) b.p = m_.store().allocate(b.n);
+    z_ = bufs_[0].p, mx_ = bufs_[1].p, sum_ = bufs_[2].p, zt_ = bufs_[3].p;  // in the order taken
   }
 
   [[nodiscard]] std::size_t vocab() const noexcept { return V_; }

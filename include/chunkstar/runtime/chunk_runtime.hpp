@@ -178,6 +178,25 @@ class chunk_runtime {
   /** @brief Overwrites parameter @p p's data in list @p k from fp32 @p values (narrowed with RNE). */
   void write_tensor(param_id p, chunk_kind k, std::span<const float> values);
 
+  // --- sleep and wake -----------------------------------------------------------------------------
+  /** @brief Between steps, frees the device of this runtime's model data: every chunk on the device
+   *  moves to the host (spilling to the disk tier, if any, where the host budget is full), copies
+   *  in flight finish, and the device space's cached blocks are released (`trim()`, where it has
+   *  one), so the model's device memory in use is 0 (`device_chunk_bytes()`; non-model memory the
+   *  caller still holds stays: free it first). Until `wake()`, scopes, steps and non-model
+   *  allocations are refused (`state_error`); reading and writing tensors works. Values do not
+   *  change, so the next step's bits equal those of a run that never slept. Not collective: every
+   *  rank sleeps at the same point of its own sequence. @throws state_error with a scope open, a
+   *  step part-way, inside an untraced section, between micro-batches of a ZeRO step (sleep after
+   *  `step()` or `zero_grad()`), or when asleep. After another throw (a copy that failed) the
+   *  chunks already moved stay on the host and the runtime is awake: training may go on. */
+  void sleep();
+  /** @brief Ends a sleep: the chunks that were on the device start moving back, in order, while
+   *  they fit in the budget (the rest load on demand at their scopes). @throws state_error when
+   *  not asleep. */
+  void wake();
+  [[nodiscard]] bool asleep() const noexcept { return asleep_; }
+
   // --- introspection ------------------------------------------------------------------------------
   [[nodiscard]] const runtime_stats& stats() const noexcept { return stats_; }
   /** @brief Zeroes the counters; peaks restart from the current levels. */
@@ -260,6 +279,9 @@ class chunk_runtime {
     if (!finalized_)
       throw state_error(std::string(what) + "() before finalize(): register parameters and call finalize() first");
   }
+  void require_awake(const char* what) const {
+    if (asleep_) throw state_error(std::string(what) + "() while the runtime is asleep: call wake() first");
+  }
   void touch(chunk_id id) {
     store_.touch(id);
     if (!level_.untraced) tracer_.record_access(id);
@@ -312,6 +334,8 @@ class chunk_runtime {
   shard_manager<store_type, residency_type, TracerT, Comm> shard_;
   bool finalized_ = false;
   bool iteration_open_ = false;
+  bool asleep_ = false;
+  std::vector<chunk_id> slept_;  // the chunks that were on the device when it went to sleep
   open_scope_names open_;
 };
 
@@ -398,6 +422,7 @@ void CHUNKSTAR_RUNTIME::finalize(std::span<const config_field> run) {
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void* CHUNKSTAR_RUNTIME::allocate_non_model(std::size_t bytes, std::size_t alignment) {
+  require_awake("allocate_non_model");
   void* p = non_model_.allocate(
       bytes, alignment, [&] { return residency_.free_one_for_non_model(); }, [&] { return memory_report_now(); },
       open_.innermost());
@@ -427,6 +452,7 @@ void CHUNKSTAR_RUNTIME::deallocate_non_model(void* p, std::size_t bytes, std::si
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::step_with(update_ref update) {
   require_finalized("step");
+  require_awake("step");
   states_.require_none_in_compute("step");
   if (level_.untraced) throw state_error("step() inside an untraced section: close the section first");
   shard_.finish_backward();
@@ -446,11 +472,13 @@ void CHUNKSTAR_RUNTIME::for_each_grad_chunk(function_ref<void(const step_chunk&)
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gradient(std::uint32_t c) {
+  require_awake("hold_gradient");
   return store_.hold({chunk_kind::grad, c});
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gradient_on_device(std::uint32_t c) {
+  require_awake("hold_gradient_on_device");
   const chunk_id ids[] = {{chunk_kind::grad, c}};
   residency_.make_resident_on_device(ids, "gradient all-reduce", tracer_.current_moment());
   return store_.hold(ids[0]);
@@ -500,9 +528,48 @@ std::size_t CHUNKSTAR_RUNTIME::chunk_budget() const { return residency_.budget_n
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::offload(chunk_id id) {
+  require_awake("offload");
   if (store_.at(id).pinned || chunk_state(id) == tensor_state::compute)
     throw state_error("cannot move chunk " + to_string(id) + ": a tensor in it is in COMPUTE; close its scope first");
   residency_.make_resident_on_host(id);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::sleep() {
+  require_finalized("sleep");
+  require_awake("sleep");
+  if (open_.size() > 0)
+    throw state_error("sleep() with scope '" + std::string(open_.innermost()) + "' open: close every scope first");
+  if (level_.untraced) throw state_error("sleep() inside an untraced section: close the section first");
+  if (pass_.in_progress())
+    throw state_error("sleep() during a step that threw part-way: call step() again to finish it, or end_iteration()");
+  if (shard_.gradients_open())
+    throw state_error(
+        "sleep() between micro-batches of a ZeRO step (gradient groups are open): sleep after step() or zero_grad()");
+  shard_.drop();                  // gathered copies of other ranks' chunks (an evaluation's): gathered again on use
+  store_.copier().synchronize();  // the prefetches a step started have landed
+  store_.retire_completed();
+  std::vector<chunk_id> on_device;
+  for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+    if (store_.has(k))
+      for (std::uint32_t c = 0; c < plan_.num_chunks; ++c)
+        if (store_.at({k, c}).where == tier::device) on_device.push_back({k, c});
+  for (auto id : on_device) residency_.make_resident_on_host(id);
+  while (store_.retire_one(tier::device)) {
+  }
+  if constexpr (requires(device_space_type & d) { d.trim(); }) store_.device().trim();
+  slept_ = std::move(on_device);
+  asleep_ = true;
+  sample();
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::wake() {
+  if (!asleep_) throw state_error("wake() while awake: call sleep() first");
+  asleep_ = false;
+  const std::vector<chunk_id> back = std::exchange(slept_, {});
+  residency_.bring_back(back);
+  sample();
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
@@ -519,6 +586,7 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind, std::string_view name,
                                                                 std::vector<param_id> params) {
   require_finalized(kind == moment_kind::forward ? "forward" : "backward");
+  require_awake(kind == moment_kind::forward ? "forward" : "backward");
   std::vector<chunk_id> ids = scope_chunks(plan_, params, kind, name);
   if (!iteration_open_ && !level_.untraced) {
     tracer_.begin_iteration();

@@ -88,6 +88,11 @@ class residency_manager {
    *  host room is made without touching @p keep (the step's other lists). */
   void make_resident_on_host(chunk_id id, const std::unordered_set<chunk_id>& keep = {});
 
+  /** @brief Starts moving @p ids (on the host or the disk) back to the compute tier, in order, while
+   *  they fit in the budget without evicting anything (after a sleep); the rest load on demand.
+   *  Counted as loads ahead (a later scope's wait for one is a prefetch hit). */
+  void bring_back(std::span<const chunk_id> ids);
+
   /** @brief Starts moving chunk @p id from the compute tier to the host for a host-side step,
    *  making host room first (not from @p keep). */
   void offload(chunk_id id, const std::unordered_set<chunk_id>& keep = {});
@@ -481,6 +486,18 @@ void residency_manager<P, Placement, Eviction, TracerT>::prefetch_from_disk(std:
     } catch (const std::exception&) {
       return;
     }
+  }
+}
+
+template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
+void residency_manager<P, Placement, Eviction, TracerT>::bring_back(std::span<const chunk_id> ids) {
+  const std::size_t budget = budget_now();
+  for (auto id : ids) {
+    const auto& s = store_.at(id);
+    if (s.where != tier::host && s.where != tier::disk) continue;
+    if (store_.device_in_use() + store_.bytes_of(id.kind) > budget) return;
+    if (s.where == tier::disk) read_from_disk(id, {}, tracer_.current_moment(), false);
+    load_ahead(id, false);
   }
 }
 

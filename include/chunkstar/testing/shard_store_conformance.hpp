@@ -23,7 +23,10 @@
  *  - a shard added with `counted_in_norm` false is stepped like the others (the same bits) but left
  *    out of the sum of squares `global_sum_sq` is given;
  *  - `allocate(n)` returns zeroed floats, also where memory was just freed dirty;
- *  - `untraced()` returns a guard.
+ *  - `untraced()` returns a guard;
+ *  - `sleep()` then `wake()` leaves every list's bits (with gradients accumulated), `asleep()`
+ *    says so in between, a stage while asleep is a `state_error`, and a stage after `wake()`
+ *    works.
  */
 #pragma once
 
@@ -321,6 +324,32 @@ template <rtp::ShardStore S, class WithStore>
       s.deallocate(p, n);
     }
     { [[maybe_unused]] auto guard = s.untraced(); }
+  });
+
+  // Sleep and wake: the same bits in every list, stages refused while asleep.
+  run(6, [&](S& s) {
+    add_grads(s, 6);
+    std::vector<std::vector<float>> before;
+    for (std::size_t k = 0; k < layout.size(); ++k)
+      for (const auto kind : {chunk_kind::param, chunk_kind::grad, chunk_kind::momentum, chunk_kind::variance})
+        before.push_back(read(s, k, kind));
+    s.sleep();
+    r.expect(s.asleep(), "asleep() is false after sleep()");
+    bool refused = false;
+    try {
+      const std::vector<std::size_t> all = {0, 1};
+      s.stage("forward", false, std::span<const std::size_t>(all), [] {});
+    } catch (const state_error&) {
+      refused = true;
+    }
+    r.expect(refused, "a stage while asleep was not refused with a state_error");
+    std::size_t i = 0;
+    for (std::size_t k = 0; k < layout.size(); ++k)
+      for (const auto kind : {chunk_kind::param, chunk_kind::grad, chunk_kind::momentum, chunk_kind::variance})
+        r.expect(d::same_bits(read(s, k, kind), before[i++]), "read() while asleep changed the bits");
+    s.wake();
+    r.expect(!s.asleep(), "asleep() is true after wake()");
+    add_grads(s, 6);  // a stage works again
   });
   return r;
 }

@@ -141,6 +141,14 @@ class shard_manager {
   /** @brief Drops what an abandoned iteration left: gradient groups (unreduced) and gathered groups. */
   void drop() noexcept;
 
+  /** @brief True while gradients collect in group buffers or travel to their owners (between the
+   *  micro-batches of a step): what `drop()` would lose. */
+  [[nodiscard]] bool gradients_open() const noexcept {
+    for (const auto& g : groups_)
+      if (g.accumulating || g.reducing) return true;
+    return !in_flight_.empty();
+  }
+
  private:
   /** A unit's state: a group of N chunks, or one chunk in the memory-saving mode. */
   struct group_state {
