@@ -14,6 +14,7 @@
 #include <chunkstar/comm/communicator_ref.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/memory_plan.hpp>
+#include <chunkstar/zero/replicated_gradients.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -35,6 +36,13 @@ struct step_outcome {
   double grad_norm = 0;
 };
 
+/** What stays on the device while the training state sleeps (`--sleep-after`): model data in
+ *  chunks, and every byte in use in the device space (0 and 0 when nothing else holds any). */
+struct asleep_memory {
+  std::size_t model_bytes = 0;
+  std::size_t device_used = 0;
+};
+
 template <class Runtime, class Scaler>
 class chunked_session {
   using parts = platform_parts<typename Runtime::platform_type>;
@@ -50,9 +58,9 @@ class chunked_session {
     std::printf("data: %s, %zu train / %zu validation bytes\n", plan.data.source.c_str(), plan.data.train.size(),
                 plan.data.val.size());
     if (ranks_ > 1)
-      std::printf("parallel: ZeRO over %d MPI ranks (%s), %lld sequences each of the global batch of %lld\n", ranks_,
-                  plan.transport.why.c_str(), static_cast<long long>(o.batch / ranks_),
-                  static_cast<long long>(o.batch));
+      std::printf("parallel: %s over %d MPI ranks (%s), %lld sequences each of the global batch of %lld\n",
+                  o.parallel == "zero" ? "ZeRO" : "replicated data parallelism", ranks_, plan.transport.why.c_str(),
+                  static_cast<long long>(o.batch / ranks_), static_cast<long long>(o.batch));
 
     // What this rank's runtime will hold (its share of the model data under ZeRO, and ZeRO's
     // gather and reduce buffers at their peak), from the library's planner, before anything exists.
@@ -62,6 +70,7 @@ class chunked_session {
     runtime_options ro{.param_type = type,
                        .prefetch_depth = static_cast<std::size_t>(o.prefetch),
                        .timeline = !o.trace.empty(),
+                       .gradients = o.parallel == "replicated" ? gradient_mode::replicated : gradient_mode::local,
                        .sharding = {.enabled = o.parallel == "zero",
                                     .keep_gathered = o.keep_gathered,
                                     .memory_saving = o.memory_saving,
@@ -120,6 +129,7 @@ class chunked_session {
     shape_ = {static_cast<std::size_t>(o.batch / ranks_), static_cast<std::size_t>(o.seq)};
     model_.emplace(*rt_, cfg, shape_, o.seed, memory_->make_backend());
     model_->finalize();
+    if (o.parallel == "replicated") dp_.emplace(*rt_);  // after finalize: the gradient chunks exist
     print_memory(model_bytes);
 
     // AdamW, no decay on biases and norms, global-norm clipping. Without clipping (--clip 0) in
@@ -142,11 +152,14 @@ class chunked_session {
 
   /** Forward and backward of one micro-batch of this rank's slice; gradients add up to the step. */
   double forward_backward(const int* tokens, const int* targets) {
-    return model_->forward_backward(tokens, targets, opt_->loss_scale());
+    const double loss = model_->forward_backward(tokens, targets, opt_->loss_scale());
+    if (dp_) dp_->after_backward();  // the gradients that are final start their all-reduce
+    return loss;
   }
   /** The step over @p micro_batches micro-batches' gradients (accum x N: each rank's are of its
    *  slice's mean loss, their sum N times the global batch's). */
   step_outcome step(float lr, int micro_batches) {
+    if (dp_) dp_->synchronize();  // every gradient summed over the ranks, in rank order
     const auto r = opt_->step(*rt_, lr, micro_batches);
     return {r.stepped, r.grad_norm};
   }
@@ -166,8 +179,29 @@ class chunked_session {
       scale = opt_->loss_scale();
       clean = opt_->scaler().clean_steps();
     }
-    save_checkpoint(*rt_, o_.save, save_record(plan_.record, o_, step, opt_->step_count(), scale, clean));
+    const auto record = save_record(plan_.record, o_, step, opt_->step_count(), scale, clean);
+    if (!dp_) return save_checkpoint(*rt_, o_.save, record);
+    // Replicated ranks hold the same bits: rank 0 writes them, and every rank learns whether it failed.
+    std::string failed;
+    if (comm_.rank() == 0) {
+      try {
+        save_checkpoint(*rt_, o_.save, record);
+      } catch (const chunkstar::error& e) {
+        failed = e.what();
+      }
+    }
+    double bad = failed.empty() ? 0.0 : 1.0;
+    comm_.allreduce(std::span<double>(&bad, 1), reduce_op::max);
+    if (bad != 0.0)
+      throw checkpoint_error(failed.empty() ? "saving the checkpoint failed on rank 0 (it reports why)" : failed);
   }
+
+  /** Every chunk off the device until `wake` (chunk_runtime::sleep). */
+  asleep_memory sleep() {
+    rt_->sleep();
+    return {rt_->device_chunk_bytes(), memory_->device.used()};
+  }
+  void wake() { rt_->wake(); }
 
   /** A step's line, after the loss: what the tiers held and moved since `begin_step`. */
   void begin_step() { before_ = rt_->stats(); }
@@ -249,6 +283,7 @@ class chunked_session {
   std::optional<Runtime> rt_;
   std::optional<chunked_gpt<Runtime, typename parts::backend>> model_;
   std::optional<chunk_adam<Scaler, typename parts::adam_kernels>> opt_;
+  std::optional<replicated_gradients<Runtime>> dp_;  // --parallel replicated
   runtime_stats before_{};
 };
 

@@ -145,6 +145,13 @@ class rtp_session {
     save_checkpoint(view, o_.save, save_record(plan_.record, o_, step, model_->optimizer_steps(), std::nullopt, 0));
   }
 
+  /** The model's buffers freed and every chunk off the device until `wake` (rtp_gpt::sleep). */
+  asleep_memory sleep() {
+    model_->sleep();
+    return {rt_->device_chunk_bytes(), memory_->device.used()};
+  }
+  void wake() { model_->wake(); }
+
   void begin_step() {
     sent_ = comm_.stats().bytes_sent;
     before_ = rt_->stats();

@@ -44,6 +44,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace chunkstar;
@@ -153,6 +154,19 @@ int train(const train_options& o, const gpt::run_plan& plan, typename Session::p
       std::printf("validation loss %.6f at step %lld\n", *last_val, static_cast<long long>(step));
     }
     if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == plan.last_step)) save(step);
+    if (step == o.sleep_after) {  // the device is free for another job meanwhile
+      const gpt::asleep_memory m = s.sleep();
+      double most[2] = {static_cast<double>(m.model_bytes), static_cast<double>(m.device_used)};  // over the ranks
+      comm.allreduce(std::span<double>(most, 2), reduce_op::max);
+      std::printf(
+          "asleep after step %lld: model data on the device %s, device memory in use %s (the most on a rank); "
+          "waking in %g s\n",
+          static_cast<long long>(step), chunkstar::format_bytes(static_cast<std::size_t>(most[0])).c_str(),
+          chunkstar::format_bytes(static_cast<std::size_t>(most[1])).c_str(), o.sleep_for);
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::duration<double>(o.sleep_for));
+      s.wake();
+    }
     std::fflush(stdout);
   }
 
@@ -268,7 +282,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n(train_gpt --help lists the options)\n", e.what());
     return gpt::exit_bad_input;
   }
-  // --parallel zero or rtp: one process per rank under mpirun; only rank 0 prints progress.
+  // --parallel zero, replicated or rtp: one process per rank under mpirun; only rank 0 prints progress.
   single_process_communicator one;
   if (o.parallel == "none") {  // under mpirun -np N, N copies would train alone and write the same files
     try {
@@ -280,7 +294,7 @@ int main(int argc, char** argv) {
 #if CHUNKSTAR_HAS_MPI()
   std::optional<mpi_session> session;
   std::optional<mpi_communicator> world;
-  if (o.parallel == "zero" || o.parallel == "rtp") {
+  if (o.parallel != "none") {
     try {
       session.emplace(&argc, &argv);
       world.emplace(MPI_COMM_WORLD, mpi_options{.check_sequence = o.sequence_check});
@@ -306,7 +320,7 @@ int main(int argc, char** argv) {
     return rc;
   }
 #else
-  if (o.parallel == "zero" || o.parallel == "rtp")
+  if (o.parallel != "none")
     gpt::fatal(gpt::exit_bad_input,
                "--parallel " + o.parallel +
                    " needs MPI, and this build of train_gpt has none: install an MPI (libopenmpi-dev) and rebuild");

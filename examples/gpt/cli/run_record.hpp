@@ -88,7 +88,7 @@ inline std::vector<record_field> run_record(const train_options& o, const gpt_co
  *  seed, schedule...) and every option that decides the sequence of collectives or an output the
  *  ranks write together — mode, transport and device kind (@p transport, @p device), steps and where
  *  they stop, evaluation and sampling cadence, the checkpoint to resume (and its step, @p
- *  first_step) and to save. A rank's own resources may differ: budgets, policy, prefetch, chunk
+ *  first_step) and to save, when to sleep (the ranks compare what they hold asleep). A rank's own resources may differ: budgets, policy, prefetch, chunk
  *  size (the runtime agrees on its layout itself), the disk tier, --trace. Pure. */
 inline std::vector<chunkstar::config_field> rank_agreement(const std::vector<record_field>& record,
                                                            const train_options& o, std::int64_t first_step,
@@ -114,6 +114,7 @@ inline std::vector<chunkstar::config_field> rank_agreement(const std::vector<rec
       {"--resume", o.resume.empty() ? "(none)" : o.resume + " from step " + std::to_string(first_step)},
       {"--save", o.save.empty() ? "(none)" : o.save},
       {"--save-every", std::to_string(o.save_every)},
+      {"--sleep-after", std::to_string(o.sleep_after)},
   };
   f.insert(f.end(), rest.begin(), rest.end());
   return f;

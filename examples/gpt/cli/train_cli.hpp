@@ -66,7 +66,8 @@ inline void add_train_options(CLI::App& app, train_options& o) {
   app.add_option("--sample", o.sample, "Bytes to generate at the end (0: none)");
   app.add_option(
       "--parallel", o.parallel,
-      "none; zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); rtp: each rank owns 1/N of "
+      "none; zero: under mpirun -np N, shard the model data over the N ranks (ZeRO); replicated: every rank holds "
+      "the whole model and the gradients are all-reduced (plain data parallelism); rtp: each rank owns 1/N of "
       "every layer and the shards rotate round the ranks (RTP, fp32); --batch stays the global batch");
   app.add_option("--comm", o.comm,
                  "--parallel zero or rtp: how ranks talk. auto: on GPUs NCCL when every rank has a GPU of its own, "
@@ -98,6 +99,11 @@ inline void add_train_options(CLI::App& app, train_options& o) {
                  "uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it");
   app.add_flag("--disk-verify", o.disk_verify,
                "Checksum (CRC32C) every chunk written to disk and verify it when read back");
+  app.add_option("--sleep-after", o.sleep_after,
+                 "After this step, put the training state to sleep (every chunk off the device, its buffers freed: "
+                 "the device for another job) for --sleep-for seconds, then wake it and go on with the same bits "
+                 "(0: never)");
+  app.add_option("--sleep-for", o.sleep_for, "Seconds to sleep with --sleep-after");
 }
 
 /** How long an idle OpenMP thread spins before it sleeps (GOMP_SPINCOUNT rounds of a pause loop;

@@ -71,6 +71,8 @@ struct train_options {
   std::string disk_budget = "auto";  // its size; auto: all of the model data and room for the reads in flight
   std::string disk_engine = "auto";  // uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it
   bool disk_verify = false;          // checksum every chunk written to disk and verify it when read back
+  std::int64_t sleep_after = 0;      // put the training state to sleep after this step (0: never)
+  double sleep_for = 1.0;            // for this many seconds
 };
 
 /** @brief Largest values the numeric options accept (far beyond any useful run, well inside every
@@ -249,9 +251,9 @@ struct transport_choice {
  *  `staged` on the simulated device runs the staging path on the CPU. Pure. */
 inline transport_choice resolve_transport(const train_options& o, const device_choice& d, bool nccl_built) {
   const auto bad = [&](const std::string& why) { detail::bad_option("--comm", o.comm + ": " + why); };
-  if (o.parallel != "zero" && o.parallel != "rtp") {
+  if (o.parallel == "none") {
     if (o.comm != "auto" && o.comm != "mpi")
-      bad("applies to --parallel zero and rtp (one process talks to no one); drop it or use --comm auto");
+      bad("applies to --parallel zero, replicated and rtp (one process talks to no one); drop it or use --comm auto");
     return {transport_choice::host, ""};
   }
   if (!d.cuda) {
@@ -261,7 +263,9 @@ inline transport_choice resolve_transport(const train_options& o, const device_c
   }
   if (o.comm == "mpi")
     bad(std::string("MPI here takes host memory, and ") +
-        (o.parallel == "rtp" ? "RTP's rotating shards" : "ZeRO's buffers") +
+        (o.parallel == "rtp"          ? "RTP's rotating shards"
+         : o.parallel == "replicated" ? "the gradient chunks it all-reduces"
+                                      : "ZeRO's buffers") +
         " are on the GPU: use --comm nccl or staged (MPI through pinned host buffers)");
   const char* no_nccl = !nccl_built     ? "this train_gpt was built without NCCL"
                         : d.sharing > 1 ? "NCCL puts one rank of a communicator per GPU, and this GPU is shared"
@@ -332,7 +336,7 @@ inline void validate_ranks(const train_options& o, int ranks) {
     detail::bad_option("--parallel",
                        "none on " + std::to_string(ranks) +
                            " MPI ranks: every rank would train the same model alone and write the same outputs; "
-                           "use --parallel zero or --parallel rtp, or run one process without mpirun");
+                           "use --parallel zero, replicated or rtp, or run one process without mpirun");
   if (ranks > 1 && o.batch % ranks != 0) {
     std::string valid;
     for (int n = 1; n <= ranks; ++n)
@@ -360,11 +364,21 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
     require_range("--val-batches", o.val_batches, 1, option_limits::val_batches, "with --val-every 0 it is unused");
   require_range("--save-every", o.save_every, 0, option_limits::steps, "0 saves only at the end");
   require_range("--sample", o.sample, 0, option_limits::sample, "0 generates nothing");
+  require_range("--sleep-after", o.sleep_after, 0, o.steps, "0 never sleeps");
+  detail::require_finite("--sleep-for", o.sleep_for, 0.0);
   if (o.save_every > 0 && o.save.empty())
     detail::bad_option("--save-every", "needs --save DIR to say where checkpoints go");
   detail::require_one_of("--policy", o.policy, {"patrickstar", "lru", "resident", "offload"});
   detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
-  detail::require_one_of("--parallel", o.parallel, {"none", "zero", "rtp"});
+  detail::require_one_of("--parallel", o.parallel, {"none", "zero", "replicated", "rtp"});
+  if (o.parallel == "none" || o.parallel == "replicated") {  // ZeRO's options: nothing is gathered here
+    const auto zero_only = [&](const char* option) {
+      detail::bad_option(option, "applies to --parallel zero (it decides how ZeRO gathers), not to --parallel " +
+                                     o.parallel + ", where every rank holds the whole model: drop it");
+    };
+    if (o.keep_gathered) zero_only("--keep-gathered");
+    if (o.memory_saving) zero_only("--memory-saving");
+  }
   if (o.parallel == "rtp") {
     // RTP's shards are fp32, and it does not gather chunks: ZeRO's and the loss scaler's options do not apply.
     const auto not_with_rtp = [](const char* option, const std::string& why) {

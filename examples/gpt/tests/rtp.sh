@@ -6,7 +6,8 @@
 #     each rank's shards in its chunk runtime give the same losses, bit for bit as printed, whether
 #     they stay on the device (--policy resident) or live on the host (--policy offload), and
 #     whether the shards rotate over MPI directly or through host staging buffers (--comm staged),
-#     and with a disk tier per rank below a host too small for its shards (--disk-dir);
+#     and with a disk tier per rank below a host too small for its shards (--disk-dir), and when
+#     the ranks sleep after step 4 (--sleep-after: nothing on a device while asleep);
 #  2. checkpoints cross modes: saved under RTP at 4 ranks, resumed under RTP at 2, in one process
 #     and under ZeRO at 2; saved in one process and under ZeRO, resumed under RTP — every resume on
 #     the uninterrupted trajectory;
@@ -48,6 +49,7 @@ timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp --comm staged >rt
 if diff <(losses rtp2.txt) <(losses rtp2_staged.txt) >/dev/null; then echo "ok: --comm staged gives the same losses under RTP"
 else fail "--comm staged changed the RTP losses: $(diff <(losses rtp2.txt) <(losses rtp2_staged.txt) | head -4)"; fi
 grep -q "host staging buffers" rtp2_staged.txt || fail "the RTP run does not say it stages through host buffers"
+sleeps "2 RTP ranks" rtp2.txt timeout 300 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel rtp
 # A disk tier per rank (--disk-dir): each rank's shard store spills below a host too small for its
 # share (model data 1.9 MiB a rank, host 800 KiB), with the losses of the run without it.
 mkdir -p disk

@@ -106,6 +106,14 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
       {"--save-every", [](auto& o) { o.save_every = -2; }},
       {"--save-every", [](auto& o) { o.save_every = 5; }},  // without --save
       {"--sample", [](auto& o) { o.sample = -1; }},
+      {"--sleep-after", [](auto& o) { o.sleep_after = o.steps + 1; }},
+      {"--sleep-for", [](auto& o) { o.sleep_for = -1; }},
+      {"--memory-saving",
+       [](auto& o) {
+         o.parallel = "replicated";
+         o.memory_saving = true;
+       }},
+      {"--keep-gathered", [](auto& o) { o.keep_gathered = true; }},  // with --parallel none
       {"--prefetch", [](auto& o) { o.prefetch = -1; }},
       {"--chunk-elems", [](auto& o) { o.chunk_elems = -1; }},
       {"--policy", [](auto& o) { o.policy = "fastest"; }},
@@ -290,6 +298,7 @@ TEST_CASE(
   CHECK(differs([](auto& x) { x.resume = "ck"; }) == "--resume");
   CHECK(differs([](auto& x) { x.memory_saving = true; }) == "--memory-saving");
   CHECK(differs([](auto& x) { x.parallel = "rtp"; }) == "--parallel");
+  CHECK(differs([](auto& x) { x.sleep_after = 3; }) == "--sleep-after");
   // A rank's own resources may differ.
   CHECK(differs([](auto& x) { x.device_budget = "1GiB"; }).empty());
   CHECK(differs([](auto& x) { x.host_budget = "1GiB"; }).empty());
@@ -330,7 +339,8 @@ TEST_CASE(
   CHECK(gpt::launched_processes(env({{"OMPI_COMM_WORLD_SIZE", "garbage"}})) == 1);
   gpt::train_options o;
   gpt::validate_ranks(o, 1);
-  CHECK_THROWS_WITH_AS(gpt::validate_ranks(o, 2), doctest::Contains("--parallel zero or --parallel rtp"), config_error);
+  CHECK_THROWS_WITH_AS(gpt::validate_ranks(o, 2), doctest::Contains("use --parallel zero, replicated or rtp"),
+                       config_error);
   o.parallel = "zero";
   gpt::validate_ranks(o, 2);
 }
@@ -464,7 +474,7 @@ TEST_CASE("--comm: NCCL when every rank has its own GPU, else MPI through pinned
   CHECK(gpt::resolve_transport(o, own_gpu, true).kind == transport_choice::host);
   o.comm = "nccl";
   CHECK_THROWS_WITH_AS(gpt::resolve_transport(o, own_gpu, true),
-                       doctest::Contains("applies to --parallel zero and rtp"), config_error);
+                       doctest::Contains("applies to --parallel zero, replicated and rtp"), config_error);
 
   for (const char* mode : {"zero", "rtp"}) {  // the same transports: both keep their collectives' buffers on the GPU
     CAPTURE(mode);

@@ -3,6 +3,7 @@
 #   begin_mpi_checks TRAIN MPIEXEC WORK   set train, mpiexec and mpi (mpiexec -np ...), one thread
 #                          per rank (several ranks share few cores), and work in a fresh WORK
 #   fail MESSAGE           count a failed check and say why
+#   sleeps NAME REF CMD... CMD --sleep-after 4 has REF's losses and nothing on a device while asleep
 #   losses FILE            a run's "step loss" and "vSTEP loss" lines, for diffs
 #   kill_a_rank N ARGS...  start N MPI ranks of train_gpt ARGS (under $mpiexec), SIGKILL one after
 #                          step 3, and check that the job ends by itself, non-zero, within 30 s
@@ -19,6 +20,19 @@ begin_mpi_checks() {
   mpi=("$mpiexec" --allow-run-as-root --oversubscribe -np)
 }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# sleeps NAME REF CMD...: CMD --sleep-after 4 gives REF's losses, and while asleep no rank held
+# model data or any device memory.
+sleeps() {
+  local name=$1 ref=$2
+  shift 2
+  "$@" --sleep-after 4 --sleep-for 0.2 >"sleep_$name.txt" 2>&1 || { fail "$name with --sleep-after 4: rc $?"; return; }
+  local empty='^asleep after step 4: model data on the device 0 B, device memory in use 0 B'
+  if diff <(losses "$ref") <(losses "sleep_$name.txt") >/dev/null && grep -q "$empty" "sleep_$name.txt"; then
+    echo "ok: $name: asleep after step 4 with nothing on any rank's device, then the same losses"
+  else
+    fail "$name with --sleep-after 4: $(grep -m1 '^asleep' "sleep_$name.txt"); $(diff <(losses "$ref") <(losses "sleep_$name.txt") | head -4)"
+  fi
+}
 losses() { grep -E '^(step|validation)' "$1" | sed -E 's/^step +([0-9]+)\/[0-9]+ \| loss ([0-9.]+).*/\1 \2/; s/^validation loss ([0-9.]+) at step ([0-9]+)/v\2 \1/'; }
 
 kill_a_rank() {

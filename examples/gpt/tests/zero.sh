@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # train_gpt --parallel zero on MPI ranks, end to end:
 #  1. 3 ranks train the same model on the same data as one process (losses equal as printed), also
-#     with every collective staged through host buffers (--comm staged);
+#     with every collective staged through host buffers (--comm staged), and 3 replicated data-
+#     parallel ranks (--parallel replicated) as 3 ZeRO ranks; one process and 3 ranks
+#     that sleep after step 4 (--sleep-after: nothing on a device) train as if they had not;
 #  2. a checkpoint saved at 3 ranks resumes at 2 ranks and in one process, continuing the trajectory;
 #     3 ranks with a disk tier each (hosts too small for a rank's share) train as one process too;
 #     a device only ZeRO's memory-saving mode fits chooses it; one too small for both is exit 2;
@@ -26,6 +28,17 @@ timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero --comm staged >s
 if diff <(losses one.txt) <(losses staged.txt) >/dev/null; then echo "ok: 3 ZeRO ranks through host staging buffers train as one process"
 else fail "3 ranks with --comm staged differ from one process:"; diff <(losses one.txt) <(losses staged.txt) | head; fi
 grep -q "MPI through host staging buffers" staged.txt || fail "the staged run does not say how its ranks talk"
+# Plain data parallelism (--parallel replicated): every rank holds the whole model and the gradients
+# are all-reduced in rank order, which is ZeRO's reference: ZeRO's losses. Its checkpoint (rank 0's)
+# resumes under ZeRO on the same trajectory.
+timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel replicated --save ck_rep >replicated.txt 2>&1 || fail "3 replicated ranks: rc $?"
+if diff <(losses three.txt) <(losses replicated.txt) >/dev/null && grep -q "^parallel: replicated data parallelism over 3" replicated.txt; then
+  echo "ok: 3 replicated data-parallel ranks train as 3 ZeRO ranks"
+else fail "3 replicated ranks differ from ZeRO:"; diff <(losses three.txt) <(losses replicated.txt) | head; fi
+[[ -f ck_rep/model.safetensors ]] || fail "no checkpoint from the replicated ranks: $(ls ck_rep 2>&1)"
+# Sleep after step 4 (every chunk off the device, then back): the losses of the run that never slept.
+sleeps "one process" one.txt timeout 300 "$train" "${args[@]}"
+sleeps "3 ZeRO ranks" three.txt timeout 300 "${mpi[@]}" 3 "$train" "${args[@]}" --parallel zero
 timeout 60 "${mpi[@]}" 2 "$train" "${args[@]}" --parallel zero --device sim --comm nccl >nccl.txt 2>&1
 rc=$?
 ((rc == 2)) && grep -q "NCCL needs --device cuda" nccl.txt || fail "--comm nccl on the simulated device: rc $rc, $(grep -m1 error nccl.txt)"
