@@ -5,12 +5,16 @@
 // bit-identical to one process that computes the N micro-batches' gradients separately and sums
 // them in rank order — the order the communicators reduce in — then steps.
 #include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/disk/disk_copy_engine.hpp>
+#include <chunkstar/disk/disk_space.hpp>
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
+#include <chunkstar/placement/static_placement.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
 #include <chunkstar/zero/replicated_gradients.hpp>
 
 #include "support/device_memory_communicator.hpp"
+#include "support/disk_test_dir.hpp"
 #include "support/mlp_replica.hpp"
 #include "support/runtimes.hpp"
 
@@ -18,6 +22,8 @@
 
 #include <cmath>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
 using namespace chunkstar;
@@ -64,6 +70,11 @@ std::vector<float> reference(int ranks, std::vector<double>& clip) {
   return r.all(chunk_kind::param);
 }
 
+/** Every optimizer step on the host. */
+struct all_host : static_placement {
+  all_host() : static_placement{static_placement::all_host()} {}
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -100,6 +111,49 @@ TEST_CASE(
       CHECK(early[static_cast<std::size_t>(k)] > 0);
     }
   }
+}
+
+TEST_CASE(
+    "replicated data parallelism with a disk tier per rank below a small host: gradients on the disk come up (room "
+    "made) to be all-reduced, and the bits are those without a disk") {
+  chunkstar::test::scratch_dir dir;
+  constexpr std::size_t block = 4096;  // a chunk's footprint on the host and the disk with a disk tier
+  for (int ranks : {2, 3})
+    for (std::size_t host_blocks : {5, 9}) {
+      CAPTURE(ranks);
+      CAPTURE(host_blocks);
+      std::vector<double> clip_ref;
+      const auto expected = reference(ranks, clip_ref);
+      std::vector<std::vector<float>> params(static_cast<std::size_t>(ranks));
+      std::vector<std::uint64_t> from_disk(static_cast<std::size_t>(ranks));
+      run_ranks(ranks, [&](in_process_communicator& comm) {
+        disk_space disk(disk_space_options{
+            .directory = dir.path(), .capacity = 64 * block, .name = "rank" + std::to_string(comm.rank())});
+        disk_copy_engine disk_io(disk);
+        // Every optimizer step on the host (train_gpt --policy offload), a host of 5 or 9 blocks for
+        // the 24 chunks: most of them, gradients too, live on the disk.
+        using host_replica = mlp_replica<in_process_communicator, all_host>;
+        host_replica r(
+            {.gradients = gradient_mode::replicated}, capacity, host_space_options{.capacity = host_blocks * block},
+            [&](host_replica::runtime_type& rt) { rt.attach_disk(disk_tier(disk, disk_io)); }, comm);
+        replicated_gradients dp(r.rt);
+        auto opt = make_adam();
+        for (int step = 1; step <= steps; ++step) {
+          r.forward_backward(step, comm.rank(), [] {});
+          dp.after_backward();  // after the whole backward, as train_gpt: gradients went down meanwhile
+          dp.synchronize();
+          REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+          CHECK(r.rt.invariant_violations().empty());
+        }
+        params[static_cast<std::size_t>(comm.rank())] = r.all(chunk_kind::param);
+        from_disk[static_cast<std::size_t>(comm.rank())] = r.rt.stats().bytes_from_disk;
+      });
+      for (int k = 0; k < ranks; ++k) {
+        CAPTURE(k);
+        CHECK(params[static_cast<std::size_t>(k)] == expected);
+        CHECK(from_disk[static_cast<std::size_t>(k)] > 0);
+      }
+    }
 }
 
 TEST_CASE("the gradient norm follows the gradient mode: sharded sums over ranks, replicated and local do not") {

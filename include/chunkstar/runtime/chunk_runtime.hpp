@@ -158,7 +158,8 @@ class chunk_runtime {
   /** @brief Visits every materialised gradient chunk in order without moving it (overflow checks,
    *  norms): `f(const step_chunk&)` with `grad`, `where`, `param_type`, `elems`, `tensors`, `slots`, `specs`. */
   void for_each_grad_chunk(function_ref<void(const step_chunk&)> f);
-  /** @brief Pins gradient chunk @p c where it is (zeros if it was FREE), for a collective on its payload. */
+  /** @brief Pins gradient chunk @p c for a collective on its payload: where it is, or on the host (room made
+   *  first) when it was on the disk or FREE (then zeros). */
   [[nodiscard]] typename store_type::held_payload hold_gradient(std::uint32_t c);
   /** @brief As hold_gradient(), with the chunk loaded to the compute tier first (evicting as a
    *  scope would): for a communicator that takes device memory (takes_device_memory_v). */
@@ -473,7 +474,12 @@ void CHUNKSTAR_RUNTIME::for_each_grad_chunk(function_ref<void(const step_chunk&)
 CHUNKSTAR_RUNTIME_TEMPLATE
 typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gradient(std::uint32_t c) {
   require_awake("hold_gradient");
-  return store_.hold({chunk_kind::grad, c});
+  const chunk_id id{chunk_kind::grad, c};
+  const tier where = store_.at(id).where;
+  // A payload that comes to the host (from the disk, or a zeroed FREE one) needs room there first:
+  // with a disk tier the host is full, and room means sending down what is needed latest.
+  if (where == tier::disk || where == tier::free) residency_.make_resident_on_host(id);
+  return store_.hold(id);
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
