@@ -135,10 +135,15 @@ class chunked_session {
     // AdamW, no decay on biases and norms, global-norm clipping. Without clipping (--clip 0) in
     // fp32 or bf16 nothing needs the gradient norm: its scan, a read of every gradient chunk, is
     // skipped (report_norm) and the log shows "norm -".
+    // fp16: the first scale leaves the gradient summed over accum x N micro-batches the headroom
+    // one micro-batch has at 65536, so a split over ranks overflows as one process does.
+    Scaler scaler{};
+    if constexpr (std::is_same_v<Scaler, dynamic_loss_scaler>)
+      scaler = dynamic_loss_scaler({.init_scale = initial_scale_for(static_cast<int>(o.accum) * ranks_)});
     opt_.emplace(chunk_adam_options{.hyper = {.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = o.weight_decay},
                                     .max_grad_norm = o.clip,
                                     .report_norm = false},
-                 param_groups::with_default_decay(o.weight_decay));
+                 param_groups::with_default_decay(o.weight_decay), std::move(scaler));
     if (plan.resume) {  // its configuration and state were checked by prepare()
       require_same_save(plan.resume_entries, load_checkpoint(*rt_, o.resume), o.resume);
       opt_->restore_step_count(plan.resume->optimizer_steps);

@@ -38,6 +38,18 @@ TEST_CASE("dynamic_loss_scaler backs off on overflow and grows after the interva
   CHECK(s.scale() == 4096.0f);  // clamped at max_scale
 }
 
+TEST_CASE("initial_scale_for: the base over the largest power of two in the micro-batch count, at least 1") {
+  CHECK(initial_scale_for(1) == 65536.0f);
+  CHECK(initial_scale_for(0) == 65536.0f);
+  CHECK(initial_scale_for(2) == 32768.0f);
+  CHECK(initial_scale_for(3) == 32768.0f);
+  CHECK(initial_scale_for(4) == 16384.0f);
+  CHECK(initial_scale_for(6) == 16384.0f);
+  CHECK(initial_scale_for(1 << 20) == 1.0f);
+  CHECK(initial_scale_for(8, 1024.0f) == 128.0f);
+  static_assert(initial_scale_for(2) == 32768.0f);
+}
+
 TEST_CASE("loss scaler options and the static scaler are checked") {
   CHECK_THROWS_AS(dynamic_loss_scaler({.init_scale = 0.5f}), config_error);
   CHECK_THROWS_AS(dynamic_loss_scaler({.backoff_factor = 1.0f}), config_error);

@@ -40,6 +40,17 @@ struct dynamic_loss_scaler_options {
   float max_scale = 16777216.0f;  ///< 2^24
 };
 
+/** @brief `init_scale` for gradients summed over @p micro_batches micro-batches per step
+ *  (accumulation x data-parallel ranks, each its own mean loss's gradient): @p base divided by the
+ *  largest power of two not above @p micro_batches, at least 1. The summed gradient then has the
+ *  headroom in fp16 that one micro-batch has at @p base, so one process and N ranks splitting the
+ *  same batch overflow alike (not N times sooner). Pure; @p micro_batches below 1 counts as 1. */
+[[nodiscard]] constexpr float initial_scale_for(int micro_batches, float base = 65536.0f) noexcept {
+  float scale = base;
+  for (int n = micro_batches; n > 1 && scale > 1.0f; n /= 2) scale /= 2.0f;
+  return scale;
+}
+
 /** @brief fp16 dynamic loss scaling: back off and skip the step on inf/NaN gradients; grow after
  *         growth_interval consecutive clean steps; stay within [min_scale, max_scale]. */
 class dynamic_loss_scaler {
