@@ -129,7 +129,7 @@ class residual_mlp {
   void backward(const int* tokens, const int* targets) {
     const std::size_t R = c_.rows, C = c_.width, L = c_.layers;
     std::vector<float> df(R * C, 0.0f), dx(R * C), dprev(R * C);
-    vocab_->loss_backward(f_.data(), targets, R, 1.0f, df.data());
+    vocab_->loss_backward(f_.data(), targets, R, m_.loss_scale(), df.data());  // fp16: the scaled loss
     float* gg = m_.replica_grad(replicas_) + L * C;
     for (std::size_t i = 0; i < R * C; ++i) gg[i % C] += df[i] * x(L)[i], dx[i] = df[i] * gain()[i % C];
     for (std::size_t l = L; l-- > 0;) {

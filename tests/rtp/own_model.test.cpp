@@ -28,10 +28,13 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "support/disk_test_dir.hpp"
@@ -97,6 +100,9 @@ struct run {
   std::vector<std::vector<double>> losses;  // [step][micro-batch]
   std::vector<double> norms;
   tensors final_params, final_m, final_v;
+  std::uint64_t ring_bytes = 0;  // what rank 0's rotations sent
+  std::vector<bool> stepped;     // per step (false: skipped on an fp16 overflow)
+  float loss_scale = 1;          // at the end
   bool operator==(const run& o) const {
     for (std::size_t s = 0; s < params.size(); ++s)
       if (!same_bits(params[s], o.params[s]) || !same_bits(grads[s], o.grads[s])) return false;
@@ -133,8 +139,9 @@ void train(Comm& comm, Store& store, int world, int from, int to, float clip, ru
     }
     gather(m, chunk_kind::grad, rec.grads[us]);
     const auto r = m.step(adamw, groups, world, clip);
-    if (comm.rank() == 0) rec.norms.push_back(r.grad_norm);
+    if (comm.rank() == 0) rec.norms.push_back(r.grad_norm), rec.stepped.push_back(r.stepped);
   }
+  if (comm.rank() == 0) rec.ring_bytes = m.ring_stats().bytes_sent, rec.loss_scale = m.loss_scale();
   comm.barrier();
   if (comm.rank() == 0)
     rec.final_params = empty_tensors(), rec.final_m = empty_tensors(), rec.final_v = empty_tensors();
@@ -160,8 +167,9 @@ run run_host(int n, int from, int to, float clip, const std::filesystem::path& l
 
 /** The run with every rank's parts in its own chunk runtime @p Runtime, the device holding
  *  @p share of the model data beside the non-model memory. */
-template <class Runtime>
-run run_chunked(int n, double share, float clip, typename Runtime::placement_type placement = {}) {
+template <class Runtime, class T = float>
+run run_chunked(int n, double share, float clip, typename Runtime::placement_type placement = {},
+                dynamic_loss_scaler scaler = dynamic_loss_scaler()) {
   run rec;
   run_ranks(n, [&](in_process_communicator& comm) {
     std::size_t model_bytes = 0;
@@ -175,9 +183,12 @@ run run_chunked(int n, double share, float clip, typename Runtime::placement_typ
     host_space host;
     host_copy_engine copier;
     single_process_communicator one;
-    Runtime rt(device, host, copier, one, {}, searched_chunk_layout(), placement);
-    rtp::chunk_shard_store<Runtime> store(rt);
-    train(comm, store, n, 0, steps, clip, rec);
+    Runtime rt(device, host, copier, one, {.param_type = dtype_of_v<T>}, searched_chunk_layout(), placement);
+    using store_type = rtp::chunk_shard_store<Runtime, rtp::host_shard_ops, host_adam_kernels, T>;
+    std::optional<store_type> store;
+    if constexpr (std::is_same_v<T, float16>) store.emplace(rt, rtp::host_shard_ops{}, scaler);
+    else store.emplace(rt);
+    train(comm, *store, n, 0, steps, clip, rec);
   });
   return rec;
 }
@@ -354,6 +365,62 @@ TEST_CASE(
     CHECK(mean(rec.losses.back()) < mean(rec.losses.front()));
     // Flyweight initialisation: every world size starts from the same model.
     CHECK(same_bits(rec.params[0], run_host(1, 0, 0, 0.5f).final_params));
+  }
+}
+
+/** The largest relative difference between two runs' losses, over every step and micro-batch. */
+double loss_gap(const run& a, const run& b) {
+  double worst = 0;
+  for (std::size_t s = 0; s < a.losses.size(); ++s)
+    for (std::size_t m = 0; m < a.losses[s].size(); ++m)
+      worst = std::max(worst, std::abs(a.losses[s][m] - b.losses[s][m]) / std::abs(b.losses[s][m]));
+  return worst;
+}
+
+TEST_CASE(
+    "own model under RTP in bf16 and fp16: 16-bit shards rotate (half the ring's bytes), the same bits at every "
+    "budget, "
+    "placement and policy, and the fp32 run's losses within the 16-bit weights' rounding") {
+  using namespace chunkstar::testing;
+  for (const int n : {1, 2, 3}) {
+    CAPTURE(n);
+    const run fp32 = run_chunked<patrickstar_runtime>(n, 1.5, 0.5f);
+    // fp16 at a loss scale under which this model's gradients stay finite (the default 65536 is too
+    // high for them: the next test case).
+    const dynamic_loss_scaler scaler({.init_scale = 64.0f});
+    const auto check = [&](const run& roomy, auto type, double tol) {
+      using T = decltype(type);
+      CHECK(run_chunked<patrickstar_runtime, T>(n, 0.3, 0.5f, {}, scaler) == roomy);
+      CHECK(run_chunked<lru_runtime, T>(n, 0.3, 0.5f, {}, scaler) == roomy);
+      CHECK(run_chunked<static_runtime, T>(n, 0.3, 0.5f, static_placement::all_host(), scaler) == roomy);
+      CHECK(roomy.ring_bytes * 2 == fp32.ring_bytes);  // the same shifts, of 16-bit shards
+      CHECK(std::all_of(roomy.stepped.begin(), roomy.stepped.end(), [](bool b) { return b; }));
+      // Each step's weights are the fp32 run's rounded to 16 bits (relative u: bf16 2^-8, fp16
+      // 2^-11) and its gradient sums are rounded once per add: a loss moves by at most a few u
+      // (the model's loss changes by less than its weights do, relatively) per step: 4 x steps x u.
+      const double gap = loss_gap(roomy, fp32);
+      MESSAGE("N = " << n << ", " << dtype_name(dtype_of_v<T>) << ": losses within " << gap << " of fp32's (bound "
+                     << tol << ")");
+      CHECK(gap <= tol);
+      CHECK(gap > 0);  // 16-bit weights do change the arithmetic
+    };
+    check(run_chunked<patrickstar_runtime, bfloat16>(n, 1.5, 0.5f), bfloat16{}, 4.0 * steps * std::ldexp(1.0, -8));
+    check(run_chunked<patrickstar_runtime, float16>(n, 1.5, 0.5f, {}, scaler), float16{},
+          4.0 * steps * std::ldexp(1.0, -11));
+  }
+}
+
+TEST_CASE(
+    "own model under RTP in fp16: an overflow on any rank skips the step on every rank, and the scale backs off") {
+  using namespace chunkstar::testing;
+  for (const int n : {1, 3}) {
+    CAPTURE(n);
+    // The default scale, 65536: this model's scaled gradients overflow fp16 (max 65504).
+    const run r = run_chunked<patrickstar_runtime, float16>(n, 1.5, 0.5f);
+    REQUIRE(!r.stepped.empty());
+    CHECK_FALSE(r.stepped.front());
+    CHECK(same_bits(r.params[1], r.params[0]));  // a skipped step changes no weight, on any rank
+    CHECK(r.loss_scale < 65536.0f);              // it backed off
   }
 }
 

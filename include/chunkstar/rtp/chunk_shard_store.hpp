@@ -18,6 +18,16 @@
  *  chunks after the work: the stream contract), and `Kernels` steps the chunks placed on the
  *  device there (e.g. `cuda::device_adam_kernels`), those placed on the host with the SIMD kernel.
  *  The defaults are the host platform's: loops, and the host kernel.
+ *
+ *  **Mixed precision.** With @p T a 16-bit type (`bfloat16`, `float16`) the runtime holds 16-bit
+ *  weights and gradients and fp32 masters and moments (`param_type` bf16 or f16): `load(k,
+ *  span<T>)` copies the 16-bit weights a rotation carries (half the bytes), `add_grad(k,
+ *  span<const T>)` adds a 16-bit sum into the 16-bit gradient (rounded once per add), and the float
+ *  forms widen and round (replicas, whose working copies and gradients are float). `step` updates
+ *  the masters and rounds the weights from them; with fp16 the default `Scaler` is the dynamic loss
+ *  scaler, whose overflow is agreed across the model's ranks through the same global sum as the
+ *  norm (an inf anywhere is an inf everywhere: every rank skips). `read` and `write` of the weights
+ *  use the fp32 masters (and `write` sets both).
  */
 #pragma once
 
@@ -34,6 +44,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace chunkstar::rtp {
@@ -48,25 +59,44 @@ concept ShardOps = std::copy_constructible<O> && requires(O& o, float* p, const 
   { o.stream() } -> std::convertible_to<typename Runtime::stream_type>;
 };
 
+/** @brief What a 16-bit store's `Ops` also do on shards of @p T: copy and add 16-bit buffers, widen
+ *  them to float, and add float sums into them (rtp/buffer_ops.hpp's `WideningOps`). */
+template <class O, class T>
+concept ShardWideningOps = requires(O& o, float* f, const float* cf, T* p, const T* c, std::size_t n) {
+  o.copy(p, c, n);
+  o.add(p, c, n);
+  o.widen(f, c, n);
+  o.accumulate(p, cf, n);
+};
+
 /** @brief Host memory: the rotation's host buffer operations, done when they return. */
 struct host_shard_ops : host_buffer_ops<float> {
   [[nodiscard]] host_stream stream() const noexcept { return {}; }
 };
 
+/** @brief The loss scaler a store of @p T steps with by default: dynamic for fp16, none otherwise. */
+template <shard_element T>
+using default_shard_scaler = std::conditional_t<std::is_same_v<T, float16>, dynamic_loss_scaler, static_loss_scaler>;
+
 /** @brief The shards of one rank in the chunk runtime @p Runtime (held by reference; register
  *  nothing else in it), moved by @p Ops, stepped by @p Kernels where placed on the device. See the
  *  file comment. */
-template <class Runtime, ShardOps<Runtime> Ops = host_shard_ops, class Kernels = host_adam_kernels>
-class chunk_shard_store {
+template <class Runtime, ShardOps<Runtime> Ops = host_shard_ops, class Kernels = host_adam_kernels,
+          shard_element T = float, class Scaler = default_shard_scaler<T>>
+requires(std::is_same_v<T, float> || ShardWideningOps<Ops, T>) class chunk_shard_store {
  public:
-  /** @brief A store over @p rt, which must not be finalized yet and must hold fp32 parameters
-   *  (`config_error` otherwise); @p ops moves floats on the compute tier. Adam's hyper-parameters
-   *  and clipping come with each `step`, as for every ShardStore. */
-  explicit chunk_shard_store(Runtime& rt, Ops ops = Ops{}) : rt_(rt), ops_(std::move(ops)) {
-    if (rt.options().param_type != dtype::f32)
+  using element_type = T;  ///< the working weights' type, which the model's rotations carry
+
+  /** @brief A store over @p rt, which must not be finalized yet and must hold parameters of @p T
+   *  (`config_error` otherwise); @p ops moves them on the compute tier; @p scaler scales the loss
+   *  (fp16). Adam's hyper-parameters and clipping come with each `step`, as for every ShardStore. */
+  explicit chunk_shard_store(Runtime& rt, Ops ops = Ops{}, Scaler scaler = Scaler{})
+      : rt_(rt), ops_(std::move(ops)), scaler_(std::move(scaler)) {
+    if (rt.options().param_type != dtype_of_v<T>)
       throw config_error("rtp::chunk_shard_store: the runtime holds " +
-                         std::string(dtype_name(rt.options().param_type)) +
-                         " parameters; RTP's shards are fp32: build the runtime with param_type f32");
+                         std::string(dtype_name(rt.options().param_type)) + " parameters but the store's shards are " +
+                         std::string(dtype_name(dtype_of_v<T>)) + ": build the runtime with param_type " +
+                         std::string(dtype_name(dtype_of_v<T>)) + " (or the store for its type)");
   }
   chunk_shard_store(const chunk_shard_store&) = delete;
   chunk_shard_store& operator=(const chunk_shard_store&) = delete;
@@ -75,7 +105,7 @@ class chunk_shard_store {
     check_segments(elems, segments);
     std::vector<param_id> ids;
     for (const auto& s : segments) {
-      ids.push_back(rt_.register_param({s.name, {static_cast<std::int64_t>(s.elems)}, dtype::f32, s.role}));
+      ids.push_back(rt_.register_param({s.name, {static_cast<std::int64_t>(s.elems)}, dtype_of_v<T>, s.role}));
       const std::size_t t = ids.back().value;
       if (counted_.size() <= t) counted_.resize(t + 1, true);
       counted_[t] = counted_in_norm;
@@ -99,17 +129,37 @@ class chunk_shard_store {
     f();
     s.close(ops_.stream());  // the stage's work may still run there: later moves of its chunks wait for it
   }
+  /** @brief Shard @p k's weights into @p dst as float (widened from 16-bit ones). */
   void load(std::size_t k, std::span<float> dst) {
     const auto& sh = in_stage(k, "load");
     for (std::size_t i = 0; i < sh.ids.size(); ++i) {
-      const auto w = scope_->template param<float>(sh.ids[i]);
+      const auto w = scope_->template param<T>(sh.ids[i]);
+      if constexpr (std::is_same_v<T, float>) ops_.copy(dst.data() + sh.segments[i].offset, w.data(), w.size());
+      else ops_.widen(dst.data() + sh.segments[i].offset, w.data(), w.size());
+    }
+  }
+  /** @brief Shard @p k's 16-bit weights into @p dst as they are (what a rotation carries). */
+  void load(std::size_t k, std::span<T> dst) requires(!std::is_same_v<T, float>) {
+    const auto& sh = in_stage(k, "load");
+    for (std::size_t i = 0; i < sh.ids.size(); ++i) {
+      const auto w = scope_->template param<T>(sh.ids[i]);
       ops_.copy(dst.data() + sh.segments[i].offset, w.data(), w.size());
     }
   }
+  /** @brief Adds the float sum @p g into shard @p k's gradient (rounded once per element when 16-bit). */
   void add_grad(std::size_t k, std::span<const float> g) {
     const auto& sh = in_stage(k, "add_grad");
     for (std::size_t i = 0; i < sh.ids.size(); ++i) {
-      const auto acc = scope_->template grad<float>(sh.ids[i]);
+      const auto acc = scope_->template grad<T>(sh.ids[i]);
+      if constexpr (std::is_same_v<T, float>) ops_.add(acc.data(), g.data() + sh.segments[i].offset, acc.size());
+      else ops_.accumulate(acc.data(), g.data() + sh.segments[i].offset, acc.size());
+    }
+  }
+  /** @brief Adds a 16-bit sum (a rotation's) into shard @p k's 16-bit gradient. */
+  void add_grad(std::size_t k, std::span<const T> g) requires(!std::is_same_v<T, float>) {
+    const auto& sh = in_stage(k, "add_grad");
+    for (std::size_t i = 0; i < sh.ids.size(); ++i) {
+      const auto acc = scope_->template grad<T>(sh.ids[i]);
       ops_.add(acc.data(), g.data() + sh.segments[i].offset, acc.size());
     }
   }
@@ -122,6 +172,7 @@ class chunk_shard_store {
     const adam_hyper& h = base;  // its lr goes with each chunk_adam::step; the rest makes the optimizer
     if (!opt_ || max_norm != max_norm_ || !same_hyper(h, hyper_)) {
       const std::int64_t steps = opt_ ? opt_->step_count() : restored_;
+      if (opt_) scaler_ = opt_->scaler();  // the loss scale carries over
       opt_.emplace(
           chunk_adam_options{
               .hyper = h,
@@ -130,7 +181,7 @@ class chunk_shard_store {
               .global_sum_sq = [this](double local) { return sum_sq_ ? sum_sq_(local) : local; },
               .counts_in_norm = all_counted_ ? std::function<bool(std::size_t)>()
                                              : [this](std::size_t t) { return t >= counted_.size() || counted_[t]; }},
-          groups);
+          groups, scaler_);
       opt_->restore_step_count(steps);
       max_norm_ = max_norm;
       hyper_ = h;
@@ -138,23 +189,35 @@ class chunk_shard_store {
     const auto r = opt_->step(rt_, base.lr, micro_batches);
     return {.grad_norm = r.grad_norm,
             .clip_coefficient = r.clip_coefficient,
-            .grad_scale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches)) * r.clip_coefficient};
+            .grad_scale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches)) * r.clip_coefficient,
+            .stepped = r.stepped};
   }
+  /** @brief What to multiply the loss by before a backward (fp16's dynamic scale; 1 otherwise). */
+  [[nodiscard]] float loss_scale() const { return opt_ ? opt_->loss_scale() : scaler_.scale(); }
+  /** @brief The loss scaler (to restore a checkpoint's scale). */
+  [[nodiscard]] Scaler& scaler() noexcept { return opt_ ? opt_->scaler() : scaler_; }
   [[nodiscard]] std::int64_t step_count() const noexcept { return opt_ ? opt_->step_count() : restored_; }
   void restore_step_count(std::int64_t n) {
     restored_ = n;
     if (opt_) opt_->restore_step_count(n);
   }
 
+  /** @brief List @p kind of shard @p k as float; the weights are the fp32 masters when 16-bit. */
   void read(std::size_t k, chunk_kind kind, std::span<float> out) const {
     const auto& sh = shards_.at(k);
+    const chunk_kind list = kind == chunk_kind::param && rt_.has_list(chunk_kind::master) ? chunk_kind::master : kind;
     for (std::size_t i = 0; i < sh.ids.size(); ++i)
-      rt_.read_tensor(sh.ids[i], kind, out.subspan(sh.segments[i].offset, sh.segments[i].elems));
+      rt_.read_tensor(sh.ids[i], list, out.subspan(sh.segments[i].offset, sh.segments[i].elems));
   }
+  /** @brief Sets list @p kind of shard @p k; the weights' 16-bit copy and fp32 master both. */
   void write(std::size_t k, chunk_kind kind, std::span<const float> in) {
     const auto& sh = shards_.at(k);
-    for (std::size_t i = 0; i < sh.ids.size(); ++i)
-      rt_.write_tensor(sh.ids[i], kind, in.subspan(sh.segments[i].offset, sh.segments[i].elems));
+    for (std::size_t i = 0; i < sh.ids.size(); ++i) {
+      const auto v = in.subspan(sh.segments[i].offset, sh.segments[i].elems);
+      rt_.write_tensor(sh.ids[i], kind, v);
+      if (kind == chunk_kind::param && rt_.has_list(chunk_kind::master))
+        rt_.write_tensor(sh.ids[i], chunk_kind::master, v);
+    }
   }
 
   /** @brief @p n zeroed floats of non-model memory on the runtime's compute tier (as the
@@ -203,7 +266,8 @@ class chunk_shard_store {
   Ops ops_;
   std::vector<shard> shards_;
   typename Runtime::scope* scope_ = nullptr;
-  std::optional<chunk_adam<static_loss_scaler, Kernels>> opt_;
+  Scaler scaler_;  // until the optimizer exists, and while it is rebuilt
+  std::optional<chunk_adam<Scaler, Kernels>> opt_;
   std::function<double(double)> sum_sq_;
   std::vector<bool> counted_;  // by parameter: in this store's sum of squares (add_shard's counted_in_norm)
   bool all_counted_ = true;    // then the optimizer scans by chunk, as for any runtime

@@ -116,7 +116,7 @@ struct rotation_stats {
  *  it in host vectors, so it needs `Ops::host_memory`; with other memory, build it with
  *  `external_shard`.
  */
-template <Communicator Comm, std::floating_point T = float, BufferOps<T> Ops = host_buffer_ops<T>>
+template <Communicator Comm, shard_element T = float, BufferOps<T> Ops = host_buffer_ops<T>>
 class rotation {
  public:
   using value_type = T;

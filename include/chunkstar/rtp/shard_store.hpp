@@ -72,7 +72,22 @@ struct shard_step_result {
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  ///< global norm (NaN when not clipping)
   float clip_coefficient = 1;                                   ///< factor the gradients were multiplied by
   float grad_scale = 1;  ///< what every gradient was multiplied by (1 / micro-batches x clip)
+  bool stepped = true;   ///< false: skipped (an fp16 overflow), the gradients dropped
 };
+
+/** @brief The element type of a store's working weights, which its model's rotations carry:
+ *  `S::element_type` where the store names one (a 16-bit `chunk_shard_store`), else float. */
+template <class S>
+struct store_element {
+  using type = float;
+};
+template <class S>
+requires requires { typename S::element_type; }
+struct store_element<S> {
+  using type = typename S::element_type;
+};
+template <class S>
+using store_element_t = typename store_element<S>::type;
 
 /** @brief Checks a shard's segments tile it: in order, contiguous, from 0 to @p elems. */
 inline void check_segments(std::size_t elems, const std::vector<shard_segment>& segments) {
@@ -150,6 +165,8 @@ struct host_compute_tier {
 template <ComputeTier Tier = host_compute_tier>
 class basic_host_shard_store {
  public:
+  using element_type = float;  ///< fp32 shards (a 16-bit model keeps its shards in a chunk_shard_store)
+
   basic_host_shard_store() = default;
   explicit basic_host_shard_store(Tier tier) : tier_(std::move(tier)) {}
 

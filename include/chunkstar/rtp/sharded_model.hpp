@@ -48,6 +48,7 @@
 #include <chunkstar/rtp/shard_store.hpp>
 #include <chunkstar/rtp/transit_buffers.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -56,6 +57,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,14 +66,20 @@ namespace chunkstar::rtp {
 /** @brief See the file comment. @p Ops works on the store's compute-tier memory (host loops by
  *  default; a device's kernels on its stream with a device store). */
 template <Communicator Comm, ShardStore Store = host_shard_store, BufferOps<float> Ops = host_buffer_ops<float>>
-class sharded_model {
+requires(std::is_same_v<store_element_t<Store>, float> ||
+         WideningOps<Ops, store_element_t<Store>>) class sharded_model {
  public:
-  using rotation_type = rotation<Comm, float, Ops>;
+  /** @brief What the rotations carry: the store's working weights (float, or 16-bit in mixed
+   *  precision, widened for the kernels, which always see float). */
+  using element_type = store_element_t<Store>;
+  using rotation_type = rotation<Comm, element_type, Ops>;
+  static constexpr bool mixed = !std::is_same_v<element_type, float>;
 
   /** @brief What `step` did. */
   struct step_result {
     double grad_norm = 0;        ///< global norm of the averaged gradients, every replica once (NaN without clipping)
     float clip_coefficient = 1;  ///< the factor clipping applied
+    bool stepped = true;         ///< false: skipped on an fp16 overflow (on every rank alike)
   };
 
   /** @brief A model of tensors @p specs on the ranks of @p comm, its buffers in @p store (not
@@ -85,6 +93,8 @@ class sharded_model {
     transit_.reset();
     for (auto& b : buffers_)
       if (b.p) store_.deallocate(b.p, b.n);
+    for (auto* b : {&wide_w_, &wide_g_})
+      if (b->p) store_.deallocate(b->p, b->n);
   }
 
   /** @brief Registers this rank's shard of a rotated layer (every rank a part of the same size, in
@@ -105,9 +115,16 @@ class sharded_model {
     for (const auto& s : specs_) fields.push_back({s.name, std::to_string(s.numel())});
     require_agreement(comm_, fields, "rtp::sharded_model");
     store_.finalize();
-    transit_ =
-        std::make_unique<transit_buffers<float>>([this](std::size_t n) { return store_.allocate(n); },
-                                                 [this](float* p, std::size_t n) noexcept { store_.deallocate(p, n); });
+    if constexpr (mixed)  // 16-bit transit buffers inside float allocations (elements rounded up to whole floats)
+      transit_ = std::make_unique<transit_buffers<element_type>>(
+          [this](std::size_t n) { return reinterpret_cast<element_type*>(store_.allocate(floats_for(n))); },
+          [this](element_type* p, std::size_t n) noexcept {
+            store_.deallocate(reinterpret_cast<float*>(p), floats_for(n));
+          });
+    else
+      transit_ = std::make_unique<transit_buffers<float>>(
+          [this](std::size_t n) { return store_.allocate(n); },
+          [this](float* p, std::size_t n) noexcept { store_.deallocate(p, n); });
     rotations_.resize(parts_.size());
     for (std::size_t k = 0; k < parts_.size(); ++k) {
       if (parts_[k].replicated) {
@@ -118,8 +135,10 @@ class sharded_model {
       } else {
         rotations_[k] = std::make_unique<rotation_type>(comm_, parts_[k].elems, *transit_, external_shard, ops_);
         slot_of_.push_back(SIZE_MAX);
+        widest_ = std::max(widest_, parts_[k].elems);
       }
     }
+    if constexpr (mixed) take_wide();
     finalized_ = true;
   }
 
@@ -141,15 +160,32 @@ class sharded_model {
    *  shard (rtp/rotation.hpp). */
   template <class F>
   void forward(std::size_t k, F&& f) {
-    rotation_of(k).forward([&](std::span<float> dst) { store_.load(k, dst); }, f);
+    if constexpr (mixed)  // the kernel sees the resident 16-bit shard widened
+      rotation_of(k).forward([&](std::span<element_type> dst) { store_.load(k, dst); },
+                             [&](int j, std::span<const element_type> s) {
+                               ops_.widen(wide_w_.p, s.data(), s.size());
+                               std::invoke(f, j, std::span<const float>(wide_w_.p, s.size()));
+                             });
+    else rotation_of(k).forward([&](std::span<float> dst) { store_.load(k, dst); }, f);
   }
   /** @brief Rotation @p k's backward inside a stage holding part k: `g(shard_index, shard, grad)`
    *  adds this rank's contribution into `grad`; the sum over the ranks is added to part k's
    *  accumulated gradient. */
   template <class G>
   void backward(std::size_t k, G&& g) {
-    rotation_of(k).backward([&](std::span<float> dst) { store_.load(k, dst); }, g,
-                            [&](std::span<const float> sum) { store_.add_grad(k, sum); });
+    if constexpr (mixed)  // the kernel adds into a zeroed float buffer; its sum is this rank's term, rounded once
+      rotation_of(k).backward([&](std::span<element_type> dst) { store_.load(k, dst); },
+                              [&](int j, std::span<const element_type> s, std::span<element_type> grad) {
+                                const std::size_t n = s.size();
+                                ops_.widen(wide_w_.p, s.data(), n);
+                                ops_.zero(wide_g_.p, n);
+                                std::invoke(g, j, std::span<const float>(wide_w_.p, n), std::span<float>(wide_g_.p, n));
+                                ops_.narrow(grad.data(), wide_g_.p, n);
+                              },
+                              [&](std::span<const element_type> sum) { store_.add_grad(k, sum); });
+    else
+      rotation_of(k).backward([&](std::span<float> dst) { store_.load(k, dst); }, g,
+                              [&](std::span<const float> sum) { store_.add_grad(k, sum); });
   }
 
   /** @brief Replica @p k's working copy on the compute tier, for the kernels to read. */
@@ -192,7 +228,12 @@ class sharded_model {
       return local;
     });
     publish(replica_index_);
-    return {r.grad_norm, r.clip_coefficient};
+    return {r.grad_norm, r.clip_coefficient, r.stepped};
+  }
+  /** @brief What to multiply the loss by before a backward: the store's loss scale (fp16), else 1. */
+  [[nodiscard]] float loss_scale() const {
+    if constexpr (requires { store_.loss_scale(); }) return store_.loss_scale();
+    else return 1.0f;
   }
   /** @brief Drops the accumulated gradients. */
   void zero_grad() {
@@ -216,6 +257,8 @@ class sharded_model {
     ops_.settle();
     transit_->release();
     for (auto& b : buffers_) store_.deallocate(std::exchange(b.p, nullptr), b.n);
+    for (auto* b : {&wide_w_, &wide_g_})
+      if (b->p) store_.deallocate(std::exchange(b->p, nullptr), b->n);
     replica_w_.assign(replica_w_.size(), {});
     replica_g_.assign(replica_g_.size(), {});
     asleep_ = true;
@@ -230,6 +273,7 @@ class sharded_model {
     transit_->restore();
     for (auto& b : buffers_)
       if (!b.p) b.p = store_.allocate(b.n);
+    if constexpr (mixed) take_wide();
     for (std::size_t r = 0; r < replica_index_.size(); ++r)  // take() gave each replica two: weights, gradient
       replica_w_[r] = buffers_[2 * r], replica_g_[r] = buffers_[2 * r + 1];
     asleep_ = false;
@@ -290,7 +334,7 @@ class sharded_model {
   /** @brief Bytes this object takes from the store's compute tier: the transit buffers and the
    *  replicas' working copies and gradient buffers (the model data is the store's). */
   [[nodiscard]] std::size_t transient_bytes() const noexcept {
-    std::size_t n = transit_bytes();
+    std::size_t n = transit_bytes() + (wide_w_.n + wide_g_.n) * sizeof(float);
     for (const auto& b : buffers_) n += b.n * sizeof(float);
     return n;
   }
@@ -320,6 +364,15 @@ class sharded_model {
       throw state_error("rtp::sharded_model: the store holds buffers of its own; give the model a store of its own");
     parts_.push_back(std::move(part));
     return k;
+  }
+  /** Floats that hold @p n elements of the shards' type. */
+  static std::size_t floats_for(std::size_t n) noexcept {
+    return (n * sizeof(element_type) + sizeof(float) - 1) / sizeof(float);
+  }
+  /** Mixed precision: the float copies of the resident shard and of this rank's gradient term. */
+  void take_wide() {
+    for (auto* b : {&wide_w_, &wide_g_})
+      if (!b->p && widest_ > 0) *b = {store_.allocate(widest_), widest_};
   }
   buffer take(std::size_t n) {
     buffers_.reserve(buffers_.size() + 1);  // no throw between allocate and push_back
@@ -367,7 +420,9 @@ class sharded_model {
   std::vector<tensor_spec> specs_;
   Ops ops_;
   std::vector<model_part> parts_;
-  std::unique_ptr<transit_buffers<float>> transit_;
+  std::unique_ptr<transit_buffers<element_type>> transit_;
+  buffer wide_w_, wide_g_;  // mixed precision: the resident shard and the kernel's gradient, as float
+  std::size_t widest_ = 0;  // the largest rotated part
   std::vector<std::unique_ptr<rotation_type>> rotations_;  // by part; null for a replica
   std::vector<buffer> buffers_;                            // every compute-tier buffer this object took
   std::vector<buffer> replica_w_, replica_g_;              // by replica: working copy, this backward's gradient

@@ -12,6 +12,8 @@
  */
 #pragma once
 
+#include <chunkstar/rtp/buffer_ops.hpp>
+
 #include <algorithm>
 #include <array>
 #include <concepts>
@@ -24,7 +26,7 @@ namespace chunkstar::rtp {
 /** @brief Transit buffers for rotations of shards of `T` (see the file comment). Not thread-safe:
  *  the rotations sharing one set must not run passes at the same time (one model on one thread
  *  does not). Not copyable or movable (rotations hold it by reference). */
-template <std::floating_point T = float>
+template <shard_element T = float>
 class transit_buffers {
  public:
   /** @brief Allocates @p n zeroed elements, or throws. */
