@@ -31,16 +31,20 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace gpt {
 
-template <class Runtime>
+/** RTP with shards of @p T: fp32, or 16-bit weights and gradients with fp32 masters and moments
+ *  (--precision bf16 | fp16: half the ring's bytes; fp16 with dynamic loss scaling). */
+template <class Runtime, class T = float>
 class rtp_session {
   using parts = platform_parts<typename Runtime::platform_type>;
   using backend_type = typename parts::backend;
-  using store_type = rtp::chunk_shard_store<Runtime, backend_buffer_ops<backend_type>, typename parts::adam_kernels>;
+  using store_type =
+      rtp::chunk_shard_store<Runtime, backend_buffer_ops<backend_type>, typename parts::adam_kernels, T>;
   using model_type = rtp_gpt<communicator_ref, store_type, backend_type>;
 
  public:
@@ -54,9 +58,12 @@ class rtp_session {
                 plan.device.cuda ? "" : ", one per rank", plan.device.why.c_str());
     std::printf("data: %s, %zu train / %zu validation bytes\n", plan.data.source.c_str(), plan.data.train.size(),
                 plan.data.val.size());
-    std::printf("parallel: RTP over %d rank%s%s, %lld sequences each of the global batch of %lld\n", ranks_,
-                ranks_ > 1 ? "s" : "", plan.transport.why.empty() ? "" : (" (" + plan.transport.why + ")").c_str(),
-                static_cast<long long>(o.batch / ranks_), static_cast<long long>(o.batch));
+    std::printf("parallel: RTP over %d rank%s%s, %lld sequences each of the global batch of %lld; %s shards rotate%s\n",
+                ranks_, ranks_ > 1 ? "s" : "",
+                plan.transport.why.empty() ? "" : (" (" + plan.transport.why + ")").c_str(),
+                static_cast<long long>(o.batch / ranks_), static_cast<long long>(o.batch),
+                o.precision.c_str(),
+                std::is_same_v<T, float> ? "" : " (fp32 masters and Adam moments stay with their owner)");
     shape_ = {static_cast<std::size_t>(o.batch / ranks_), static_cast<std::size_t>(o.seq)};
 
     // This rank's shards in chunks (all four lists), beside the activations and the rotations'
@@ -64,7 +71,7 @@ class rtp_session {
     const auto layout = make_layout(o, cfg);
     const auto scopes = model_type::stage_scopes(cfg, ranks_, comm.rank());
     const memory_plan need =
-        plan_memory(model_type::shard_tensors(cfg, ranks_, comm.rank()), layout, {.param_type = dtype::f32}, 1, scopes,
+        plan_memory(model_type::shard_tensors(cfg, ranks_, comm.rank()), layout, {.param_type = dtype_of_v<T>}, 1, scopes,
                     passes_non_model(scopes, model_type::compute_tier_bytes(cfg, ranks_, shape_.batch, shape_.seq) +
                                                  activation_slack_bytes));
     const std::size_t model_bytes = need.model_bytes, act = need.non_model_bytes;
@@ -91,13 +98,17 @@ class rtp_session {
     backend_.emplace(memory_->make_backend());
     // The runtime's communicator is a one-rank one: RTP talks in the model's rotations.
     rt_.emplace(memory_->device, memory_->host, memory_->copier, one_ref_,
-                runtime_options{.param_type = dtype::f32,
+                runtime_options{.param_type = dtype_of_v<T>,
                                 .prefetch_depth = static_cast<std::size_t>(o.prefetch),
                                 .timeline = !o.trace.empty()},
                 layout, placement);
     if (disk_) rt_->attach_disk(disk_->tier());
     rt_->require_admitted(need);
-    store_.emplace(*rt_, backend_buffer_ops<backend_type>{&*backend_});
+    // fp16: the first loss scale as the chunked modes' (initial_scale_for: accum x ranks micro-batches).
+    if constexpr (std::is_same_v<T, float16>)
+      store_.emplace(*rt_, backend_buffer_ops<backend_type>{&*backend_},
+                     dynamic_loss_scaler({.init_scale = initial_scale_for(static_cast<int>(o.accum) * ranks_)}));
+    else store_.emplace(*rt_, backend_buffer_ops<backend_type>{&*backend_});
     model_.emplace(comm_, *store_, cfg, shape_.batch, shape_.seq, &*backend_);  // held by reference: the member
     model_->init(o.seed);
     std::printf("%s\n", cpu_summary().c_str());
@@ -116,6 +127,8 @@ class rtp_session {
       rtp_load_view<communicator_ref, store_type, backend_type> view(*model_);
       require_same_save(plan.resume_entries, load_checkpoint(view, o.resume), o.resume);
       model_->restore_step_count(plan.resume->optimizer_steps);
+      if constexpr (std::is_same_v<T, float16>)
+        if (plan.resume->loss_scale) store_->scaler().restore(*plan.resume->loss_scale, plan.resume->clean_steps);
       std::printf("resumed from %s at step %lld\n", o.resume.c_str(), static_cast<long long>(plan.resume->step));
     }
   }
@@ -125,7 +138,7 @@ class rtp_session {
   /** Forward and backward of one micro-batch of this rank's slice; gradients accumulate until the step. */
   double forward_backward(const int* tokens, const int* targets) {
     const double loss = model_->forward(tokens, targets);
-    model_->backward(tokens, targets);
+    model_->backward(tokens, targets, model_->loss_scale());
     return loss;
   }
   /** AdamW over @p micro_batches micro-batches' gradients, clipped by --clip (the norm then reported). */
@@ -134,7 +147,7 @@ class rtp_session {
     h.lr = lr;
     const auto r = model_->step(h, param_groups::with_default_decay(o_.weight_decay), micro_batches, o_.clip);
     step_bytes_ = comm_.stats().bytes_sent - sent_;
-    return {true, o_.clip > 0 ? r.grad_norm : std::numeric_limits<double>::quiet_NaN()};
+    return {r.stepped, o_.clip > 0 || !r.stepped ? r.grad_norm : std::numeric_limits<double>::quiet_NaN()};
   }
   double eval_loss(const int* tokens, const int* targets) {
     return model_->loss(tokens, targets);
@@ -142,7 +155,10 @@ class rtp_session {
   std::vector<float> next_token_probs(std::span<const int> text) { return model_->next_token_probs(text); }
   void save(std::int64_t step) {
     rtp_save_view<communicator_ref, store_type, backend_type> view(*model_, comm_);
-    save_checkpoint(view, o_.save, save_record(plan_.record, o_, step, model_->optimizer_steps(), std::nullopt, 0));
+    std::optional<float> scale;
+    std::int64_t clean = 0;
+    if constexpr (std::is_same_v<T, float16>) scale = store_->scaler().scale(), clean = store_->scaler().clean_steps();
+    save_checkpoint(view, o_.save, save_record(plan_.record, o_, step, model_->optimizer_steps(), scale, clean));
   }
 
   /** The model's buffers freed and every chunk off the device until `wake` (rtp_gpt::sleep). */

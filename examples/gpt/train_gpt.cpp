@@ -183,16 +183,32 @@ int train(const train_options& o, const gpt::run_plan& plan, typename Session::p
   return gpt::exit_ok;
 }
 
+/** RTP with shards of @p T, under the --policy's runtime. */
+template <class T, class Platform>
+int rtp_with_policy(const train_options& o, const gpt::run_plan& plan, communicator_ref comm) {
+  using runtimes = gpt::trainer_runtimes<Platform>;
+  if (o.policy == "patrickstar") return train<gpt::rtp_session<typename runtimes::belady, T>>(o, plan, {}, comm);
+  if (o.policy == "lru") return train<gpt::rtp_session<typename runtimes::lru, T>>(o, plan, {}, comm);
+  if (o.policy == "resident")
+    return train<gpt::rtp_session<typename runtimes::fixed, T>>(o, plan, static_placement::all_device(), comm);
+  return train<gpt::rtp_session<typename runtimes::fixed, T>>(o, plan, static_placement::all_host(),
+                                                              comm);  // "offload" (validated)
+}
+
 template <class Scaler, class Platform>
 int with_policy(const train_options& o, const gpt::run_plan& plan, communicator_ref comm) {
   using runtimes = gpt::trainer_runtimes<Platform>;  // compiled in trainer_runtimes*.cpp
-  if (o.parallel == "rtp") {                         // fp32 (validated): no loss scaler
-    if (o.policy == "patrickstar") return train<gpt::rtp_session<typename runtimes::belady>>(o, plan, {}, comm);
-    if (o.policy == "lru") return train<gpt::rtp_session<typename runtimes::lru>>(o, plan, {}, comm);
-    if (o.policy == "resident")
-      return train<gpt::rtp_session<typename runtimes::fixed>>(o, plan, static_placement::all_device(), comm);
-    return train<gpt::rtp_session<typename runtimes::fixed>>(o, plan, static_placement::all_host(),
-                                                             comm);  // "offload" (validated)
+  if (o.parallel == "rtp") {
+    const dtype t = gpt::precision_type(o.precision);
+    if (t == dtype::f32) return rtp_with_policy<float, Platform>(o, plan, comm);
+    if constexpr (gpt::platform_parts<Platform>::backend::host_memory) {
+      if (t == dtype::bf16) return rtp_with_policy<chunkstar::bfloat16, Platform>(o, plan, comm);
+      return rtp_with_policy<chunkstar::float16, Platform>(o, plan, comm);
+    } else {
+      throw config_error("--precision " + o.precision +
+                         " with --parallel rtp runs on the CPU backend only for now: the GPU backend has no 16-bit "
+                         "kernels for the rotations' buffers (docs/rtp.md); use --precision fp32, or --device sim");
+    }
   }
   if (o.policy == "patrickstar")
     return train<gpt::chunked_session<typename runtimes::belady, Scaler>>(o, plan, {}, comm);

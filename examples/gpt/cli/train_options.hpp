@@ -380,15 +380,14 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
     if (o.memory_saving) zero_only("--memory-saving");
   }
   if (o.parallel == "rtp") {
-    // RTP's shards are fp32, and it does not gather chunks: ZeRO's and the loss scaler's options do not apply.
-    const auto not_with_rtp = [](const char* option, const std::string& why) {
-      detail::bad_option(option, why +
-                                     " does not apply to --parallel rtp, whose shards are fp32 and rotate instead of "
-                                     "being gathered (docs/rtp.md); drop it");
+    // RTP does not gather chunks: ZeRO's options do not apply.
+    const auto not_with_rtp = [](const char* option) {
+      detail::bad_option(option,
+                         "does not apply to --parallel rtp, whose shards rotate instead of being gathered "
+                         "(docs/rtp.md); drop it");
     };
-    if (o.precision != "fp32") not_with_rtp("--precision", o.precision);
-    if (o.keep_gathered) not_with_rtp("--keep-gathered", "it");
-    if (o.memory_saving) not_with_rtp("--memory-saving", "it");
+    if (o.keep_gathered) not_with_rtp("--keep-gathered");
+    if (o.memory_saving) not_with_rtp("--memory-saving");
   }
   (void)precision_type(o.precision);
   detail::require_finite("--lr", o.lr, 0.0, true);

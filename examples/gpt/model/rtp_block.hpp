@@ -52,6 +52,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -69,6 +70,44 @@ struct backend_buffer_ops {
   void copy(float* dst, const float* src, std::size_t n) const { backend->copy(dst, src, n); }
   void settle() const { backend->quiesce(); }
   [[nodiscard]] auto stream() const { return backend->stream(); }
+
+  // 16-bit shards (RTP in bf16 or fp16). On a backend whose memory is the host's these are the
+  // host loops; a device backend has no 16-bit kernels for them yet, and the trainer refuses RTP
+  // in 16-bit there before anything runs (rtp_session), so reaching one is a state_error.
+  template <class U>
+  requires(!std::is_same_v<U, float>) void zero(U* p, std::size_t n) const {
+    host_16bit("zero").zero(p, n);
+  }
+  template <class U>
+  requires(!std::is_same_v<U, float>) void add(U* acc, const U* x, std::size_t n) const {
+    host_16bit("add").add(acc, x, n);
+  }
+  template <class U>
+  requires(!std::is_same_v<U, float>) void copy(U* dst, const U* src, std::size_t n) const {
+    host_16bit("copy").copy(dst, src, n);
+  }
+  template <class U>
+  void widen(float* dst, const U* src, std::size_t n) const {
+    backend->widen(reinterpret_cast<const std::byte*>(src), chunkstar::dtype_of_v<U>, dst, n);
+  }
+  template <class U>
+  void narrow(U* dst, const float* src, std::size_t n) const {
+    zero(dst, n);
+    accumulate(dst, src, n);
+  }
+  template <class U>
+  void accumulate(U* acc, const float* x, std::size_t n) const {
+    backend->add_into(reinterpret_cast<std::byte*>(acc), chunkstar::dtype_of_v<U>, x, n);
+  }
+
+ private:
+  static chunkstar::rtp::host_buffer_ops<float> host_16bit(const char* what) {
+    if constexpr (!Backend::host_memory)
+      throw chunkstar::state_error(std::string("gpt::backend_buffer_ops: 16-bit ") + what +
+                                   " on a device backend, which has no 16-bit kernel for it: RTP in 16-bit runs on "
+                                   "the CPU backend");
+    return {};
+  }
 };
 
 /** @brief @p n floats of a backend's compute-tier memory, zeroed; freed with it. Move-only. */
@@ -299,14 +338,15 @@ class rtp_block {
    *  @p replicas and gradient buffer @p replica_grads (6C floats each, compute-tier memory of the
    *  model's): `backward` adds into the buffer and leaves the sum over the ranks to the model
    *  (`sharded_model::reduce_replica_grads`). Everything is held by reference. */
-  rtp_block(Comm& comm, const gpt_config& c, rotation_type& attn, rotation_type& mlp, const float* replicas,
+  template <class Rotation>
+  rtp_block(Comm& comm, const gpt_config& c, Rotation& attn, Rotation& mlp, const float* replicas,
             float* replica_grads, Backend* backend = nullptr)
       : comm_(comm),
         config_(c),
         part_(partition_block(c, comm.size())),
         b_(backend ? backend : &local_),
-        attn_(&attn),
-        mlp_(&mlp),
+        attn_(as_own_type(attn)),  // a 16-bit model's rotations are not this type: only their passes are used
+        mlp_(as_own_type(mlp)),
         rep_p_(
             const_cast<float*>(replicas)),  // written only through write_replicated, which a model's block does not use
         rep_grad_p_(replica_grads),
@@ -332,11 +372,11 @@ class rtp_block {
   [[nodiscard]] const rtp_block_partition& partition() const noexcept { return part_; }
   [[nodiscard]] const gpt_config& config() const noexcept { return config_; }
   /** @brief The attention sub-layer's rotation: `owned()` is this rank's attention shard. */
-  [[nodiscard]] rotation_type& attention() noexcept { return *attn_; }
-  [[nodiscard]] const rotation_type& attention() const noexcept { return *attn_; }
+  [[nodiscard]] rotation_type& attention() noexcept { return *own_rotation(attn_); }
+  [[nodiscard]] const rotation_type& attention() const noexcept { return *own_rotation(attn_); }
   /** @brief The MLP sub-layer's rotation. */
-  [[nodiscard]] rotation_type& mlp() noexcept { return *mlp_; }
-  [[nodiscard]] const rotation_type& mlp() const noexcept { return *mlp_; }
+  [[nodiscard]] rotation_type& mlp() noexcept { return *own_rotation(mlp_); }
+  [[nodiscard]] const rotation_type& mlp() const noexcept { return *own_rotation(mlp_); }
   /** @brief The replicated tensors (`rtp_block_partition::replicated_tensors` order), the same on
    *  every rank as long as every rank applies the same update to them. Compute-tier memory (the
    *  host's with the CPU backend; otherwise use `write_replicated` and `read_replicated`). */
@@ -370,7 +410,7 @@ class rtp_block {
   }
   /** @brief Bytes per rank the rotations add (their transit buffers; shared ones are the model's to count). */
   [[nodiscard]] std::size_t transient_bytes() const noexcept {
-    return attn_->transient_bytes() + mlp_->transient_bytes();
+    return attn_ && mlp_ ? attn_->transient_bytes() + mlp_->transient_bytes() : 0;
   }
 
   /** @brief Materialises this rank's shards and the replicas only: element i of tensor t is
@@ -562,6 +602,18 @@ class rtp_block {
                              [&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = a[off]; });
     part_.for_each_mlp(me, [&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = m[off]; });
     part_.for_each_replicated([&](block_tensor t, std::size_t i, std::size_t off) { tensor_of(full, t)[i] = r[off]; });
+  }
+
+  template <class Rotation>
+  static rotation_type* as_own_type(Rotation& r) noexcept {
+    if constexpr (std::is_same_v<Rotation, rotation_type>) return &r;
+    else return nullptr;
+  }
+  static rotation_type* own_rotation(rotation_type* r) {
+    if (!r)
+      throw chunkstar::state_error(
+          "gpt::rtp_block: this block runs on a 16-bit model's rotations, which its model holds: ask the model");
+    return r;
   }
 
   Comm& comm_;

@@ -146,6 +146,9 @@ class rtp_gpt {
   using rotation_type = chunkstar::rtp::rotation<Comm, float, backend_buffer_ops<Backend>>;
   /** @brief The model's state: its shards and replicas in the store, its rotations. */
   using state_type = chunkstar::rtp::sharded_model<Comm, Store, backend_buffer_ops<Backend>>;
+  /** @brief What the rotations carry: the store's weights, fp32 or 16-bit (mixed precision). */
+  using element_type = typename state_type::element_type;
+  static constexpr bool mixed = state_type::mixed;
   using vocab_type = chunkstar::rtp::vocab_parallel<state_type, backend_vocab_kernels<Backend>>;
 
   /** @brief Partitions @p c over `comm.size()` ranks for micro-batches of @p B sequences of @p Tn
@@ -219,7 +222,7 @@ class rtp_gpt {
       for (const auto& s : p.segments)
         out.push_back({p.replicated ? specs[s.tensor].name : specs[s.tensor].name + "@" + std::to_string(rank),
                        {static_cast<std::int64_t>(s.end - s.begin)},
-                       chunkstar::dtype::f32,
+                       chunkstar::dtype_of_v<element_type>,
                        specs[s.tensor].role});
     return out;
   }
@@ -267,14 +270,20 @@ class rtp_gpt {
     const std::size_t replicas =
         top_elems(c) + static_cast<std::size_t>(c.layers) * partition_block(c, world).replicated_elems();
     const std::size_t floats = activation_elems(c, world, B, Tn) + workspace_elems(c, world, B, Tn) +
-                               scratch_elems(c, world, B, Tn) + 2 * replicas + (Backend::host_memory ? 0 : 2 * B * Tn);
+                               scratch_elems(c, world, B, Tn) + 2 * replicas + (Backend::host_memory ? 0 : 2 * B * Tn) +
+                               (mixed ? 2 * largest_shard(c, world) : 0);  // 16-bit: the widened shard and gradient
     return floats * sizeof(float) + transit_bytes(c, world);
   }
-  /** @brief Bytes of the transit buffers: five shards of the largest rotation. */
+  /** @brief Bytes of the transit buffers: five shards of the largest rotation, of the rotations'
+   *  element type (half of fp32's in 16-bit; each buffer a whole number of floats). */
   static std::size_t transit_bytes(const gpt_config& c, int world) {
+    return 5 * ((largest_shard(c, world) * sizeof(element_type) + 3) / 4 * 4);
+  }
+  /** @brief Elements of the largest rotated shard (the embedding's, attention's or the MLP's). */
+  static std::size_t largest_shard(const gpt_config& c, int world) {
     const auto bp = partition_block(c, world);
     const std::size_t vs = rtp_padded_vocab(static_cast<std::size_t>(c.vocab), world) / static_cast<std::size_t>(world);
-    return 5 * std::max({vs * static_cast<std::size_t>(c.width), bp.attn_elems(), bp.mlp_elems()}) * sizeof(float);
+    return std::max({vs * static_cast<std::size_t>(c.width), bp.attn_elems(), bp.mlp_elems()});
   }
 
   /** @brief List @p kind (param, grad, momentum, variance) of part @p k, whole, into @p out
@@ -307,9 +316,11 @@ class rtp_gpt {
   [[nodiscard]] std::size_t iteration_bytes_theory() const noexcept {
     const std::size_t n1 = static_cast<std::size_t>(world_ - 1);
     std::size_t b = 6 * n1 * m_->rotation_of(0).shard_bytes();
-    for (const auto& blk : blocks_)
-      b += 3 * n1 * (blk->attention().shard_bytes() + blk->mlp().shard_bytes()) +
-           n1 * blk->replicated().size() * sizeof(float);
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      const std::size_t ia = 1 + 2 * l;  // the block's attention and MLP rotations, of the model's element type
+      b += 3 * n1 * (m_->rotation_of(ia).shard_bytes() + m_->rotation_of(ia + 1).shard_bytes()) +
+           n1 * blocks_[l]->replicated().size() * sizeof(float);
+    }
     return b + n1 * top_elems() * sizeof(float);
   }
 
@@ -423,6 +434,7 @@ class rtp_gpt {
     /// global norm of the averaged gradient over every rank's shards and the replicas once (NaN without clipping)
     double grad_norm = 0;
     float clip_scale = 1;  ///< the factor clipping applied
+    bool stepped = true;   ///< false: an fp16 overflow skipped it (on every rank)
   };
 
   /** @brief One local AdamW step of every shard (by the store, where it placed each) and replica:
@@ -433,8 +445,10 @@ class rtp_gpt {
                    float max_norm = 0.0f) {
     if (micro_batches < 1) throw chunkstar::config_error("rtp_gpt::step: micro_batches must be >= 1");
     const auto r = m_->step(base, groups, micro_batches, max_norm);
-    return {r.grad_norm, r.clip_coefficient};
+    return {r.grad_norm, r.clip_coefficient, r.stepped};
   }
+  /** @brief What `backward`'s loss is to be multiplied by: the store's fp16 loss scale, else 1. */
+  [[nodiscard]] float loss_scale() const { return m_->loss_scale(); }
   /** @brief Adam steps taken (restored from a checkpoint with `restore_step_count`). */
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return store_->step_count(); }
   void restore_step_count(std::int64_t n) { store_->restore_step_count(n); }

@@ -65,6 +65,11 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
     o.min_lr = 9;
   });  // unused by constant
   check([](gpt::train_options& o) { o.parallel = "rtp"; });
+  for (const char* p : {"bf16", "fp16"})  // 16-bit shards rotate
+    check([&](gpt::train_options& o) {
+      o.parallel = "rtp";
+      o.precision = p;
+    });
   check([](gpt::train_options& o) {
     o.parallel = "rtp";
     o.policy = "offload";
@@ -144,11 +149,6 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
          o.link_bandwidth = "8GiB";
        }},  // models the simulated link only
       // RTP's shards are fp32 and rotate: the loss scaler's and ZeRO's options are refused, named.
-      {"--precision",
-       [](auto& o) {
-         o.parallel = "rtp";
-         o.precision = "bf16";
-       }},
       {"--memory-saving",
        [](auto& o) {
          o.parallel = "rtp";
