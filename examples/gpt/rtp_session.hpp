@@ -43,8 +43,7 @@ template <class Runtime, class T = float>
 class rtp_session {
   using parts = platform_parts<typename Runtime::platform_type>;
   using backend_type = typename parts::backend;
-  using store_type =
-      rtp::chunk_shard_store<Runtime, backend_buffer_ops<backend_type>, typename parts::adam_kernels, T>;
+  using store_type = rtp::chunk_shard_store<Runtime, backend_buffer_ops<backend_type>, typename parts::adam_kernels, T>;
   using model_type = rtp_gpt<communicator_ref, store_type, backend_type>;
 
  public:
@@ -61,8 +60,7 @@ class rtp_session {
     std::printf("parallel: RTP over %d rank%s%s, %lld sequences each of the global batch of %lld; %s shards rotate%s\n",
                 ranks_, ranks_ > 1 ? "s" : "",
                 plan.transport.why.empty() ? "" : (" (" + plan.transport.why + ")").c_str(),
-                static_cast<long long>(o.batch / ranks_), static_cast<long long>(o.batch),
-                o.precision.c_str(),
+                static_cast<long long>(o.batch / ranks_), static_cast<long long>(o.batch), o.precision.c_str(),
                 std::is_same_v<T, float> ? "" : " (fp32 masters and Adam moments stay with their owner)");
     shape_ = {static_cast<std::size_t>(o.batch / ranks_), static_cast<std::size_t>(o.seq)};
 
@@ -70,10 +68,10 @@ class rtp_session {
     // transit buffers (non-model memory on the device), sized before anything is built.
     const auto layout = make_layout(o, cfg);
     const auto scopes = model_type::stage_scopes(cfg, ranks_, comm.rank());
-    const memory_plan need =
-        plan_memory(model_type::shard_tensors(cfg, ranks_, comm.rank()), layout, {.param_type = dtype_of_v<T>}, 1, scopes,
-                    passes_non_model(scopes, model_type::compute_tier_bytes(cfg, ranks_, shape_.batch, shape_.seq) +
-                                                 activation_slack_bytes));
+    const memory_plan need = plan_memory(
+        model_type::shard_tensors(cfg, ranks_, comm.rank()), layout, {.param_type = dtype_of_v<T>}, 1, scopes,
+        passes_non_model(
+            scopes, model_type::compute_tier_bytes(cfg, ranks_, shape_.batch, shape_.seq) + activation_slack_bytes));
     const std::size_t model_bytes = need.model_bytes, act = need.non_model_bytes;
     const std::size_t device_free = shared_device_free<parts>(plan.device, comm);
     device_capacity_ = device_budget_bytes(

@@ -75,9 +75,7 @@ struct backend_buffer_ops {
   // host loops; a device backend has no 16-bit kernels for them yet, and the trainer refuses RTP
   // in 16-bit there before anything runs (rtp_session), so reaching one is a state_error.
   template <class U>
-  requires(!std::is_same_v<U, float>) void zero(U* p, std::size_t n) const {
-    host_16bit("zero").zero(p, n);
-  }
+  requires(!std::is_same_v<U, float>) void zero(U* p, std::size_t n) const { host_16bit("zero").zero(p, n); }
   template <class U>
   requires(!std::is_same_v<U, float>) void add(U* acc, const U* x, std::size_t n) const {
     host_16bit("add").add(acc, x, n);
@@ -339,8 +337,8 @@ class rtp_block {
    *  model's): `backward` adds into the buffer and leaves the sum over the ranks to the model
    *  (`sharded_model::reduce_replica_grads`). Everything is held by reference. */
   template <class Rotation>
-  rtp_block(Comm& comm, const gpt_config& c, Rotation& attn, Rotation& mlp, const float* replicas,
-            float* replica_grads, Backend* backend = nullptr)
+  rtp_block(Comm& comm, const gpt_config& c, Rotation& attn, Rotation& mlp, const float* replicas, float* replica_grads,
+            Backend* backend = nullptr)
       : comm_(comm),
         config_(c),
         part_(partition_block(c, comm.size())),
