@@ -10,7 +10,9 @@ N = 2 (one process: N = 1 only) x precision {fp32, bf16, fp16} x placement {resi
 (Belady, the default device budget: chunks move), LRU (the same budget), offload (every optimizer
 step on the host)} x {no disk, a disk tier below a 1.25 MiB host} x accumulation {1, 2} x clipping
 {on (1.0), off}. Three steps of the tiny GPT each; the run saves a checkpoint, whose tensors
-(parameters, Adam moments, masters) are the cell's bits.
+(parameters, Adam moments, masters) are the cell's bits. The LRU and offload cells also sleep after
+step 2 and wake (--sleep-after 2): nothing may stay on a device meanwhile, and their bits are still
+their row's.
 
 What each cell must equal (docs/composition.md states why):
   * bits: the first cell of its group -- the same mode, N, precision, accumulation and clipping at
@@ -89,6 +91,15 @@ def slice_cells():
                 yield dict(mode=mode, n=n, prec=prec, policy=policy, disk=disk, accum=accum, clip=clip)
 
 
+def sleeps(c):
+    """The LRU and offload cells put the training state to sleep after step 2 and wake it: their
+    bits must still be their row's, and nothing may stay on a device while asleep."""
+    return c["policy"] in ("lru", "offload")
+
+
+ASLEEP = "asleep after step 2: model data on the device 0 B, device memory in use 0 B"
+
+
 def command(c, train, mpiexec, out_dir):
     args = BASE + ["--precision", c["prec"], "--policy", c["policy"], "--accum", str(c["accum"]),
                    "--clip", "1.0" if c["clip"] else "0", "--save", os.path.join(out_dir, "ck")]
@@ -98,6 +109,8 @@ def command(c, train, mpiexec, out_dir):
         args += ["--parallel", "zero" if c["mode"].startswith("zero") else c["mode"]]
     if c["mode"] == "zero-ms":
         args += ["--memory-saving"]
+    if sleeps(c):
+        args += ["--sleep-after", "2", "--sleep-for", "0"]
     if c["n"] == 1:
         return [train] + args
     return [mpiexec, "--allow-run-as-root", "--oversubscribe", "-np", str(c["n"]), train] + args
@@ -146,6 +159,7 @@ def run_cell(c, train, mpiexec, work, index):
         rc, text = "timeout", str(e)
     r = dict(cell=c, rc=rc, seconds=time.time() - t0, losses=[], error="", digest="")
     r["losses"] = [float(m.group(2)) for m in map(LOSS.match, text.splitlines()) if m]
+    r["slept_empty"] = any(ln.startswith(ASLEEP) for ln in text.splitlines())
     errors = [re.sub(r"^error \(rank \d+\):", "error:", ln) for ln in text.splitlines() if ln.startswith("error")]
     r["error"] = errors[0] if errors else ""
     if rc == 0:
@@ -181,6 +195,8 @@ def judge(results):
             r["outcome"], r["why"] = "FAIL", "exit %s: %s" % (r["rc"], r.get("tail", r["error"]))
         else:
             why = []
+            if sleeps(c) and not r["slept_empty"]:
+                why.append("no '" + ASLEEP + "' line: something stayed on a device while asleep")
             row = groups[(c["mode"], c["n"]) + rest]
             if r["digest"] != row["digest"]:
                 why.append("bits differ from " + cell_name(row["cell"]))
@@ -239,7 +255,9 @@ def table(results, worst, full, started, seconds):
            "within the precision's tolerance of one process's (relative: fp32 %.1e, bf16 %.1e, fp16 %.1e: 4 x steps x "
            "the unit roundoff of its gradients + 1e-6 for the printing; composition.py says why), where the "
            "summation order differs (RTP's ring; N = 2 against one process). **refused**: exit 2 before the first "
-           "step, the message below. A FAIL makes the run fail." % (TOL["fp32"], TOL["bf16"], TOL["fp16"]), "",
+           "step, the message below. The lru and offload cells also sleep after step 2 (`--sleep-after 2`: every chunk "
+           "and buffer off the device, then back) and must print 0 bytes on every device while asleep. A FAIL makes "
+           "the run fail." % (TOL["fp32"], TOL["bf16"], TOL["fp16"]), "",
            "Outcomes: " + ", ".join("%s %d" % (k, v) for k, v in sorted(counts.items())) + ". Worst relative loss "
            "difference from one process where tolerance applies: " +
            ", ".join("%s %.1e" % (p, worst[p]) for p in PRECISIONS) + ".", ""]

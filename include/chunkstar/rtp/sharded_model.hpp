@@ -23,6 +23,14 @@
  *    order: the same bits everywhere) and adds them to the accumulated gradients in the store.
  *  - **Step.** `step(hyper, groups, micro_batches, max_norm)`: the store's Adam(W) over every part,
  *    clipped by the norm of the sum over ranks (one all-reduce of a double when clipping).
+ *  - **Mixed precision.** With a store of 16-bit weights (`Store::element_type`, e.g. a
+ *    `chunk_shard_store` of `bfloat16`) the rotations carry 16-bit shards and gradient sums (half
+ *    the ring's bytes); the kernels still see float: the resident shard is widened into a float
+ *    buffer, and the kernel's gradient term is rounded once into the 16-bit buffer that travels
+ *    (`Ops` then models `WideningOps`). `loss_scale()` is the store's (fp16), and `step` reports a
+ *    skipped step (`stepped`), alike on every rank: an overflow makes the all-reduced sum infinite.
+ *  - **Sleep.** `sleep()` / `wake()` between passes free every compute-tier buffer and put the
+ *    store to sleep (a chunk runtime's chunks off the device).
  *  - **Checkpoints.** It models `ShardedModel`, so `checkpoint_save_view` / `checkpoint_load_view`
  *    (rtp/checkpoint_view.hpp) save it at N ranks and load it at any M the model divides, one
  *    process included.
