@@ -13,6 +13,14 @@
 //
 // Built with the default flags (no -march): the kernel and the limit loops both run the ISA that
 // chunkstar::active_cpu_isa() chooses at run time (CHUNKSTAR_CPU_ISA=avx2 etc. to compare paths).
+//
+// Paired rounds: this VM's bandwidth swings by up to 1.7x between runs seconds apart, so each of
+// the --reps rounds times the step and both limit loops back to back, and "ratio" is the median of
+// the rounds' own ratios ("best" divides the best step by the best limit, as before). "ceiling" is
+// the step on a working set that stays in cache (8K elements, the call repeated, one thread, times
+// the threads: each core divides on its own): what the arithmetic alone allows. fp32 needs one square root and one division per element, correctly
+// rounded; where the ceiling is below the memory limit the step is compute-bound, and the table says
+// so ("bound").
 #include <chunkstar/core/detail/simd.hpp>
 #include <chunkstar/optim/adam.hpp>
 
@@ -135,7 +143,39 @@ struct record {
   int threads;
   double params_per_s, gbytes_per_s, limit_gbytes_per_s, rmw_gbytes_per_s, adam_shape_gbytes_per_s, triad_gbytes_per_s,
       bytes_per_elem;
+  double median_ratio = 0;          ///< the median over the rounds of step / limit, each round's own
+  double ceiling_params_per_s = 0;  ///< the step in cache: the arithmetic's limit
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t k = v.size() / 2;
+  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
+}
+
+/** The step's rate on one thread when its data stay in cache (8K elements, the call repeated):
+ *  params per second. Each core has its own divider, so N threads on N cores reach N times it. */
+template <class G, class P>
+double in_cache_ceiling(int reps) {
+  constexpr bool has_param = !std::is_same_v<P, float>;
+  const std::size_t n = 8192;
+  std::vector<float> master(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
+  std::vector<G> g(n, from_float<G>(0.01f));
+  std::vector<P> p(has_param ? n : 0);
+  const adam_hyper h{.lr = 1e-6f, .weight_decay = 0.0f};
+  std::int64_t step = 0;
+  const auto call = [&] {
+    adam_update<G, P>(master, m, v, std::span<const G>(g), std::span<P>(p), h, {.step = ++step, .threads = 1});
+  };
+  call();
+  int calls = 1;
+  for (double t0 = now(); now() - t0 < 0.02; ++calls) call();  // how many calls make a measurable round
+  calls *= 10;
+  const double t = best_seconds(reps, [&] {
+    for (int c = 0; c < calls; ++c) call();
+  });
+  return double(n) * calls / t;
+}
 
 // Checks the timed kernel against the portable path (bit for bit) and a float64 step on a slice.
 template <class G, class P>
@@ -212,19 +252,31 @@ void run_config(std::size_t n, const std::vector<int>& thread_counts, int reps, 
                         {.step = ++step, .threads = threads});
     };
     adam();  // warm
-    const double t = best_seconds(reps, adam);
+    // Paired rounds (the file comment): the step, then both limit loops, back to back. The limits
+    // use the same (warm) buffers; Adam's state is restored by nothing: values don't matter.
+    double t = 1e30;
+    std::vector<double> ratios;
+    for (int round = 0; round < reps; ++round) {
+      const double ta = best_seconds(1, adam);
+      t = std::min(t, ta);
+      const double rmw = rmw_stream(master.get(), m.get(), n, threads, 1);
+      const double shape = adam_shape<G, P>(master.get(), m.get(), v.get(), g.get(), p.get(), n, threads, 1, bytes);
+      r.rmw_gbytes_per_s = std::max(r.rmw_gbytes_per_s, rmw);
+      r.adam_shape_gbytes_per_s = std::max(r.adam_shape_gbytes_per_s, shape);
+      ratios.push_back(bytes * double(n) / ta / 1e9 / std::max(rmw, shape));
+    }
     r.params_per_s = double(n) / t;
     r.gbytes_per_s = bytes * double(n) / t / 1e9;
-    // The limits use the same (warm) buffers; Adam's state is restored by nothing: values don't matter.
-    r.rmw_gbytes_per_s = rmw_stream(master.get(), m.get(), n, threads, reps);
-    r.adam_shape_gbytes_per_s =
-        adam_shape<G, P>(master.get(), m.get(), v.get(), g.get(), p.get(), n, threads, reps, bytes);
     r.triad_gbytes_per_s = triad(master.get(), m.get(), v.get(), n, threads, reps);
     r.limit_gbytes_per_s = std::max(r.rmw_gbytes_per_s, r.adam_shape_gbytes_per_s);
-    std::printf("%6zuM  %-4s %-4s %3d  %8.3f  %7.1f  %7.1f  %7.1f  %7.1f  %7.1f  %6.1f%%\n", n >> 20,
-                r.grad_dtype.c_str(), r.param_dtype.c_str(), threads, r.params_per_s / 1e9, r.gbytes_per_s,
+    r.median_ratio = median(ratios);
+    r.ceiling_params_per_s = threads * in_cache_ceiling<G, P>(reps);
+    const bool compute_bound = r.ceiling_params_per_s * bytes / 1e9 < r.limit_gbytes_per_s;
+    std::printf("%6zuM  %-4s %-4s %3d  %8.3f  %7.1f  %7.1f  %7.1f  %7.1f  %7.1f  %6.1f%%  %6.1f%%  %8.3f  %s\n",
+                n >> 20, r.grad_dtype.c_str(), r.param_dtype.c_str(), threads, r.params_per_s / 1e9, r.gbytes_per_s,
                 r.rmw_gbytes_per_s, r.adam_shape_gbytes_per_s, r.triad_gbytes_per_s, r.limit_gbytes_per_s,
-                100.0 * r.gbytes_per_s / r.limit_gbytes_per_s);
+                100.0 * r.gbytes_per_s / r.limit_gbytes_per_s, 100.0 * r.median_ratio, r.ceiling_params_per_s / 1e9,
+                compute_bound ? "compute" : "memory");
     std::fflush(stdout);
     out.push_back(r);
     // Clean state for the next thread count (the limit loops scrambled it).
@@ -291,11 +343,13 @@ int main(int argc, char** argv) {
       return a == "--help" || a == "-h" ? 0 : 1;
     }
   }
-  std::printf("bench_optim: ISA %s, OpenMP max threads %d, best of %d reps\n", cpu_isa_report().c_str(),
+  std::printf("bench_optim: ISA %s, OpenMP max threads %d, %d paired rounds\n", cpu_isa_report().c_str(),
               omp_get_max_threads(), reps);
-  std::printf("limit = max(in-place RMW a=a*s+b, Adam loads/stores without math); triad for reference\n");
-  std::printf("%7s  %-4s %-4s %3s  %8s  %7s  %7s  %7s  %7s  %7s  %7s\n", "params", "grad", "par", "thr", "Gparam/s",
-              "GB/s", "rmw", "adamLS", "triad", "limit", "ratio");
+  std::printf(
+      "limit = max(in-place RMW a=a*s+b, Adam loads/stores without math); triad for reference; best = best step / "
+      "best limit; ratio = median of the rounds' step / limit; ceiling = the step in cache (Gparam/s)\n");
+  std::printf("%7s  %-4s %-4s %3s  %8s  %7s  %7s  %7s  %7s  %7s  %7s  %7s  %8s  %s\n", "params", "grad", "par", "thr",
+              "Gparam/s", "GB/s", "rmw", "adamLS", "triad", "limit", "best", "ratio", "ceiling", "bound");
   std::vector<record> recs;
   for (std::size_t n : sizes) {
     n = (n + 63) / 64 * 64;  // whole vectors: the limit loops have no tails
@@ -322,11 +376,13 @@ int main(int argc, char** argv) {
                    "  {\"params\": %zu, \"grad_dtype\": \"%s\", \"param_dtype\": \"%s\", \"threads\": %d, "
                    "\"isa\": \"%s\", \"bytes_per_elem\": %.0f, \"params_per_s\": %.6g, \"gbytes_per_s\": %.4g, "
                    "\"limit_gbytes_per_s\": %.4g, \"ratio\": %.4f, \"rmw_gbytes_per_s\": %.4g, "
-                   "\"adam_shape_gbytes_per_s\": %.4g, \"triad_gbytes_per_s\": %.4g}%s\n",
+                   "\"adam_shape_gbytes_per_s\": %.4g, \"triad_gbytes_per_s\": %.4g, \"median_ratio\": %.4f, "
+                   "\"ceiling_params_per_s\": %.6g}%s\n",
                    r.params, r.grad_dtype.c_str(), r.param_dtype.c_str(), r.threads,
                    std::string(cpu_isa_name(active_cpu_isa())).c_str(), r.bytes_per_elem, r.params_per_s,
                    r.gbytes_per_s, r.limit_gbytes_per_s, r.gbytes_per_s / r.limit_gbytes_per_s, r.rmw_gbytes_per_s,
-                   r.adam_shape_gbytes_per_s, r.triad_gbytes_per_s, i + 1 < recs.size() ? "," : "");
+                   r.adam_shape_gbytes_per_s, r.triad_gbytes_per_s, r.median_ratio, r.ceiling_params_per_s,
+                   i + 1 < recs.size() ? "," : "");
     }
     std::fprintf(f, "]\n");
     std::fclose(f);
