@@ -24,12 +24,9 @@
 #include "e2e_support.hpp"
 
 #include <chunkstar/config.hpp>
-#include <chunkstar/disk/disk_copy_engine.hpp>
 #include <chunkstar/disk/disk_space.hpp>
 #include <chunkstar/disk/disk_tier.hpp>
-#if CHUNKSTAR_HAS_URING()
-#include <chunkstar/disk/uring_copy_engine.hpp>
-#endif
+#include <chunkstar/disk/owned_disk_tier.hpp>
 #include <chunkstar/eviction/belady.hpp>
 #include <chunkstar/placement/auto_placement.hpp>
 #include <chunkstar/placement/static_placement.hpp>
@@ -38,6 +35,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <memory>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -68,40 +66,20 @@ struct options {
 using resident_runtime = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction>;
 using disk_runtime = chunk_runtime<searched_chunk_layout, auto_placement, belady_eviction>;
 
-/** The disk space and the engine --engine picks (io_uring where the kernel allows it for auto). */
-struct disk_parts {
-  disk_space space;
-  std::optional<disk_copy_engine> pool;
-#if CHUNKSTAR_HAS_URING()
-  std::optional<uring_copy_engine> uring;
-#endif
-  disk_parts(const options& o, std::size_t capacity)
-      : space({.directory = o.dir, .capacity = capacity, .name = "bench"}) {
-#if CHUNKSTAR_HAS_URING()
-    if (o.engine != "pool" && io_uring_available()) {
-      uring.emplace(space);
-      return;
-    }
-#endif
-    if (o.engine == "uring")
-      throw config_error(
-          "--engine uring: io_uring is not available here (no liburing in this build, or the kernel refuses it)");
-    pool.emplace(space);
+/** The disk tier of --engine (io_uring where the kernel allows it for auto) over @p capacity bytes. */
+std::unique_ptr<owned_disk_tier> open_disk(const options& o, std::size_t capacity) {
+  const disk_engine_kind kind = o.engine == "uring"  ? disk_engine_kind::uring
+                                : o.engine == "pool" ? disk_engine_kind::pool
+                                                     : disk_engine_kind::automatic;
+  try {
+    return std::make_unique<owned_disk_tier>(
+        disk_space_options{.directory = o.dir, .capacity = capacity, .name = "bench"}, kind);
+  } catch (const config_error& e) {
+    throw config_error(std::string("--engine uring: ") + e.what());
   }
-  disk_tier tier() {
-#if CHUNKSTAR_HAS_URING()
-    if (uring) return {space, *uring};
-#endif
-    return {space, *pool};
-  }
-  [[nodiscard]] std::string name() const { return pool ? "pool" : "uring"; }
-  [[nodiscard]] copy_stats stats() const {
-#if CHUNKSTAR_HAS_URING()
-    if (uring) return uring->stats();
-#endif
-    return pool->stats();
-  }
-};
+}
+/** The engine's short name for the table. */
+std::string engine_name(const owned_disk_tier& d) { return d.uses_uring() ? "uring" : "pool"; }
 
 /** The GPT trainer of e2e::chunk_trainer with a disk tier attached (none when disk capacity is 0). */
 template <class Runtime>
@@ -118,7 +96,7 @@ class disk_trainer {
         opt_({.hyper = {.weight_decay = e2e::weight_decay}, .max_grad_norm = e2e::max_grad_norm},
              param_groups::with_default_decay(e2e::weight_decay)) {
     if (disk > 0) {
-      disk_.emplace(o, disk);
+      disk_ = open_disk(o, disk);
       rt_.attach_disk(disk_->tier());
     }
     model_.finalize();
@@ -133,14 +111,14 @@ class disk_trainer {
     if (!opt_.step(rt_, e2e::learning_rate).stepped) throw state_error("an fp32 step was skipped (overflow)");
   }
   Runtime& runtime() { return rt_; }
-  [[nodiscard]] std::string engine() const { return disk_ ? disk_->name() : "-"; }
+  [[nodiscard]] std::string engine() const { return disk_ ? engine_name(*disk_) : "-"; }
   [[nodiscard]] copy_stats disk_stats() const { return disk_ ? disk_->stats() : copy_stats{}; }
 
  private:
   simulated_device_space device_;
   host_space host_;
   host_copy_engine copier_;
-  std::optional<disk_parts> disk_;
+  std::unique_ptr<owned_disk_tier> disk_;  // before the runtime, which uses it
   Runtime rt_;
   gpt::chunked_gpt<Runtime> model_;
   chunk_adam<> opt_;
@@ -202,24 +180,24 @@ limits measure_limits(const options& o, std::size_t block) {
   limits l;
   l.block = block;
   const std::size_t total = std::max(o.limit_bytes / block, std::size_t{4}) * block;
-  disk_parts d(o, total);
-  l.direct = d.space.direct();
-  l.engine = d.name();
+  const auto d = open_disk(o, total);
+  l.direct = d->space().direct();
+  l.engine = engine_name(*d);
   const double gb = static_cast<double>(total) / 1e9;
   // The best over 1 .. --queue requests in flight, twice each (the first pass also allocates the
   // file's extents): the disk at its fastest for these blocks.
   for (int rep = 0; rep < 2; ++rep)
     for (unsigned q = 1; q <= o.queue; q *= 2) {
-      l.write_gbs = std::max(l.write_gbs, gb / raw_pass(d.space.fd(), block, total, q, true));
-      l.read_gbs = std::max(l.read_gbs, gb / raw_pass(d.space.fd(), block, total, q, false));
+      l.write_gbs = std::max(l.write_gbs, gb / raw_pass(d->space().fd(), block, total, q, true));
+      l.read_gbs = std::max(l.read_gbs, gb / raw_pass(d->space().fd(), block, total, q, false));
     }
   // The engine moving the same blocks: every block submitted at once, then waited for.
-  const disk_tier tier = d.tier();
+  const disk_tier tier = d->tier();
   aligned_block host(total > (std::size_t{256} << 20) ? std::size_t{256} << 20 : total);
   const std::size_t blocks = host.n / block;
   std::vector<void*> at;
   for (std::size_t i = 0; i < blocks; ++i)
-    at.push_back(const_cast<unsigned char*>(static_cast<const unsigned char*>(d.space.base())) + i * block);
+    at.push_back(const_cast<unsigned char*>(static_cast<const unsigned char*>(d->space().base())) + i * block);
   std::memset(host.p, 1, host.n);
   const double egb = static_cast<double>(blocks * block) / 1e9;
   for (int rep = 0; rep < 2; ++rep) {
@@ -228,7 +206,7 @@ limits measure_limits(const options& o, std::size_t block) {
     for (std::size_t i = 0; i < blocks; ++i)
       hs.push_back(tier.copy_async(at[i], host.p + i * block, block, copy_direction::to_host));
     for (auto& h : hs) h.wait();
-    ::fdatasync(d.space.fd());
+    ::fdatasync(d->space().fd());
     l.engine_write_gbs = std::max(l.engine_write_gbs, egb / e2e::seconds_since(t0));
     hs.clear();
     t0 = e2e::clock::now();

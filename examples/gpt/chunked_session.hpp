@@ -284,7 +284,7 @@ class chunked_session {
   std::size_t act_ = 0, device_capacity_ = 0, host_capacity_ = 0, disk_capacity_ = 0;
   batch_shape shape_{};
   std::optional<parts> memory_;
-  std::optional<disk_parts> disk_;
+  std::optional<owned_disk_tier> disk_;
   std::optional<Runtime> rt_;
   std::optional<chunked_gpt<Runtime, typename parts::backend>> model_;
   std::optional<chunk_adam<Scaler, typename parts::adam_kernels>> opt_;

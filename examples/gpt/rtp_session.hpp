@@ -221,7 +221,7 @@ class rtp_session {
   std::size_t device_capacity_ = 0, host_capacity_ = 0, disk_capacity_ = 0;
   batch_shape shape_{};
   std::optional<parts> memory_;
-  std::optional<disk_parts> disk_;
+  std::optional<owned_disk_tier> disk_;
   std::optional<backend_type> backend_;
   std::optional<Runtime> rt_;
   std::optional<store_type> store_;

@@ -16,6 +16,7 @@
 #include <chunkstar/core/cpu_isa.hpp>
 #include <chunkstar/disk/disk_copy_engine.hpp>
 #include <chunkstar/disk/disk_tier.hpp>
+#include <chunkstar/disk/owned_disk_tier.hpp>
 #if CHUNKSTAR_HAS_URING()
 #include <chunkstar/disk/uring_copy_engine.hpp>
 #endif
@@ -85,53 +86,22 @@ struct platform_parts<cuda::cuda_platform> {
 };
 #endif
 
-/** The third tier (--disk-dir): a preallocated file and the engine that moves chunks between it and
- *  host memory, io_uring where the kernel allows it (--disk-engine auto), else pread/pwrite threads. */
-struct disk_parts {
-  disk_space space;
-  std::optional<disk_copy_engine> pool;
-#if CHUNKSTAR_HAS_URING()
-  std::optional<uring_copy_engine> uring;
-#endif
-  disk_parts(const train_options& o, std::size_t capacity) : space({.directory = o.disk_dir, .capacity = capacity}) {
-    disk_copy_engine_options eo;
-    eo.verify_checksums = o.disk_verify;
-#if CHUNKSTAR_HAS_URING()
-    if (o.disk_engine == "uring" || (o.disk_engine == "auto" && io_uring_available())) {
-      try {
-        uring.emplace(space, eo);
-        return;
-      } catch (const io_uring_unavailable& e) {
-        if (o.disk_engine == "uring")
-          throw config_error(std::string("--disk-engine uring: ") + e.what() + "; use --disk-engine pool");
-      }
-    }
-#else
-    if (o.disk_engine == "uring")
-      throw config_error(
-          "--disk-engine uring: this build has no io_uring (install liburing-dev and rebuild); use --disk-engine pool");
-#endif
-    pool.emplace(space, eo);
-  }
-  [[nodiscard]] disk_tier tier() {
-#if CHUNKSTAR_HAS_URING()
-    if (uring) return {space, *uring};
-#endif
-    return {space, *pool};
-  }
-  [[nodiscard]] std::string describe() const {
-    return format_bytes(space.capacity()) + " in a file without a name in " + space.options().directory + ", " +
-           (pool ? "pread/pwrite threads" : "io_uring") +
-           (space.direct() ? ", O_DIRECT" : ", buffered (" + space.note() + ")");
-  }
-};
+/** --disk-engine as the library's engine kind (validated: auto, uring or pool). */
+inline disk_engine_kind disk_engine_of(const train_options& o) {
+  return o.disk_engine == "uring"  ? disk_engine_kind::uring
+         : o.disk_engine == "pool" ? disk_engine_kind::pool
+                                   : disk_engine_kind::automatic;
+}
 
 /** The disk tier of --disk-dir sized @p capacity, or none; a directory that cannot hold it is the
  *  option's fault (exit 2), found before any step. */
-inline void open_disk(std::optional<disk_parts>& disk, const train_options& o, std::size_t capacity) {
+inline void open_disk(std::optional<owned_disk_tier>& disk, const train_options& o, std::size_t capacity) {
   if (o.disk_dir.empty()) return;
   try {
-    disk.emplace(o, capacity);
+    disk.emplace(disk_space_options{.directory = o.disk_dir, .capacity = capacity}, disk_engine_of(o),
+                 disk_copy_engine_options{.verify_checksums = o.disk_verify});
+  } catch (const config_error& e) {  // io_uring asked for where there is none: the option's fault
+    throw config_error("--disk-engine " + o.disk_engine + ": " + e.what());
   } catch (const io_error& e) {
     throw config_error("--disk-dir '" + o.disk_dir + "' cannot hold the disk tier's " + format_bytes(capacity) + ": " +
                        e.what());
@@ -151,7 +121,7 @@ std::string disk_step_report(const Runtime& rt, const runtime_stats& before) {
  *  --link-bandwidth asks) and the disk tier of --disk-dir, if any. The BLAS's buffers come first: under
  *  ulimit -v it never waits for room. */
 template <class Parts>
-void open_memory(std::optional<Parts>& memory, std::optional<disk_parts>& disk, const train_options& o, int gpu,
+void open_memory(std::optional<Parts>& memory, std::optional<owned_disk_tier>& disk, const train_options& o, int gpu,
                  std::size_t device_capacity, std::size_t host_capacity, std::size_t disk_capacity) {
   cpu::blas_warm_up();
   const double bandwidth = static_cast<double>(bytes_option("--link-bandwidth", o.link_bandwidth));
@@ -163,7 +133,7 @@ void open_memory(std::optional<Parts>& memory, std::optional<disk_parts>& disk, 
 /** A step line's end: the disk's part, when there is a disk tier; the device's peak then starts
  *  again for the next step. */
 template <class Runtime, class Device>
-std::string end_step_line(std::string line, const std::optional<disk_parts>& disk, const Runtime& rt,
+std::string end_step_line(std::string line, const std::optional<owned_disk_tier>& disk, const Runtime& rt,
                           const runtime_stats& before, Device& device) {
   if (disk) line += disk_step_report(rt, before);
   device.reset_peak();
