@@ -330,8 +330,9 @@ def main():
         len(results), seconds, ", ".join("%s %d" % kv for kv in sorted(counts.items())),
         ", ".join("%s %.1e" % (p, worst[p]) for p in PRECISIONS)))
     if a.table:
+        text = table(results, worst, a.full, started, seconds)  # before the file is opened: git sees it as it was
         with open(a.table, "w") as f:
-            f.write(table(results, worst, a.full, started, seconds))
+            f.write(text)
         print("wrote " + a.table)
     if failures:
         print("FAIL: %d cells" % len(failures))
