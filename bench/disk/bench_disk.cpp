@@ -68,14 +68,12 @@ using disk_runtime = chunk_runtime<searched_chunk_layout, auto_placement, belady
 
 /** The disk tier of --engine (io_uring where the kernel allows it for auto) over @p capacity bytes. */
 std::unique_ptr<owned_disk_tier> open_disk(const options& o, std::size_t capacity) {
-  const disk_engine_kind kind = o.engine == "uring"  ? disk_engine_kind::uring
-                                : o.engine == "pool" ? disk_engine_kind::pool
-                                                     : disk_engine_kind::automatic;
   try {
     return std::make_unique<owned_disk_tier>(
-        disk_space_options{.directory = o.dir, .capacity = capacity, .name = "bench"}, kind);
+        disk_space_options{.directory = o.dir, .capacity = capacity, .name = "bench"},
+        disk_engine_kind_named(o.engine));
   } catch (const config_error& e) {
-    throw config_error(std::string("--engine uring: ") + e.what());
+    throw config_error("--engine " + o.engine + ": " + e.what());
   }
 }
 /** The engine's short name for the table. */

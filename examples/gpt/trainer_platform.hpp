@@ -86,20 +86,13 @@ struct platform_parts<cuda::cuda_platform> {
 };
 #endif
 
-/** --disk-engine as the library's engine kind (validated: auto, uring or pool). */
-inline disk_engine_kind disk_engine_of(const train_options& o) {
-  return o.disk_engine == "uring"  ? disk_engine_kind::uring
-         : o.disk_engine == "pool" ? disk_engine_kind::pool
-                                   : disk_engine_kind::automatic;
-}
-
 /** The disk tier of --disk-dir sized @p capacity, or none; a directory that cannot hold it is the
  *  option's fault (exit 2), found before any step. */
 inline void open_disk(std::optional<owned_disk_tier>& disk, const train_options& o, std::size_t capacity) {
   if (o.disk_dir.empty()) return;
   try {
-    disk.emplace(disk_space_options{.directory = o.disk_dir, .capacity = capacity}, disk_engine_of(o),
-                 disk_copy_engine_options{.verify_checksums = o.disk_verify});
+    disk.emplace(disk_space_options{.directory = o.disk_dir, .capacity = capacity},
+                 disk_engine_kind_named(o.disk_engine), disk_copy_engine_options{.verify_checksums = o.disk_verify});
   } catch (const config_error& e) {  // io_uring asked for where there is none: the option's fault
     throw config_error("--disk-engine " + o.disk_engine + ": " + e.what());
   } catch (const io_error& e) {

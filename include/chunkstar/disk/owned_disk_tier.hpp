@@ -34,6 +34,14 @@ namespace chunkstar {
  *  it, else the thread pool (`automatic`); io_uring only (`uring`); the thread pool (`pool`). */
 enum class disk_engine_kind : std::uint8_t { automatic, uring, pool };
 
+/** @brief The kind a command line names: "auto", "uring" or "pool"; config_error otherwise. */
+[[nodiscard]] inline disk_engine_kind disk_engine_kind_named(std::string_view name) {
+  if (name == "auto") return disk_engine_kind::automatic;
+  if (name == "uring") return disk_engine_kind::uring;
+  if (name == "pool") return disk_engine_kind::pool;
+  throw config_error("disk engine '" + std::string(name) + "': use auto, uring or pool");
+}
+
 /** @brief A disk tier with its space and engine (see the file comment). */
 class owned_disk_tier {
  public:

@@ -92,14 +92,11 @@ class chunk_store : public chunk_slots<P> {
     std::size_t elems = 0;  ///< elements of the chunk (its capacity)
     dtype type = dtype::f32;
   };
-  /** @brief Pins chunk @p id (a FREE one first gets a zeroed payload on the host) once its copy
-   *  landed and the user's work on it finished. */
+  /** @brief Pins chunk @p id where it is, in memory (the runtime brings a FREE or disk chunk up
+   *  first, making room), once its copy landed and the user's work on it finished. */
   [[nodiscard]] held_payload hold(chunk_id id) {
-    if (at(id).where == tier::free) materialise(id, tier::host);
-    if (at(id).where == tier::disk) {  // a collective works on memory
-      move(id, tier::host, move_reason::load);
-      ++this->stats_.disk_demand_reads;
-    }
+    if (at(id).where != tier::device && at(id).where != tier::host)
+      throw state_error("internal: chunk " + to_string(id) + " has no payload in memory to hold; please report this");
     wait(id);
     wait_user(at(id));
     const auto& d = this->desc(id.kind);
