@@ -2,7 +2,8 @@
 /** @file
  *  @brief Private: mapped, pre-faulted large blocks and a size-bucketed cache of freed ones, shared
  *         by host_space and simulated_device_space (see host_space.hpp for the measurements that
- *         motivate both: a first touch of fresh memory costs 15-20x a warm write).
+ *         motivate both: a first touch of fresh memory costs 15-20x a warm write), and by the CUDA
+ *         spaces through caching_space (cudaFree and cudaFreeHost synchronise the device).
  */
 #pragma once
 
@@ -57,14 +58,28 @@ inline void* map_aligned(std::size_t size, std::size_t align, bool huge_pages, b
 }
 #endif
 
-/** @brief Freed mapped blocks by size, for reuse by the next request of exactly that size.
- *  Thread-safe. Blocks are unmapped outside the lock. */
-class block_cache {
+/** @brief Gives a mapped block back to the system (what host blocks are released with). */
+struct unmap_block {
+  void operator()(void* p, std::size_t size) const noexcept {
+#if CHUNKSTAR_DETAIL_HOST_MMAP
+    ::munmap(p, size);
+#else
+    (void)p;
+    (void)size;
+#endif
+  }
+};
+
+/** @brief Freed blocks by size, for reuse by the next request of exactly that size; @p Release
+ *  (called as `release(p, size)`, noexcept) gives a block back for good: munmap for host blocks,
+ *  cudaFree for device ones (caching_space.hpp). Thread-safe. Blocks are released outside the lock. */
+template <class Release>
+class basic_block_cache {
  public:
-  block_cache() = default;
-  block_cache(const block_cache&) = delete;
-  block_cache& operator=(const block_cache&) = delete;
-  ~block_cache() { trim(); }
+  explicit basic_block_cache(Release release = {}) noexcept : release_(std::move(release)) {}
+  basic_block_cache(const basic_block_cache&) = delete;
+  basic_block_cache& operator=(const basic_block_cache&) = delete;
+  ~basic_block_cache() { trim(); }
 
   /** @brief A cached block of exactly @p size bytes whose address is a multiple of @p align, or nullptr. */
   [[nodiscard]] void* take(std::size_t size, std::size_t align) noexcept {
@@ -82,7 +97,7 @@ class block_cache {
   }
 
   /** @brief Keeps block @p p of @p size bytes if the cache then holds at most @p limit bytes;
-   *  otherwise (or if the node cannot be allocated) unmaps it. */
+   *  otherwise (or if the node cannot be allocated) releases it. */
   void put(void* p, std::size_t size, std::size_t limit) noexcept {
     bool cached = false;
     {
@@ -96,10 +111,10 @@ class block_cache {
         }
       }
     }
-    if (!cached) unmap(p, size);
+    if (!cached) release_(p, size);
   }
 
-  /** @brief Unmaps cached blocks, smallest first, until at most @p limit bytes stay cached. */
+  /** @brief Releases cached blocks, smallest first, until at most @p limit bytes stay cached. */
   void shrink_to(std::size_t limit) noexcept {
     std::vector<std::pair<std::size_t, void*>> victims;
     {
@@ -109,16 +124,16 @@ class block_cache {
         try {
           victims.emplace_back(victim->first, victim->second);
         } catch (...) {
-          unmap(victim->second, victim->first);  // rare: unmap under the lock rather than leak
+          release_(victim->second, victim->first);  // rare: release under the lock rather than leak
         }
         bytes_ -= victim->first;
         cache_.erase(victim);
       }
     }
-    for (const auto& [size, p] : victims) unmap(p, size);
+    for (const auto& [size, p] : victims) release_(p, size);
   }
 
-  /** @brief Unmaps every cached block. */
+  /** @brief Releases every cached block. */
   void trim() noexcept { shrink_to(0); }
 
   /** @brief Bytes held. */
@@ -128,18 +143,13 @@ class block_cache {
   }
 
  private:
-  static void unmap(void* p, std::size_t size) noexcept {
-#if CHUNKSTAR_DETAIL_HOST_MMAP
-    ::munmap(p, size);
-#else
-    (void)p;
-    (void)size;
-#endif
-  }
-
+  Release release_;
   mutable std::mutex mutex_;
-  std::multimap<std::size_t, void*> cache_;  // size -> mapped, pre-faulted block
+  std::multimap<std::size_t, void*> cache_;  // size -> block
   std::size_t bytes_ = 0;
 };
+
+/** @brief The cache of mapped, pre-faulted host blocks (host_space, simulated_device_space). */
+using block_cache = basic_block_cache<unmap_block>;
 
 }  // namespace chunkstar::detail
