@@ -25,7 +25,7 @@ constexpr std::size_t elems = 3000;
 
 /** One rank: 6 weights of one chunk each; each backward writes a gradient that depends on the
  *  rank, the layer and the step; Adam on the device (or the host kernel on the simulated one).
- *  Returns the owned fp32 master weights by name. */
+ *  Returns the owned fp32 weights by name. */
 template <class Platform, class Kernels, class Comm>
 std::map<std::string, std::vector<float>> train(Comm& comm, typename Platform::device_space& dev,
                                                 typename Platform::host_space& host,
@@ -60,8 +60,9 @@ std::map<std::string, std::vector<float>> train(Comm& comm, typename Platform::d
   std::map<std::string, std::vector<float>> out;
   std::vector<float> v(elems);
   for (std::size_t t = 0; t < ids.size(); ++t) {
-    if (rt.where({chunk_kind::master, static_cast<std::uint32_t>(rt.plan().slots[t].chunk)}) == tier::remote) continue;
-    rt.read_tensor(ids[t], chunk_kind::master, v);
+    // fp32 weights are their own masters (a model of fp32 parameters has no master list).
+    if (rt.where({chunk_kind::param, static_cast<std::uint32_t>(rt.plan().slots[t].chunk)}) == tier::remote) continue;
+    rt.read_tensor(ids[t], chunk_kind::param, v);
     out["w" + std::to_string(t)] = v;
   }
   return out;

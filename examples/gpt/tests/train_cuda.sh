@@ -3,8 +3,9 @@
 # train_gpt on a GPU, end to end (CTest gpt_train_cuda, label cuda; exit 77 = skipped without one):
 #  1. --device cuda's losses over 20 steps agree with --device sim's (the CPU kernels) within fp32
 #     tolerance (relative 2e-3: the GEMMs sum in another order);
-#  2. on the GPU the printed losses are identical at 100%, 30% and 10% device budgets, with Belady and
-#     LRU and prefetch 0 or 4 (the same-bits contract on the device), in fp32 and bf16;
+#  2. on the GPU the printed losses are identical at 100%, 30% and 15% device budgets (in fp32 this
+#     shape needs 13% at least), with Belady and LRU and prefetch 0 or 4 (the same-bits contract on
+#     the device), in fp32 and bf16;
 #  3. a checkpoint saved on the GPU resumes on the CPU and continues within the same tolerance.
 #   bash train_cuda.sh <train_gpt> <work dir>
 set -uo pipefail
@@ -43,11 +44,11 @@ else fail "cuda vs cpu: relative difference $worst > 2e-3"; paste <(losses sim.t
 for precision in fp32 bf16; do
   timeout 600 "$train" "${args[@]}" --device cuda --precision "$precision" --device-budget 100% >ref_$precision.txt 2>&1 ||
     fail "$precision at 100%: rc $?"
-  for variant in "30% patrickstar 2" "10% patrickstar 4" "30% lru 0" "10% offload 2"; do
+  for variant in "30% patrickstar 2" "15% patrickstar 4" "30% lru 0" "15% offload 2"; do
     read -r budget policy prefetch <<<"$variant"
     out="run_${precision}_${budget%\%}_${policy}_${prefetch}.txt"
     timeout 600 "$train" "${args[@]}" --device cuda --precision "$precision" --device-budget "$budget" --policy "$policy" \
-      --prefetch "$prefetch" >"$out" 2>&1 || fail "$precision $variant: rc $?"
+      --prefetch "$prefetch" >"$out" 2>&1 || fail "$precision $variant: rc $?: $(grep -m1 error "$out")"
     if [[ "$(losses "$out")" == "$(losses ref_$precision.txt)" ]]; then echo "ok: $precision $variant: the 100% run's losses"
     else fail "$precision $variant differs from 100%:"; diff <(losses ref_$precision.txt) <(losses "$out") | head -5; fi
   done
