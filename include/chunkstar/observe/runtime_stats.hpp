@@ -43,7 +43,10 @@ struct runtime_stats {
   std::uint64_t steps = 0;          ///< optimizer steps completed
   std::uint64_t device_steps = 0;   ///< chunk steps run on the compute tier
   std::uint64_t host_steps = 0;     ///< chunk steps run on the host
-  double stall_s = 0;               ///< time the calling thread waited for copies
+  /// of the host steps, those run inside backward, before the step (chunk_adam::prepare); an early
+  /// step redone in the pass counts twice in host_steps
+  std::uint64_t early_steps = 0;
+  double stall_s = 0;  ///< time the calling thread waited for copies
   /// Loads (and zero fills) that took over the device buffer of an eviction still in flight
   /// instead of waiting for it to be freed. Depends on timing, like the times.
   std::uint64_t buffer_reuses = 0;

@@ -13,14 +13,18 @@
 #include <chunkstar/optim/loss_scaler.hpp>
 #include <chunkstar/optim/param_groups.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
+#include <chunkstar/runtime/early_step_plan.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -61,6 +65,15 @@ struct chunk_adam_options {
    *  rank's sum, scanned tensor by tensor: a tensor held alike by every rank (an RTP replica)
    *  counts on one rank only, so the global norm counts it once. Unset: every tensor, by chunk. */
   std::function<bool(std::size_t)> counts_in_norm{};
+  /** Most bytes prepare() keeps to undo speculative steps (each chunk's fp32 master, moments and
+   *  16-bit parameters, where clipping or a dynamic loss scale could undo them); chunks beyond it
+   *  step after backward as usual. */
+  std::size_t early_step_bytes = std::numeric_limits<std::size_t>::max();
+  /** Host threads of each update prepare() starts inside backward (0: one fewer than the machine's
+   *  hardware threads, at least one: the thread that queues backward's work keeps a core; measured
+   *  in docs/performance.md, "The step inside backward"). Adam is elementwise: the bits do not
+   *  depend on it. */
+  int early_step_threads = 0;
 };
 
 /** @brief What one call to chunk_adam::step did. */
@@ -69,8 +82,10 @@ struct optimizer_step_result {
   /// global norm of the unscaled, averaged gradients (inf on overflow; NaN when not computed, see
   /// chunk_adam_options::report_norm)
   double grad_norm = 0.0;
-  float clip_coefficient = 1;  ///< factor the gradients were multiplied by
-  float loss_scale = 1;        ///< scale the gradients carried
+  float clip_coefficient = 1;   ///< factor the gradients were multiplied by
+  float loss_scale = 1;         ///< scale the gradients carried
+  std::size_t early_steps = 0;  ///< chunks stepped inside backward (prepare()), kept or redone
+  bool early_redone = false;    ///< those were undone and stepped again (the norm clipped), or undone (skipped)
 };
 
 /** @brief Adam/AdamW with loss scaling, clipping and parameter groups, over any chunk_runtime.
@@ -127,6 +142,68 @@ class chunk_adam {
                                                                    config_value(g.lr_multiplier)});
     }
     return f;
+  }
+
+  /** @brief Lets each host-stepped chunk's update start inside backward, as soon as the trace says
+   *  nothing in this iteration uses its gradient or weights again, instead of after backward
+   *  (the runtime's arm_early_steps; which chunks and when: early_step_plan.hpp). Call it before
+   *  the backward of the step's last micro-batch, with the @p lr and @p micro_batches step() will
+   *  get. The early update assumes clip coefficient 1 and no overflow; where clipping or a dynamic
+   *  loss scale could say otherwise it first keeps the chunk's fp32 master, moments and 16-bit
+   *  weights (`early_step_bytes` at most) and step() then keeps the update (coefficient 1) or
+   *  undoes and redoes it with the true coefficient (or undoes it: an overflow skips the step).
+   *  Either way every chunk ends with the bits of the step without prepare(). Returns false, and
+   *  does nothing, where the runtime cannot (sharded or replicated gradients, no trace yet: every
+   *  chunk then steps in step()) or where the last step clipped or overflowed (speculation_advised:
+   *  this one likely will too). Every prepare() must be followed by step(). */
+  template <class Runtime>
+  bool prepare(Runtime& rt, float lr, int micro_batches = 1) {
+    if (micro_batches < 1)
+      throw config_error("chunk_adam::prepare: micro_batches must be >= 1, got " + std::to_string(micro_batches));
+    if (pending_)
+      throw state_error("chunk_adam::prepare while a step that threw is unfinished: call step() again first");
+    early_.reset();
+    if constexpr (!requires { rt.arm_early_steps(early_steps{}); }) {
+      return false;
+    } else {
+      const bool can_undo = options_.max_grad_norm > 0 || !std::is_same_v<Scaler, static_loss_scaler>;
+      if (!speculation_advised(can_undo, last_clipped_, last_skipped_)) return false;
+      speculation sp;
+      sp.lr = lr;
+      sp.micro_batches = micro_batches;
+      sp.base = options_.hyper;
+      sp.base.lr = lr;
+      sp.args = {.step = steps_ + 1,
+                 .grad_scale = 1.0f / (scaler_.scale() * static_cast<float>(micro_batches)),
+                 .threads = options_.early_step_threads > 0 ? options_.early_step_threads : worker_threads()};
+      const std::size_t elems = rt.plan().chunk_elems, ps = dtype_size(rt.options().param_type);
+      std::size_t per_chunk = 0;
+      if (can_undo) {
+        for (auto k : {chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+          if (rt.has_list(k)) per_chunk += elems * sizeof(float);
+        per_chunk += elems * ps;  // the weights: fp32 ones are the master, 16-bit ones are kept too
+      }
+      sp.keeps = can_undo;
+      sp.kept = std::make_shared<kept_state>(rt.plan().num_chunks);
+      early_ = sp;
+      // Self-contained: an update kept as it is may still run while the next forward starts,
+      // after step() has returned (the runtime joins it before anything reads its chunk).
+      early_steps e{.update =
+                        [groups = groups_, base = sp.base, args = sp.args,
+                         kept = can_undo ? sp.kept : nullptr](const step_chunk& c) {
+                          if (kept) keep(*kept, c);
+                          update_chunk<Runtime>(groups, c, base, args);
+                        },
+                    .undo = {},
+                    .kept_bytes_per_chunk = per_chunk,
+                    .kept_budget = options_.early_step_bytes};
+      if (can_undo) e.undo = [kept = sp.kept](const step_chunk& c) { restore(*kept, c); };
+      if (!rt.arm_early_steps(std::move(e))) {
+        early_.reset();
+        return false;
+      }
+      return true;
+    }
   }
 
   /** @brief One optimizer step at learning rate @p lr. Gradients were accumulated over
@@ -192,7 +269,13 @@ class chunk_adam {
       }
       r.grad_norm = scan ? std::sqrt(sum_sq) : std::numeric_limits<double>::quiet_NaN();
       const bool overflow = scan && !std::isfinite(sum_sq);
+      if constexpr (requires { rt.stepped_early(); }) r.early_steps = rt.stepped_early().size();
       if (!scaler_.update(overflow)) {
+        if constexpr (requires { rt.undo_early_steps(); })
+          if (r.early_steps > 0) rt.undo_early_steps();  // what the speculation changed goes back
+        r.early_redone = r.early_steps > 0;
+        early_.reset();
+        last_skipped_ = true;
         rt.zero_grad();
         rt.end_iteration();
         return r;
@@ -202,37 +285,35 @@ class chunk_adam {
       base.lr = lr;
       pending_ = pending{
           r, base, {.step = steps_ + 1, .grad_scale = unscale * r.clip_coefficient, .threads = options_.threads}};
+      // The early updates stand where they are exactly this step's: coefficient 1, the same lr and
+      // micro-batches; otherwise they are undone and stepped again (bit for bit the plain step).
+      const bool same = early_ && r.clip_coefficient == 1.0f && early_->lr == lr &&
+                        early_->micro_batches == micro_batches && early_->args.grad_scale == pending_->args.grad_scale;
+      if (r.early_steps > 0 && !same && !(early_ && early_->keeps))
+        throw state_error("chunk_adam::step(lr " + config_value(lr) + ", micro_batches " +
+                          std::to_string(micro_batches) +
+                          ") differs from what prepare() stepped early with: pass step() the lr and micro-batches "
+                          "given to prepare()");
+      pending_->early = r.early_steps > 0 && !same ? early_outcome::redo : early_outcome::keep;
+      pending_->result.early_redone = pending_->early == early_outcome::redo;
     }
     const pending p = *pending_;
     using stream_type = typename Runtime::stream_type;
-    rt.step([&](const step_chunk& c) -> std::optional<stream_type> {
-      const std::size_t ps = dtype_size(c.param_type);
-      for (auto t : c.tensors) {
-        const tensor_slot& sl = c.slots[t];
-        if (sl.numel == 0) continue;
-        adam_chunk a;
-        a.count = sl.numel;
-        a.m = c.momentum + sl.offset;
-        a.v = c.variance + sl.offset;
-        a.grad = static_cast<const std::byte*>(c.grad) + sl.offset * ps;
-        a.grad_type = c.param_type;
-        a.param_type = c.param_type;
-        if (c.master) {  // 16-bit params: fp32 master updated, param rewritten from it
-          a.master = c.master + sl.offset;
-          a.param = static_cast<std::byte*>(c.param) + sl.offset * ps;
-        } else {  // fp32 params are their own master
-          a.master = static_cast<float*>(c.param) + sl.offset;
-        }
-        run_adam<Runtime>(a, groups_.hyper_for(c.specs[t], p.base), p.args, c.where);
-      }
+    const auto update = [&](const step_chunk& c) -> std::optional<stream_type> {
+      update_chunk<Runtime>(groups_, c, p.base, p.args);
       // Asynchronous device kernels: the update still runs on their stream; the pass orders the
       // chunk's next moves after it and goes on (host steps of the next chunks overlap it).
       if constexpr (asynchronous<Runtime>)
         if (c.where != tier::host) return Kernels::stream();
       return std::nullopt;
-    });
+    };
+    if constexpr (requires { rt.step_with(update, p.early); }) rt.step_with(update, p.early);
+    else rt.step(update);
     pending_.reset();
+    early_.reset();
     ++steps_;
+    last_clipped_ = p.result.clip_coefficient != 1.0f;
+    last_skipped_ = false;
     optimizer_step_result r = p.result;
     r.stepped = true;
     return r;
@@ -240,7 +321,10 @@ class chunk_adam {
 
   /** @brief Forgets a step that threw part-way (see step()); the runtime's own progress is dropped
    *  by its end_iteration(). */
-  void abandon() noexcept { pending_.reset(); }
+  void abandon() noexcept {
+    pending_.reset();
+    early_.reset();
+  }
 
  private:
   template <class Runtime>
@@ -261,17 +345,90 @@ class chunk_adam {
     { Kernels::stream() } -> std::convertible_to<typename Runtime::stream_type>;
   };
   template <class Runtime>
-  void run_adam(const adam_chunk& a, const adam_hyper& h, const adam_step_args& args, tier where) const {
+  static void run_adam(const adam_chunk& a, const adam_hyper& h, const adam_step_args& args, tier where) {
     if (where == tier::host || device_on_host<Runtime>) host_adam_kernels::adam(a, h, args);
     else if constexpr (asynchronous<Runtime>) Kernels::adam_async(a, h, args);
     else Kernels::adam(a, h, args);
   }
+
+  /** Threads of an update on the early-step worker by default: all but the one queuing work. */
+  static int worker_threads() noexcept {
+    const unsigned n = std::thread::hardware_concurrency();  // 0: not known
+    return n > 1 ? static_cast<int>(n - 1) : 1;
+  }
+
+  /** One chunk's Adam(W) update, tensor by tensor, on the tier it is on. */
+  template <class Runtime>
+  static void update_chunk(const param_groups& groups, const step_chunk& c, const adam_hyper& base,
+                           const adam_step_args& args) {
+    const std::size_t ps = dtype_size(c.param_type);
+    for (auto t : c.tensors) {
+      const tensor_slot& sl = c.slots[t];
+      if (sl.numel == 0) continue;
+      adam_chunk a;
+      a.count = sl.numel;
+      a.m = c.momentum + sl.offset;
+      a.v = c.variance + sl.offset;
+      a.grad = static_cast<const std::byte*>(c.grad) + sl.offset * ps;
+      a.grad_type = c.param_type;
+      a.param_type = c.param_type;
+      if (c.master) {  // 16-bit params: fp32 master updated, param rewritten from it
+        a.master = c.master + sl.offset;
+        a.param = static_cast<std::byte*>(c.param) + sl.offset * ps;
+      } else {  // fp32 params are their own master
+        a.master = static_cast<float*>(c.param) + sl.offset;
+      }
+      run_adam<Runtime>(a, groups.hyper_for(c.specs[t], base), args, c.where);
+    }
+  }
+
+  /** Per chunk index: what an early update changed, kept to undo it (empty: nothing kept). Each
+   *  update writes its own chunk's entry only, so the worker and this thread never share one. */
+  using kept_state = std::vector<std::vector<std::byte>>;
+
+  /** The lists an early update changes, in order: weights, master, moments (those present). */
+  static std::vector<std::span<std::byte>> changed(const step_chunk& c) {
+    std::vector<std::span<std::byte>> v;
+    v.emplace_back(static_cast<std::byte*>(c.param), c.elems * dtype_size(c.param_type));
+    for (float* p : {c.master, c.momentum, c.variance})
+      if (p) v.emplace_back(reinterpret_cast<std::byte*>(p), c.elems * sizeof(float));
+    return v;
+  }
+  /** Keeps what chunk @p c's early update will change (its lists are on the host). */
+  static void keep(kept_state& kept, const step_chunk& c) {
+    auto& bytes = kept.at(c.index);
+    bytes.clear();
+    for (auto s : changed(c)) bytes.insert(bytes.end(), s.begin(), s.end());
+  }
+  /** Puts back what keep() kept for chunk @p c. */
+  static void restore(kept_state& kept, const step_chunk& c) {
+    auto& bytes = kept.at(c.index);
+    if (bytes.empty())
+      throw state_error("chunk_adam: chunk " + std::to_string(c.index) + " has no kept state to undo its early step");
+    const std::byte* from = bytes.data();
+    for (auto s : changed(c)) {
+      std::copy(from, from + s.size(), s.begin());
+      from += s.size();
+    }
+    bytes = {};
+  }
+
+  /** What prepare() stepped early with, and what it kept to undo it. */
+  struct speculation {
+    float lr = 0;
+    int micro_batches = 1;
+    adam_hyper base;
+    adam_step_args args;
+    bool keeps = false;  // clipping or a dynamic scale could undo it: each chunk's state is kept first
+    std::shared_ptr<kept_state> kept;
+  };
 
   /** A step decided (norm, clip, scale) whose update has not finished. */
   struct pending {
     optimizer_step_result result;
     adam_hyper base;
     adam_step_args args;
+    early_outcome early = early_outcome::keep;
   };
 
   chunk_adam_options options_;
@@ -280,6 +437,8 @@ class chunk_adam {
   bool agreed_ = false;  // the ranks agreed on configuration() (the first step)
   std::int64_t steps_ = 0;
   std::optional<pending> pending_;
+  std::optional<speculation> early_;
+  bool last_clipped_ = false, last_skipped_ = false;  // the last step's outcome (speculation_advised)
 };
 
 }  // namespace chunkstar

@@ -38,6 +38,7 @@
 #include <chunkstar/tracer/warmup_tracer.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <span>
 #include <string>
@@ -150,8 +151,24 @@ class chunk_runtime {
       }
     });
   }
-  /** @brief step() with the update already in the pass's form. */
-  void step_with(update_ref update);
+  /** @brief step() with the update already in the pass's form; the chunks stepped early (see
+   *  arm_early_steps) keep their update or, with `early_outcome::redo`, are undone and stepped again. */
+  void step_with(update_ref update, early_outcome early = early_outcome::keep);
+
+  /** @brief Steps chunks inside backward, before step(): once a scope has closed after which, by
+   *  the trace, nothing in this iteration uses a host-stepped chunk's gradient or parameters again,
+   *  the next scope to open (or step(), or for_each_grad_chunk()) first runs `e.update` on that
+   *  chunk with its lists on the host (early_step_plan.hpp). step_with() then keeps or redoes those
+   *  updates; undo_early_steps() undoes them. A later scope that uses a chunk stepped early (the
+   *  iteration left its trace) has it undone first, or gets a `state_error` when `e.undo` is empty.
+   *  Only where this rank's gradients are its own (`gradient_mode::local`, one rank): returns false
+   *  and arms nothing otherwise. Disarmed by step_with(), undo_early_steps() and end_iteration().
+   *  How chunk_adam uses it: chunk_adam::prepare. */
+  bool arm_early_steps(early_steps e);
+  /** @brief Chunk indices stepped early in this iteration, in order. */
+  [[nodiscard]] std::span<const std::uint32_t> stepped_early() const noexcept { return pass_.stepped_early(); }
+  /** @brief Undoes every early step of this iteration (a step skipped on overflow) and disarms. */
+  void undo_early_steps();
   /** @brief True when a step threw part-way: calling step() again finishes it. */
   [[nodiscard]] bool step_in_progress() const noexcept { return pass_.in_progress(); }
 
@@ -293,6 +310,9 @@ class chunk_runtime {
           {store_.resident(tier::device), store_.resident(tier::host), level_.non_model, store_.resident(tier::disk)});
   }
 
+  /** Runs the early steps the closed scopes made ready (arm_early_steps); one that fails for want
+   *  of room stops the early steps (the pass does the rest). */
+  void run_early_steps();
   scope open_scope(moment_kind kind, std::string_view name, std::vector<param_id> params);
   void scope_closed(moment_kind kind, std::string_view name, double begin_us, std::span<const param_id> params,
                     typename store_type::pin_set& pins) noexcept;
@@ -331,12 +351,13 @@ class chunk_runtime {
   mutable store_type store_;  // mutable: reading a tensor waits for its copy, which changes no logical state
   residency_type residency_;
   non_model_allocator<device_space_type> non_model_;
-  optimizer_pass<store_type, residency_type, TracerT> pass_;
+  mutable optimizer_pass<store_type, residency_type, TracerT> pass_;  // mutable: a read joins early updates
   shard_manager<store_type, residency_type, TracerT, Comm> shard_;
   bool finalized_ = false;
   bool iteration_open_ = false;
   bool asleep_ = false;
-  std::vector<chunk_id> slept_;  // the chunks that were on the device when it went to sleep
+  std::size_t closed_through_ = never;  // the last moment of this iteration whose scope has closed
+  std::vector<chunk_id> slept_;         // the chunks that were on the device when it went to sleep
   open_scope_names open_;
 };
 
@@ -371,6 +392,15 @@ CHUNKSTAR_RUNTIME::chunk_runtime(device_space_type& device, host_space_type& hos
   store_.clock = [this] { return observer_.now_us(); };
   store_.on_copy_retired = [this](double submitted, tier from, tier to) {
     observer_.copy(from, to, submitted, observer_.now_us());
+  };
+  pass_.on_early_update = [this](std::chrono::steady_clock::time_point b, std::chrono::steady_clock::time_point e) {
+    if (!observer_) return;
+    const double now = observer_.now_us();
+    const auto t = std::chrono::steady_clock::now();
+    const auto us_ago = [&](std::chrono::steady_clock::time_point x) {
+      return std::chrono::duration<double, std::micro>(t - x).count();
+    };
+    observer_.step(now - us_ago(b), now - us_ago(e));
   };
 }
 
@@ -451,14 +481,15 @@ void CHUNKSTAR_RUNTIME::deallocate_non_model(void* p, std::size_t bytes, std::si
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
-void CHUNKSTAR_RUNTIME::step_with(update_ref update) {
+void CHUNKSTAR_RUNTIME::step_with(update_ref update, early_outcome early) {
   require_finalized("step");
   require_awake("step");
   states_.require_none_in_compute("step");
   if (level_.untraced) throw state_error("step() inside an untraced section: close the section first");
   shard_.finish_backward();
+  if (early == early_outcome::keep) run_early_steps();  // those the last scopes made ready
   const double t0 = observer_.now_us();
-  pass_.run(update, plan_, registry_.specs(), options_.param_type, shard_.map());
+  pass_.run(update, plan_, registry_.specs(), options_.param_type, shard_.map(), early);
   observer_.step(t0, observer_.now_us());
   ++stats_.steps;
   zero_grad();
@@ -468,11 +499,42 @@ void CHUNKSTAR_RUNTIME::step_with(update_ref update) {
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::for_each_grad_chunk(function_ref<void(const step_chunk&)> f) {
   shard_.finish_backward();
+  if (open_.size() == 0) run_early_steps();
+  pass_.join_early();  // the scan reads gradients the early updates read too: they finish first
   for_each_gradient(store_, plan_, registry_.specs(), options_.param_type, f);
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
+bool CHUNKSTAR_RUNTIME::arm_early_steps(early_steps e) {
+  require_finalized("arm_early_steps");
+  if (gradients() != gradient_mode::local || comm_.size() > 1 || !e.update) return false;
+  if (pass_.in_progress())
+    throw state_error("arm_early_steps() while a step that threw is unfinished: call step() again first");
+  pass_.arm(std::move(e));
+  return true;
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::undo_early_steps() {
+  states_.require_none_in_compute("undo_early_steps");
+  pass_.undo_all_early(plan_, registry_.specs(), options_.param_type);
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::run_early_steps() {
+  if (!pass_.armed() || !iteration_open_) return;
+  try {
+    pass_.run_early(closed_through_, plan_, registry_.specs(), options_.param_type);
+  } catch (const state_error&) {
+    throw;
+  } catch (const std::exception&) {  // an optimisation: no room for a chunk's lists now, say
+    pass_.stop_early();              // the rest step in the pass; those stepped stay stepped
+  }
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
 typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gradient(std::uint32_t c) {
+  pass_.join_early();  // an early update still running on its chunk
   require_awake("hold_gradient");
   const chunk_id id{chunk_kind::grad, c};
   const tier where = store_.at(id).where;
@@ -484,6 +546,7 @@ typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gra
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gradient_on_device(std::uint32_t c) {
+  pass_.join_early();  // an early update still running on its chunk
   require_awake("hold_gradient_on_device");
   const chunk_id ids[] = {{chunk_kind::grad, c}};
   residency_.make_resident_on_device(ids, "gradient all-reduce", tracer_.current_moment());
@@ -494,13 +557,14 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::zero_grad() {
   states_.require_none_in_compute("zero_grad");
   shard_.drop();
-  for (std::uint32_t c = 0; c < plan_.num_chunks; ++c) store_.release({chunk_kind::grad, c});
+  for (std::uint32_t c = 0; c < plan_.num_chunks; ++c) pass_.release_gradient(c);
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::end_iteration() {
   states_.require_none_in_compute("end_iteration");
   if (level_.untraced) throw state_error("end_iteration() inside an untraced section: close the section first");
+  pass_.disarm();
   states_.end_iteration();
   shard_.drop();
   if (iteration_open_) tracer_.end_iteration();
@@ -519,12 +583,14 @@ typename CHUNKSTAR_RUNTIME::untraced_section CHUNKSTAR_RUNTIME::untraced() {
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::read_tensor(param_id p, chunk_kind k, std::span<float> out) const {
+  pass_.join_early();  // an early update still running on its chunk
   const auto [id, offset] = locate(p, k, out.size());
   chunk_values(store_).read(id, offset, out);
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::write_tensor(param_id p, chunk_kind k, std::span<const float> values) {
+  pass_.join_early();  // an early update still running on its chunk
   const auto [id, offset] = locate(p, k, values.size());
   chunk_values(store_).write(id, offset, values);
 }
@@ -534,6 +600,7 @@ std::size_t CHUNKSTAR_RUNTIME::chunk_budget() const { return residency_.budget_n
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::offload(chunk_id id) {
+  pass_.join_early();  // an early update still running on its chunk
   require_awake("offload");
   if (store_.at(id).pinned || chunk_state(id) == tensor_state::compute)
     throw state_error("cannot move chunk " + to_string(id) + ": a tensor in it is in COMPUTE; close its scope first");
@@ -552,6 +619,9 @@ void CHUNKSTAR_RUNTIME::sleep() {
   if (shard_.gradients_open())
     throw state_error(
         "sleep() between micro-batches of a ZeRO step (gradient groups are open): sleep after step() or zero_grad()");
+  if (!pass_.stepped_early().empty())
+    throw state_error("sleep() with chunks stepped early and the step not taken: sleep after step()");
+  pass_.join_early();             // the last step's early updates: their chunks move now
   shard_.drop();                  // gathered copies of other ranks' chunks (an evaluation's): gathered again on use
   store_.copier().synchronize();  // the prefetches a step started have landed
   store_.retire_completed();
@@ -583,6 +653,7 @@ memory_report CHUNKSTAR_RUNTIME::memory_report_now() const { return residency_.r
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 std::vector<std::string> CHUNKSTAR_RUNTIME::invariant_violations(bool sole_user) const {
+  pass_.join_early();  // an update still running pins its chunk
   auto v = store_.violations(open_.size() > 0 || pass_.in_progress(), level_.non_model, sole_user);
   if (open_.size() == 0 && states_.any_in_compute()) v.push_back("a tensor is in COMPUTE with no scope open");
   return v;
@@ -597,15 +668,22 @@ typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind
   if (!iteration_open_ && !level_.untraced) {
     tracer_.begin_iteration();
     iteration_open_ = true;
+    closed_through_ = never;
   }
   shard_.settle();
+  if (pass_.armed() && !level_.untraced && open_.size() == 0) run_early_steps();
+  pass_.join_early(ids);  // early updates still running on this scope's chunks (the last step's, say)
+  pass_.reap_early();     // and those done: their chunks may move again
+  if (pass_.armed())      // a chunk stepped early that this scope uses: the iteration left its trace
+    for (auto id : ids) pass_.undo_early(id.index, plan_, registry_.specs(), options_.param_type);
   const double t0 = observer_.now_us();
   const std::size_t m = level_.untraced ? never : tracer_.open_moment(kind, name);
   level_.changes = 0;
   level_.kind = kind;
   store_.retire_completed();
   for (auto id : ids) touch(id);
-  residency_.make_resident_on_device(shard_.prepare(ids, kind, name, m), name, m);
+  const auto owned = shard_.prepare(ids, kind, name, m);
+  pass_.with_room([&] { residency_.make_resident_on_device(owned, name, m); });
   typename store_type::pin_set pins(store_, std::move(ids));
   shard_.gather_ahead(m, name);  // the next moment's groups arrive while this one computes
   for (auto p : params) states_.open(p.value);
@@ -630,6 +708,7 @@ void CHUNKSTAR_RUNTIME::scope_closed(moment_kind kind, std::string_view name, do
   }
   observer_.scope_close(kind, name, begin_us, observer_.now_us());
   open_.pop(name);
+  if (!level_.untraced) closed_through_ = tracer_.current_moment();
   shard_.closed(tracer_.current_moment());
   try {  // its chunks may leave now: the coming moments' transfers can start (an optimisation)
     if (!level_.untraced && level_.releasing == never) residency_.prefetch(tracer_.current_moment());

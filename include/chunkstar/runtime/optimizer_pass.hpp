@@ -8,6 +8,10 @@
  *  Resumable: a pass that throws (no room, a copy engine or policy failure, or the update itself)
  *  keeps the chunks stepped so far, unpins everything, and the next `run` continues with the chunk
  *  that failed — so a retried step applies every chunk's update exactly once.
+ *
+ *  Early steps (`arm`): inside backward, a host-stepped chunk whose gradient is final steps before
+ *  the pass (early_step_plan.hpp says which, after which moment); the pass then keeps that update
+ *  (`early_outcome::keep`) or undoes and repeats it (`early_outcome::redo`).
  */
 #pragma once
 
@@ -19,10 +23,17 @@
 #include <chunkstar/store/chunk_values.hpp>
 #include <chunkstar/store/compute_level.hpp>
 #include <chunkstar/observe/runtime_observer.hpp>
+#include <chunkstar/runtime/early_step_plan.hpp>
+#include <chunkstar/runtime/step_worker.hpp>
 #include <chunkstar/zero/shard_manager.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <future>
+#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
@@ -87,6 +98,21 @@ void for_each_gradient(Store& store, const chunk_plan& plan, std::span<const ten
   }
 }
 
+/** @brief What the pass does with the chunks stepped early: keep their update, or undo it and
+ *  step them again with the others. */
+enum class early_outcome { keep, redo };
+
+/** @brief The speculative updates of one iteration (chunk_runtime::arm_early_steps): `update`
+ *  steps a chunk on the host, `undo` puts back what it changed (empty: it cannot be undone), both
+ *  called with the chunk's lists resident on the host; `kept_bytes_per_chunk` and `kept_budget` as
+ *  in early_step_inputs. */
+struct early_steps {
+  std::function<void(const step_chunk&)> update;
+  std::function<void(const step_chunk&)> undo;
+  std::size_t kept_bytes_per_chunk = 0;
+  std::size_t kept_budget = std::numeric_limits<std::size_t>::max();
+};
+
 /** @brief The step over every chunk index. @tparam Residency a residency_manager over the same store.
  *
  *  The update `f(step_chunk)` either finishes its work before it returns (returns void, or an
@@ -111,11 +137,97 @@ class optimizer_pass {
   using update_ref = function_ref<std::optional<typename Store::stream_type>(const step_chunk&)>;
 
   /** @brief Runs @p f once per chunk index not yet stepped in this pass (see the file comment),
-   *  of the indices this rank owns under @p shards. */
+   *  of the indices this rank owns under @p shards; a chunk stepped early is kept or, with
+   *  `early_outcome::redo`, undone and stepped by @p f again. Ends the early steps. */
   void run(update_ref f, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
-           shard_map shards = {});
+           shard_map shards = {}, early_outcome early = early_outcome::keep);
+
+  // --- early steps ---------------------------------------------------------------------------------
+  /** @brief Arms early steps until the pass runs or disarm(); the plan is made from the trace at
+   *  the first run_early(). */
+  void arm(early_steps e) {
+    early_ = std::move(e);
+    planned_ = false;
+    cursor_ = 0;
+    done_.clear();
+  }
+  /** @brief Forgets the early steps of this iteration (the chunks stepped stay stepped; updates
+   *  still running go on, joined as below). */
+  void disarm() noexcept {
+    early_.reset();
+    done_.clear();
+  }
+  /** @brief Waits for every early update still running (they may outlast the step: an update kept
+   *  as it is runs on while the next forward starts) and releases their chunks; rethrows the first
+   *  that failed. Reports each update's span to `on_early_update`. */
+  void join_early() {
+    join_where([](const early_job&) { return true; });
+  }
+  /** @brief As join_early(), for the updates of the chunk indices of @p ids only (a scope about to
+   *  use them). */
+  void join_early(std::span<const chunk_id> ids) {
+    join_where([&](const early_job& j) {
+      return std::any_of(ids.begin(), ids.end(), [&](chunk_id id) { return id.index == j.chunk; });
+    });
+  }
+  /** @brief Joins the early updates that have finished (never waits): their chunks may move again. */
+  void reap_early() {
+    join_where(
+        [](const early_job& j) { return j.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+  }
+  /** @brief Runs @p make_room (making chunks resident); where it runs out of memory while early
+   *  updates hold chunks pinned (a host full below a disk tier), joins them and tries once more. */
+  template <class F>
+  void with_room(F&& make_room) {
+    try {
+      make_room();
+    } catch (const out_of_memory_error&) {
+      if (jobs_.empty()) throw;
+      join_early();
+      make_room();
+    }
+  }
+  /** @brief True while chunk index @p c has an early update not yet joined. */
+  [[nodiscard]] bool in_flight(std::uint32_t c) const noexcept {
+    return std::any_of(jobs_.begin(), jobs_.end(), [&](const early_job& j) { return j.chunk == c; });
+  }
+  /** @brief Frees chunk index @p c's gradient now, or when its early update is joined. */
+  void release_gradient(std::uint32_t c) {
+    for (auto& j : jobs_)
+      if (j.chunk == c) {
+        j.release_gradient = true;
+        return;
+      }
+    store_.release({chunk_kind::grad, c});
+  }
+  /** @brief Called on the calling thread, as early updates are joined, with when each ran on the
+   *  worker (the runtime reports them to its observer as steps: a timeline shows them inside backward). */
+  std::function<void(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)> on_early_update;
+  [[nodiscard]] bool armed() const noexcept { return early_.has_value(); }
+  /** @brief No more early steps this iteration; those taken stay (and can still be undone). */
+  void stop_early() noexcept {
+    early_plan_.after.clear();
+    planned_ = true;
+  }
+  /** @brief Chunk indices stepped early so far, in order. */
+  [[nodiscard]] std::span<const std::uint32_t> stepped_early() const noexcept { return done_; }
+  [[nodiscard]] bool stepped_early(std::uint32_t c) const noexcept {
+    return std::find(done_.begin(), done_.end(), c) != done_.end();
+  }
+  /** @brief Steps the chunks planned after the moments up to @p closed (closed scopes of the
+   *  traced iteration). Nothing when the trace is not ready; the plan is made on the first call. */
+  void run_early(std::size_t closed, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
+  /** @brief Undoes chunk @p c's early step (a scope about to use it: the iteration left its trace).
+   *  @throws state_error when the update cannot be undone. */
+  void undo_early(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
+  /** @brief Undoes every early step (a skipped step) and disarms. */
+  void undo_all_early(const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
 
  private:
+  /** Calls @p g(view) with chunk @p c's lists resident on the host and pinned. */
+  template <class G>
+  void on_host(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type, G&& g);
+
   /** Runs an optimisation; what fails here is left to the demand path (internal errors propagate). */
   template <class G>
   static void optional(G&& g) {
@@ -143,12 +255,53 @@ class optimizer_pass {
   std::size_t depth_;
   std::size_t next_ = 0;  // the first chunk index this pass has not stepped
   bool queued_ = false;   // an update of this pass was handed back on a stream
+  std::optional<early_steps> early_;
+  early_step_plan early_plan_;
+  bool planned_ = false;             // early_plan_ made for this arming
+  std::size_t cursor_ = 0;           // the first moment whose planned chunks have not been stepped
+  std::vector<std::uint32_t> done_;  // chunks stepped early, in order
+  /** An early update handed to the worker: its chunk's lists stay pinned until it is joined. */
+  struct early_job {
+    std::uint32_t chunk;
+    typename Store::pin_set pins;
+    struct outcome {
+      std::chrono::steady_clock::time_point begin, end;
+    };
+    std::shared_ptr<outcome> span;
+    std::shared_future<void> done;
+    bool release_gradient = false;  // the pass is done with the chunk: its gradient goes at the join
+  };
+  /** Joins the updates of the chunks @p which selects, in the order submitted. */
+  template <class Which>
+  void join_where(Which which) {
+    std::exception_ptr failure;
+    for (std::size_t i = 0; i < jobs_.size();) {
+      if (!which(jobs_[i])) {
+        ++i;
+        continue;
+      }
+      early_job j = std::move(jobs_[i]);
+      jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
+      try {
+        j.done.get();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      j.pins.reset();  // the chunk is the pass's again whatever the update did
+      if (j.release_gradient) store_.release({chunk_kind::grad, j.chunk});
+      if (on_early_update) on_early_update(j.span->begin, j.span->end);
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+  std::vector<early_job> jobs_;
+  step_worker worker_;  // after jobs_: joined before their pins are released
 };
 
 template <class Store, class Residency, class TracerT>
 void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_plan& plan,
                                                     std::span<const tensor_spec> specs, dtype param_type,
-                                                    shard_map shards) {
+                                                    shard_map shards, early_outcome early) {
+  if (early == early_outcome::redo) join_early();  // undone below: the updates must have finished
   for (std::uint32_t c = static_cast<std::uint32_t>(next_); c < plan.num_chunks; ++c) {
     if (!shards.owns(c)) continue;  // ZeRO: another rank steps it
     // One moment per chunk index, so the trace orders the step's chunks like any scope's: Belady
@@ -162,6 +315,11 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
       ~end_moment() { l.releasing = never; }
     } guard{level_};
     store_.retire_completed();
+    if (early == early_outcome::keep && stepped_early(c)) {  // its update is in (or running): its gradient goes
+      next_ = c + 1;
+      release_gradient(c);
+      continue;
+    }
     const tier where = residency_.optimizer_tier(c);
     std::vector<chunk_id> ids;
     for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
@@ -172,14 +330,16 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
         store_.touch(id);
         tracer_.record_access(id);
       }
-      residency_.make_resident_on_device(ids, "optimizer", m);
+      with_room([&] { residency_.make_resident_on_device(ids, "optimizer", m); });
     } else {
       // Streamed from the disk where they live there: reads for all of this chunk's lists start
       // before the first wait, and the host room they need never takes one of them.
       const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
       for (auto id : ids)
         if (store_.at(id).where == tier::disk) residency_.read_from_disk(id, keep, m, false);
-      for (auto id : ids) residency_.make_resident_on_host(id, keep);
+      with_room([&] {
+        for (auto id : ids) residency_.make_resident_on_host(id, keep);
+      });
     }
     typename Store::pin_set pins(store_, ids);
     for (auto id : ids) store_.wait_user(store_.at(id));  // the update must see the user's last writes
@@ -202,7 +362,13 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
                           .slots = plan.slots,
                           .specs = specs};
     next_ = c;  // until f returns, a retry starts here
-    const auto stream = f(view);
+    std::optional<typename Store::stream_type> stream;
+    if (!stepped_early(c)) stream = f(view);
+    else if (early == early_outcome::redo) {  // undone and stepped again, exactly once even on a retry
+      early_->undo(view);
+      done_.erase(std::find(done_.begin(), done_.end(), c));
+      stream = f(view);
+    }
     next_ = c + 1;
     if (stream) {  // the update still runs there: later moves wait for it
       const auto done = store_.copier().record(*stream);
@@ -220,6 +386,128 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
   }
   if (std::exchange(queued_, false)) wait_for_updates(plan.num_chunks);
   next_ = 0;
+  disarm();
+}
+
+template <class Store, class Residency, class TracerT>
+template <class G>
+void optimizer_pass<Store, Residency, TracerT>::on_host(std::uint32_t c, const chunk_plan& plan,
+                                                        std::span<const tensor_spec> specs, dtype param_type, G&& g) {
+  std::vector<chunk_id> ids;
+  for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+    if (store_.has(k)) ids.push_back({k, c});
+  const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
+  for (auto id : ids) residency_.make_resident_on_host(id, keep);
+  typename Store::pin_set pins(store_, ids);
+  for (auto id : ids) store_.wait_user(store_.at(id));
+  const auto data = [&](chunk_kind k) { return store_.has(k) ? store_.at({k, c}).data : nullptr; };
+  g(step_chunk{.index = c,
+               .where = tier::host,
+               .param_type = param_type,
+               .elems = plan.chunk_elems,
+               .param = data(chunk_kind::param),
+               .grad = data(chunk_kind::grad),
+               .master = static_cast<float*>(data(chunk_kind::master)),
+               .momentum = static_cast<float*>(data(chunk_kind::momentum)),
+               .variance = static_cast<float*>(data(chunk_kind::variance)),
+               .tensors = plan.chunk_tensors[c],
+               .slots = plan.slots,
+               .specs = specs});
+}
+
+template <class Store, class Residency, class TracerT>
+void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, const chunk_plan& plan,
+                                                          std::span<const tensor_spec> specs, dtype param_type) {
+  if (!early_ || !tracer_.ready() || closed == never) return;
+  if (!planned_) {
+    early_step_inputs in{
+        .step_tier = {}, .kept_bytes_per_chunk = early_->kept_bytes_per_chunk, .kept_budget = early_->kept_budget};
+    for (std::size_t c = 0; c < plan.num_chunks; ++c) in.step_tier.push_back(residency_.optimizer_tier(c));
+    early_plan_ = plan_early_steps(sharding_trace_of(tracer_), in);
+    planned_ = true;
+  }
+  for (; cursor_ <= closed && cursor_ < early_plan_.after.size(); ++cursor_)
+    for (const std::uint32_t c : early_plan_.at(cursor_)) {
+      if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) continue;
+      const chunk_id mine[] = {{chunk_kind::param, c}};
+      join_early(mine);  // the last iteration's update of this chunk (long done by now)
+      // The lists come to the host (copies from the device started, not waited for: the worker
+      // waits for them), stay pinned while the worker runs the update, and this thread goes on
+      // to the next scope.
+      std::vector<chunk_id> ids;
+      for (auto k :
+           {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+        if (store_.has(k)) ids.push_back({k, c});
+      const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
+      for (auto id : ids) {
+        const tier where = store_.at(id).where;
+        if (where == tier::device) residency_.offload(id, keep);
+        else if (where != tier::host) residency_.make_resident_on_host(id, keep);  // from the disk: now
+      }
+      typename Store::pin_set pins(store_, ids);
+      std::vector<typename Store::copy_handle> arrivals;
+      for (auto id : ids) {
+        const auto& s = store_.at(id);
+        if (s.pending) arrivals.push_back(*s.pending);
+        if (s.user_done) arrivals.push_back(*s.user_done);
+      }
+      const auto data = [&](chunk_kind k) { return store_.has(k) ? store_.at({k, c}).data : nullptr; };
+      const step_chunk view{.index = c,
+                            .where = tier::host,
+                            .param_type = param_type,
+                            .elems = plan.chunk_elems,
+                            .param = data(chunk_kind::param),
+                            .grad = data(chunk_kind::grad),
+                            .master = static_cast<float*>(data(chunk_kind::master)),
+                            .momentum = static_cast<float*>(data(chunk_kind::momentum)),
+                            .variance = static_cast<float*>(data(chunk_kind::variance)),
+                            .tensors = plan.chunk_tensors[c],
+                            .slots = plan.slots,
+                            .specs = specs};
+      auto span = std::make_shared<typename early_job::outcome>();
+      auto finished = std::make_shared<std::promise<void>>();
+      jobs_.push_back({c, std::move(pins), span, finished->get_future().share()});
+      done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
+      // Of the updates waiting, the one whose weights the next iteration reads first runs first.
+      const std::size_t next_use = tracer_.next_use({chunk_kind::param, c}, tracer_.current_moment());
+      worker_.submit(
+          [arrivals = std::move(arrivals), view, update = early_->update, span, finished]() mutable {
+            try {
+              for (auto& h : arrivals) h.wait();
+              span->begin = std::chrono::steady_clock::now();
+              update(view);
+              span->end = std::chrono::steady_clock::now();
+              finished->set_value();
+            } catch (...) {
+              finished->set_exception(std::current_exception());
+            }
+          },
+          next_use);
+      ++stats_.host_steps;
+      ++stats_.early_steps;
+    }
+}
+
+template <class Store, class Residency, class TracerT>
+void optimizer_pass<Store, Residency, TracerT>::undo_early(std::uint32_t c, const chunk_plan& plan,
+                                                           std::span<const tensor_spec> specs, dtype param_type) {
+  if (!stepped_early(c)) return;
+  join_early();
+  if (!early_->undo)
+    throw state_error("chunk " + std::to_string(c) +
+                      " was stepped early (inside backward, the trace saying its gradient was final) but a later "
+                      "scope uses it: this iteration left the traced one. Call the optimizer's prepare() only "
+                      "before iterations that repeat the traced one, or keep what undoes a step (clipping or a "
+                      "dynamic loss scale keep it)");
+  on_host(c, plan, specs, param_type, [&](const step_chunk& view) { early_->undo(view); });
+  done_.erase(std::find(done_.begin(), done_.end(), c));
+}
+
+template <class Store, class Residency, class TracerT>
+void optimizer_pass<Store, Residency, TracerT>::undo_all_early(const chunk_plan& plan,
+                                                               std::span<const tensor_spec> specs, dtype param_type) {
+  while (!done_.empty()) undo_early(done_.back(), plan, specs, param_type);
+  disarm();
 }
 
 template <class Store, class Residency, class TracerT>

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+/** @file
+ *  @brief `plan_early_steps`: which chunks' optimizer steps may start inside backward, and after
+ *         which moment — a pure function of one traced iteration — and `speculation_advised`,
+ *         whether this iteration should speculate at all (a pure function of the last step).
+ *
+ *  A chunk's step may start once nothing in the iteration reads or adds to it before the
+ *  optimizer: after the last moment that uses its gradient (all micro-batches' contributions are
+ *  in) and its parameters (no later scope reads the weights the step rewrites — a tied weight's
+ *  first use in forward is its last in backward). Where that moment is, is in the trace. The step
+ *  is speculative (chunk_adam::prepare): it runs with clip coefficient 1 and no overflow, keeping
+ *  what it needs to undo where the global norm or an fp16 overflow could still change it; the
+ *  plan caps the chunks so that state kept for them stays within a budget.
+ */
+#pragma once
+
+#include <chunkstar/core/moment_kind.hpp>
+#include <chunkstar/core/tier.hpp>
+#include <chunkstar/zero/gather_plan.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+namespace chunkstar {
+
+/** @brief What plan_early_steps needs besides the trace. */
+struct early_step_inputs {
+  /// Per chunk index: the tier its step runs on (residency_manager::optimizer_tier). Only host
+  /// steps start early: they are the ones that cost the iteration their whole time.
+  std::vector<tier> step_tier;
+  /// Bytes kept to undo one chunk's speculative step (0: nothing is kept, the step always commits).
+  std::size_t kept_bytes_per_chunk = 0;
+  /// Most bytes kept at once (speculated chunks keep theirs until the step decides).
+  std::size_t kept_budget = std::numeric_limits<std::size_t>::max();
+};
+
+/** @brief Per moment of the traced iteration: the chunk indices whose step may start once that
+ *  moment's scope has closed, in the order they become ready (then by index). */
+struct early_step_plan {
+  std::vector<std::vector<std::uint32_t>> after;
+  [[nodiscard]] std::span<const std::uint32_t> at(std::size_t m) const noexcept {
+    return m < after.size() ? std::span<const std::uint32_t>(after[m]) : std::span<const std::uint32_t>{};
+  }
+  /** @brief Chunks planned in all. */
+  [[nodiscard]] std::size_t size() const noexcept {
+    std::size_t n = 0;
+    for (const auto& v : after) n += v.size();
+    return n;
+  }
+};
+
+/** @brief The early steps of one traced iteration @p t (its forward and backward moments up to the
+ *  first optimizer moment): each host-stepped chunk whose gradient the iteration writes, after the
+ *  last moment that uses its gradient or its parameters, while the kept state fits the budget
+ *  (earliest-ready first: those overlap the most). A chunk used at the last moment before the
+ *  optimizer gains nothing and is left to the step. */
+[[nodiscard]] inline early_step_plan plan_early_steps(const sharding_trace& t, const early_step_inputs& in) {
+  early_step_plan plan;
+  std::size_t end = 0;  // moments before the first optimizer moment
+  while (end < t.size() && t.kinds[end] != moment_kind::optimizer) ++end;
+  plan.after.resize(end);
+  if (end < 2) return plan;
+  constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  const std::size_t chunks = in.step_tier.size();
+  std::vector<std::size_t> last_grad(chunks, none), last_use(chunks, none);
+  for (std::size_t m = 0; m < end; ++m) {
+    for (const std::uint32_t c : t.grads[m])
+      if (c < chunks) last_grad[c] = last_use[c] = m;
+    for (const std::uint32_t c : t.params[m])
+      if (c < chunks) last_use[c] = m;
+  }
+  std::size_t kept = 0;
+  for (std::size_t m = 0; m + 1 < end; ++m)
+    for (std::uint32_t c = 0; c < chunks; ++c) {
+      if (last_grad[c] == none || last_use[c] != m || in.step_tier[c] != tier::host) continue;
+      if (in.kept_bytes_per_chunk > in.kept_budget - kept) return plan;  // the budget is spent
+      kept += in.kept_bytes_per_chunk;
+      plan.after[m].push_back(c);
+    }
+  return plan;
+}
+
+/** @brief Whether to speculate this iteration: always where nothing can undo a step (no clipping,
+ *  a static loss scale); else only after a step that neither clipped nor overflowed (@p
+ *  last_clipped, @p last_skipped), since a norm above the threshold tends to stay above it and
+ *  every speculation would be redone. */
+[[nodiscard]] constexpr bool speculation_advised(bool can_undo, bool last_clipped, bool last_skipped) noexcept {
+  return !can_undo || (!last_clipped && !last_skipped);
+}
+
+}  // namespace chunkstar

@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: Apache-2.0
+// Early (speculative) optimizer steps inside backward (chunk_adam::prepare, the runtime's
+// arm_early_steps, plan_early_steps): the plan from a hand-written trace, and the bits — every
+// parameter, master and moment after each step equals the run that never called prepare(), with
+// clipping inactive, active on every step and on some, fp16 overflow, accumulation, placements that
+// step on the host and on the device, and an iteration that leaves its trace.
+#include <chunkstar/layout/fixed_chunk_layout.hpp>
+#include <chunkstar/placement/static_placement.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
+#include <chunkstar/runtime/early_step_plan.hpp>
+
+#include "support/runtimes.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+using namespace chunkstar;
+
+namespace early_step_test {
+
+namespace {
+
+// --- the plan ----------------------------------------------------------------------------------
+
+/** A trace of scopes: forward over @p fwd (param chunk per moment), backward over @p bwd (param
+ *  and grad chunk per moment), then one optimizer moment per chunk. */
+sharding_trace trace(const std::vector<std::vector<std::uint32_t>>& fwd,
+                     const std::vector<std::vector<std::uint32_t>>& bwd, std::size_t chunks) {
+  sharding_trace t;
+  for (const auto& p : fwd) {
+    t.kinds.push_back(moment_kind::forward);
+    t.params.push_back(p);
+    t.grads.emplace_back();
+  }
+  for (const auto& p : bwd) {
+    t.kinds.push_back(moment_kind::backward);
+    t.params.push_back(p);
+    t.grads.push_back(p);
+  }
+  for (std::size_t c = 0; c < chunks; ++c) {
+    t.kinds.push_back(moment_kind::optimizer);
+    t.params.emplace_back();
+    t.grads.emplace_back();
+  }
+  return t;
+}
+
+std::vector<std::vector<std::uint32_t>> planned(const early_step_plan& p) { return p.after; }
+
+}  // namespace
+
+TEST_CASE("plan_early_steps: after the last use of a chunk's gradient and weights, host steps only, within budget") {
+  using V = std::vector<std::vector<std::uint32_t>>;
+  const auto host4 = std::vector<tier>(4, tier::host);
+  // Forward 0,1,2,3; backward 3,2,1,0 at moments 4..7. Chunk 0's last use is the last moment
+  // before the step: nothing to gain, left to the step.
+  const auto t = trace({{0}, {1}, {2}, {3}}, {{3}, {2}, {1}, {0}}, 4);
+  CHECK(planned(plan_early_steps(t, {.step_tier = host4})) == V{{}, {}, {}, {}, {3}, {2}, {1}, {}});
+  // A chunk stepped on the device is left to the step.
+  CHECK(planned(plan_early_steps(t, {.step_tier = {tier::host, tier::device, tier::host, tier::device}})) ==
+        V{{}, {}, {}, {}, {}, {2}, {}, {}});
+  // The kept state's budget: two chunks' worth, earliest ready first.
+  CHECK(planned(plan_early_steps(t, {.step_tier = host4, .kept_bytes_per_chunk = 10, .kept_budget = 25})) ==
+        V{{}, {}, {}, {}, {3}, {2}, {}, {}});
+  // A tied weight (chunk 0 in the first forward scope and the last): its weights are read again by
+  // the last backward scope, so chunk 0 waits although its gradient was final earlier.
+  const auto tied = trace({{0}, {1}, {0}}, {{0}, {1}, {0}}, 2);
+  CHECK(planned(plan_early_steps(tied, {.step_tier = {tier::host, tier::host}})) == V{{}, {}, {}, {}, {1}, {}});
+  // Two micro-batches: nothing is final before the second's backward.
+  sharding_trace two = trace({{0}, {1}}, {{1}, {0}}, 0);
+  const sharding_trace second = trace({{0}, {1}}, {{1}, {0}}, 2);
+  two.kinds.insert(two.kinds.end(), second.kinds.begin(), second.kinds.end());
+  two.params.insert(two.params.end(), second.params.begin(), second.params.end());
+  two.grads.insert(two.grads.end(), second.grads.begin(), second.grads.end());
+  CHECK(planned(plan_early_steps(two, {.step_tier = {tier::host, tier::host}})) == V{{}, {}, {}, {}, {}, {}, {1}, {}});
+  // A chunk whose gradient the iteration never writes (frozen) is not stepped early.
+  const auto frozen = trace({{0}, {1}}, {{0}}, 2);
+  CHECK(plan_early_steps(frozen, {.step_tier = {tier::host, tier::host}}).size() == 0);
+}
+
+TEST_CASE("speculation_advised: always when nothing can undo the step, else after a clean step") {
+  CHECK(speculation_advised(false, true, true));
+  CHECK(speculation_advised(true, false, false));
+  CHECK_FALSE(speculation_advised(true, true, false));
+  CHECK_FALSE(speculation_advised(true, false, true));
+}
+
+// --- the bits ----------------------------------------------------------------------------------
+
+namespace {
+
+using rt_t = chunk_runtime<fixed_chunk_layout, static_placement>;
+constexpr int tensors = 6;
+
+struct run_options {
+  dtype type = dtype::f32;
+  static_placement placement = static_placement::all_host();
+  float max_grad_norm = 0;
+  int micro_batches = 1;
+  bool prepare = false;
+  int steps = 6;
+  std::vector<float> grad_scale = {};  // per step (default 1): the norm each step sees
+  int overflow_at = -1;                // a step whose gradients hold an inf (fp16)
+  int extra_from = -1;                 // from this step on, backward uses tensor 5 again at its end
+};
+
+struct result {
+  std::vector<std::vector<float>> lists;  // param, master (16-bit), m, v of every tensor
+  std::vector<optimizer_step_result> steps;
+  std::uint64_t early_steps = 0;
+};
+
+template <class T, class Scaler>
+result train(const run_options& o, Scaler scaler) {
+  simulated_device_space dev({.capacity = 1 << 22});
+  host_space host;
+  host_copy_engine copier;
+  rt_t rt(dev, host, copier, {.param_type = o.type}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}),
+          o.placement);
+  std::vector<param_id> ids;
+  const std::int64_t sizes[tensors] = {300, 200, 37, 400, 120, 90};
+  for (int i = 0; i < tensors; ++i)
+    ids.push_back(rt.register_param(
+        {"t" + std::to_string(i), {sizes[i]}, o.type, i % 2 ? tensor_role::bias : tensor_role::weight},
+        [i](std::span<float> v) {
+          for (std::size_t k = 0; k < v.size(); ++k)
+            v[k] = std::sin(0.1f * static_cast<float>(k) + static_cast<float>(i));
+        }));
+  rt.finalize();
+  chunk_adam<Scaler> opt({.hyper = {.weight_decay = 0.01f}, .max_grad_norm = o.max_grad_norm},
+                         param_groups::with_default_decay(0.01f), std::move(scaler));
+  result out;
+  for (int s = 0; s < o.steps; ++s) {
+    const float lr = 1e-2f * static_cast<float>(s + 1) / static_cast<float>(o.steps);
+    if (o.prepare) (void)opt.prepare(rt, lr, o.micro_batches);
+    const float g_scale = s < static_cast<int>(o.grad_scale.size()) ? o.grad_scale[s] : 1.0f;
+    for (int mb = 0; mb < o.micro_batches; ++mb) {
+      for (int i = 0; i < tensors; ++i) (void)rt.forward("f" + std::to_string(i), {ids[i]});
+      const auto backward = [&](int i, const std::string& name, bool inf) {
+        auto sc = rt.backward(name, {ids[i]});
+        auto g = sc.template grad<T>(ids[i]);
+        for (std::size_t k = 0; k < g.size(); ++k)
+          g[k] = from_float<T>(to_float(g[k]) +
+                               opt.loss_scale() * g_scale * 0.2f *
+                                   std::cos(0.37f * static_cast<float>(k) + static_cast<float>(i + 3 * s + 7 * mb)));
+        if (inf) g[1] = from_float<T>(std::numeric_limits<float>::infinity());
+      };
+      for (int i = tensors - 1; i >= 0; --i) backward(i, "b" + std::to_string(i), s == o.overflow_at && i == 2);
+      if (o.extra_from >= 0 && s >= o.extra_from) backward(5, "extra", false);  // after its step may have started
+    }
+    out.steps.push_back(opt.step(rt, lr, o.micro_batches));
+  }
+  for (auto k : {chunk_kind::param, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) {
+    if (!rt.has_list(k)) continue;
+    for (auto id : ids) {
+      std::vector<float> v(rt.spec(id).numel());
+      rt.read_tensor(id, k, v);
+      out.lists.push_back(v);
+    }
+  }
+  out.early_steps = rt.stats().early_steps;
+  return out;
+}
+
+template <class T, class Scaler = static_loss_scaler>
+void same_bits(run_options o, Scaler scaler = Scaler{}) {
+  o.prepare = false;
+  const result plain = train<T>(o, scaler);
+  o.prepare = true;
+  const result early = train<T>(o, scaler);
+  REQUIRE(plain.lists.size() == early.lists.size());
+  for (std::size_t l = 0; l < plain.lists.size(); ++l) {
+    CAPTURE(l);
+    CHECK(plain.lists[l] == early.lists[l]);
+  }
+  for (std::size_t s = 0; s < plain.steps.size(); ++s) {
+    CAPTURE(s);
+    CHECK(plain.steps[s].stepped == early.steps[s].stepped);
+    CHECK(plain.steps[s].clip_coefficient == early.steps[s].clip_coefficient);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("early steps: the bits of the plain step in fp32 and bf16, on the host, without clipping") {
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    CAPTURE(dtype_name(t));
+    run_options o{.type = t};
+    if (t == dtype::f32) same_bits<float>(o);
+    else same_bits<bfloat16>(o);
+    o.prepare = true;
+    const result r = t == dtype::f32 ? train<float>(o, static_loss_scaler{}) : train<bfloat16>(o, static_loss_scaler{});
+    // The first iteration records the trace; from the second every chunk but the last backward
+    // scope's steps inside backward, and nothing can undo it, so nothing is kept or redone.
+    CHECK(r.steps[0].early_steps == 0);
+    for (std::size_t s = 1; s < r.steps.size(); ++s) {
+      CHECK(r.steps[s].early_steps > 0);
+      CHECK_FALSE(r.steps[s].early_redone);
+    }
+    CHECK(r.early_steps > 0);
+  }
+}
+
+TEST_CASE("early steps: clipping never active, always active, and on some steps (kept, then redone)") {
+  SUBCASE("never") { same_bits<float>({.max_grad_norm = 1e6f}); }
+  SUBCASE("always") { same_bits<float>({.max_grad_norm = 1e-3f}); }
+  SUBCASE("some: a speculated step that clips is undone and redone") {
+    const run_options o{
+        .max_grad_norm = 5.0f, .steps = 8, .grad_scale = {0.1f, 0.1f, 0.1f, 10.f, 0.1f, 0.1f, 10.f, 0.1f}};
+    same_bits<float>(o);
+    run_options p = o;
+    p.prepare = true;
+    const result r = train<float>(p, static_loss_scaler{});
+    CHECK(r.steps[3].clip_coefficient < 1.0f);
+    CHECK(r.steps[3].early_steps > 0);   // speculated after a clean step ...
+    CHECK(r.steps[3].early_redone);      // ... clipped, so redone
+    CHECK(r.steps[4].early_steps == 0);  // after a clipped step: not speculated
+    CHECK(r.steps[5].early_steps > 0);
+    CHECK_FALSE(r.steps[5].early_redone);
+  }
+  SUBCASE("bf16, some") {
+    same_bits<bfloat16>({.type = dtype::bf16, .max_grad_norm = 5.0f, .steps = 5, .grad_scale = {0.1f, 0.1f, 10.f}});
+  }
+}
+
+TEST_CASE("early steps: an fp16 overflow undoes the speculated chunks and skips the step") {
+  const run_options o{.type = dtype::f16, .steps = 6, .overflow_at = 3};
+  same_bits<float16>(o, dynamic_loss_scaler({.init_scale = 1024.0f, .growth_interval = 100}));
+  run_options p = o;
+  p.prepare = true;
+  const result r = train<float16>(p, dynamic_loss_scaler({.init_scale = 1024.0f, .growth_interval = 100}));
+  CHECK_FALSE(r.steps[3].stepped);
+  CHECK(r.steps[3].early_steps > 0);
+  CHECK(r.steps[3].early_redone);
+  CHECK(r.steps[4].early_steps == 0);  // after an overflow: not speculated
+}
+
+TEST_CASE("early steps: accumulation over micro-batches, placements, and a budget for what is kept") {
+  SUBCASE("two micro-batches") { same_bits<float>({.max_grad_norm = 3.0f, .micro_batches = 2}); }
+  SUBCASE("a fraction on the host") { same_bits<float>({.placement = static_placement::fraction(0.4)}); }
+  SUBCASE("everything on the device: nothing steps early") {
+    run_options o{.placement = static_placement::all_device(), .prepare = true};
+    same_bits<float>(o);
+    CHECK(train<float>(o, static_loss_scaler{}).early_steps == 0);
+  }
+}
+
+TEST_CASE("early steps: an iteration that leaves its trace has the chunk undone, or is refused") {
+  // With clipping the state is kept: a later scope that uses a chunk stepped early gets it undone
+  // first, and the step redoes it — the bits of the plain run with the same extra scope. From the
+  // next iteration on the trace has the extra scope, and the chunk waits for it.
+  same_bits<float>({.max_grad_norm = 1e6f, .steps = 5, .extra_from = 2});
+  // Always there: in the trace from the first iteration.
+  same_bits<float>({.max_grad_norm = 0, .steps = 4, .extra_from = 0});
+  // Without anything kept (no clipping, a static scale), the scope is refused with a state_error.
+  simulated_device_space dev({.capacity = 1 << 22});
+  host_space host;
+  host_copy_engine copier;
+  rt_t rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}),
+          static_placement::all_host());
+  const auto a = rt.register_param({"a", {300}, dtype::f32, tensor_role::weight});
+  const auto b = rt.register_param({"b", {300}, dtype::f32, tensor_role::weight});
+  rt.finalize();
+  chunk_adam<> opt;
+  for (int s = 0; s < 3; ++s) {
+    CHECK(opt.prepare(rt, 1e-3f));  // armed; the first iteration (no trace yet) steps nothing early
+    { auto f = rt.forward("fa", {a}); }
+    { auto f = rt.forward("fb", {b}); }
+    { auto g = rt.backward("bb", {b}); }
+    { auto g = rt.backward("ba", {a}); }
+    if (s == 2) {  // b's chunk stepped when "ba" opened; using it again is not the traced iteration
+      CHECK(rt.stepped_early().size() == 1);
+      CHECK_THROWS_AS((void)rt.backward("bb", {b}), state_error);
+    }
+    (void)opt.step(rt, 1e-3f);
+  }
+}
+
+}  // namespace early_step_test
