@@ -1,0 +1,317 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench_overlap: the optimizer step hidden behind backward (chunk_runtime::arm_early_steps, the
+// mechanism under chunk_adam::prepare), measured with a modelled device and this machine's real
+// host Adam.
+//
+// The model: --layers layers of one fp32 chunk each (--chunk-mib). The device is modelled: each
+// forward scope "computes" for t, each backward scope for 2t, as time on a device clock that takes
+// no CPU (the host thread sleeps, as a host queuing kernels waits); a step on the device takes its
+// bytes at --hbm-gbs; early updates run on all cores but one (chunk_adam::prepare's default), the
+// step after backward on all; copies take the modelled link's time (--link-gbs each way) and no CPU
+// (modelled_copy_engine: no bytes move, the bits are the tests' business). The chunks of the last --fractions share of layers step on the host with the
+// real SIMD Adam (threads: OpenMP's default). The compute per iteration is calibrated to the host
+// Adam of every chunk (the balanced case, where hiding matters most), so compute = host Adam at a
+// host fraction of 1.
+//
+// Per host fraction, in one run, rounds alternating the two modes (3 iterations counted each, after
+// one that is not): the iteration with the step
+// after backward (today's sequential pass) and with the early steps (each host chunk's update on
+// the runtime's worker thread once the trace says its gradient is final). Reported:
+// iteration / max(compute, host Adam) for both, and the practicality figure: the all-on-device
+// iteration (host fraction 0, overlap off) / this iteration.
+//   bench_overlap [--layers 24] [--chunk-mib 8] [--fractions 0,0.25,0.5,0.75,1] [--rounds 5]
+//                 [--hbm-gbs 4000] [--link-gbs 55] [--json FILE] [--plot FILE.png] [--quick]
+#include "../bench_cli.hpp"
+#include "../bench_report.hpp"
+#include "modelled_copy_engine.hpp"
+
+#include <chunkstar/layout/fixed_chunk_layout.hpp>
+#include <chunkstar/optim/adam.hpp>
+#include <chunkstar/placement/placement_policy.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace chunkstar;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+/** Every chunk fits the (modelled) device; the last `host_fraction` of chunk indices step on the
+ *  host (their lists visit the host for the step), the rest on the device. */
+struct split_placement {
+  double host_fraction = 1.0;
+  [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
+    return room_after(in.device_capacity, in.non_model_now);
+  }
+  [[nodiscard]] tier optimizer_tier(const placement_inputs& in, std::size_t c) const noexcept {
+    const auto device_chunks =
+        static_cast<std::size_t>(std::lround((1.0 - host_fraction) * static_cast<double>(in.num_chunks)));
+    return c < device_chunks ? tier::device : tier::host;
+  }
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "split"; }
+};
+static_assert(PlacementPolicy<split_placement>);
+
+using modelled_platform = platform<simulated_device_space, host_space, bench::modelled_copy_engine>;
+using runtime_t = chunk_runtime<fixed_chunk_layout, split_placement, belady_eviction, warmup_tracer,
+                                single_process_communicator, modelled_platform>;
+
+struct settings {
+  int layers = 24;
+  std::size_t chunk_elems = (8u << 20) / 4;
+  std::vector<double> fractions = {0, 0.25, 0.5, 0.75, 1};
+  int rounds = 5;
+  double hbm_bytes_per_s = 4000e9;
+  double link_bytes_per_s = 55e9;  // pinned cudaMemcpyAsync on an H200, each way (docs/performance.md)
+};
+
+/** One chunk's Adam update: real on the host; on the device, modelled time added to @p device_s
+ *  (28 bytes per parameter: p, g, m, v read; p, m, v written). */
+void update(const step_chunk& c, double hbm_bytes_per_s, double* device_s = nullptr, int threads = 0) {
+  if (c.where != tier::host) {
+    if (device_s) *device_s += static_cast<double>(c.elems) * 28.0 / hbm_bytes_per_s;
+    return;
+  }
+  adam_chunk a;
+  a.count = c.elems;
+  a.master = static_cast<float*>(c.param);
+  a.m = c.momentum;
+  a.v = c.variance;
+  a.grad = c.grad;
+  a.grad_type = dtype::f32;
+  a.param_type = dtype::f32;
+  adam_step_host(a, adam_hyper{.lr = 1e-4f, .weight_decay = 0.01f},
+                 adam_step_args{.step = 1, .grad_scale = 1.0f, .threads = threads});
+}
+
+struct model {
+  simulated_device_space dev;
+  host_space host;
+  bench::modelled_copy_engine copier;
+  runtime_t rt;
+  std::vector<param_id> ids;
+  std::vector<std::string> names;  // scope names: one per layer, forward and backward alike
+  model(const settings& s, double host_fraction)
+      : dev({.capacity = static_cast<std::size_t>(s.layers) * s.chunk_elems * 4 * 6}),
+        copier(copy_model{.bandwidth_bytes_per_s = s.link_bytes_per_s, .latency_s = 10e-6}, s.hbm_bytes_per_s),
+        rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = s.chunk_elems}), split_placement{host_fraction}) {
+    for (int i = 0; i < s.layers; ++i) {
+      names.push_back("layer" + std::to_string(i));
+      ids.push_back(
+          rt.register_param({names.back(), {static_cast<std::int64_t>(s.chunk_elems)}, dtype::f32, tensor_role::weight},
+                            [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.01f); }));
+    }
+    rt.finalize();
+  }
+  /** The device's clock: a scope's compute ends @p s after it starts, and starts when the scope
+   *  opens or when the last compute ended, whichever is later (the host queues work; the device
+   *  runs it in order). Sleeping to the absolute end keeps sleep's overshoot from adding up. */
+  clock_type::time_point device_free{};
+  void compute(double s) {
+    device_free = std::max(device_free, clock_type::now()) +
+                  std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(s));
+    std::this_thread::sleep_until(device_free);
+  }
+  /** One iteration; forward scopes compute @p t each, backward ones 2t. Returns its seconds. */
+  double iteration(double t, bool overlap, double hbm) {
+    const auto t0 = clock_type::now();
+    // Early updates leave a core to this thread (chunk_adam::prepare's default: all cores but one).
+    const unsigned cores = std::thread::hardware_concurrency();
+    const int early_threads = cores > 1 ? static_cast<int>(cores - 1) : 1;
+    if (overlap)
+      rt.arm_early_steps(
+          {.update = [hbm, early_threads](const step_chunk& c) { update(c, hbm, nullptr, early_threads); },
+           .undo = {}});
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto s = rt.forward(names[i], {ids[i]});
+      compute(t);
+    }
+    for (std::size_t i = ids.size(); i-- > 0;) {
+      auto s = rt.backward(names[i], {ids[i]});
+      s.grad<float>(ids[i])[0] = 1e-3f;  // the gradient is written (its chunk materialised, as a kernel would)
+      compute(2 * t);
+    }
+    double device_steps = 0;
+    rt.step([hbm, &device_steps](const step_chunk& c) { update(c, hbm, &device_steps); });
+    compute(device_steps);  // the device's steps run on its clock, after its backward
+    return seconds_since(t0);
+  }
+};
+
+/** Seconds of the host Adam of @p chunks chunks, each in memory of its own (as the step's are:
+ *  one chunk's lists fit a cache, every chunk's do not). */
+double host_adam_seconds(const settings& s, int chunks) {
+  if (chunks == 0) return 0;
+  struct lists {
+    std::vector<float> p, g, m, v;
+  };
+  std::vector<lists> all(static_cast<std::size_t>(chunks));
+  for (auto& l : all) {
+    l.p.assign(s.chunk_elems, 0.01f);
+    l.g.assign(s.chunk_elems, 1e-3f);
+    l.m.assign(s.chunk_elems, 0.0f);
+    l.v.assign(s.chunk_elems, 0.0f);
+  }
+  std::vector<double> times;
+  for (int r = 0; r < std::max(3, s.rounds); ++r) {
+    const auto t0 = clock_type::now();
+    for (auto& l : all)
+      update(step_chunk{.index = 0,
+                        .where = tier::host,
+                        .elems = s.chunk_elems,
+                        .param = l.p.data(),
+                        .grad = l.g.data(),
+                        .momentum = l.m.data(),
+                        .variance = l.v.data(),
+                        .tensors = {},
+                        .slots = {},
+                        .specs = {}},
+             0);
+    times.push_back(seconds_since(t0));
+  }
+  return median(times);
+}
+
+struct row {
+  double host_fraction = 0, compute_s = 0, host_adam_s = 0, link_s = 0, sequential_s = 0, overlapped_s = 0;
+  double sequential_ratio = 0, overlapped_ratio = 0, practicality_sequential = 0, practicality_overlapped = 0;
+  double early_steps_per_iteration = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  settings s;
+  std::string json, plot;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw config_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--layers") s.layers = std::stoi(next());
+    else if (a == "--chunk-mib") s.chunk_elems = static_cast<std::size_t>(std::stod(next()) * 1048576.0 / 4.0);
+    else if (a == "--fractions") s.fractions = bench::parse_number_list(a, next());
+    else if (a == "--rounds") s.rounds = std::stoi(next());
+    else if (a == "--hbm-gbs") s.hbm_bytes_per_s = std::stod(next()) * 1e9;
+    else if (a == "--link-gbs") s.link_bytes_per_s = std::stod(next()) * 1e9;
+    else if (a == "--json") json = next();
+    else if (a == "--plot") plot = next();
+    else if (a == "--quick") {
+      s.layers = 6;
+      s.chunk_elems = (1u << 20) / 4;
+      s.rounds = 2;
+      s.fractions = {0, 1};
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_overlap [--layers N] [--chunk-mib X] [--fractions 0,0.5,1] [--rounds N] "
+                   "[--hbm-gbs X] [--link-gbs X] [--json FILE] [--plot FILE.png] [--quick]\n");
+      return 2;
+    }
+  }
+  if (s.layers < 2 || s.rounds < 1 || s.chunk_elems == 0)
+    throw config_error("bench_overlap: --layers >= 2, --rounds >= 1 and --chunk-mib > 0, please");
+
+  // The modelled compute: as long as every chunk's host Adam (the balanced case).
+  const double compute = host_adam_seconds(s, s.layers);
+  const double t = compute / (3.0 * s.layers);
+  std::printf(
+      "bench_overlap: %d layers x %.1f MiB fp32 chunks; modelled compute %.1f ms per iteration (forward %.2f "
+      "ms, backward %.2f ms per layer) = the host Adam of every chunk; device Adam modelled at %.0f GB/s\n\n",
+      s.layers, static_cast<double>(s.chunk_elems) * 4 / 1048576.0, compute * 1e3, t * 1e3, 2 * t * 1e3,
+      s.hbm_bytes_per_s / 1e9);
+
+  std::vector<row> rows;
+  double all_on_device = 0;
+  for (const double h : s.fractions) {
+    model m(s, h);
+    row r;
+    r.host_fraction = h;
+    r.compute_s = compute;
+    const int host_chunks = static_cast<int>(std::lround(h * s.layers));
+    r.host_adam_s = host_adam_seconds(s, host_chunks);
+    // Down: each host chunk's weights and gradient; up: its weights (full duplex: the busier way).
+    r.link_s = 2.0 * host_chunks * static_cast<double>(s.chunk_elems) * 4 / s.link_bytes_per_s;
+    // Two iterations record and adopt the trace; then rounds alternating the modes, each round 4
+    // iterations of one mode of which the first is not counted (it pays for the mode before: early
+    // updates run on into the next iteration's forward).
+    for (int w = 0; w < 2; ++w) (void)m.iteration(t, false, s.hbm_bytes_per_s);
+    std::vector<double> seq, ovl;
+    std::uint64_t early = 0;
+    for (int k = 0; k < s.rounds; ++k)
+      for (const bool overlap : {false, true}) {
+        (void)m.iteration(t, overlap, s.hbm_bytes_per_s);
+        const auto before = m.rt.stats().early_steps;
+        for (int i = 0; i < 3; ++i) (overlap ? ovl : seq).push_back(m.iteration(t, overlap, s.hbm_bytes_per_s));
+        if (overlap) early += m.rt.stats().early_steps - before;
+      }
+    r.early_steps_per_iteration = static_cast<double>(early) / static_cast<double>(ovl.size());
+    r.sequential_s = median(seq);
+    r.overlapped_s = median(ovl);
+    const double slowest = std::max({r.compute_s, r.host_adam_s, r.link_s});
+    r.sequential_ratio = r.sequential_s / slowest;
+    r.overlapped_ratio = r.overlapped_s / slowest;
+    if (h == 0) all_on_device = r.sequential_s;
+    rows.push_back(r);
+  }
+  std::printf("%-9s %10s %11s %8s %14s %14s %9s %9s %8s %8s %7s\n", "host", "compute ms", "host Adam ms", "link ms",
+              "sequential ms", "overlapped ms", "seq/max", "ovl/max", "pract seq", "pract ovl", "early");
+  std::vector<bench::json_record> records;
+  std::string dat;
+  for (auto& r : rows) {
+    if (all_on_device > 0) {
+      r.practicality_sequential = all_on_device / r.sequential_s;
+      r.practicality_overlapped = all_on_device / r.overlapped_s;
+    }
+    std::printf("%-9.2f %10.1f %11.1f %8.1f %14.1f %14.1f %9.3f %9.3f %8.2f %8.2f %7.1f\n", r.host_fraction,
+                r.compute_s * 1e3, r.host_adam_s * 1e3, r.link_s * 1e3, r.sequential_s * 1e3, r.overlapped_s * 1e3,
+                r.sequential_ratio, r.overlapped_ratio, r.practicality_sequential, r.practicality_overlapped,
+                r.early_steps_per_iteration);
+    records.push_back(bench::json_record()
+                          .num("host_fraction", r.host_fraction)
+                          .num("compute_s", r.compute_s)
+                          .num("host_adam_s", r.host_adam_s)
+                          .num("link_s", r.link_s)
+                          .num("sequential_s", r.sequential_s)
+                          .num("overlapped_s", r.overlapped_s)
+                          .num("sequential_over_slowest", r.sequential_ratio)
+                          .num("overlapped_over_slowest", r.overlapped_ratio)
+                          .num("practicality_sequential", r.practicality_sequential)
+                          .num("practicality_overlapped", r.practicality_overlapped)
+                          .num("early_steps_per_iteration", r.early_steps_per_iteration)
+                          .num("layers", s.layers)
+                          .num("chunk_bytes", static_cast<double>(s.chunk_elems) * 4)
+                          .num("rounds", s.rounds));
+    dat += std::to_string(r.host_fraction) + " " + std::to_string(r.sequential_ratio) + " " +
+           std::to_string(r.overlapped_ratio) + "\n";
+  }
+  std::printf(
+      "\nseq/max, ovl/max: the iteration over max(compute, host Adam, link), the step after backward and inside it "
+      "(target <= 1.10); pract: the all-on-device iteration over this one\n");
+  if (!json.empty()) bench::write_json(json, records);
+  if (!plot.empty())
+    return bench::run_gnuplot(
+        "bench_overlap", plot,
+        "set title 'Iteration over max(compute, host Adam, link): the step after backward and inside "
+        "it'\nset xlabel 'share of chunks stepped on the host'\nset ylabel 'iteration / slowest "
+        "resource'\nset yrange [0:*]\nset key top left\nset grid\nplot '@DIR@/overlap.dat' using "
+        "1:2 with linespoints lw 2 title 'step after backward', '' using 1:3 with linespoints "
+        "lw 2 title 'step inside backward (early steps)', 1.10 with lines dt 2 title 'target 1.10'\n",
+        {{"overlap.dat", dat}}, "1000,600");
+  return 0;
+}
