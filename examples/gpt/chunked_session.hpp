@@ -52,7 +52,11 @@ class chunked_session {
 
   chunked_session(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement,
                   communicator_ref comm)
-      : o_(o), plan_(plan), comm_(comm), ranks_(comm.size()) {
+      : o_(o),
+        plan_(plan),
+        comm_(comm),
+        ranks_(comm.size()),
+        overlap_(o.overlap_step == "on" || (o.overlap_step == "auto" && plan.device.cuda && o.parallel == "none")) {
     const gpt_config& cfg = plan.cfg;
     std::printf("device: %s (%s)\n", parts::describe(plan.device.gpu).c_str(), plan.device.why.c_str());
     std::printf("data: %s, %zu train / %zu validation bytes\n", plan.data.source.c_str(), plan.data.train.size(),
@@ -155,6 +159,11 @@ class chunked_session {
 
   [[nodiscard]] batch_shape shape() const noexcept { return shape_; }
 
+  /** Before the step's micro-batches: with --overlap-step, each host-stepped chunk's update may
+   *  start inside the last backward (chunk_adam::prepare; one process only). */
+  void prepare_step(float lr, int micro_batches) {
+    if (overlap_) (void)opt_->prepare(*rt_, lr, micro_batches);
+  }
   /** Forward and backward of one micro-batch of this rank's slice; gradients add up to the step. */
   double forward_backward(const int* tokens, const int* targets) {
     const double loss = model_->forward_backward(tokens, targets, opt_->loss_scale());
@@ -224,9 +233,10 @@ class chunked_session {
     const runtime_stats& s = rt_->stats();
     std::printf(
         "chunks: %s to device, %s to host, %llu loads (%llu ahead of use, %llu of those used), %llu evictions, "
-        "%llu offloads, stall %.2f s; optimizer steps on device %llu, on host %llu\n",
+        "%llu offloads, stall %.2f s; optimizer steps on device %llu, on host %llu (%llu inside backward)\n",
         format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(), ull(s.loads), ull(s.prefetches),
-        ull(s.prefetch_hits), ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps));
+        ull(s.prefetch_hits), ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps),
+        ull(s.early_steps));
     if (disk_) print_disk_summary(s, host_capacity_, disk_capacity_);
     std::printf("peaks over the run: device %s of %s (chunks %s, non-model %s); trace divergences %zu\n",
                 format_bytes(s.peak_device_bytes).c_str(), format_bytes(device_capacity_).c_str(),
@@ -281,6 +291,7 @@ class chunked_session {
   const run_plan& plan_;
   communicator_ref comm_;
   int ranks_;
+  bool overlap_;  // --overlap-step: the optimizer step inside backward
   std::size_t act_ = 0, device_capacity_ = 0, host_capacity_ = 0, disk_capacity_ = 0;
   batch_shape shape_{};
   std::optional<parts> memory_;

@@ -134,6 +134,8 @@ class rtp_session {
   [[nodiscard]] batch_shape shape() const noexcept { return shape_; }
 
   /** Forward and backward of one micro-batch of this rank's slice; gradients accumulate until the step. */
+  /** RTP steps its shards after the rotation (--overlap-step applies to one process). */
+  void prepare_step(float, int) {}
   double forward_backward(const int* tokens, const int* targets) {
     const double loss = model_->forward(tokens, targets);
     model_->backward(tokens, targets, model_->loss_scale());

@@ -130,13 +130,14 @@ int train(const train_options& o, const gpt::run_plan& plan, typename Session::p
   for (std::int64_t step = plan.first_step; step <= plan.last_step; ++step) {
     const auto t0 = clock::now();
     s.begin_step();
+    const float lr = lr_at(step);
+    s.prepare_step(lr, micro_batches);
     double loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
       batch(plan.data.train, gpt::train_key(step, micro));
       loss += s.forward_backward(tokens.data(), targets.data()) / static_cast<double>(o.accum);
     }
     loss = average(loss);
-    const float lr = lr_at(step);
     const gpt::step_outcome r = s.step(lr, micro_batches);
     skipped += r.stepped ? 0 : 1;
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();

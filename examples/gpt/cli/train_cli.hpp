@@ -99,6 +99,11 @@ inline void add_train_options(CLI::App& app, train_options& o) {
                  "uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it");
   app.add_flag("--disk-verify", o.disk_verify,
                "Checksum (CRC32C) every chunk written to disk and verify it when read back");
+  app.add_option("--overlap-step", o.overlap_step,
+                 "Start each host-stepped chunk's optimizer step inside backward, once its gradient is final "
+                 "(speculative where clipping or fp16 could undo it; the same bits either way): on, off, or auto "
+                 "(on with --device cuda, where backward's kernels leave the host idle; off on the simulated "
+                 "device, where backward and the step share the same cores: measured in docs/performance.md)");
   app.add_option("--sleep-after", o.sleep_after,
                  "After this step, put the training state to sleep (every chunk off the device, its buffers freed: "
                  "the device for another job) for --sleep-for seconds, then wake it and go on with the same bits "

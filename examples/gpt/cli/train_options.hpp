@@ -71,8 +71,9 @@ struct train_options {
   std::string disk_budget = "auto";  // its size; auto: all of the model data and room for the reads in flight
   std::string disk_engine = "auto";  // uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it
   bool disk_verify = false;          // checksum every chunk written to disk and verify it when read back
-  std::int64_t sleep_after = 0;      // put the training state to sleep after this step (0: never)
-  double sleep_for = 1.0;            // for this many seconds
+  std::string overlap_step = "auto";  // the optimizer step inside backward (chunk_adam::prepare): on, off, auto
+  std::int64_t sleep_after = 0;       // put the training state to sleep after this step (0: never)
+  double sleep_for = 1.0;             // for this many seconds
 };
 
 /** @brief Largest values the numeric options accept (far beyond any useful run, well inside every
@@ -371,6 +372,12 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   detail::require_one_of("--policy", o.policy, {"patrickstar", "lru", "resident", "offload"});
   detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
   detail::require_one_of("--parallel", o.parallel, {"none", "zero", "replicated", "rtp"});
+  detail::require_one_of("--overlap-step", o.overlap_step, {"auto", "on", "off"});
+  if (o.overlap_step == "on" && o.parallel != "none")
+    detail::bad_option("--overlap-step on",
+                       "applies to one process (--parallel none): under --parallel " + o.parallel +
+                           " a gradient is final only after the ranks have summed it, which the early steps do not "
+                           "wait for yet; drop it or use auto");
   if (o.parallel == "none" || o.parallel == "replicated") {  // ZeRO's options: nothing is gathered here
     const auto zero_only = [&](const char* option) {
       detail::bad_option(option, "applies to --parallel zero (it decides how ZeRO gathers), not to --parallel " +

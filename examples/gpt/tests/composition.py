@@ -12,7 +12,8 @@ step on the host)} x {no disk, a disk tier below a 1.25 MiB host} x accumulation
 {on (1.0), off}. Three steps of the tiny GPT each; the run saves a checkpoint, whose tensors
 (parameters, Adam moments, masters) are the cell's bits. The LRU and offload cells also sleep after
 step 2 and wake (--sleep-after 2): nothing may stay on a device meanwhile, and their bits are still
-their row's.
+their row's. One process's patrickstar and offload cells step their host chunks inside backward
+(--overlap-step on), and their bits too are their row's.
 
 What each cell must equal (docs/composition.md states why):
   * bits: the first cell of its group -- the same mode, N, precision, accumulation and clipping at
@@ -100,6 +101,12 @@ def sleeps(c):
 ASLEEP = "asleep after step 2: model data on the device 0 B, device memory in use 0 B"
 
 
+def overlaps(c):
+    """One process with chunks stepped on the host (patrickstar, offload) steps them inside backward
+    (--overlap-step on): their bits must still be their row's, whose reference (resident) does not."""
+    return c["mode"] == "one" and c["policy"] in ("patrickstar", "offload")
+
+
 def command(c, train, mpiexec, out_dir):
     args = BASE + ["--precision", c["prec"], "--policy", c["policy"], "--accum", str(c["accum"]),
                    "--clip", "1.0" if c["clip"] else "0", "--save", os.path.join(out_dir, "ck")]
@@ -111,6 +118,8 @@ def command(c, train, mpiexec, out_dir):
         args += ["--memory-saving"]
     if sleeps(c):
         args += ["--sleep-after", "2", "--sleep-for", "0"]
+    if overlaps(c):
+        args += ["--overlap-step", "on"]
     if c["n"] == 1:
         return [train] + args
     return [mpiexec, "--allow-run-as-root", "--oversubscribe", "-np", str(c["n"]), train] + args
