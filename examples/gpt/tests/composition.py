@@ -265,8 +265,9 @@ def table(results, worst, full, started, seconds):
            "the unit roundoff of its gradients + 1e-6 for the printing; composition.py says why), where the "
            "summation order differs (RTP's ring; N = 2 against one process). **refused**: exit 2 before the first "
            "step, the message below. The lru and offload cells also sleep after step 2 (`--sleep-after 2`: every chunk "
-           "and buffer off the device, then back) and must print 0 bytes on every device while asleep. A FAIL makes "
-           "the run fail." % (TOL["fp32"], TOL["bf16"], TOL["fp16"]), "",
+           "and buffer off the device, then back) and must print 0 bytes on every device while asleep. One process's "
+           "patrickstar and offload cells step their host chunks inside backward (`--overlap-step on`). A FAIL "
+           "makes the run fail." % (TOL["fp32"], TOL["bf16"], TOL["fp16"]), "",
            "Outcomes: " + ", ".join("%s %d" % (k, v) for k, v in sorted(counts.items())) + ". Worst relative loss "
            "difference from one process where tolerance applies: " +
            ", ".join("%s %.1e" % (p, worst[p]) for p in PRECISIONS) + ".", ""]
