@@ -13,9 +13,13 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <future>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace chunkstar;
@@ -278,6 +282,52 @@ TEST_CASE("early steps: an iteration that leaves its trace has the chunk undone,
     }
     (void)opt.step(rt, 1e-3f);
   }
+}
+
+TEST_CASE("early steps: an update kept as it is runs on after step() returns; a read waits for it") {
+  simulated_device_space dev({.capacity = 1 << 22});
+  host_space host;
+  host_copy_engine copier;
+  rt_t rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}),
+          static_placement::all_host());
+  const auto a = rt.register_param({"a", {300}, dtype::f32, tensor_role::weight});
+  const auto b = rt.register_param({"b", {300}, dtype::f32, tensor_role::weight});
+  rt.finalize();
+  const auto iteration = [&] {
+    { auto f = rt.forward("fa", {a}); }
+    { auto f = rt.forward("fb", {b}); }
+    { auto g = rt.backward("bb", {b}); }
+    { auto g = rt.backward("ba", {a}); }  // opening it starts b's update (nothing uses b again)
+  };
+  iteration();  // records the trace
+  rt.step([](const step_chunk&) {});
+  std::promise<void> gate;
+  std::atomic<int> ran{0};
+  REQUIRE(rt.arm_early_steps({.update =
+                                  [&ran, open = gate.get_future().share()](const step_chunk& c) {
+                                    open.wait();
+                                    static_cast<float*>(c.param)[0] = 42.0f;
+                                    ++ran;
+                                  },
+                              .undo = {}}));
+  iteration();
+  CHECK(rt.stepped_early().size() == 1);
+  // The gate opens once step() has returned, or after 2 s if it does not (a step that waited for
+  // the update would then fail the check below instead of hanging).
+  std::promise<void> returned;
+  std::thread opener([&gate, done = returned.get_future()] {
+    (void)done.wait_for(std::chrono::seconds(2));
+    gate.set_value();
+  });
+  rt.step([](const step_chunk&) {});  // keeps b's update, still waiting on the gate
+  CHECK(ran.load() == 0);
+  returned.set_value();
+  std::vector<float> v(300);
+  rt.read_tensor(b, chunk_kind::param, v);  // joins the update first
+  opener.join();
+  CHECK(ran.load() == 1);
+  CHECK(v[0] == 42.0f);
+  CHECK(rt.invariant_violations(true).empty());
 }
 
 }  // namespace early_step_test

@@ -499,8 +499,7 @@ void CHUNKSTAR_RUNTIME::step_with(update_ref update, early_outcome early) {
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::for_each_grad_chunk(function_ref<void(const step_chunk&)> f) {
   shard_.finish_backward();
-  if (open_.size() == 0) run_early_steps();
-  pass_.join_early();  // the scan reads gradients the early updates read too: they finish first
+  if (open_.size() == 0) run_early_steps();  // the early updates only read their gradients: they go on
   for_each_gradient(store_, plan_, registry_.specs(), options_.param_type, f);
 }
 
