@@ -224,6 +224,23 @@ class optimizer_pass {
   void undo_all_early(const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
 
  private:
+  /** Chunk index @p c's lists where they are now, as an update sees them on tier @p where. */
+  step_chunk view_of(std::uint32_t c, tier where, const chunk_plan& plan, std::span<const tensor_spec> specs,
+                     dtype param_type) const {
+    const auto data = [&](chunk_kind k) { return store_.has(k) ? store_.at({k, c}).data : nullptr; };
+    return {.index = c,
+            .where = where,
+            .param_type = param_type,
+            .elems = plan.chunk_elems,
+            .param = data(chunk_kind::param),
+            .grad = data(chunk_kind::grad),
+            .master = static_cast<float*>(data(chunk_kind::master)),
+            .momentum = static_cast<float*>(data(chunk_kind::momentum)),
+            .variance = static_cast<float*>(data(chunk_kind::variance)),
+            .tensors = plan.chunk_tensors[c],
+            .slots = plan.slots,
+            .specs = specs};
+  }
   /** Calls @p g(view) with chunk @p c's lists resident on the host and pinned. */
   template <class G>
   void on_host(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type, G&& g);
@@ -348,19 +365,7 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
     residency_.prefetch(m,
                         [&](chunk_id id) { return id.index > c && residency_.optimizer_tier(id.index) == tier::host; });
     if (depth_) offload_ahead(c);
-    const auto data = [&](chunk_kind k) { return store_.has(k) ? store_.at({k, c}).data : nullptr; };
-    const step_chunk view{.index = c,
-                          .where = where,
-                          .param_type = param_type,
-                          .elems = plan.chunk_elems,
-                          .param = data(chunk_kind::param),
-                          .grad = data(chunk_kind::grad),
-                          .master = static_cast<float*>(data(chunk_kind::master)),
-                          .momentum = static_cast<float*>(data(chunk_kind::momentum)),
-                          .variance = static_cast<float*>(data(chunk_kind::variance)),
-                          .tensors = plan.chunk_tensors[c],
-                          .slots = plan.slots,
-                          .specs = specs};
+    const step_chunk view = view_of(c, where, plan, specs, param_type);
     next_ = c;  // until f returns, a retry starts here
     std::optional<typename Store::stream_type> stream;
     if (!stepped_early(c)) stream = f(view);
@@ -400,19 +405,7 @@ void optimizer_pass<Store, Residency, TracerT>::on_host(std::uint32_t c, const c
   for (auto id : ids) residency_.make_resident_on_host(id, keep);
   typename Store::pin_set pins(store_, ids);
   for (auto id : ids) store_.wait_user(store_.at(id));
-  const auto data = [&](chunk_kind k) { return store_.has(k) ? store_.at({k, c}).data : nullptr; };
-  g(step_chunk{.index = c,
-               .where = tier::host,
-               .param_type = param_type,
-               .elems = plan.chunk_elems,
-               .param = data(chunk_kind::param),
-               .grad = data(chunk_kind::grad),
-               .master = static_cast<float*>(data(chunk_kind::master)),
-               .momentum = static_cast<float*>(data(chunk_kind::momentum)),
-               .variance = static_cast<float*>(data(chunk_kind::variance)),
-               .tensors = plan.chunk_tensors[c],
-               .slots = plan.slots,
-               .specs = specs});
+  g(view_of(c, tier::host, plan, specs, param_type));
 }
 
 template <class Store, class Residency, class TracerT>
@@ -451,19 +444,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
         if (s.pending) arrivals.push_back(*s.pending);
         if (s.user_done) arrivals.push_back(*s.user_done);
       }
-      const auto data = [&](chunk_kind k) { return store_.has(k) ? store_.at({k, c}).data : nullptr; };
-      const step_chunk view{.index = c,
-                            .where = tier::host,
-                            .param_type = param_type,
-                            .elems = plan.chunk_elems,
-                            .param = data(chunk_kind::param),
-                            .grad = data(chunk_kind::grad),
-                            .master = static_cast<float*>(data(chunk_kind::master)),
-                            .momentum = static_cast<float*>(data(chunk_kind::momentum)),
-                            .variance = static_cast<float*>(data(chunk_kind::variance)),
-                            .tensors = plan.chunk_tensors[c],
-                            .slots = plan.slots,
-                            .specs = specs};
+      const step_chunk view = view_of(c, tier::host, plan, specs, param_type);
       auto span = std::make_shared<typename early_job::outcome>();
       auto finished = std::make_shared<std::promise<void>>();
       jobs_.push_back({c, std::move(pins), span, finished->get_future().share()});
