@@ -284,6 +284,36 @@ TEST_CASE("early steps: an iteration that leaves its trace has the chunk undone,
   }
 }
 
+TEST_CASE("early steps: step() with other arguments than prepare()'s is refused before it changes anything") {
+  simulated_device_space dev({.capacity = 1 << 22});
+  host_space host;
+  host_copy_engine copier;
+  rt_t rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}),
+          static_placement::all_host());
+  const auto a = rt.register_param({"a", {300}, dtype::f32, tensor_role::weight}, [](std::span<float> v) {
+    for (std::size_t k = 0; k < v.size(); ++k) v[k] = 0.01f * static_cast<float>(k);
+  });
+  const auto b = rt.register_param({"b", {300}, dtype::f32, tensor_role::weight});
+  rt.finalize();
+  chunk_adam<> opt;  // no clipping, a static scale: nothing is kept, nothing can be undone
+  for (int s = 0; s < 2; ++s) {
+    (void)opt.prepare(rt, 1e-3f);
+    { auto f = rt.forward("fa", {a}); }
+    { auto f = rt.forward("fb", {b}); }
+    for (const auto& [name, p] : {std::pair{"bb", b}, std::pair{"ba", a}}) {
+      auto g = rt.backward(name, {p});
+      for (auto& x : g.grad<float>(p)) x = 0.5f;
+    }
+    if (s == 1) {
+      REQUIRE(rt.stepped_early().size() == 1);
+      CHECK_THROWS_AS((void)opt.step(rt, 2e-3f), state_error);
+      CHECK(opt.step_count() == 1);
+    }
+    CHECK(opt.step(rt, 1e-3f).stepped);
+  }
+  CHECK(opt.step_count() == 2);
+}
+
 TEST_CASE("early steps: an update kept as it is runs on after step() returns; a read waits for it") {
   simulated_device_space dev({.capacity = 1 << 22});
   host_space host;

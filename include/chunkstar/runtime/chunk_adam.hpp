@@ -153,9 +153,10 @@ class chunk_adam {
    *  weights (`early_step_bytes` at most) and step() then keeps the update (coefficient 1) or
    *  undoes and redoes it with the true coefficient (or undoes it: an overflow skips the step).
    *  Either way every chunk ends with the bits of the step without prepare(). Returns false, and
-   *  does nothing, where the runtime cannot (sharded or replicated gradients, no trace yet: every
-   *  chunk then steps in step()) or where the last step clipped or overflowed (speculation_advised:
-   *  this one likely will too). Every prepare() must be followed by step(). */
+   *  does nothing, where the runtime cannot (sharded or replicated gradients: every chunk then
+   *  steps in step()) or where the last step clipped or overflowed (speculation_advised: this one
+   *  likely will too); in the first iteration (no trace yet) nothing starts early. Every prepare()
+   *  must be followed by step(). */
   template <class Runtime>
   bool prepare(Runtime& rt, float lr, int micro_batches = 1) {
     if (micro_batches < 1)
@@ -232,6 +233,14 @@ class chunk_adam {
             std::to_string((micro_batches + world - 1) / world) +
             "), so ZeRO's first iteration reduces each gradient once, after the last, as later ones do");
     }
+    // Updates started early with other arguments that nothing kept to undo: refused before anything
+    // changes, so step() with prepare()'s arguments still takes this step.
+    if (!pending_ && early_ && !early_->keeps && (early_->lr != lr || early_->micro_batches != micro_batches))
+      throw state_error("chunk_adam::step(lr " + config_value(lr) + ", micro_batches " + std::to_string(micro_batches) +
+                        ") after prepare(lr " + config_value(early_->lr) + ", micro_batches " +
+                        std::to_string(early_->micro_batches) +
+                        "), whose updates started inside backward and cannot be undone: pass step() the lr and "
+                        "micro-batches given to prepare()");
     if (!agreed_) {  // before the step's first collective: ranks that would step differently stop here, all of them
       require_agreement(rt.communicator(), configuration(micro_batches), "chunk_adam::step");
       agreed_ = true;
@@ -287,13 +296,8 @@ class chunk_adam {
           r, base, {.step = steps_ + 1, .grad_scale = unscale * r.clip_coefficient, .threads = options_.threads}};
       // The early updates stand where they are exactly this step's: coefficient 1, the same lr and
       // micro-batches; otherwise they are undone and stepped again (bit for bit the plain step).
-      const bool same = early_ && r.clip_coefficient == 1.0f && early_->lr == lr &&
+      const bool same = early_ && r.clip_coefficient == 1.0f && early_->lr == lr && early_->args.step == steps_ + 1 &&
                         early_->micro_batches == micro_batches && early_->args.grad_scale == pending_->args.grad_scale;
-      if (r.early_steps > 0 && !same && !(early_ && early_->keeps))
-        throw state_error("chunk_adam::step(lr " + config_value(lr) + ", micro_batches " +
-                          std::to_string(micro_batches) +
-                          ") differs from what prepare() stepped early with: pass step() the lr and micro-batches "
-                          "given to prepare()");
       pending_->early = r.early_steps > 0 && !same ? early_outcome::redo : early_outcome::keep;
       pending_->result.early_redone = pending_->early == early_outcome::redo;
     }
