@@ -170,6 +170,21 @@ result train(const run_options& o, Scaler scaler) {
   return out;
 }
 
+/** Two fp32 weights of one chunk each, stepped on the host: the runtime of the hand-stepped cases. */
+struct two_weights {
+  simulated_device_space dev{{.capacity = 1 << 22}};
+  host_space host;
+  host_copy_engine copier;
+  rt_t rt{
+      dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}), static_placement::all_host()};
+  param_id a, b;
+  explicit two_weights(param_initializer init_a = {})
+      : a(rt.register_param({"a", {300}, dtype::f32, tensor_role::weight}, std::move(init_a))),
+        b(rt.register_param({"b", {300}, dtype::f32, tensor_role::weight})) {
+    rt.finalize();
+  }
+};
+
 template <class T, class Scaler = static_loss_scaler>
 void same_bits(run_options o, Scaler scaler = Scaler{}) {
   o.prepare = false;
@@ -261,14 +276,9 @@ TEST_CASE("early steps: an iteration that leaves its trace has the chunk undone,
   // Always there: in the trace from the first iteration.
   same_bits<float>({.max_grad_norm = 0, .steps = 4, .extra_from = 0});
   // Without anything kept (no clipping, a static scale), the scope is refused with a state_error.
-  simulated_device_space dev({.capacity = 1 << 22});
-  host_space host;
-  host_copy_engine copier;
-  rt_t rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}),
-          static_placement::all_host());
-  const auto a = rt.register_param({"a", {300}, dtype::f32, tensor_role::weight});
-  const auto b = rt.register_param({"b", {300}, dtype::f32, tensor_role::weight});
-  rt.finalize();
+  two_weights w;
+  auto& rt = w.rt;
+  const param_id a = w.a, b = w.b;
   chunk_adam<> opt;
   for (int s = 0; s < 3; ++s) {
     CHECK(opt.prepare(rt, 1e-3f));  // armed; the first iteration (no trace yet) steps nothing early
@@ -285,16 +295,11 @@ TEST_CASE("early steps: an iteration that leaves its trace has the chunk undone,
 }
 
 TEST_CASE("early steps: step() with other arguments than prepare()'s is refused before it changes anything") {
-  simulated_device_space dev({.capacity = 1 << 22});
-  host_space host;
-  host_copy_engine copier;
-  rt_t rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}),
-          static_placement::all_host());
-  const auto a = rt.register_param({"a", {300}, dtype::f32, tensor_role::weight}, [](std::span<float> v) {
+  two_weights w([](std::span<float> v) {
     for (std::size_t k = 0; k < v.size(); ++k) v[k] = 0.01f * static_cast<float>(k);
   });
-  const auto b = rt.register_param({"b", {300}, dtype::f32, tensor_role::weight});
-  rt.finalize();
+  auto& rt = w.rt;
+  const param_id a = w.a, b = w.b;
   chunk_adam<> opt;  // no clipping, a static scale: nothing is kept, nothing can be undone
   for (int s = 0; s < 2; ++s) {
     (void)opt.prepare(rt, 1e-3f);
@@ -315,14 +320,9 @@ TEST_CASE("early steps: step() with other arguments than prepare()'s is refused 
 }
 
 TEST_CASE("early steps: an update kept as it is runs on after step() returns; a read waits for it") {
-  simulated_device_space dev({.capacity = 1 << 22});
-  host_space host;
-  host_copy_engine copier;
-  rt_t rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}),
-          static_placement::all_host());
-  const auto a = rt.register_param({"a", {300}, dtype::f32, tensor_role::weight});
-  const auto b = rt.register_param({"b", {300}, dtype::f32, tensor_role::weight});
-  rt.finalize();
+  two_weights w;
+  auto& rt = w.rt;
+  const param_id a = w.a, b = w.b;
   const auto iteration = [&] {
     { auto f = rt.forward("fa", {a}); }
     { auto f = rt.forward("fb", {b}); }

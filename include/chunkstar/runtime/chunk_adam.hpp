@@ -184,14 +184,12 @@ class chunk_adam {
           if (rt.has_list(k)) per_chunk += elems * sizeof(float);
         per_chunk += elems * ps;  // the weights: fp32 ones are the master, 16-bit ones are kept too
       }
-      sp.keeps = can_undo;
-      sp.kept = std::make_shared<kept_state>(rt.plan().num_chunks);
+      if (can_undo) sp.kept = std::make_shared<kept_state>(rt.plan().num_chunks);
       early_ = sp;
       // Self-contained: an update kept as it is may still run while the next forward starts,
       // after step() has returned (the runtime joins it before anything reads its chunk).
       early_steps e{.update =
-                        [groups = groups_, base = sp.base, args = sp.args,
-                         kept = can_undo ? sp.kept : nullptr](const step_chunk& c) {
+                        [groups = groups_, base = sp.base, args = sp.args, kept = sp.kept](const step_chunk& c) {
                           if (kept) keep(*kept, c);
                           update_chunk<Runtime>(groups, c, base, args);
                         },
@@ -235,7 +233,7 @@ class chunk_adam {
     }
     // Updates started early with other arguments that nothing kept to undo: refused before anything
     // changes, so step() with prepare()'s arguments still takes this step.
-    if (!pending_ && early_ && !early_->keeps && (early_->lr != lr || early_->micro_batches != micro_batches))
+    if (!pending_ && early_ && !early_->kept && (early_->lr != lr || early_->micro_batches != micro_batches))
       throw state_error("chunk_adam::step(lr " + config_value(lr) + ", micro_batches " + std::to_string(micro_batches) +
                         ") after prepare(lr " + config_value(early_->lr) + ", micro_batches " +
                         std::to_string(early_->micro_batches) +
@@ -423,8 +421,7 @@ class chunk_adam {
     int micro_batches = 1;
     adam_hyper base;
     adam_step_args args;
-    bool keeps = false;  // clipping or a dynamic scale could undo it: each chunk's state is kept first
-    std::shared_ptr<kept_state> kept;
+    std::shared_ptr<kept_state> kept;  // null: nothing could undo it, nothing is kept
   };
 
   /** A step decided (norm, clip, scale) whose update has not finished. */

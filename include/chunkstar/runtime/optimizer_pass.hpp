@@ -187,10 +187,6 @@ class optimizer_pass {
       make_room();
     }
   }
-  /** @brief True while chunk index @p c has an early update not yet joined. */
-  [[nodiscard]] bool in_flight(std::uint32_t c) const noexcept {
-    return std::any_of(jobs_.begin(), jobs_.end(), [&](const early_job& j) { return j.chunk == c; });
-  }
   /** @brief Frees chunk index @p c's gradient now, or when its early update is joined. */
   void release_gradient(std::uint32_t c) {
     for (auto& j : jobs_)
