@@ -86,6 +86,24 @@ TEST_CASE("plan_early_steps: after the last use of a chunk's gradient and weight
   CHECK(plan_early_steps(frozen, {.step_tier = {tier::host, tier::host}}).size() == 0);
 }
 
+TEST_CASE("plan_early_steps under ZeRO: this rank's chunks only, a group's chunks used as one") {
+  using V = std::vector<std::vector<std::uint32_t>>;
+  // Six chunks, forward 0..5, backward 5..0 at moments 6..11.
+  const auto t = trace({{0}, {1}, {2}, {3}, {4}, {5}}, {{5}, {4}, {3}, {2}, {1}, {0}}, 6);
+  // Rank 1 of 2 owns 1, 3, 5 (the others step on rank 0: remote here).
+  const std::vector<tier> odd = {tier::remote, tier::host, tier::remote, tier::host, tier::remote, tier::host};
+  // The memory-saving mode: each chunk on its own, after its own backward scope.
+  CHECK(planned(plan_early_steps(t, {.step_tier = odd})) == V{{}, {}, {}, {}, {}, {}, {5}, {}, {3}, {}, {1}, {}});
+  // The group mode, groups {0,1}, {2,3}, {4,5}: chunk 5 is sent by the gather of 4 and reduced
+  // with it, so it waits for 4's backward (moment 7); chunk 1's group ends with the last scope.
+  CHECK(planned(plan_early_steps(t, {.step_tier = odd, .together = 2})) ==
+        V{{}, {}, {}, {}, {}, {}, {}, {5}, {}, {3}, {}, {}});
+  // Rank 1 of 3 owns 1 and 4; groups {0,1,2}, {3,4,5}: chunk 4 waits for 3's backward (moment 8).
+  const std::vector<tier> rank1 = {tier::remote, tier::host, tier::remote, tier::remote, tier::host, tier::remote};
+  CHECK(planned(plan_early_steps(t, {.step_tier = rank1, .together = 3})) ==
+        V{{}, {}, {}, {}, {}, {}, {}, {}, {4}, {}, {}, {}});
+}
+
 TEST_CASE("speculation_advised: always when nothing can undo the step, else after a clean step") {
   CHECK(speculation_advised(false, true, true));
   CHECK(speculation_advised(true, false, false));

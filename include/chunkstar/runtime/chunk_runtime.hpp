@@ -161,8 +161,10 @@ class chunk_runtime {
    *  chunk with its lists on the host (early_step_plan.hpp). step_with() then keeps or redoes those
    *  updates; undo_early_steps() undoes them. A later scope that uses a chunk stepped early (the
    *  iteration left its trace) has it undone first, or gets a `state_error` when `e.undo` is empty.
-   *  Only where this rank's gradients are its own (`gradient_mode::local`, one rank): returns false
-   *  and arms nothing otherwise. Disarmed by step_with(), undo_early_steps() and end_iteration().
+   *  Under ZeRO (`gradient_mode::sharded`) a rank steps the chunks it owns once their reduction to
+   *  it has completed, a group's chunks counting as used together. Returns false and arms nothing
+   *  with replicated gradients (summed outside the runtime) or local ones over several ranks (a
+   *  model partitioned outside it). Disarmed by step_with(), undo_early_steps() and end_iteration().
    *  How chunk_adam uses it: chunk_adam::prepare. */
   bool arm_early_steps(early_steps e);
   /** @brief Chunk indices stepped early in this iteration, in order. */
@@ -506,10 +508,14 @@ void CHUNKSTAR_RUNTIME::for_each_grad_chunk(function_ref<void(const step_chunk&)
 CHUNKSTAR_RUNTIME_TEMPLATE
 bool CHUNKSTAR_RUNTIME::arm_early_steps(early_steps e) {
   require_finalized("arm_early_steps");
-  if (gradients() != gradient_mode::local || comm_.size() > 1 || !e.update) return false;
+  // Replicated gradients are summed outside the runtime (replicated_gradients): it cannot tell
+  // when one is final. Local gradients over several ranks: a model partitioned outside it (RTP).
+  if (gradients() == gradient_mode::replicated || (gradients() == gradient_mode::local && comm_.size() > 1) ||
+      !e.update)
+    return false;
   if (pass_.in_progress())
     throw state_error("arm_early_steps() while a step that threw is unfinished: call step() again first");
-  pass_.arm(std::move(e));
+  pass_.arm(std::move(e), shard_.map(), shard_.used_together());
   return true;
 }
 
@@ -523,7 +529,8 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::run_early_steps() {
   if (!pass_.armed() || !iteration_open_) return;
   try {
-    pass_.run_early(closed_through_, plan_, registry_.specs(), options_.param_type);
+    pass_.run_early(closed_through_, plan_, registry_.specs(), options_.param_type,
+                    [&](std::uint32_t c) { return shard_.gradient_in_place(c); });
   } catch (const state_error&) {
     throw;
   } catch (const std::exception&) {  // an optimisation: no room for a chunk's lists now, say
@@ -673,8 +680,12 @@ typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind
   if (pass_.armed() && !level_.untraced && open_.size() == 0) run_early_steps();
   pass_.join_early(ids);  // early updates still running on this scope's chunks (the last step's, say)
   pass_.reap_early();     // and those done: their chunks may move again
-  if (pass_.armed())      // a chunk stepped early that this scope uses: the iteration left its trace
-    for (auto id : ids) pass_.undo_early(id.index, plan_, registry_.specs(), options_.param_type);
+  if (pass_.armed()) {    // a chunk stepped early that this scope uses: the iteration left its trace
+    const std::size_t n = shard_.used_together();  // ZeRO gathers (sends) a group's chunks as one
+    for (auto id : ids)
+      for (std::size_t c = id.index / n * n; c < std::min<std::size_t>(plan_.num_chunks, id.index / n * n + n); ++c)
+        pass_.undo_early(static_cast<std::uint32_t>(c), plan_, registry_.specs(), options_.param_type);
+  }
   const double t0 = observer_.now_us();
   const std::size_t m = level_.untraced ? never : tracer_.open_moment(kind, name);
   level_.changes = 0;

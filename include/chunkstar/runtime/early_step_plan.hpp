@@ -10,7 +10,9 @@
  *  first use in forward is its last in backward). Where that moment is, is in the trace. The step
  *  is speculative (chunk_adam::prepare): it runs with clip coefficient 1 and no overflow, keeping
  *  what it needs to undo where the global norm or an fp16 overflow could still change it; the
- *  plan caps the chunks so that state kept for them stays within a budget.
+ *  plan caps the chunks so that state kept for them stays within a budget. Under ZeRO a rank plans
+ *  the chunks it owns (the others step elsewhere: not `tier::host` here), a group's chunks count
+ *  as used together, and the step waits, besides, for the chunk's reduction to its owner.
  */
 #pragma once
 
@@ -18,6 +20,7 @@
 #include <chunkstar/core/tier.hpp>
 #include <chunkstar/zero/gather_plan.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -35,6 +38,10 @@ struct early_step_inputs {
   std::size_t kept_bytes_per_chunk = 0;
   /// Most bytes kept at once (speculated chunks keep theirs until the step decides).
   std::size_t kept_budget = std::numeric_limits<std::size_t>::max();
+  /// Chunks used as one: under ZeRO's group mode each group of this many consecutive chunks is
+  /// gathered (this rank's chunk sent to every rank) and reduced together, so a use of one chunk
+  /// of a group is a use of each. 1: every chunk on its own.
+  std::size_t together = 1;
 };
 
 /** @brief Per moment of the traced iteration: the chunk indices whose step may start once that
@@ -65,12 +72,19 @@ struct early_step_plan {
   if (end < 2) return plan;
   constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   const std::size_t chunks = in.step_tier.size();
+  const std::size_t n = in.together > 0 ? in.together : 1;
   std::vector<std::size_t> last_grad(chunks, none), last_use(chunks, none);
+  const auto used = [&](std::uint32_t c, auto&& mark) {  // c, with the chunks used as one with it
+    for (std::size_t k = c / n * n; k < std::min(chunks, c / n * n + n); ++k) mark(k);
+  };
   for (std::size_t m = 0; m < end; ++m) {
     for (const std::uint32_t c : t.grads[m])
-      if (c < chunks) last_grad[c] = last_use[c] = m;
+      if (c < chunks) {
+        last_grad[c] = m;
+        used(c, [&](std::size_t k) { last_use[k] = m; });
+      }
     for (const std::uint32_t c : t.params[m])
-      if (c < chunks) last_use[c] = m;
+      if (c < chunks) used(c, [&](std::size_t k) { last_use[k] = m; });
   }
   std::size_t kept = 0;
   for (std::size_t m = 0; m + 1 < end; ++m)

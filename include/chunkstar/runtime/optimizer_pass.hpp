@@ -144,17 +144,22 @@ class optimizer_pass {
 
   // --- early steps ---------------------------------------------------------------------------------
   /** @brief Arms early steps until the pass runs or disarm(); the plan is made from the trace at
-   *  the first run_early(). */
-  void arm(early_steps e) {
+   *  the first run_early(), of the chunks this rank owns under @p shards, @p together chunks used
+   *  as one (early_step_inputs::together). */
+  void arm(early_steps e, shard_map shards = {}, std::size_t together = 1) {
     early_ = std::move(e);
+    shards_ = shards;
+    together_ = together;
     planned_ = false;
     cursor_ = 0;
+    due_.clear();
     done_.clear();
   }
   /** @brief Forgets the early steps of this iteration (the chunks stepped stay stepped; updates
    *  still running go on, joined as below). */
   void disarm() noexcept {
     early_.reset();
+    due_.clear();
     done_.clear();
   }
   /** @brief Waits for every early update still running (they may outlast the step: an update kept
@@ -203,6 +208,7 @@ class optimizer_pass {
   /** @brief No more early steps this iteration; those taken stay (and can still be undone). */
   void stop_early() noexcept {
     early_plan_.after.clear();
+    due_.clear();
     planned_ = true;
   }
   /** @brief Chunk indices stepped early so far, in order. */
@@ -211,8 +217,11 @@ class optimizer_pass {
     return std::find(done_.begin(), done_.end(), c) != done_.end();
   }
   /** @brief Steps the chunks planned after the moments up to @p closed (closed scopes of the
-   *  traced iteration). Nothing when the trace is not ready; the plan is made on the first call. */
-  void run_early(std::size_t closed, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
+   *  traced iteration) whose gradient is in place (@p in_place: under ZeRO, reduced to this rank;
+   *  one that is not yet waits for a later call). Nothing when the trace is not ready; the plan is
+   *  made on the first call. */
+  void run_early(std::size_t closed, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
+                 function_ref<bool(std::uint32_t)> in_place);
   /** @brief Undoes chunk @p c's early step (a scope about to use it: the iteration left its trace).
    *  @throws state_error when the update cannot be undone. */
   void undo_early(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
@@ -271,7 +280,10 @@ class optimizer_pass {
   std::optional<early_steps> early_;
   early_step_plan early_plan_;
   bool planned_ = false;             // early_plan_ made for this arming
-  std::size_t cursor_ = 0;           // the first moment whose planned chunks have not been stepped
+  shard_map shards_;                 // the chunks this rank steps (ZeRO)
+  std::size_t together_ = 1;         // chunks used as one (ZeRO's groups)
+  std::size_t cursor_ = 0;           // the first moment whose planned chunks are not yet due
+  std::vector<std::uint32_t> due_;   // planned chunks whose moment has passed, not yet stepped
   std::vector<std::uint32_t> done_;  // chunks stepped early, in order
   /** An early update handed to the worker: its chunk's lists stay pinned until it is joined. */
   struct early_job {
@@ -406,63 +418,73 @@ void optimizer_pass<Store, Residency, TracerT>::on_host(std::uint32_t c, const c
 
 template <class Store, class Residency, class TracerT>
 void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, const chunk_plan& plan,
-                                                          std::span<const tensor_spec> specs, dtype param_type) {
+                                                          std::span<const tensor_spec> specs, dtype param_type,
+                                                          function_ref<bool(std::uint32_t)> in_place) {
   if (!early_ || !tracer_.ready() || closed == never) return;
   if (!planned_) {
-    early_step_inputs in{
-        .step_tier = {}, .kept_bytes_per_chunk = early_->kept_bytes_per_chunk, .kept_budget = early_->kept_budget};
-    for (std::size_t c = 0; c < plan.num_chunks; ++c) in.step_tier.push_back(residency_.optimizer_tier(c));
+    early_step_inputs in{.step_tier = {},
+                         .kept_bytes_per_chunk = early_->kept_bytes_per_chunk,
+                         .kept_budget = early_->kept_budget,
+                         .together = together_};
+    for (std::size_t c = 0; c < plan.num_chunks; ++c)  // another rank's chunk steps there
+      in.step_tier.push_back(shards_.owns(c) ? residency_.optimizer_tier(c) : tier::remote);
     early_plan_ = plan_early_steps(sharding_trace_of(tracer_), in);
     planned_ = true;
   }
   for (; cursor_ <= closed && cursor_ < early_plan_.after.size(); ++cursor_)
-    for (const std::uint32_t c : early_plan_.at(cursor_)) {
-      if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) continue;
-      const chunk_id mine[] = {{chunk_kind::param, c}};
-      join_early(mine);  // the last iteration's update of this chunk (long done by now)
-      // The lists come to the host (copies from the device started, not waited for: the worker
-      // waits for them), stay pinned while the worker runs the update, and this thread goes on
-      // to the next scope.
-      std::vector<chunk_id> ids;
-      for (auto k :
-           {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
-        if (store_.has(k)) ids.push_back({k, c});
-      const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
-      for (auto id : ids) {
-        const tier where = store_.at(id).where;
-        if (where == tier::device) residency_.offload(id, keep);
-        else if (where != tier::host) residency_.make_resident_on_host(id, keep);  // from the disk: now
-      }
-      typename Store::pin_set pins(store_, ids);
-      std::vector<typename Store::copy_handle> arrivals;
-      for (auto id : ids) {
-        const auto& s = store_.at(id);
-        if (s.pending) arrivals.push_back(*s.pending);
-        if (s.user_done) arrivals.push_back(*s.user_done);
-      }
-      const step_chunk view = view_of(c, tier::host, plan, specs, param_type);
-      auto span = std::make_shared<typename early_job::outcome>();
-      auto finished = std::make_shared<std::promise<void>>();
-      jobs_.push_back({c, std::move(pins), span, finished->get_future().share()});
-      done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
-      // Of the updates waiting, the one whose weights the next iteration reads first runs first.
-      const std::size_t next_use = tracer_.next_use({chunk_kind::param, c}, tracer_.current_moment());
-      worker_.submit(
-          [arrivals = std::move(arrivals), view, update = early_->update, span, finished]() mutable {
-            try {
-              for (auto& h : arrivals) h.wait();
-              span->begin = std::chrono::steady_clock::now();
-              update(view);
-              span->end = std::chrono::steady_clock::now();
-              finished->set_value();
-            } catch (...) {
-              finished->set_exception(std::current_exception());
-            }
-          },
-          next_use);
-      ++stats_.host_steps;
-      ++stats_.early_steps;
+    for (const std::uint32_t c : early_plan_.at(cursor_)) due_.push_back(c);
+  for (std::size_t i = 0; i < due_.size();) {
+    const std::uint32_t c = due_[i];
+    if (!in_place(c)) {  // its reduction still runs: a later scope's opening steps it
+      ++i;
+      continue;
     }
+    due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) continue;
+    const chunk_id mine[] = {{chunk_kind::param, c}};
+    join_early(mine);  // the last iteration's update of this chunk (long done by now)
+    // The lists come to the host (copies from the device started, not waited for: the worker
+    // waits for them), stay pinned while the worker runs the update, and this thread goes on
+    // to the next scope.
+    std::vector<chunk_id> ids;
+    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+      if (store_.has(k)) ids.push_back({k, c});
+    const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
+    for (auto id : ids) {
+      const tier where = store_.at(id).where;
+      if (where == tier::device) residency_.offload(id, keep);
+      else if (where != tier::host) residency_.make_resident_on_host(id, keep);  // from the disk: now
+    }
+    typename Store::pin_set pins(store_, ids);
+    std::vector<typename Store::copy_handle> arrivals;
+    for (auto id : ids) {
+      const auto& s = store_.at(id);
+      if (s.pending) arrivals.push_back(*s.pending);
+      if (s.user_done) arrivals.push_back(*s.user_done);
+    }
+    const step_chunk view = view_of(c, tier::host, plan, specs, param_type);
+    auto span = std::make_shared<typename early_job::outcome>();
+    auto finished = std::make_shared<std::promise<void>>();
+    jobs_.push_back({c, std::move(pins), span, finished->get_future().share()});
+    done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
+    // Of the updates waiting, the one whose weights the next iteration reads first runs first.
+    const std::size_t next_use = tracer_.next_use({chunk_kind::param, c}, tracer_.current_moment());
+    worker_.submit(
+        [arrivals = std::move(arrivals), view, update = early_->update, span, finished]() mutable {
+          try {
+            for (auto& h : arrivals) h.wait();
+            span->begin = std::chrono::steady_clock::now();
+            update(view);
+            span->end = std::chrono::steady_clock::now();
+            finished->set_value();
+          } catch (...) {
+            finished->set_exception(std::current_exception());
+          }
+        },
+        next_use);
+    ++stats_.host_steps;
+    ++stats_.early_steps;
+  }
 }
 
 template <class Store, class Residency, class TracerT>

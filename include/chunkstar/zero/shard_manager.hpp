@@ -141,6 +141,21 @@ class shard_manager {
   /** @brief Drops what an abandoned iteration left: gradient groups (unreduced) and gathered groups. */
   void drop() noexcept;
 
+  /** @brief Whether chunk @p c's gradient is this rank's to step now: it owns the chunk and its
+   *  unit neither collects contributions nor is being reduced (its reduction has completed, or it
+   *  had none). Without sharding: always. */
+  [[nodiscard]] bool gradient_in_place(std::size_t c) const noexcept {
+    if (!active()) return true;
+    if (!map().owns(c)) return false;
+    const group_state& g = groups_[unit_of(c)];
+    return !g.accumulating && !g.reducing;
+  }
+  /** @brief How many consecutive chunks are gathered and reduced as one: a group (N ranks) in the
+   *  group mode; 1 in the memory-saving mode or without sharding. */
+  [[nodiscard]] std::size_t used_together() const noexcept {
+    return active() && !memory_saving() ? static_cast<std::size_t>(comm_.size()) : 1;
+  }
+
   /** @brief True while gradients collect in group buffers or travel to their owners (between the
    *  micro-batches of a step): what `drop()` would lose. */
   [[nodiscard]] bool gradients_open() const noexcept {

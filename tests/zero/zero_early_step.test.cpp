@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// The optimizer step inside backward under ZeRO (chunk_adam::prepare over a sharded runtime): each
+// rank steps the chunks it owns as soon as their reduction to it has completed, speculatively, and
+// every owned parameter, master and moment ends with the bits of the plain sharded step — in the
+// group mode and the memory-saving mode, with clipping off, never active, and active on a step that
+// was speculated (undone and redone).
+#include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/placement/static_placement.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
+#include <chunkstar/runtime/chunk_runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "support/mlp_replica.hpp"
+#include "support/runtimes.hpp"
+
+using namespace chunkstar;
+
+namespace zero_early_step_test {
+using chunkstar::testing::mlp_replica;
+
+namespace {
+
+/** Every chunk stepped on the host: the steps that start inside backward. */
+struct all_host : static_placement {
+  all_host() : static_placement(static_placement::all_host()) {}
+};
+
+constexpr int steps = 8;
+
+struct outcome {
+  std::map<std::string, std::vector<float>> lists;  // "<list>/<tensor>" of every owned tensor, all ranks
+  std::vector<optimizer_step_result> results;       // rank 0's, per step
+  std::size_t early_steps = 0;                      // over all ranks
+};
+
+outcome train(int ranks, bool memory_saving, float max_grad_norm, bool prepare) {
+  outcome out;
+  std::vector<outcome> per_rank(static_cast<std::size_t>(ranks));
+  run_ranks(ranks, [&](in_process_communicator& comm) {
+    auto& me = per_rank[static_cast<std::size_t>(comm.rank())];
+    mlp_replica<in_process_communicator, all_host> r(
+        {.sharding = {.enabled = true, .memory_saving = memory_saving}}, 1 << 20, comm);
+    chunk_adam<> opt({.hyper = {.weight_decay = 0.01f}, .max_grad_norm = max_grad_norm, .threads = 1});
+    for (int step = 1; step <= steps; ++step) {
+      const float lr = 2e-2f;
+      if (prepare) (void)opt.prepare(r.rt, lr, ranks);
+      r.forward_backward(step, comm.rank(), [] {});
+      me.results.push_back(opt.step(r.rt, lr, ranks));
+      for (const auto& v : r.rt.invariant_violations(true)) FAIL_CHECK(v);
+    }
+    for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
+      const chunk_id id{chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)};
+      if (r.rt.where(id) == tier::remote) continue;
+      for (auto k : {chunk_kind::param, chunk_kind::momentum, chunk_kind::variance}) {
+        std::vector<float> v(r.rt.params()[t].numel());
+        r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);
+        me.lists[std::string(chunk_kind_name(k)) + "/" + r.rt.params()[t].name] = v;
+      }
+    }
+    me.early_steps = r.rt.stats().early_steps;
+  });
+  for (auto& p : per_rank) {
+    for (auto& [name, v] : p.lists) {
+      CHECK(!out.lists.contains(name));  // one owner each
+      out.lists[name] = v;
+    }
+    out.early_steps += p.early_steps;
+  }
+  out.results = per_rank[0].results;
+  return out;
+}
+
+void same_bits(const outcome& plain, const outcome& early) {
+  CHECK(plain.lists.size() == early.lists.size());
+  for (const auto& [name, v] : plain.lists) {
+    CAPTURE(name);
+    CHECK(early.lists.at(name) == v);
+  }
+  for (std::size_t s = 0; s < plain.results.size(); ++s) {
+    CAPTURE(s);
+    CHECK(plain.results[s].stepped == early.results[s].stepped);
+    CHECK(plain.results[s].grad_norm == early.results[s].grad_norm);
+    CHECK(plain.results[s].clip_coefficient == early.results[s].clip_coefficient);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO, the step inside backward: each rank steps its own chunks once reduced to it, the plain step's bits") {
+  for (int ranks : {2, 3}) {
+    for (bool memory_saving : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(memory_saving);
+      SUBCASE("no clipping: nothing kept, every update stands") {
+        const outcome plain = train(ranks, memory_saving, 0.0f, false), early = train(ranks, memory_saving, 0.0f, true);
+        same_bits(plain, early);
+        // From the second step (the first records the trace), the chunks reduced before the last
+        // backward scope step inside backward, on their owners.
+        CHECK(early.results[0].early_steps == 0);
+        CHECK(early.early_steps > 0);
+        CHECK(plain.early_steps == 0);
+        for (std::size_t s = 1; s < early.results.size(); ++s) CHECK_FALSE(early.results[s].early_redone);
+      }
+      SUBCASE("clipping never active, then active on a speculated step (undone and redone)") {
+        const outcome free_run = train(ranks, memory_saving, 0.0f, false);
+        same_bits(free_run, train(ranks, memory_saving, 1e6f, true));
+        // A threshold the first steps stay under and step s goes over: steps before s keep their
+        // speculative updates, step s's are redone with its coefficient.
+        std::vector<double> norms;
+        for (const auto& r : free_run.results) norms.push_back(r.grad_norm);
+        std::size_t s = 2;
+        while (s < norms.size() && norms[s] <= *std::max_element(norms.begin(), norms.begin() + s)) ++s;
+        REQUIRE(s < norms.size());
+        const float threshold =
+            static_cast<float>((*std::max_element(norms.begin(), norms.begin() + s) + norms[s]) / 2);
+        CAPTURE(s);
+        CAPTURE(threshold);
+        const outcome plain = train(ranks, memory_saving, threshold, false);
+        const outcome early = train(ranks, memory_saving, threshold, true);
+        same_bits(plain, early);
+        CHECK(early.results[s].clip_coefficient < 1.0f);
+        CHECK(early.results[s].early_steps > 0);  // on rank 0
+        CHECK(early.results[s].early_redone);
+        CHECK_FALSE(early.results[s - 1].early_redone);
+      }
+    }
+  }
+}
+
+}  // namespace zero_early_step_test
