@@ -63,6 +63,28 @@ def trainer_runs(out):
     return sorted(runs, key=lambda r: (order[r["precision"]], -r["budget_percent"]))
 
 
+def overlap_runs(out):
+    """train_gpt with the optimizer step inside backward (overlap_on.log) and after it (overlap_off.log)."""
+    runs = {}
+    for mode in ("on", "off"):
+        path = os.path.join(out, "overlap_%s.log" % mode)
+        if not os.path.exists(path):
+            continue
+        text = open(path, errors="replace").read().splitlines()
+        steps = [s for s in (STEP.match(line) for line in text) if s]
+        r = {"log": os.path.basename(path), "steps": len(steps)}
+        if steps:
+            timed = steps[2:] or steps
+            r.update(tokens_per_s=statistics.median(float(s.group(3)) for s in timed),
+                     losses=[float(s.group(2)) for s in steps])
+        for line in text:
+            m = re.search(r"on host (\d+) \((\d+) inside backward\)", line)
+            if line.startswith("chunks: ") and m:
+                r["host_steps"], r["inside_backward"] = int(m.group(1)), int(m.group(2))
+        runs[mode] = r
+    return runs
+
+
 def torch_runs(out):
     runs = []
     for path in sorted(glob.glob(os.path.join(out, "torch_gpt_*.json"))):
@@ -82,7 +104,8 @@ def bench_records(out):
 
 def main():
     out = sys.argv[1]
-    results = {"trainer": trainer_runs(out), "torch": torch_runs(out), "bench": bench_records(out)}
+    results = {"trainer": trainer_runs(out), "torch": torch_runs(out), "bench": bench_records(out),
+               "overlap": overlap_runs(out)}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
 
@@ -106,6 +129,13 @@ def main():
                   f"{'-':>11} {mib(t.get('peak_gpu_bytes')):>9} {'-':>15} {'-':>9} {'-':>15} {t['first_loss']:.3f} -> {t['last_loss']:.3f}")
         else:
             print(f"{'torch ' + t['precision'] + ' ' + t.get('mode', '?'):<22} {t.get('status')}: {t.get('reason', '')}")
+    ov = results["overlap"]
+    if "tokens_per_s" in ov.get("on", {}) and "tokens_per_s" in ov.get("off", {}):
+        on, off = ov["on"], ov["off"]
+        print("\nThe optimizer step inside backward (fp32, 10%% budget, --clip 0): on %.0f tokens/s (%s of %s host "
+              "chunk steps inside backward), off %.0f: on/off %.2f; losses %s"
+              % (on["tokens_per_s"], on.get("inside_backward", "?"), on.get("host_steps", "?"), off["tokens_per_s"],
+                 on["tokens_per_s"] / off["tokens_per_s"], "the same" if on["losses"] == off["losses"] else "DIFFER"))
     if results["bench"]:
         print("\nGPU benchmark (bench_gpu_cuda): achieved against the limit measured in the same run")
         print(f"{'name':<18} {'GB/s':>9} {'limit GB/s':>11} {'ratio':>7}  limit")

@@ -378,4 +378,39 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
   CHECK(rt.invariant_violations(true).empty());
 }
 
+TEST_CASE("early steps: an update that fails reaches the caller, even when it fails while room is being made") {
+  two_weights w;
+  auto& rt = w.rt;
+  const param_id a = w.a, b = w.b;
+  const auto iteration = [&] {
+    { auto f = rt.forward("fa", {a}); }
+    { auto f = rt.forward("fb", {b}); }
+    { auto g = rt.backward("bb", {b}); }
+    { auto g = rt.backward("ba", {a}); }  // opening it starts b's update
+  };
+  iteration();  // records the trace
+  rt.step([](const step_chunk&) {});
+  REQUIRE(rt.arm_early_steps({.update = [](const step_chunk& c) {
+                                static_cast<float*>(c.param)[0] = 7.0f;  // changed, then failed
+                                throw io_error("the early update failed");
+                              },
+                              .undo = {}}));
+  iteration();
+  CHECK(rt.stepped_early().size() == 1);
+  // Joined where it cannot throw (as when a host full below a disk tier needs the update's chunks),
+  // the failure is kept ...
+  CHECK_NOTHROW((void)rt.invariant_violations(true));
+  // ... and surfaces at the runtime's next call that joins, never swallowed: the chunk was
+  // changed, so nothing may pass it off as stepped.
+  bool reported = false;
+  try {
+    rt.step([](const step_chunk&) {});
+    std::vector<float> v(300);
+    rt.read_tensor(b, chunk_kind::param, v);
+  } catch (const io_error& e) {
+    reported = std::string(e.what()).find("the early update failed") != std::string::npos;
+  }
+  CHECK(reported);
+}
+
 }  // namespace early_step_test

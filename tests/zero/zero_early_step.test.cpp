@@ -3,8 +3,12 @@
 // rank steps the chunks it owns as soon as their reduction to it has completed, speculatively, and
 // every owned parameter, master and moment ends with the bits of the plain sharded step — in the
 // group mode and the memory-saving mode, with clipping off, never active, and active on a step that
-// was speculated (undone and redone).
+// was speculated (undone and redone); and with a disk tier under a host too small for a rank's
+// share (one process too), where the Adam state reaches the early update through the disk.
 #include <chunkstar/comm/in_process_group.hpp>
+#include <chunkstar/disk/disk_copy_engine.hpp>
+#include <chunkstar/disk/disk_space.hpp>
+#include <chunkstar/disk/disk_tier.hpp>
 #include <chunkstar/placement/static_placement.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
@@ -13,9 +17,11 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "support/disk_test_dir.hpp"
 #include "support/mlp_replica.hpp"
 #include "support/runtimes.hpp"
 
@@ -39,13 +45,33 @@ struct outcome {
   std::size_t early_steps = 0;                      // over all ranks
 };
 
-outcome train(int ranks, bool memory_saving, float max_grad_norm, bool prepare) {
+/** @p ranks ZeRO ranks; with @p disk_dir, each with a host of 6 blocks (less than its share of
+ *  the model data) and a disk tier of its own there, and a device of the activations and 6 chunks. */
+outcome train(int ranks, bool memory_saving, float max_grad_norm, bool prepare, const std::string& disk_dir = {}) {
   outcome out;
   std::vector<outcome> per_rank(static_cast<std::size_t>(ranks));
   run_ranks(ranks, [&](in_process_communicator& comm) {
     auto& me = per_rank[static_cast<std::size_t>(comm.rank())];
-    mlp_replica<in_process_communicator, all_host> r(
-        {.sharding = {.enabled = true, .memory_saving = memory_saving}}, 1 << 20, comm);
+    constexpr std::size_t block = 4096;  // a chunk's footprint on the host and the disk with a disk tier
+    std::optional<disk_space> disk;
+    std::optional<disk_copy_engine> disk_io;
+    if (!disk_dir.empty()) {
+      disk.emplace(disk_space_options{
+          .directory = disk_dir, .capacity = 64 * block, .name = "rank" + std::to_string(comm.rank())});
+      disk_io.emplace(*disk);
+    }
+    using replica = mlp_replica<in_process_communicator, all_host>;
+    const std::size_t device = disk_dir.empty() ? std::size_t{1} << 20
+                                                : chunkstar::testing::mlp_act_bytes +
+                                                      (memory_saving ? 6 : 4 * static_cast<std::size_t>(ranks) + 2) *
+                                                          chunkstar::testing::mlp_chunk_bytes;
+    replica r(
+        {.sharding = {.enabled = true, .memory_saving = memory_saving}}, device,
+        host_space_options{.capacity = disk_dir.empty() ? host_space_options{}.capacity : 6 * block},
+        [&](replica::runtime_type& rt) {
+          if (disk) rt.attach_disk(disk_tier(*disk, *disk_io));
+        },
+        comm);
     chunk_adam<> opt({.hyper = {.weight_decay = 0.01f}, .max_grad_norm = max_grad_norm, .threads = 1});
     for (int step = 1; step <= steps; ++step) {
       const float lr = 2e-2f;
@@ -64,6 +90,7 @@ outcome train(int ranks, bool memory_saving, float max_grad_norm, bool prepare) 
       }
     }
     me.early_steps = r.rt.stats().early_steps;
+    if (disk) CHECK(r.rt.stats().bytes_from_disk > 0);
   });
   for (auto& p : per_rank) {
     for (auto& [name, v] : p.lists) {
@@ -129,6 +156,24 @@ TEST_CASE("ZeRO, the step inside backward: each rank steps its own chunks once r
         CHECK(early.results[s].early_redone);
         CHECK_FALSE(early.results[s - 1].early_redone);
       }
+    }
+  }
+}
+
+TEST_CASE(
+    "The step inside backward with a disk tier (one process, and per ZeRO rank): the plain step's bits, the state "
+    "moving through the disk") {
+  chunkstar::test::scratch_dir dir;
+  for (int ranks : {1, 2, 3}) {
+    for (bool memory_saving : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(memory_saving);
+      INFO("the step after backward");
+      const outcome plain = train(ranks, memory_saving, 0.0f, false, dir.path());
+      INFO("the step inside backward");
+      const outcome early = train(ranks, memory_saving, 0.0f, true, dir.path());
+      same_bits(plain, early);
+      CHECK(early.early_steps > 0);
     }
   }
 }

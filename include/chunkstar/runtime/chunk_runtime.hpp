@@ -395,6 +395,12 @@ CHUNKSTAR_RUNTIME::chunk_runtime(device_space_type& device, host_space_type& hos
   store_.on_copy_retired = [this](double submitted, tier from, tier to) {
     observer_.copy(from, to, submitted, observer_.now_us());
   };
+  // A host full of chunks pinned by early updates (below a disk tier) gets its room once they finish.
+  residency_.release_host_pins = [this] {
+    if (!pass_.early_running()) return false;
+    pass_.join_quietly();  // inside a move: a failure surfaces at the runtime's next call
+    return true;
+  };
   pass_.on_early_update = [this](std::chrono::steady_clock::time_point b, std::chrono::steady_clock::time_point e) {
     if (!observer_) return;
     const double now = observer_.now_us();
@@ -659,7 +665,7 @@ memory_report CHUNKSTAR_RUNTIME::memory_report_now() const { return residency_.r
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 std::vector<std::string> CHUNKSTAR_RUNTIME::invariant_violations(bool sole_user) const {
-  pass_.join_early();  // an update still running pins its chunk
+  pass_.join_quietly();  // an update still running pins its chunk (a failure surfaces at the next call)
   auto v = store_.violations(open_.size() > 0 || pass_.in_progress(), level_.non_model, sole_user);
   if (open_.size() == 0 && states_.any_in_compute()) v.push_back("a tensor is in COMPUTE with no scope open");
   return v;

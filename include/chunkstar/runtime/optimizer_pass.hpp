@@ -164,9 +164,10 @@ class optimizer_pass {
   }
   /** @brief Waits for every early update still running (they may outlast the step: an update kept
    *  as it is runs on while the next forward starts) and releases their chunks; rethrows the first
-   *  that failed. Reports each update's span to `on_early_update`. */
+   *  failure not yet reported (see join_quietly). Reports each update's span to `on_early_update`. */
   void join_early() {
-    join_where([](const early_job&) { return true; });
+    join_quietly();
+    report_failure();
   }
   /** @brief As join_early(), for the updates of the chunk indices of @p ids only (a scope about to
    *  use them). */
@@ -174,12 +175,23 @@ class optimizer_pass {
     join_where([&](const early_job& j) {
       return std::any_of(ids.begin(), ids.end(), [&](chunk_id id) { return id.index == j.chunk; });
     });
+    report_failure();
   }
   /** @brief Joins the early updates that have finished (never waits): their chunks may move again. */
   void reap_early() {
     join_where(
         [](const early_job& j) { return j.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+    report_failure();
   }
+  /** @brief As join_early(), without throwing, from inside work that must not be cut short (making
+   *  room, starting the next early step): an update that failed before it changed its chunk, while
+   *  the pass has not run, leaves the chunk to the pass; any other failure is kept and rethrown by
+   *  the next join_early() or reap_early(), at the runtime's next call, so none is lost. */
+  void join_quietly() noexcept {
+    join_where([](const early_job&) { return true; });
+  }
+  /** @brief True while early updates hold their chunks pinned (not joined yet). */
+  [[nodiscard]] bool early_running() const noexcept { return !jobs_.empty(); }
   /** @brief Runs @p make_room (making chunks resident); where it runs out of memory while early
    *  updates hold chunks pinned (a host full below a disk tier), joins them and tries once more. */
   template <class F>
@@ -291,15 +303,16 @@ class optimizer_pass {
     typename Store::pin_set pins;
     struct outcome {
       std::chrono::steady_clock::time_point begin, end;
+      bool started = false;  // the update was called: it may have changed the chunk
     };
     std::shared_ptr<outcome> span;
     std::shared_future<void> done;
     bool release_gradient = false;  // the pass is done with the chunk: its gradient goes at the join
   };
-  /** Joins the updates of the chunks @p which selects, in the order submitted. */
+  /** Joins the updates of the chunks @p which selects, in the order submitted; failures go to
+   *  failure_ (see join_quietly). */
   template <class Which>
-  void join_where(Which which) {
-    std::exception_ptr failure;
+  void join_where(Which which) noexcept {
     for (std::size_t i = 0; i < jobs_.size();) {
       if (!which(jobs_[i])) {
         ++i;
@@ -310,14 +323,25 @@ class optimizer_pass {
       try {
         j.done.get();
       } catch (...) {
-        if (!failure) failure = std::current_exception();
+        const auto it = std::find(done_.begin(), done_.end(), j.chunk);
+        if (!j.span->started && early_ && it != done_.end()) done_.erase(it);  // unchanged: the pass steps it
+        else if (!failure_) failure_ = std::current_exception();
       }
       j.pins.reset();  // the chunk is the pass's again whatever the update did
       if (j.release_gradient) store_.release({chunk_kind::grad, j.chunk});
-      if (on_early_update) on_early_update(j.span->begin, j.span->end);
+      if (on_early_update) {
+        try {
+          on_early_update(j.span->begin, j.span->end);
+        } catch (...) {  // an observer must not break memory management
+        }
+      }
     }
-    if (failure) std::rethrow_exception(failure);
   }
+  /** Rethrows (once) an early update's failure that join_where kept. */
+  void report_failure() {
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+  }
+  std::exception_ptr failure_;  // an early update that failed, not yet rethrown
   std::vector<early_job> jobs_;
   step_worker worker_;  // after jobs_: joined before their pins are released
 };
@@ -441,8 +465,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     }
     due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
     if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) continue;
-    const chunk_id mine[] = {{chunk_kind::param, c}};
-    join_early(mine);  // the last iteration's update of this chunk (long done by now)
+    join_where([&](const early_job& j) { return j.chunk == c; });  // the last iteration's (long done by now)
     // The lists come to the host (copies from the device started, not waited for: the worker
     // waits for them), stay pinned while the worker runs the update, and this thread goes on
     // to the next scope.
@@ -454,6 +477,10 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
       const tier where = store_.at(id).where;
       if (where == tier::device) residency_.offload(id, keep);
       else if (where != tier::host) residency_.make_resident_on_host(id, keep);  // from the disk: now
+      // A read from the disk still filling its host buffer (the disk prefetcher's) ends here, on
+      // this thread: the store owns the disk copy's outcome (a failed read leaves the chunk on the
+      // disk, and the step after backward reads it again).
+      store_.resolve_disk(id);
     }
     typename Store::pin_set pins(store_, ids);
     std::vector<typename Store::copy_handle> arrivals;
@@ -474,6 +501,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
           try {
             for (auto& h : arrivals) h.wait();
             span->begin = std::chrono::steady_clock::now();
+            span->started = true;
             update(view);
             span->end = std::chrono::steady_clock::now();
             finished->set_value();

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -111,6 +112,12 @@ class residency_manager {
 
   /** @brief Sends one host chunk to the disk (see make_host_room). False when none can go. */
   bool evict_one_to_disk(const std::unordered_set<chunk_id>& keep, std::size_t reference);
+
+  /** @brief Called by make_host_room when the host is over its budget and every chunk left there
+   *  is pinned: waits for the work that holds chunks pinned and can be waited for (the optimizer
+   *  steps started inside backward) and releases them; returns whether it released any. Unset:
+   *  nothing to wait for. */
+  std::function<bool()> release_host_pins;
 
   /** @brief Moments from @p m to chunk @p id's next use above the disk: on the compute tier (the
    *  trace's accesses) or on the host by a host-side step of its chunk index (the step's moment,
@@ -363,7 +370,9 @@ void residency_manager<P, Placement, Eviction, TracerT>::make_host_room(std::siz
                                                                         std::size_t reference) {
   if (!store_.has_disk()) return;
   bytes = store_.footprint(tier::host, bytes);
-  while (store_.resident(tier::host) + bytes > host_budget() && evict_one_to_disk(keep, reference)) {
+  while (store_.resident(tier::host) + bytes > host_budget()) {
+    if (evict_one_to_disk(keep, reference)) continue;
+    if (!release_host_pins || !release_host_pins()) return;  // nothing more can go: the caller decides
   }
 }
 
