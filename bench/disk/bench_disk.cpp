@@ -21,6 +21,7 @@
 //     disk budgets, against (device + host + disk) / 16 bytes per parameter (target >= 0.9).
 // Table, JSON (--json) and a PNG (--plot, gnuplot). See docs/disk.md.
 #include "bench_cli.hpp"
+#include "disk_limits.hpp"
 #include "e2e_support.hpp"
 
 #include <chunkstar/config.hpp>
@@ -123,96 +124,15 @@ class disk_trainer {
 };
 
 // --- 1. the limit -----------------------------------------------------------------------------------
-struct limits {
-  std::size_t block = 0;
-  double write_gbs = 0, read_gbs = 0;                // pwrite/pread, O_DIRECT, --queue in flight
-  double engine_write_gbs = 0, engine_read_gbs = 0;  // the disk engine moving the same blocks
-  bool direct = false;
+/** The disk's limits (bench/disk_limits.hpp) and which engine moved the blocks. */
+struct limits : bench::disk_limits {
   std::string engine;
 };
 
-struct aligned_block {
-  explicit aligned_block(std::size_t n)
-      : p(static_cast<unsigned char*>(::operator new (n, std::align_val_t{4096}))), n(n) {}
-  ~aligned_block() { ::operator delete (p, std::align_val_t{4096}); }
-  aligned_block(const aligned_block&) = delete;
-  aligned_block& operator=(const aligned_block&) = delete;
-  unsigned char* p;
-  std::size_t n;
-};
-
-/** Seconds for every block of [0, total) written (or read) by @p queue threads, block i by thread i mod queue. */
-double raw_pass(int fd, std::size_t block, std::size_t total, unsigned queue, bool write) {
-  std::vector<std::thread> threads;
-  std::atomic<bool> failed{false};
-  std::atomic<int> error{0};
-  const auto t0 = e2e::clock::now();
-  for (unsigned q = 0; q < queue; ++q) {
-    threads.emplace_back([&, q] {
-      aligned_block buf(block);
-      std::memset(buf.p, 0x5a + static_cast<int>(q), block);
-      for (std::size_t off = q * block; off + block <= total; off += queue * block) {
-        for (std::size_t done = 0; done < block;) {
-          const ssize_t r = write ? ::pwrite(fd, buf.p + done, block - done, static_cast<off_t>(off + done))
-                                  : ::pread(fd, buf.p + done, block - done, static_cast<off_t>(off + done));
-          if (r <= 0) {
-            if (r < 0 && errno == EINTR) continue;
-            failed = true;
-            error = r < 0 ? errno : EIO;
-            return;
-          }
-          done += static_cast<std::size_t>(r);
-        }
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (write) ::fdatasync(fd);
-  if (failed)
-    throw io_error("a " + std::string(write ? "pwrite" : "pread") +
-                   " of the limit measurement failed: " + std::strerror(error.load()));
-  return e2e::seconds_since(t0);
-}
-
 limits measure_limits(const options& o, std::size_t block) {
-  limits l;
-  l.block = block;
   const std::size_t total = std::max(o.limit_bytes / block, std::size_t{4}) * block;
   const auto d = open_disk(o, total);
-  l.direct = d->space().direct();
-  l.engine = engine_name(*d);
-  const double gb = static_cast<double>(total) / 1e9;
-  // The best over 1 .. --queue requests in flight, twice each (the first pass also allocates the
-  // file's extents): the disk at its fastest for these blocks.
-  for (int rep = 0; rep < 2; ++rep)
-    for (unsigned q = 1; q <= o.queue; q *= 2) {
-      l.write_gbs = std::max(l.write_gbs, gb / raw_pass(d->space().fd(), block, total, q, true));
-      l.read_gbs = std::max(l.read_gbs, gb / raw_pass(d->space().fd(), block, total, q, false));
-    }
-  // The engine moving the same blocks: every block submitted at once, then waited for.
-  const disk_tier tier = d->tier();
-  aligned_block host(total > (std::size_t{256} << 20) ? std::size_t{256} << 20 : total);
-  const std::size_t blocks = host.n / block;
-  std::vector<void*> at;
-  for (std::size_t i = 0; i < blocks; ++i)
-    at.push_back(const_cast<unsigned char*>(static_cast<const unsigned char*>(d->space().base())) + i * block);
-  std::memset(host.p, 1, host.n);
-  const double egb = static_cast<double>(blocks * block) / 1e9;
-  for (int rep = 0; rep < 2; ++rep) {
-    std::vector<disk_copy_handle> hs;
-    auto t0 = e2e::clock::now();
-    for (std::size_t i = 0; i < blocks; ++i)
-      hs.push_back(tier.copy_async(at[i], host.p + i * block, block, copy_direction::to_host));
-    for (auto& h : hs) h.wait();
-    ::fdatasync(d->space().fd());
-    l.engine_write_gbs = std::max(l.engine_write_gbs, egb / e2e::seconds_since(t0));
-    hs.clear();
-    t0 = e2e::clock::now();
-    for (std::size_t i = 0; i < blocks; ++i)
-      hs.push_back(tier.copy_async(host.p + i * block, at[i], block, copy_direction::to_device));
-    for (auto& h : hs) h.wait();
-    l.engine_read_gbs = std::max(l.engine_read_gbs, egb / e2e::seconds_since(t0));
-  }
+  limits l{bench::measure_disk_limits(*d, block, total, o.queue), engine_name(*d)};
   return l;
 }
 

@@ -19,11 +19,21 @@
 // the runtime's worker thread once the trace says its gradient is final). Reported:
 // iteration / max(compute, host Adam) for both, and the practicality figure: the all-on-device
 // iteration (host fraction 0, overlap off) / this iteration.
+// With --disk-dir, each host fraction above 0 runs again with a disk tier there (this machine's real
+// disk, through the runtime's disk engine) under a host that holds --disk-host-share of the host-
+// stepped chunks' lists: the Adam state of the others lives on the disk. The disk's limits are
+// measured first (bench/disk_limits.hpp); the disk resource is the sequential mode's disk bytes per
+// iteration at those limits, and the compute of those rows is calibrated to the larger of the host
+// Adam of every chunk and that disk time (again the balanced case).
 //   bench_overlap [--layers 24] [--chunk-mib 8] [--fractions 0,0.25,0.5,0.75,1] [--rounds 5]
-//                 [--hbm-gbs 4000] [--link-gbs 55] [--json FILE] [--plot FILE.png] [--quick]
+//                 [--hbm-gbs 4000] [--link-gbs 55] [--disk-dir DIR] [--disk-host-share 0.5]
+//                 [--json FILE] [--plot FILE.png] [--quick]
 #include "../bench_cli.hpp"
 #include "../bench_report.hpp"
+#include "../disk_limits.hpp"
 #include "modelled_copy_engine.hpp"
+
+#include <chunkstar/disk/owned_disk_tier.hpp>
 
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
 #include <chunkstar/optim/adam.hpp>
@@ -33,8 +43,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -78,6 +91,9 @@ struct settings {
   int rounds = 5;
   double hbm_bytes_per_s = 4000e9;
   double link_bytes_per_s = 55e9;  // pinned cudaMemcpyAsync on an H200, each way (docs/performance.md)
+  std::string disk_dir;            // empty: no disk rows
+  double disk_host_share = 0.5;    // of the host-stepped chunks' lists, what the host holds with a disk
+  std::size_t disk_limit_bytes = std::size_t{512} << 20;  // the file the disk's limits are measured over
 };
 
 /** One chunk's Adam update: real on the host; on the device, modelled time added to @p device_s
@@ -99,17 +115,35 @@ void update(const step_chunk& c, double hbm_bytes_per_s, double* device_s = null
                  adam_step_args{.step = 1, .grad_scale = 1.0f, .threads = threads});
 }
 
+/** The host with a disk tier under it: room for the staging buffers, one host step's lists and
+ *  @p share of the host-stepped chunks' four lists (param, grad, m, v); without one, unlimited. */
+host_space_options host_for(const settings& s, double host_fraction, bool disk) {
+  if (!disk) return {};
+  const double host_chunks = std::round(host_fraction * s.layers);
+  const auto chunks = static_cast<std::size_t>(static_cast<double>(runtime_options{}.disk_staging_chunks + 5) +
+                                               std::ceil(s.disk_host_share * 4 * host_chunks));
+  return {.capacity = chunks * s.chunk_elems * 4, .large_block_threshold = SIZE_MAX};  // charged at their size
+}
+
 struct model {
   simulated_device_space dev;
   host_space host;
   bench::modelled_copy_engine copier;
+  std::unique_ptr<owned_disk_tier> disk;  // before the runtime, which uses it
   runtime_t rt;
   std::vector<param_id> ids;
   std::vector<std::string> names;  // scope names: one per layer, forward and backward alike
-  model(const settings& s, double host_fraction)
+  model(const settings& s, double host_fraction, bool with_disk = false)
       : dev({.capacity = static_cast<std::size_t>(s.layers) * s.chunk_elems * 4 * 6}),
+        host(host_for(s, host_fraction, with_disk)),
         copier(copy_model{.bandwidth_bytes_per_s = s.link_bytes_per_s, .latency_s = 10e-6}, s.hbm_bytes_per_s),
+        disk(with_disk ? std::make_unique<owned_disk_tier>(
+                             disk_space_options{.directory = s.disk_dir,
+                                                .capacity = static_cast<std::size_t>(s.layers) * s.chunk_elems * 4 * 5,
+                                                .name = "bench_overlap"})
+                       : nullptr),
         rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = s.chunk_elems}), split_placement{host_fraction}) {
+    if (disk) rt.attach_disk(disk->tier());
     for (int i = 0; i < s.layers; ++i) {
       names.push_back("layer" + std::to_string(i));
       ids.push_back(
@@ -136,7 +170,8 @@ struct model {
     if (overlap)
       rt.arm_early_steps(
           {.update = [hbm, early_threads](const step_chunk& c) { update(c, hbm, nullptr, early_threads); },
-           .undo = {}});
+           .undo = {},
+           .spends_gradient = true});  // as chunk_adam's without clipping: nothing reads it after
     for (std::size_t i = 0; i < ids.size(); ++i) {
       auto s = rt.forward(names[i], {ids[i]});
       compute(t);
@@ -191,7 +226,15 @@ struct row {
   double host_fraction = 0, compute_s = 0, host_adam_s = 0, link_s = 0, sequential_s = 0, overlapped_s = 0;
   double sequential_ratio = 0, overlapped_ratio = 0, practicality_sequential = 0, practicality_overlapped = 0;
   double early_steps_per_iteration = 0;
+  bool disk = false;  // a row with the disk tier
+  double disk_s = 0;  // the sequential mode's disk bytes per iteration at the disk's limits
+  double disk_mb_sequential = 0, disk_mb_overlapped = 0;  // MB read + written per iteration, each mode
 };
+
+/** Bytes to and from the disk so far. */
+double disk_bytes(const runtime_t& rt) {
+  return static_cast<double>(rt.stats().bytes_to_disk + rt.stats().bytes_from_disk);
+}
 
 }  // namespace
 
@@ -210,6 +253,8 @@ int main(int argc, char** argv) {
     else if (a == "--rounds") s.rounds = std::stoi(next());
     else if (a == "--hbm-gbs") s.hbm_bytes_per_s = std::stod(next()) * 1e9;
     else if (a == "--link-gbs") s.link_bytes_per_s = std::stod(next()) * 1e9;
+    else if (a == "--disk-dir") s.disk_dir = next();
+    else if (a == "--disk-host-share") s.disk_host_share = std::stod(next());
     else if (a == "--json") json = next();
     else if (a == "--plot") plot = next();
     else if (a == "--quick") {
@@ -217,10 +262,12 @@ int main(int argc, char** argv) {
       s.chunk_elems = (1u << 20) / 4;
       s.rounds = 2;
       s.fractions = {0, 1};
+      s.disk_limit_bytes = std::size_t{16} << 20;
     } else {
       std::fprintf(stderr,
                    "usage: bench_overlap [--layers N] [--chunk-mib X] [--fractions 0,0.5,1] [--rounds N] "
-                   "[--hbm-gbs X] [--link-gbs X] [--json FILE] [--plot FILE.png] [--quick]\n");
+                   "[--hbm-gbs X] [--link-gbs X] [--disk-dir DIR] [--disk-host-share X] [--json FILE] "
+                   "[--plot FILE.png] [--quick]\n");
       return 2;
     }
   }
@@ -236,50 +283,83 @@ int main(int argc, char** argv) {
       s.layers, static_cast<double>(s.chunk_elems) * 4 / 1048576.0, compute * 1e3, t * 1e3, 2 * t * 1e3,
       s.hbm_bytes_per_s / 1e9);
 
+  // The disk's limits are measured after the rows without it: its writes' flushing would slow them.
+  std::optional<bench::disk_limits> limits;
+  const auto measure_disk = [&] {
+    owned_disk_tier probe(
+        disk_space_options{.directory = s.disk_dir, .capacity = s.disk_limit_bytes, .name = "bench_overlap_limit"});
+    limits = bench::measure_disk_limits(probe, s.chunk_elems * 4, s.disk_limit_bytes, 4);
+    std::printf("disk %s (%s): write %.2f GB/s, read %.2f GB/s (O_DIRECT %s; the engine %.2f / %.2f)\n\n",
+                s.disk_dir.c_str(), probe.uses_uring() ? "io_uring" : "thread pool", limits->write_gbs,
+                limits->read_gbs, limits->direct ? "on" : "off", limits->engine_write_gbs, limits->engine_read_gbs);
+  };
+
   std::vector<row> rows;
   double all_on_device = 0;
-  for (const double h : s.fractions) {
-    model m(s, h);
-    row r;
-    r.host_fraction = h;
-    r.compute_s = compute;
-    const int host_chunks = static_cast<int>(std::lround(h * s.layers));
-    r.host_adam_s = host_adam_seconds(s, host_chunks);
-    // Down: each host chunk's weights and gradient; up: its weights (full duplex: the busier way).
-    r.link_s = 2.0 * host_chunks * static_cast<double>(s.chunk_elems) * 4 / s.link_bytes_per_s;
-    // Two iterations record and adopt the trace; then rounds alternating the modes, each round 4
-    // iterations of one mode of which the first is not counted (it pays for the mode before: early
-    // updates run on into the next iteration's forward).
-    for (int w = 0; w < 2; ++w) (void)m.iteration(t, false, s.hbm_bytes_per_s);
-    std::vector<double> seq, ovl;
-    std::uint64_t early = 0;
-    for (int k = 0; k < s.rounds; ++k)
-      for (const bool overlap : {false, true}) {
-        (void)m.iteration(t, overlap, s.hbm_bytes_per_s);
-        const auto before = m.rt.stats().early_steps;
-        for (int i = 0; i < 3; ++i) (overlap ? ovl : seq).push_back(m.iteration(t, overlap, s.hbm_bytes_per_s));
-        if (overlap) early += m.rt.stats().early_steps - before;
+  for (const bool with_disk : {false, true}) {
+    if (with_disk && s.disk_dir.empty()) break;
+    if (with_disk) measure_disk();
+    for (const double h : s.fractions) {
+      if (with_disk && h == 0) continue;  // no host-stepped state: nothing for the disk to hold
+      model m(s, h, with_disk);
+      row r;
+      r.disk = with_disk;
+      r.host_fraction = h;
+      r.compute_s = compute;
+      double t_row = t;
+      const int host_chunks = static_cast<int>(std::lround(h * s.layers));
+      r.host_adam_s = host_adam_seconds(s, host_chunks);
+      // Down: each host chunk's weights and gradient; up: its weights (full duplex: the busier way).
+      r.link_s = 2.0 * host_chunks * static_cast<double>(s.chunk_elems) * 4 / s.link_bytes_per_s;
+      // Two iterations record and adopt the trace.
+      for (int w = 0; w < 2; ++w) (void)m.iteration(t_row, false, s.hbm_bytes_per_s);
+      if (with_disk) {  // the disk's share of a sequential iteration; the compute balanced against it
+        const double before = disk_bytes(m.rt);
+        const auto read0 = m.rt.stats().bytes_from_disk;
+        (void)m.iteration(t_row, false, s.hbm_bytes_per_s);
+        const double read = static_cast<double>(m.rt.stats().bytes_from_disk - read0);
+        r.disk_s = limits->seconds(read, disk_bytes(m.rt) - before - read);
+        r.compute_s = std::max(compute, r.disk_s);
+        t_row = r.compute_s / (3.0 * s.layers);
       }
-    r.early_steps_per_iteration = static_cast<double>(early) / static_cast<double>(ovl.size());
-    r.sequential_s = median(seq);
-    r.overlapped_s = median(ovl);
-    const double slowest = std::max({r.compute_s, r.host_adam_s, r.link_s});
-    r.sequential_ratio = r.sequential_s / slowest;
-    r.overlapped_ratio = r.overlapped_s / slowest;
-    if (h == 0) all_on_device = r.sequential_s;
-    rows.push_back(r);
+      // Rounds alternating the modes, each round 4 iterations of one mode of which the first is not
+      // counted (it pays for the mode before: early updates run on into the next iteration's forward).
+      std::vector<double> seq, ovl;
+      std::uint64_t early = 0;
+      double seq_bytes = 0, ovl_bytes = 0;
+      for (int k = 0; k < s.rounds; ++k)
+        for (const bool overlap : {false, true}) {
+          (void)m.iteration(t_row, overlap, s.hbm_bytes_per_s);
+          const auto before = m.rt.stats().early_steps;
+          const double bytes0 = disk_bytes(m.rt);
+          for (int i = 0; i < 3; ++i) (overlap ? ovl : seq).push_back(m.iteration(t_row, overlap, s.hbm_bytes_per_s));
+          (overlap ? ovl_bytes : seq_bytes) += disk_bytes(m.rt) - bytes0;
+          if (overlap) early += m.rt.stats().early_steps - before;
+        }
+      r.early_steps_per_iteration = static_cast<double>(early) / static_cast<double>(ovl.size());
+      r.disk_mb_sequential = seq_bytes / static_cast<double>(seq.size()) / 1e6;
+      r.disk_mb_overlapped = ovl_bytes / static_cast<double>(ovl.size()) / 1e6;
+      r.sequential_s = median(seq);
+      r.overlapped_s = median(ovl);
+      const double slowest = std::max({r.compute_s, r.host_adam_s, r.link_s, r.disk_s});
+      r.sequential_ratio = r.sequential_s / slowest;
+      r.overlapped_ratio = r.overlapped_s / slowest;
+      if (h == 0 && !with_disk) all_on_device = r.sequential_s;
+      rows.push_back(r);
+    }
   }
-  std::printf("%-9s %10s %11s %8s %14s %14s %9s %9s %8s %8s %7s\n", "host", "compute ms", "host Adam ms", "link ms",
-              "sequential ms", "overlapped ms", "seq/max", "ovl/max", "pract seq", "pract ovl", "early");
+  std::printf("%-9s %10s %11s %8s %8s %14s %14s %9s %9s %8s %8s %7s\n", "host", "compute ms", "host Adam ms", "link ms",
+              "disk ms", "sequential ms", "overlapped ms", "seq/max", "ovl/max", "pract seq", "pract ovl", "early");
   std::vector<bench::json_record> records;
-  std::string dat;
+  std::string dat, disk_dat;
   for (auto& r : rows) {
-    if (all_on_device > 0) {
+    if (all_on_device > 0 && !r.disk) {
       r.practicality_sequential = all_on_device / r.sequential_s;
       r.practicality_overlapped = all_on_device / r.overlapped_s;
     }
-    std::printf("%-9.2f %10.1f %11.1f %8.1f %14.1f %14.1f %9.3f %9.3f %8.2f %8.2f %7.1f\n", r.host_fraction,
-                r.compute_s * 1e3, r.host_adam_s * 1e3, r.link_s * 1e3, r.sequential_s * 1e3, r.overlapped_s * 1e3,
+    std::printf("%-9s %10.1f %11.1f %8.1f %8.1f %14.1f %14.1f %9.3f %9.3f %8.2f %8.2f %7.1f\n",
+                (std::to_string(r.host_fraction).substr(0, 4) + (r.disk ? " disk" : "")).c_str(), r.compute_s * 1e3,
+                r.host_adam_s * 1e3, r.link_s * 1e3, r.disk_s * 1e3, r.sequential_s * 1e3, r.overlapped_s * 1e3,
                 r.sequential_ratio, r.overlapped_ratio, r.practicality_sequential, r.practicality_overlapped,
                 r.early_steps_per_iteration);
     records.push_back(bench::json_record()
@@ -294,24 +374,37 @@ int main(int argc, char** argv) {
                           .num("practicality_sequential", r.practicality_sequential)
                           .num("practicality_overlapped", r.practicality_overlapped)
                           .num("early_steps_per_iteration", r.early_steps_per_iteration)
+                          .num("disk", r.disk ? 1 : 0)
+                          .num("disk_s", r.disk_s)
+                          .num("disk_mb_sequential", r.disk_mb_sequential)
+                          .num("disk_mb_overlapped", r.disk_mb_overlapped)
+                          .num("disk_read_limit_gbs", limits ? limits->read_gbs : 0)
+                          .num("disk_write_limit_gbs", limits ? limits->write_gbs : 0)
                           .num("layers", s.layers)
                           .num("chunk_bytes", static_cast<double>(s.chunk_elems) * 4)
                           .num("rounds", s.rounds));
-    dat += std::to_string(r.host_fraction) + " " + std::to_string(r.sequential_ratio) + " " +
-           std::to_string(r.overlapped_ratio) + "\n";
+    (r.disk ? disk_dat : dat) += std::to_string(r.host_fraction) + " " + std::to_string(r.sequential_ratio) + " " +
+                                 std::to_string(r.overlapped_ratio) + "\n";
   }
+  if (disk_dat.empty()) disk_dat = "0 NaN NaN\n";
   std::printf(
-      "\nseq/max, ovl/max: the iteration over max(compute, host Adam, link), the step after backward and inside it "
-      "(target <= 1.10); pract: the all-on-device iteration over this one\n");
+      "\nseq/max, ovl/max: the iteration over max(compute, host Adam, link, disk), the step after backward and "
+      "inside it (target <= 1.10; <= 1.15 with the disk); pract: the all-on-device iteration over this one; disk "
+      "MB per iteration, sequential / overlapped:");
+  for (const auto& r : rows)
+    if (r.disk) std::printf(" %.2f: %.0f / %.0f;", r.host_fraction, r.disk_mb_sequential, r.disk_mb_overlapped);
+  std::printf("\n");
   if (!json.empty()) bench::write_json(json, records);
   if (!plot.empty())
     return bench::run_gnuplot(
         "bench_overlap", plot,
-        "set title 'Iteration over max(compute, host Adam, link): the step after backward and inside "
+        "set title 'Iteration over max(compute, host Adam, link, disk): the step after backward and inside "
         "it'\nset xlabel 'share of chunks stepped on the host'\nset ylabel 'iteration / slowest "
         "resource'\nset yrange [0:*]\nset key top left\nset grid\nplot '@DIR@/overlap.dat' using "
         "1:2 with linespoints lw 2 title 'step after backward', '' using 1:3 with linespoints "
-        "lw 2 title 'step inside backward (early steps)', 1.10 with lines dt 2 title 'target 1.10'\n",
-        {{"overlap.dat", dat}}, "1000,600");
+        "lw 2 title 'step inside backward (early steps)', '@DIR@/disk.dat' using 1:2 with linespoints lw 2 dt 3 "
+        "title 'after backward, disk tier', '' using 1:3 with linespoints lw 2 dt 3 title 'inside backward, disk "
+        "tier', 1.10 with lines dt 2 title 'target 1.10'\n",
+        {{"overlap.dat", dat}, {"disk.dat", disk_dat}}, "1000,600");
   return 0;
 }

@@ -217,6 +217,7 @@ void same_bits(run_options o, Scaler scaler = Scaler{}) {
   for (std::size_t s = 0; s < plain.steps.size(); ++s) {
     CAPTURE(s);
     CHECK(plain.steps[s].stepped == early.steps[s].stepped);
+    CHECK(plain.steps[s].grad_norm == early.steps[s].grad_norm);  // scanned in the update where it spends its gradient
     CHECK(plain.steps[s].clip_coefficient == early.steps[s].clip_coefficient);
   }
 }

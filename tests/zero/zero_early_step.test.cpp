@@ -45,7 +45,7 @@ struct outcome {
   std::size_t early_steps = 0;                      // over all ranks
 };
 
-/** @p ranks ZeRO ranks; with @p disk_dir, each with a host of 6 blocks (less than its share of
+/** @p ranks ZeRO ranks; with @p disk_dir, each with a host of 8 blocks (less than its share of
  *  the model data) and a disk tier of its own there, and a device of the activations and 6 chunks. */
 outcome train(int ranks, bool memory_saving, float max_grad_norm, bool prepare, const std::string& disk_dir = {}) {
   outcome out;
@@ -67,7 +67,7 @@ outcome train(int ranks, bool memory_saving, float max_grad_norm, bool prepare, 
                                                           chunkstar::testing::mlp_chunk_bytes;
     replica r(
         {.sharding = {.enabled = true, .memory_saving = memory_saving}}, device,
-        host_space_options{.capacity = disk_dir.empty() ? host_space_options{}.capacity : 6 * block},
+        host_space_options{.capacity = disk_dir.empty() ? host_space_options{}.capacity : 8 * block},
         [&](replica::runtime_type& rt) {
           if (disk) rt.attach_disk(disk_tier(*disk, *disk_io));
         },

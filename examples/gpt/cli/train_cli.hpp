@@ -103,7 +103,8 @@ inline void add_train_options(CLI::App& app, train_options& o) {
                  "Start each host-stepped chunk's optimizer step inside backward, once its gradient is final "
                  "(speculative where clipping or fp16 could undo it; the same bits either way): on, off, or auto "
                  "(on with --device cuda, where backward's kernels leave the host idle; off on the simulated "
-                 "device, where backward and the step share the same cores: measured in docs/performance.md). "
+                 "device, where backward and the step share the same cores, and with --disk-dir, where the Adam "
+                 "state of every chunk stepped early crowds the host: measured in docs/performance.md). "
                  "One process and --parallel zero (each rank steps its own chunks once reduced to it)");
   app.add_option("--sleep-after", o.sleep_after,
                  "After this step, put the training state to sleep (every chunk off the device, its buffers freed: "

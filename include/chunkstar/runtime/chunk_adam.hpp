@@ -186,17 +186,28 @@ class chunk_adam {
         per_chunk += elems * ps;  // the weights: fp32 ones are the master, 16-bit ones are kept too
       }
       if (can_undo) sp.kept = std::make_shared<kept_state>(rt.plan().num_chunks);
+      // Where nothing can undo an update it is the gradient's last reader: the norm's scan of the
+      // chunk runs first, in the update (the step's own function and threads: the same bits), and
+      // the runtime frees the gradient once the update is joined (early_steps::spends_gradient).
+      const bool spends = !can_undo && !options_.counts_in_norm;
+      if (spends && options_.report_norm) sp.sums = std::make_shared<std::vector<double>>(rt.plan().num_chunks, 0.0);
       early_ = sp;
       // Self-contained: an update kept as it is may still run while the next forward starts,
       // after step() has returned (the runtime joins it before anything reads its chunk).
-      early_steps e{.update =
-                        [groups = groups_, base = sp.base, args = sp.args, kept = sp.kept](const step_chunk& c) {
-                          if (kept) keep(*kept, c);
-                          update_chunk<Runtime>(groups, c, base, args);
-                        },
-                    .undo = {},
-                    .kept_bytes_per_chunk = per_chunk,
-                    .kept_budget = options_.early_step_bytes};
+      early_steps e{
+          .update =
+              [groups = groups_, base = sp.base, args = sp.args, kept = sp.kept, sums = sp.sums,
+               scan_threads = options_.threads](const step_chunk& c) {
+                if (sums)
+                  (*sums)[c.index] =
+                      host_adam_kernels::scan(c.grad, c.param_type, c.elems, args.grad_scale, scan_threads).sum_sq;
+                if (kept) keep(*kept, c);
+                update_chunk<Runtime>(groups, c, base, args);
+              },
+          .undo = {},
+          .kept_bytes_per_chunk = per_chunk,
+          .kept_budget = options_.early_step_bytes,
+          .spends_gradient = spends};
       if (can_undo) e.undo = [kept = sp.kept](const step_chunk& c) { restore(*kept, c); };
       if (!rt.arm_early_steps(std::move(e))) {
         early_.reset();
@@ -258,7 +269,9 @@ class chunk_adam {
         // per-chunk sums (zeros elsewhere) is exact. One collective gives both answers: a rank with
         // inf/NaN makes the global sum non-finite.
         std::vector<double> per_chunk(rt.plan().num_chunks, 0.0);
+        std::vector<char> scanned(rt.plan().num_chunks, 0);
         rt.for_each_grad_chunk([&](const step_chunk& c) {
+          scanned[c.index] = 1;
           if (!options_.counts_in_norm) {
             per_chunk[c.index] = scan_chunk<Runtime>(c.grad, c.param_type, c.elems, unscale, c.where).sum_sq;
             return;
@@ -270,6 +283,12 @@ class chunk_adam {
                                                         c.param_type, c.slots[t].numel, unscale, c.where)
                                         .sum_sq;
         });
+        // A chunk stepped early whose gradient the update spent: its sum, taken in the update (the
+        // runtime frees the gradient only once the update is joined, so it is written by then).
+        if constexpr (requires { rt.stepped_early(); })
+          if (early_ && early_->sums)
+            for (const std::uint32_t c : rt.stepped_early())
+              if (!scanned[c]) per_chunk[c] = (*early_->sums)[c];
         if (rt.gradients() == gradient_mode::sharded && !options_.global_sum_sq)
           rt.communicator().allreduce(std::span<double>(per_chunk), reduce_op::sum);
         for (double x : per_chunk) sum_sq += x;
@@ -423,6 +442,8 @@ class chunk_adam {
     adam_hyper base;
     adam_step_args args;
     std::shared_ptr<kept_state> kept;  // null: nothing could undo it, nothing is kept
+    /// Per chunk index: the norm's sum of an update that spent its gradient (null: none do)
+    std::shared_ptr<std::vector<double>> sums;
   };
 
   /** A step decided (norm, clip, scale) whose update has not finished. */

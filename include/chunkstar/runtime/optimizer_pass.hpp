@@ -111,6 +111,10 @@ struct early_steps {
   std::function<void(const step_chunk&)> undo;
   std::size_t kept_bytes_per_chunk = 0;
   std::size_t kept_budget = std::numeric_limits<std::size_t>::max();
+  /// The update is its gradient's last reader (nothing can undo it, and what reads gradients after
+  /// backward, a norm, read it first): the gradient is freed as soon as the update is joined
+  /// rather than at the step, so the host does not hold every stepped chunk's gradient till then.
+  bool spends_gradient = false;
 };
 
 /** @brief The step over every chunk index. @tparam Residency a residency_manager over the same store.
@@ -258,6 +262,15 @@ class optimizer_pass {
             .slots = plan.slots,
             .specs = specs};
   }
+  /** With a disk tier: whether chunk @p c's lists not on the host yet fit its budget now. */
+  [[nodiscard]] bool host_has_room_for(std::uint32_t c) const {
+    if (!store_.has_disk()) return true;
+    std::size_t bytes = 0;
+    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+      if (store_.has(k) && store_.at({k, c}).where != tier::host)
+        bytes += store_.footprint(tier::host, store_.bytes_of(k));
+    return store_.resident(tier::host) + bytes <= residency_.host_budget();
+  }
   /** Calls @p g(view) with chunk @p c's lists resident on the host and pinned. */
   template <class G>
   void on_host(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type, G&& g);
@@ -329,6 +342,16 @@ class optimizer_pass {
       }
       j.pins.reset();  // the chunk is the pass's again whatever the update did
       if (j.release_gradient) store_.release({chunk_kind::grad, j.chunk});
+      // Its weights go back to the compute tier while there is budget, where forward wants them, as
+      // the pass's do: left on the host, the stepped chunks' weights would crowd out the Adam state
+      // (below a disk tier, off to the disk and back).
+      const chunk_id param{chunk_kind::param, j.chunk};
+      try {
+        if (store_.at(param).where == tier::host && !store_.at(param).pinned &&
+            store_.device_in_use() + store_.bytes_of(chunk_kind::param) <= residency_.budget_now())
+          residency_.load_ahead(param, /*touch=*/false);
+      } catch (...) {  // an optimisation: the next forward loads it on demand
+      }
       if (on_early_update) {
         try {
           on_early_update(j.span->begin, j.span->end);
@@ -459,12 +482,18 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     for (const std::uint32_t c : early_plan_.at(cursor_)) due_.push_back(c);
   for (std::size_t i = 0; i < due_.size();) {
     const std::uint32_t c = due_[i];
-    if (!in_place(c)) {  // its reduction still runs: a later scope's opening steps it
+    if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) {
+      due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    // Not yet (a later scope's opening tries again; the pass, at the latest): its reduction still
+    // runs, or, below a disk tier, its lists would not fit the host without sending state down
+    // that is needed sooner (the early step would then cost the disk more than it hides).
+    if (!in_place(c) || !host_has_room_for(c)) {
       ++i;
       continue;
     }
     due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
-    if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) continue;
     join_where([&](const early_job& j) { return j.chunk == c; });  // the last iteration's (long done by now)
     // The lists come to the host (copies from the device started, not waited for: the worker
     // waits for them), stay pinned while the worker runs the update, and this thread goes on
@@ -492,7 +521,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     const step_chunk view = view_of(c, tier::host, plan, specs, param_type);
     auto span = std::make_shared<typename early_job::outcome>();
     auto finished = std::make_shared<std::promise<void>>();
-    jobs_.push_back({c, std::move(pins), span, finished->get_future().share()});
+    jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), early_->spends_gradient});
     done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
     // Of the updates waiting, the one whose weights the next iteration reads first runs first.
     const std::size_t next_use = tracer_.next_use({chunk_kind::param, c}, tracer_.current_moment());
