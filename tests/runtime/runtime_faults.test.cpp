@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <string>
 #include <vector>
@@ -142,6 +143,7 @@ using runtime_t = chunk_runtime<fixed_chunk_layout, faulty_placement, faulty_evi
 
 struct outcome {
   std::vector<float> params, momentum;
+  std::uint64_t early_steps = 0;
   std::vector<double> losses;
   std::size_t faults = 0;
   std::size_t calls[static_cast<int>(source::count)]{};
@@ -162,9 +164,10 @@ auto retry(runtime_t& rt, std::size_t& faults, F&& f) {
   }
 }
 
-/** A tanh MLP (L layers of width D) trained for `steps` with chunk_adam (clipping on) under a
- *  device that holds about a third of the model data, so chunks move, prefetch and evict. */
-outcome train(fault_plan& fp) {
+/** A tanh MLP (L layers of width D) trained for `steps` with chunk_adam (clipping at
+ *  @p max_grad_norm) under a device that holds about a third of the model data, so chunks move,
+ *  prefetch and evict; with @p early, each step starts inside backward (chunk_adam::prepare). */
+outcome train(fault_plan& fp, float max_grad_norm = 0.5f, bool early = false) {
   constexpr int L = 5, D = 16, B = 4, steps = 4;
   plan = &fp;
   struct reset_plan {
@@ -186,13 +189,14 @@ outcome train(fault_plan& fp) {
     b.push_back(rt.register_param({"b" + std::to_string(l), {D}, dtype::f32, tensor_role::bias}));
   }
   retry(rt, out.faults, [&] { rt.finalize(); });
-  chunk_adam<> opt({.hyper = {.lr = 1e-2f, .weight_decay = 0.01f}, .max_grad_norm = 0.5f},
+  chunk_adam<> opt({.hyper = {.lr = 1e-2f, .weight_decay = 0.01f}, .max_grad_norm = max_grad_norm},
                    param_groups::with_default_decay(0.01f));
   const auto alloc = [&] {
     return static_cast<float*>(retry(rt, out.faults, [&] { return rt.allocate_non_model(act); }));
   };
 
   for (int step = 1; step <= steps; ++step) {
+    if (early) (void)opt.prepare(rt, 1e-2f);
     std::vector<float*> h;
     for (int l = 0; l <= L; ++l) h.push_back(alloc());
     for (int i = 0; i < B * D; ++i) h[0][i] = std::cos(0.3f * static_cast<float>(i + step));
@@ -250,6 +254,7 @@ outcome train(fault_plan& fp) {
     out.momentum.insert(out.momentum.end(), v.begin(), v.end());
   }
   CHECK(rt.stats().bytes_to_host > 0);  // the budget made chunks move (so faults hit real moves)
+  if (early) out.early_steps = rt.stats().early_steps;
   for (int s = 0; s < static_cast<int>(source::count); ++s) out.calls[s] = fp.calls[s];
   return out;
 }
@@ -283,6 +288,39 @@ TEST_CASE(
       CHECK(o.momentum == reference.momentum);
     }
     CHECK(fired > 0);
+  }
+}
+
+TEST_CASE(
+    "with the step inside backward (no clipping, and clipping that never bites), a throw at any call: the bits of "
+    "the run without prepare()") {
+  for (const float max_norm : {0.0f, 1e6f}) {
+    CAPTURE(max_norm);
+    fault_plan none;
+    const outcome reference = train(none, max_norm, false);
+    fault_plan none_early;
+    const outcome early = train(none_early, max_norm, true);
+    REQUIRE(early.early_steps > 0);
+    CHECK(early.params == reference.params);
+    CHECK(early.momentum == reference.momentum);
+    for (int s = 0; s < static_cast<int>(source::count); ++s) {
+      const std::size_t total = none_early.calls[s];
+      CAPTURE(s);
+      const std::size_t stride = std::max<std::size_t>(1, total / 30);
+      std::size_t fired = 0;
+      for (std::size_t at = 1; at <= total; at += stride) {
+        CAPTURE(at);
+        fault_plan fp;
+        fp.armed = static_cast<source>(s);
+        fp.at = at;
+        const outcome o = train(fp, max_norm, true);
+        fired += fp.fired;
+        CHECK(o.losses == reference.losses);
+        CHECK(o.params == reference.params);
+        CHECK(o.momentum == reference.momentum);
+      }
+      CHECK(fired > 0);
+    }
   }
 }
 
