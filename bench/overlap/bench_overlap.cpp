@@ -25,13 +25,20 @@
 // measured first (bench/disk_limits.hpp); the disk resource is the sequential mode's disk bytes per
 // iteration at those limits, and the compute of those rows is calibrated to the larger of the host
 // Adam of every chunk and that disk time (again the balanced case).
+// With --zero-gbs, rows for ZeRO over 2 in-process ranks whose collectives go over a modelled link
+// of each speed (bench/zero/modelled_link.hpp), at the --zero-fractions host shares; the link
+// resource is a rank's modelled seconds per sequential iteration, and the compute is balanced
+// against the larger of it and the host Adam of a rank's share.
 //   bench_overlap [--layers 24] [--chunk-mib 8] [--fractions 0,0.25,0.5,0.75,1] [--rounds 5]
 //                 [--hbm-gbs 4000] [--link-gbs 55] [--disk-dir DIR] [--disk-host-share 0.5]
-//                 [--json FILE] [--plot FILE.png] [--quick]
+//                 [--zero-gbs 1,0.2] [--zero-fractions 0.5,1] [--json FILE] [--plot FILE.png] [--quick]
 #include "../bench_cli.hpp"
 #include "../bench_report.hpp"
 #include "../disk_limits.hpp"
+#include "../zero/modelled_link.hpp"
 #include "modelled_copy_engine.hpp"
+
+#include <chunkstar/comm/in_process_group.hpp>
 
 #include <chunkstar/disk/owned_disk_tier.hpp>
 
@@ -81,8 +88,10 @@ struct split_placement {
 static_assert(PlacementPolicy<split_placement>);
 
 using modelled_platform = platform<simulated_device_space, host_space, bench::modelled_copy_engine>;
-using runtime_t = chunk_runtime<fixed_chunk_layout, split_placement, belady_eviction, warmup_tracer,
-                                single_process_communicator, modelled_platform>;
+template <class Comm>
+using runtime_over =
+    chunk_runtime<fixed_chunk_layout, split_placement, belady_eviction, warmup_tracer, Comm, modelled_platform>;
+using link_comm = bench_zero::modelled_link<in_process_communicator>;
 
 struct settings {
   int layers = 24;
@@ -94,6 +103,8 @@ struct settings {
   std::string disk_dir;            // empty: no disk rows
   double disk_host_share = 0.5;    // of the host-stepped chunks' lists, what the host holds with a disk
   std::size_t disk_limit_bytes = std::size_t{512} << 20;  // the file the disk's limits are measured over
+  std::vector<double> zero_gbs;                           // ZeRO rows over 2 ranks at these link speeds
+  std::vector<double> zero_fractions = {0.5, 1};          // ... and these host shares
 };
 
 /** One chunk's Adam update: real on the host; on the device, modelled time added to @p device_s
@@ -125,15 +136,18 @@ host_space_options host_for(const settings& s, double host_fraction, bool disk) 
   return {.capacity = chunks * s.chunk_elems * 4, .large_block_threshold = SIZE_MAX};  // charged at their size
 }
 
+/** One process's (or one ZeRO rank's, over @p Comm) model and runtime. */
+template <class Comm = single_process_communicator>
 struct model {
   simulated_device_space dev;
   host_space host;
   bench::modelled_copy_engine copier;
   std::unique_ptr<owned_disk_tier> disk;  // before the runtime, which uses it
-  runtime_t rt;
+  runtime_over<Comm> rt;
   std::vector<param_id> ids;
   std::vector<std::string> names;  // scope names: one per layer, forward and backward alike
-  model(const settings& s, double host_fraction, bool with_disk = false)
+  template <class... CommArg>
+  model(const settings& s, double host_fraction, bool with_disk, runtime_options options, CommArg&... comm)
       : dev({.capacity = static_cast<std::size_t>(s.layers) * s.chunk_elems * 4 * 6}),
         host(host_for(s, host_fraction, with_disk)),
         copier(copy_model{.bandwidth_bytes_per_s = s.link_bytes_per_s, .latency_s = 10e-6}, s.hbm_bytes_per_s),
@@ -142,7 +156,8 @@ struct model {
                                                 .capacity = static_cast<std::size_t>(s.layers) * s.chunk_elems * 4 * 5,
                                                 .name = "bench_overlap"})
                        : nullptr),
-        rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = s.chunk_elems}), split_placement{host_fraction}) {
+        rt(dev, host, copier, comm..., options, fixed_chunk_layout({.chunk_elems = s.chunk_elems}),
+           split_placement{host_fraction}) {
     if (disk) rt.attach_disk(disk->tier());
     for (int i = 0; i < s.layers; ++i) {
       names.push_back("layer" + std::to_string(i));
@@ -178,7 +193,7 @@ struct model {
     }
     for (std::size_t i = ids.size(); i-- > 0;) {
       auto s = rt.backward(names[i], {ids[i]});
-      s.grad<float>(ids[i])[0] = 1e-3f;  // the gradient is written (its chunk materialised, as a kernel would)
+      s.template grad<float>(ids[i])[0] = 1e-3f;  // the gradient is written (its chunk materialised, as a kernel would)
       compute(2 * t);
     }
     double device_steps = 0;
@@ -226,13 +241,15 @@ struct row {
   double host_fraction = 0, compute_s = 0, host_adam_s = 0, link_s = 0, sequential_s = 0, overlapped_s = 0;
   double sequential_ratio = 0, overlapped_ratio = 0, practicality_sequential = 0, practicality_overlapped = 0;
   double early_steps_per_iteration = 0;
-  bool disk = false;  // a row with the disk tier
-  double disk_s = 0;  // the sequential mode's disk bytes per iteration at the disk's limits
+  bool disk = false;    // a row with the disk tier
+  double zero_gbs = 0;  // > 0: a ZeRO row, 2 ranks over a link of this speed (GB/s)
+  double disk_s = 0;    // the sequential mode's disk bytes per iteration at the disk's limits
   double disk_mb_sequential = 0, disk_mb_overlapped = 0;  // MB read + written per iteration, each mode
 };
 
 /** Bytes to and from the disk so far. */
-double disk_bytes(const runtime_t& rt) {
+template <class Runtime>
+double disk_bytes(const Runtime& rt) {
   return static_cast<double>(rt.stats().bytes_to_disk + rt.stats().bytes_from_disk);
 }
 
@@ -255,6 +272,8 @@ int main(int argc, char** argv) {
     else if (a == "--link-gbs") s.link_bytes_per_s = std::stod(next()) * 1e9;
     else if (a == "--disk-dir") s.disk_dir = next();
     else if (a == "--disk-host-share") s.disk_host_share = std::stod(next());
+    else if (a == "--zero-gbs") s.zero_gbs = bench::parse_number_list(a, next());
+    else if (a == "--zero-fractions") s.zero_fractions = bench::parse_number_list(a, next());
     else if (a == "--json") json = next();
     else if (a == "--plot") plot = next();
     else if (a == "--quick") {
@@ -266,7 +285,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_overlap [--layers N] [--chunk-mib X] [--fractions 0,0.5,1] [--rounds N] "
-                   "[--hbm-gbs X] [--link-gbs X] [--disk-dir DIR] [--disk-host-share X] [--json FILE] "
+                   "[--hbm-gbs X] [--link-gbs X] [--disk-dir DIR] [--disk-host-share X] [--zero-gbs 1,0.2] "
+                   "[--zero-fractions 0.5,1] [--json FILE] "
                    "[--plot FILE.png] [--quick]\n");
       return 2;
     }
@@ -301,7 +321,7 @@ int main(int argc, char** argv) {
     if (with_disk) measure_disk();
     for (const double h : s.fractions) {
       if (with_disk && h == 0) continue;  // no host-stepped state: nothing for the disk to hold
-      model m(s, h, with_disk);
+      model<> m(s, h, with_disk, {});
       row r;
       r.disk = with_disk;
       r.host_fraction = h;
@@ -348,20 +368,75 @@ int main(int argc, char** argv) {
       rows.push_back(r);
     }
   }
+  // ZeRO rows: 2 in-process ranks, collectives over a modelled link (bench/zero/modelled_link.hpp);
+  // each rank steps the chunks it owns, inside backward once reduced to it. The link resource is
+  // its modelled seconds per sequential iteration; the compute is balanced against the larger of
+  // that and the host Adam of a rank's share.
+  for (const double gbs : s.zero_gbs)
+    for (const double h : s.zero_fractions) {
+      constexpr int ranks = 2;
+      row r;
+      r.zero_gbs = gbs;
+      r.host_fraction = h;
+      const int host_chunks = static_cast<int>(std::lround(h * s.layers));
+      r.host_adam_s = host_adam_seconds(s, (host_chunks + ranks - 1) / ranks);
+      std::vector<std::vector<double>> seq(ranks), ovl(ranks);
+      std::vector<double> link_s(ranks, 0.0), early(ranks, 0.0);
+      run_ranks(ranks, [&](in_process_communicator& comm) {
+        const auto me = static_cast<std::size_t>(comm.rank());
+        link_comm link(comm, {.bandwidth_bytes_per_s = gbs * 1e9, .latency_s = 10e-6});
+        model<link_comm> m(s, h, false, {.sharding = {.enabled = true}}, link);
+        double t_rank = t;
+        for (int w = 0; w < 2; ++w) (void)m.iteration(t_rank, false, s.hbm_bytes_per_s);
+        const double l0 = link.modelled_seconds();
+        (void)m.iteration(t_rank, false, s.hbm_bytes_per_s);
+        link_s[me] = link.modelled_seconds() - l0;
+        // Every rank balances against the same figures: rank 0's link time (the ranks' are equal
+        // within latency) and the share's host Adam.
+        comm.barrier();
+        const double balanced = std::max(r.host_adam_s, link_s[0]);
+        t_rank = balanced / (3.0 * s.layers);
+        for (int k = 0; k < s.rounds; ++k)
+          for (const bool overlap : {false, true}) {
+            (void)m.iteration(t_rank, overlap, s.hbm_bytes_per_s);
+            const auto before = m.rt.stats().early_steps;
+            for (int i = 0; i < 3; ++i)
+              (overlap ? ovl : seq)[me].push_back(m.iteration(t_rank, overlap, s.hbm_bytes_per_s));
+            if (overlap) early[me] += static_cast<double>(m.rt.stats().early_steps - before);
+          }
+      });
+      const auto slowest_rank = [&](const std::vector<std::vector<double>>& v) {
+        std::vector<double> worst(v[0].size(), 0.0);
+        for (const auto& per : v)
+          for (std::size_t i = 0; i < per.size(); ++i) worst[i] = std::max(worst[i], per[i]);
+        return median(worst);
+      };
+      r.link_s = link_s[0];
+      r.compute_s = std::max(r.host_adam_s, link_s[0]);
+      r.sequential_s = slowest_rank(seq);
+      r.overlapped_s = slowest_rank(ovl);
+      r.early_steps_per_iteration = (early[0] + early[1]) / static_cast<double>(ovl[0].size());
+      const double slowest = std::max({r.compute_s, r.host_adam_s, r.link_s});
+      r.sequential_ratio = r.sequential_s / slowest;
+      r.overlapped_ratio = r.overlapped_s / slowest;
+      rows.push_back(r);
+    }
   std::printf("%-9s %10s %11s %8s %8s %14s %14s %9s %9s %8s %8s %7s\n", "host", "compute ms", "host Adam ms", "link ms",
               "disk ms", "sequential ms", "overlapped ms", "seq/max", "ovl/max", "pract seq", "pract ovl", "early");
   std::vector<bench::json_record> records;
   std::string dat, disk_dat;
   for (auto& r : rows) {
-    if (all_on_device > 0 && !r.disk) {
+    if (all_on_device > 0 && !r.disk && r.zero_gbs == 0) {
       r.practicality_sequential = all_on_device / r.sequential_s;
       r.practicality_overlapped = all_on_device / r.overlapped_s;
     }
     std::printf("%-9s %10.1f %11.1f %8.1f %8.1f %14.1f %14.1f %9.3f %9.3f %8.2f %8.2f %7.1f\n",
-                (std::to_string(r.host_fraction).substr(0, 4) + (r.disk ? " disk" : "")).c_str(), r.compute_s * 1e3,
-                r.host_adam_s * 1e3, r.link_s * 1e3, r.disk_s * 1e3, r.sequential_s * 1e3, r.overlapped_s * 1e3,
-                r.sequential_ratio, r.overlapped_ratio, r.practicality_sequential, r.practicality_overlapped,
-                r.early_steps_per_iteration);
+                (std::to_string(r.host_fraction).substr(0, 4) + (r.disk ? " disk" : "") +
+                 (r.zero_gbs > 0 ? " zero " + std::to_string(r.zero_gbs).substr(0, 3) : ""))
+                    .c_str(),
+                r.compute_s * 1e3, r.host_adam_s * 1e3, r.link_s * 1e3, r.disk_s * 1e3, r.sequential_s * 1e3,
+                r.overlapped_s * 1e3, r.sequential_ratio, r.overlapped_ratio, r.practicality_sequential,
+                r.practicality_overlapped, r.early_steps_per_iteration);
     records.push_back(bench::json_record()
                           .num("host_fraction", r.host_fraction)
                           .num("compute_s", r.compute_s)
@@ -375,6 +450,7 @@ int main(int argc, char** argv) {
                           .num("practicality_overlapped", r.practicality_overlapped)
                           .num("early_steps_per_iteration", r.early_steps_per_iteration)
                           .num("disk", r.disk ? 1 : 0)
+                          .num("zero_link_gbs", r.zero_gbs)
                           .num("disk_s", r.disk_s)
                           .num("disk_mb_sequential", r.disk_mb_sequential)
                           .num("disk_mb_overlapped", r.disk_mb_overlapped)
@@ -383,6 +459,7 @@ int main(int argc, char** argv) {
                           .num("layers", s.layers)
                           .num("chunk_bytes", static_cast<double>(s.chunk_elems) * 4)
                           .num("rounds", s.rounds));
+    if (r.zero_gbs > 0) continue;  // the table and JSON only
     (r.disk ? disk_dat : dat) += std::to_string(r.host_fraction) + " " + std::to_string(r.sequential_ratio) + " " +
                                  std::to_string(r.overlapped_ratio) + "\n";
   }
