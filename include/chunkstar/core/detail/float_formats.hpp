@@ -9,15 +9,24 @@
 
 #include <chunkstar/config.hpp>
 
-#include <bit>
 #include <cstdint>
 
 namespace chunkstar {
 
+namespace float_detail {
+/** std::bit_cast for host and device code: std::bit_cast is a host function to nvcc (warning
+ *  #20013 from a __host__ __device__ caller); the builtin it is made of is not. */
+template <class To, class From>
+CHUNKSTAR_HOST_DEVICE constexpr To bit_cast(const From& from) noexcept {
+  static_assert(sizeof(To) == sizeof(From));
+  return __builtin_bit_cast(To, from);
+}
+}  // namespace float_detail
+
 /** @brief IEEE binary32 to binary16 bits, round to nearest even; NaNs stay NaN (quietened, sign
  *         and top payload bits kept), overflow goes to infinity, underflow to subnormals or zero. */
 CHUNKSTAR_HOST_DEVICE constexpr std::uint16_t float_to_f16_bits(float f) noexcept {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t x = float_detail::bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t a = x & 0x7fffffffu;
   if (a >= 0x7f800000u)  // inf or NaN
@@ -46,28 +55,28 @@ CHUNKSTAR_HOST_DEVICE constexpr float f16_bits_to_float(std::uint16_t h) noexcep
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t e = (h >> 10) & 0x1fu;
   std::uint32_t m = h & 0x3ffu;
-  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
-  if (e != 0) return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
-  if (m == 0) return std::bit_cast<float>(sign);
+  if (e == 0x1f) return float_detail::bit_cast<float>(sign | 0x7f800000u | (m << 13));
+  if (e != 0) return float_detail::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
+  if (m == 0) return float_detail::bit_cast<float>(sign);
   // Subnormal: normalise the mantissa.
   std::uint32_t exp = 113;
   while ((m & 0x400u) == 0) {
     m <<= 1;
     --exp;
   }
-  return std::bit_cast<float>(sign | (exp << 23) | ((m & 0x3ffu) << 13));
+  return float_detail::bit_cast<float>(sign | (exp << 23) | ((m & 0x3ffu) << 13));
 }
 
 /** @brief IEEE binary32 to bfloat16 bits, round to nearest even; NaNs stay NaN (quietened). */
 CHUNKSTAR_HOST_DEVICE constexpr std::uint16_t float_to_bf16_bits(float f) noexcept {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t x = float_detail::bit_cast<std::uint32_t>(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
   return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
 /** @brief bfloat16 bits to binary32 (exact). */
 CHUNKSTAR_HOST_DEVICE constexpr float bf16_bits_to_float(std::uint16_t b) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+  return float_detail::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
 }
 
 /** @brief A binary16 value in storage; converts to and from float explicitly. */
