@@ -201,6 +201,13 @@ struct two_weights {
         b(rt.register_param({"b", {300}, dtype::f32, tensor_role::weight})) {
     rt.finalize();
   }
+  /** Forward a, b; backward b, a: opening a's backward starts b's update (nothing uses b again). */
+  void iteration() {
+    { auto f = rt.forward("fa", {a}); }
+    { auto f = rt.forward("fb", {b}); }
+    { auto g = rt.backward("bb", {b}); }
+    { auto g = rt.backward("ba", {a}); }
+  }
 };
 
 template <class T, class Scaler = static_loss_scaler>
@@ -341,13 +348,8 @@ TEST_CASE("early steps: step() with other arguments than prepare()'s is refused 
 TEST_CASE("early steps: an update kept as it is runs on after step() returns; a read waits for it") {
   two_weights w;
   auto& rt = w.rt;
-  const param_id a = w.a, b = w.b;
-  const auto iteration = [&] {
-    { auto f = rt.forward("fa", {a}); }
-    { auto f = rt.forward("fb", {b}); }
-    { auto g = rt.backward("bb", {b}); }
-    { auto g = rt.backward("ba", {a}); }  // opening it starts b's update (nothing uses b again)
-  };
+  const param_id b = w.b;
+  const auto iteration = [&] { w.iteration(); };
   iteration();  // records the trace
   rt.step([](const step_chunk&) {});
   std::promise<void> gate;
@@ -382,19 +384,15 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
 TEST_CASE("early steps: an update that fails reaches the caller, even when it fails while room is being made") {
   two_weights w;
   auto& rt = w.rt;
-  const param_id a = w.a, b = w.b;
-  const auto iteration = [&] {
-    { auto f = rt.forward("fa", {a}); }
-    { auto f = rt.forward("fb", {b}); }
-    { auto g = rt.backward("bb", {b}); }
-    { auto g = rt.backward("ba", {a}); }  // opening it starts b's update
-  };
+  const param_id b = w.b;
+  const auto iteration = [&] { w.iteration(); };
   iteration();  // records the trace
   rt.step([](const step_chunk&) {});
-  REQUIRE(rt.arm_early_steps({.update = [](const step_chunk& c) {
-                                static_cast<float*>(c.param)[0] = 7.0f;  // changed, then failed
-                                throw io_error("the early update failed");
-                              },
+  REQUIRE(rt.arm_early_steps({.update =
+                                  [](const step_chunk& c) {
+                                    static_cast<float*>(c.param)[0] = 7.0f;  // changed, then failed
+                                    throw io_error("the early update failed");
+                                  },
                               .undo = {}}));
   iteration();
   CHECK(rt.stepped_early().size() == 1);
