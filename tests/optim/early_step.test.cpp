@@ -208,6 +208,11 @@ struct two_weights {
     { auto g = rt.backward("bb", {b}); }
     { auto g = rt.backward("ba", {a}); }
   }
+  /** One iteration and a step that changes nothing: the trace the early steps plan from. */
+  void record_trace() {
+    iteration();
+    rt.step([](const step_chunk&) {});
+  }
 };
 
 template <class T, class Scaler = static_loss_scaler>
@@ -349,9 +354,7 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
   two_weights w;
   auto& rt = w.rt;
   const param_id b = w.b;
-  const auto iteration = [&] { w.iteration(); };
-  iteration();  // records the trace
-  rt.step([](const step_chunk&) {});
+  w.record_trace();
   std::promise<void> gate;
   std::atomic<int> ran{0};
   REQUIRE(rt.arm_early_steps({.update =
@@ -361,7 +364,7 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
                                     ++ran;
                                   },
                               .undo = {}}));
-  iteration();
+  w.iteration();
   CHECK(rt.stepped_early().size() == 1);
   // The gate opens once step() has returned, or after 2 s if it does not (a step that waited for
   // the update would then fail the check below instead of hanging).
@@ -385,16 +388,14 @@ TEST_CASE("early steps: an update that fails reaches the caller, even when it fa
   two_weights w;
   auto& rt = w.rt;
   const param_id b = w.b;
-  const auto iteration = [&] { w.iteration(); };
-  iteration();  // records the trace
-  rt.step([](const step_chunk&) {});
+  w.record_trace();
   REQUIRE(rt.arm_early_steps({.update =
                                   [](const step_chunk& c) {
                                     static_cast<float*>(c.param)[0] = 7.0f;  // changed, then failed
                                     throw io_error("the early update failed");
                                   },
                               .undo = {}}));
-  iteration();
+  w.iteration();
   CHECK(rt.stepped_early().size() == 1);
   // Joined where it cannot throw (as when a host full below a disk tier needs the update's chunks),
   // the failure is kept ...
