@@ -521,24 +521,29 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     const step_chunk view = view_of(c, tier::host, plan, specs, param_type);
     auto span = std::make_shared<typename early_job::outcome>();
     auto finished = std::make_shared<std::promise<void>>();
-    jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), early_->spends_gradient});
-    done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
     // Of the updates waiting, the one whose weights the next iteration reads first runs first.
     const std::size_t next_use = tracer_.next_use({chunk_kind::param, c}, tracer_.current_moment());
-    worker_.submit(
-        [arrivals = std::move(arrivals), view, update = early_->update, span, finished]() mutable {
-          try {
-            for (auto& h : arrivals) h.wait();
-            span->begin = std::chrono::steady_clock::now();
-            span->started = true;
-            update(view);
-            span->end = std::chrono::steady_clock::now();
-            finished->set_value();
-          } catch (...) {
-            finished->set_exception(std::current_exception());
-          }
-        },
-        next_use);
+    jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), early_->spends_gradient});
+    done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
+    auto job = [arrivals = std::move(arrivals), view, update = early_->update, span, finished]() mutable {
+      try {
+        for (auto& h : arrivals) h.wait();
+        span->begin = std::chrono::steady_clock::now();
+        span->started = true;
+        update(view);
+        span->end = std::chrono::steady_clock::now();
+        finished->set_value();
+      } catch (...) {
+        finished->set_exception(std::current_exception());
+      }
+    };
+    try {
+      worker_.submit(std::move(job), next_use);
+    } catch (...) {  // not queued (no thread): nothing runs it, nothing may wait for it
+      jobs_.pop_back();
+      done_.pop_back();
+      throw;
+    }
     ++stats_.host_steps;
     ++stats_.early_steps;
   }

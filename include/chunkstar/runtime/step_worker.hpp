@@ -37,13 +37,14 @@ class step_worker {
     if (thread_.joinable()) thread_.join();
   }
 
-  /** @brief Queues @p job. @throws what starting the thread throws (std::system_error). */
+  /** @brief Queues @p job. @throws what starting the thread throws (std::system_error; the job is
+   *  then not queued: nothing runs it). */
   void submit(std::function<void()> job, std::size_t priority = 0) {
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     {
       const std::lock_guard lock(mutex_);
       queue_.push_back({priority, submitted_++, std::move(job)});
     }
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     work_.notify_one();
   }
 
