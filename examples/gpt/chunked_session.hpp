@@ -56,8 +56,8 @@ class chunked_session {
         plan_(plan),
         comm_(comm),
         ranks_(comm.size()),
-        overlap_(o.overlap_step == "on" || (o.overlap_step == "auto" && plan.device.cuda && o.disk_dir.empty() &&
-                                            (o.parallel == "none" || o.parallel == "zero"))) {
+        overlap_(o.overlap_step == "on" ||
+                 (o.overlap_step == "auto" && plan.device.cuda && o.disk_dir.empty() && o.parallel != "rtp")) {
     const gpt_config& cfg = plan.cfg;
     std::printf("device: %s (%s)\n", parts::describe(plan.device.gpu).c_str(), plan.device.why.c_str());
     std::printf("data: %s, %zu train / %zu validation bytes\n", plan.data.source.c_str(), plan.data.train.size(),
@@ -161,7 +161,8 @@ class chunked_session {
   [[nodiscard]] batch_shape shape() const noexcept { return shape_; }
 
   /** Before the step's micro-batches: with --overlap-step, each host-stepped chunk's update may
-   *  start inside the last backward (chunk_adam::prepare; one process, or ZeRO's ranks, each its own chunks). */
+   *  start inside the last backward (chunk_adam::prepare; one process, ZeRO's ranks each its own chunks, replicated
+   *  ranks each chunk once its all-reduce has completed). */
   void prepare_step(float lr, int micro_batches) {
     if (overlap_) (void)opt_->prepare(*rt_, lr, micro_batches);
   }

@@ -4,7 +4,8 @@
 // every owned parameter, master and moment ends with the bits of the plain sharded step — in the
 // group mode and the memory-saving mode, with clipping off, never active, and active on a step that
 // was speculated (undone and redone); and with a disk tier under a host too small for a rank's
-// share (one process too), where the Adam state reaches the early update through the disk.
+// share (one process too), where the Adam state reaches the early update through the disk; and
+// under replicated data parallelism, each chunk once its all-reduce has completed.
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/disk/disk_copy_engine.hpp>
 #include <chunkstar/disk/disk_space.hpp>
@@ -12,13 +13,17 @@
 #include <chunkstar/placement/static_placement.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
+#include <chunkstar/zero/replicated_gradients.hpp>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/disk_test_dir.hpp"
@@ -173,6 +178,99 @@ TEST_CASE(
       INFO("the step inside backward");
       const outcome early = train(ranks, memory_saving, 0.0f, true, dir.path());
       same_bits(plain, early);
+      CHECK(early.early_steps > 0);
+    }
+  }
+}
+
+TEST_CASE(
+    "ZeRO, the step inside backward: an update still running into the next forward is waited for before its chunk "
+    "is sent to the other ranks (a group's gather)") {
+  // Two ranks, groups {0,1} and {2,3}: chunks 2 (rank 0) and 3 (rank 1) step inside backward. Their
+  // updates are held until 300 ms after the step; the next forward's gather of {2,3} sends rank
+  // 1's chunk 3 from a scope that uses only chunk 2, so only the gather itself can wait for it.
+  std::vector<std::string> errors(2);
+  std::vector<std::uint64_t> early(2);
+  run_ranks(2, [&](in_process_communicator& comm) {
+    const auto me = static_cast<std::size_t>(comm.rank());
+    mlp_replica<in_process_communicator, all_host> r({.sharding = {.enabled = true}}, 1 << 20, comm);
+    const auto bump = [](const step_chunk& c) {
+      for (std::size_t i = 0; i < c.elems; ++i) static_cast<float*>(c.param)[i] += 1e-3f;
+    };
+    r.forward_backward(1, comm.rank(), [] {});
+    r.rt.step(bump);  // the trace
+    std::promise<void> gate;
+    REQUIRE(r.rt.arm_early_steps({.update =
+                                      [&bump, open = gate.get_future().share()](const step_chunk& c) {
+                                        open.wait();
+                                        bump(c);
+                                      },
+                                  .undo = {}}));
+    r.forward_backward(2, comm.rank(), [] {});
+    r.rt.step(bump);  // keeps the held updates, still running
+    early[me] = r.rt.stats().early_steps;
+    std::thread opener([&gate] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      gate.set_value();
+    });
+    try {
+      r.forward_backward(3, comm.rank(), [] {});
+      r.rt.step(bump);
+    } catch (const std::exception& e) {
+      errors[me] = e.what();
+    }
+    opener.join();
+  });
+  for (std::size_t k = 0; k < 2; ++k) {
+    CAPTURE(k);
+    CHECK(early[k] == 1);
+    CHECK(errors[k].empty());
+  }
+}
+
+namespace {
+
+/** @p ranks ranks of replicated data parallelism (every rank holds everything; gradient chunks
+ *  all-reduced as they become final), every chunk stepped on the host. Every rank's lists (they
+ *  must agree) and rank 0's results. */
+outcome train_replicated(int ranks, float max_grad_norm, bool prepare) {
+  std::vector<outcome> per_rank(static_cast<std::size_t>(ranks));
+  run_ranks(ranks, [&](in_process_communicator& comm) {
+    auto& me = per_rank[static_cast<std::size_t>(comm.rank())];
+    mlp_replica<in_process_communicator, all_host> r({.gradients = gradient_mode::replicated}, 1 << 20, comm);
+    replicated_gradients dp(r.rt);
+    chunk_adam<> opt({.hyper = {.weight_decay = 0.01f}, .max_grad_norm = max_grad_norm, .threads = 1});
+    for (int step = 1; step <= steps; ++step) {
+      if (prepare) (void)opt.prepare(r.rt, 2e-2f, ranks);
+      r.forward_backward(step, comm.rank(), [&] { dp.after_backward(); });
+      dp.synchronize();
+      me.results.push_back(opt.step(r.rt, 2e-2f, ranks));
+      for (const auto& v : r.rt.invariant_violations(true)) FAIL_CHECK(v);
+    }
+    for (std::size_t t = 0; t < r.rt.params().size(); ++t)
+      for (auto k : {chunk_kind::param, chunk_kind::momentum, chunk_kind::variance}) {
+        std::vector<float> v(r.rt.params()[t].numel());
+        r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);
+        me.lists[std::string(chunk_kind_name(k)) + "/" + r.rt.params()[t].name] = v;
+      }
+    me.early_steps = r.rt.stats().early_steps;
+  });
+  for (const auto& p : per_rank) CHECK(p.lists == per_rank[0].lists);  // every rank holds the same
+  return per_rank[0];
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Replicated gradients, the step inside backward: each chunk once its all-reduce has completed, the plain "
+    "step's bits") {
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    for (const float max_norm : {0.0f, 1e6f}) {
+      CAPTURE(max_norm);
+      const outcome plain = train_replicated(ranks, max_norm, false), early = train_replicated(ranks, max_norm, true);
+      same_bits(plain, early);
+      CHECK(plain.early_steps == 0);
       CHECK(early.early_steps > 0);
     }
   }

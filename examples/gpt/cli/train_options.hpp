@@ -373,15 +373,11 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
   detail::require_one_of("--parallel", o.parallel, {"none", "zero", "replicated", "rtp"});
   detail::require_one_of("--overlap-step", o.overlap_step, {"auto", "on", "off"});
-  if (o.overlap_step == "on" && o.parallel != "none" && o.parallel != "zero")
+  if (o.overlap_step == "on" && o.parallel == "rtp")
     detail::bad_option("--overlap-step on",
-                       "applies to one process and to --parallel zero (each rank steps its chunks once reduced to "
-                       "it): under --parallel " +
-                           o.parallel +
-                           (o.parallel == "rtp" ? " the shards step after their rotation"
-                                                : " the gradients are summed outside the runtime, which cannot tell "
-                                                  "when one is final") +
-                           "; drop it or use auto");
+                       "applies to one process, --parallel zero and --parallel replicated (each chunk once its "
+                       "gradient is summed over the ranks): under --parallel rtp the shards step after their "
+                       "rotation; drop it or use auto");
   if (o.parallel == "none" || o.parallel == "replicated") {  // ZeRO's options: nothing is gathered here
     const auto zero_only = [&](const char* option) {
       detail::bad_option(option, "applies to --parallel zero (it decides how ZeRO gathers), not to --parallel " +

@@ -153,9 +153,9 @@ class chunk_adam {
    *  weights (`early_step_bytes` at most) and step() then keeps the update (coefficient 1) or
    *  undoes and redoes it with the true coefficient (or undoes it: an overflow skips the step).
    *  Either way every chunk ends with the bits of the step without prepare(). Returns false, and
-   *  does nothing, where the runtime cannot (replicated gradients, or a model partitioned outside
-   *  it: every chunk then steps in step(); under ZeRO each rank steps its own chunks early, once
-   *  reduced to it) or where the last step clipped or overflowed (speculation_advised: this one
+   *  does nothing, where the runtime cannot (a model partitioned outside it: every chunk then
+   *  steps in step(); under ZeRO each rank steps its own chunks early, once reduced to it, and with
+   *  replicated gradients every chunk once its all-reduce has completed) or where the last step clipped or overflowed (speculation_advised: this one
    *  likely will too); in the first iteration (no trace yet) nothing starts early. Every prepare()
    *  must be followed by step(). */
   template <class Runtime>

@@ -162,11 +162,19 @@ class chunk_runtime {
    *  updates; undo_early_steps() undoes them. A later scope that uses a chunk stepped early (the
    *  iteration left its trace) has it undone first, or gets a `state_error` when `e.undo` is empty.
    *  Under ZeRO (`gradient_mode::sharded`) a rank steps the chunks it owns once their reduction to
-   *  it has completed, a group's chunks counting as used together. Returns false and arms nothing
-   *  with replicated gradients (summed outside the runtime) or local ones over several ranks (a
-   *  model partitioned outside it). Disarmed by step_with(), undo_early_steps() and end_iteration().
+   *  it has completed, a group's chunks counting as used together; with replicated gradients, once
+   *  gradient_reduced() says the chunk's all-reduce has completed. Returns false and arms nothing
+   *  with local gradients over several ranks (a model partitioned outside it). Disarmed by
+   *  step_with(), undo_early_steps() and end_iteration().
    *  How chunk_adam uses it: chunk_adam::prepare. */
   bool arm_early_steps(early_steps e);
+  /** @brief Says that chunk @p c's gradient holds the sum over the ranks for this iteration (its
+   *  all-reduce has completed: replicated_gradients calls it): with `gradient_mode::replicated`, an
+   *  early step waits for it. Forgotten at the end of the iteration. */
+  void gradient_reduced(std::uint32_t c) {
+    if (reduced_.size() < plan_.num_chunks) reduced_.resize(plan_.num_chunks, 0);
+    if (c < reduced_.size()) reduced_[c] = 1;
+  }
   /** @brief Chunk indices stepped early in this iteration, in order. */
   [[nodiscard]] std::span<const std::uint32_t> stepped_early() const noexcept { return pass_.stepped_early(); }
   /** @brief Undoes every early step of this iteration (a step skipped on overflow) and disarms. */
@@ -359,6 +367,7 @@ class chunk_runtime {
   bool iteration_open_ = false;
   bool asleep_ = false;
   std::size_t closed_through_ = never;  // the last moment of this iteration whose scope has closed
+  std::vector<char> reduced_;           // per chunk: its gradient summed over the ranks this iteration (replicated)
   std::vector<chunk_id> slept_;         // the chunks that were on the device when it went to sleep
   open_scope_names open_;
 };
@@ -394,6 +403,11 @@ CHUNKSTAR_RUNTIME::chunk_runtime(device_space_type& device, host_space_type& hos
   store_.clock = [this] { return observer_.now_us(); };
   store_.on_copy_retired = [this](double submitted, tier from, tier to) {
     observer_.copy(from, to, submitted, observer_.now_us());
+  };
+  // A chunk this rank sends to the others (ZeRO's gathers) waits for its early update first.
+  shard_.before_send = [this](chunk_id id) {
+    const chunk_id ids[] = {id};
+    pass_.join_early(ids);
   };
   // A host full of chunks pinned by early updates (below a disk tier) gets its room once they finish.
   residency_.release_host_pins = [this] {
@@ -514,11 +528,9 @@ void CHUNKSTAR_RUNTIME::for_each_grad_chunk(function_ref<void(const step_chunk&)
 CHUNKSTAR_RUNTIME_TEMPLATE
 bool CHUNKSTAR_RUNTIME::arm_early_steps(early_steps e) {
   require_finalized("arm_early_steps");
-  // Replicated gradients are summed outside the runtime (replicated_gradients): it cannot tell
-  // when one is final. Local gradients over several ranks: a model partitioned outside it (RTP).
-  if (gradients() == gradient_mode::replicated || (gradients() == gradient_mode::local && comm_.size() > 1) ||
-      !e.update)
-    return false;
+  // Local gradients over several ranks: a model partitioned outside it (RTP), whose shards step
+  // after their rotation. Replicated ones wait for gradient_reduced() (replicated_gradients).
+  if ((gradients() == gradient_mode::local && comm_.size() > 1) || !e.update) return false;
   if (pass_.in_progress())
     throw state_error("arm_early_steps() while a step that threw is unfinished: call step() again first");
   pass_.arm(std::move(e), shard_.map(), shard_.used_together());
@@ -535,8 +547,10 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::run_early_steps() {
   if (!pass_.armed() || !iteration_open_) return;
   try {
-    pass_.run_early(closed_through_, plan_, registry_.specs(), options_.param_type,
-                    [&](std::uint32_t c) { return shard_.gradient_in_place(c); });
+    pass_.run_early(closed_through_, plan_, registry_.specs(), options_.param_type, [&](std::uint32_t c) {
+      if (gradients() == gradient_mode::replicated) return c < reduced_.size() && reduced_[c] != 0;
+      return shard_.gradient_in_place(c);
+    });
   } catch (const state_error&) {
     throw;
   } catch (const std::exception&) {  // an optimisation: no room for a chunk's lists now, say
@@ -546,7 +560,8 @@ void CHUNKSTAR_RUNTIME::run_early_steps() {
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gradient(std::uint32_t c) {
-  pass_.join_early();  // an early update still running on its chunk
+  const chunk_id mine[] = {{chunk_kind::grad, c}};
+  pass_.join_early(mine);  // an early update still running on its chunk (the others go on)
   require_awake("hold_gradient");
   const chunk_id id{chunk_kind::grad, c};
   const tier where = store_.at(id).where;
@@ -558,7 +573,8 @@ typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gra
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gradient_on_device(std::uint32_t c) {
-  pass_.join_early();  // an early update still running on its chunk
+  const chunk_id mine[] = {{chunk_kind::grad, c}};
+  pass_.join_early(mine);  // an early update still running on its chunk (the others go on)
   require_awake("hold_gradient_on_device");
   const chunk_id ids[] = {{chunk_kind::grad, c}};
   residency_.make_resident_on_device(ids, "gradient all-reduce", tracer_.current_moment());
@@ -579,6 +595,7 @@ void CHUNKSTAR_RUNTIME::end_iteration() {
   pass_.disarm();
   states_.end_iteration();
   shard_.drop();
+  reduced_.assign(reduced_.size(), 0);
   if (iteration_open_) tracer_.end_iteration();
   iteration_open_ = false;
   pass_.abandon();  // an unfinished step is abandoned

@@ -11,7 +11,9 @@
  *  `chunk_adam` then takes the local norm as the global one (every rank holds the summed
  *  gradients), and N ranks step exactly as one process that sums the N micro-batches' gradients in
  *  rank order. Each gradient chunk is all-reduced where it is, or, for a communicator that takes
- *  device memory (NCCL: `takes_device_memory_v`), loaded to the compute tier first.
+ *  device memory (NCCL: `takes_device_memory_v`), loaded to the compute tier first. Each completed
+ *  all-reduce is reported to the runtime (`gradient_reduced`), where a step started inside backward
+ *  (chunk_adam::prepare) waits for it.
  */
 #pragma once
 
@@ -58,6 +60,7 @@ class replicated_gradients {
    *  trace: its next use is the step or the next iteration). Without a trace (the first
    *  iteration, a divergence) it starts nothing: `synchronize()` does it all. */
   void after_backward() {
+    retire_completed();
     const auto& tracer = rt_.tracer();
     if (!tracer.ready()) return;
     const std::size_t m = tracer.current_moment(), n = tracer.num_moments();
@@ -90,6 +93,7 @@ class replicated_gradients {
 
  private:
   struct reduction {
+    std::uint32_t chunk = 0;
     typename Runtime::store_type::held_payload hold;  // pins the chunk until the collective finished
     comm_handle done;
   };
@@ -99,13 +103,19 @@ class replicated_gradients {
     auto hold = takes_device_memory_v<typename Runtime::communicator_type> ? rt_.hold_gradient_on_device(c)
                                                                            : rt_.hold_gradient(c);
     comm_handle h = rt_.communicator().allreduce_async(hold.data, hold.elems, hold.type, reduce_op::sum);
-    in_flight_.push_back({std::move(hold), std::move(h)});
+    in_flight_.push_back({c, std::move(hold), std::move(h)});
     started_[c] = true;
   }
   void retire_oldest() {
     auto r = std::move(in_flight_.front());
     in_flight_.pop_front();
     r.done.wait();
+    // Summed over the ranks: a step started inside backward (chunk_adam::prepare) may take it.
+    if constexpr (requires { rt_.gradient_reduced(r.chunk); }) rt_.gradient_reduced(r.chunk);
+  }
+  /** Retires the all-reduces that have completed, in the order started (never waits). */
+  void retire_completed() {
+    while (!in_flight_.empty() && in_flight_.front().done.ready()) retire_oldest();
   }
   void drain_quietly() noexcept {
     while (!in_flight_.empty()) {

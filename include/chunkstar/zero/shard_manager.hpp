@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <string>
@@ -155,6 +156,11 @@ class shard_manager {
   [[nodiscard]] std::size_t used_together() const noexcept {
     return active() && !memory_saving() ? static_cast<std::size_t>(comm_.size()) : 1;
   }
+
+  /** @brief Called with this rank's parameter chunk before it is made resident as a collective's
+   *  send buffer (a group's allgather, a memory-saving broadcast): the runtime waits there for an
+   *  early optimizer update still holding it (the last step's, running into this forward). */
+  std::function<void(chunk_id)> before_send;
 
   /** @brief True while gradients collect in group buffers or travel to their owners (between the
    *  micro-batches of a step): what `drop()` would lose. */
@@ -479,6 +485,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::start_gather(std::size_t g,
   const chunk_id own{chunk_kind::param,
                      static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
   const chunk_id own_ids[] = {own};
+  if (before_send) before_send(own);
   residency_.make_resident_on_device(own_ids, who, m);
   gather_in_flight r{.group = g, .own = typename Store::pin_set(store_, {own}), .done = {}};
   room(n * b, who, "its gathered parameters (a ZeRO group of one chunk per rank)");
@@ -527,6 +534,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::gather(std::size_t g, std::
   const chunk_id own{chunk_kind::param,
                      static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
   const chunk_id own_ids[] = {own};
+  if (before_send) before_send(own);
   residency_.make_resident_on_device(own_ids, who, m);
   typename Store::pin_set pin(store_, {own});
   room(n * b, who, "its gathered parameters (a ZeRO group of one chunk per rank)");
@@ -668,6 +676,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::fetch(chunk_id id, std::str
   auto& unit = groups_[id.index];
   if (root == comm_.rank()) {
     const chunk_id own_ids[] = {id};
+    if (before_send) before_send(id);
     residency_.make_resident_on_device(own_ids, who, m);
     typename Store::pin_set pin(store_, {id});
     comm_.broadcast(store_.at(id).data, b, root);
