@@ -134,7 +134,11 @@ class chunked_session {
     shape_ = {static_cast<std::size_t>(o.batch / ranks_), static_cast<std::size_t>(o.seq)};
     model_.emplace(*rt_, cfg, shape_, o.seed, memory_->make_backend());
     model_->finalize();
-    if (o.parallel == "replicated") dp_.emplace(*rt_);  // after finalize: the gradient chunks exist
+    if (o.parallel == "replicated") {
+      dp_.emplace(*rt_);  // after finalize: the gradient chunks exist
+      // Each backward scope's final gradients start their all-reduce while the next scopes compute.
+      model_->after_backward_scope = [this] { dp_->after_backward(); };
+    }
     print_memory(model_bytes);
 
     // AdamW, no decay on biases and norms, global-norm clipping. Without clipping (--clip 0) in
@@ -169,7 +173,7 @@ class chunked_session {
   /** Forward and backward of one micro-batch of this rank's slice; gradients add up to the step. */
   double forward_backward(const int* tokens, const int* targets) {
     const double loss = model_->forward_backward(tokens, targets, opt_->loss_scale());
-    if (dp_) dp_->after_backward();  // the gradients that are final start their all-reduce
+    if (dp_) dp_->after_backward();  // the last scope's (its hook ran before the device was idle)
     return loss;
   }
   /** The step over @p micro_batches micro-batches' gradients (accum x N: each rank's are of its

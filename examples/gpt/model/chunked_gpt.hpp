@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <cstring>
 #include <span>
 #include <string>
@@ -147,6 +148,10 @@ class chunked_gpt {
   [[nodiscard]] std::size_t tokens_per_batch() const noexcept { return shape_.batch * shape_.seq; }
   [[nodiscard]] Backend& backend() noexcept { return be_; }
 
+  /** @brief Called after each backward scope closes (data parallelism starts the all-reduces of
+   *  the gradients that are final there: replicated_gradients::after_backward). */
+  std::function<void()> after_backward_scope;
+
   /** @brief Forward and backward of one micro-batch; gradients (of loss × @p loss_scale) are added
    *  into the runtime's gradient chunks. Returns the mean loss. */
   double forward_backward(const int* tokens, const int* targets, float loss_scale = 1.0f) {
@@ -168,6 +173,7 @@ class chunked_gpt {
       v.flush_grads(s, final_ids());
       s.close(be_.stream());
     }
+    if (after_backward_scope) after_backward_scope();
     fp.head_mem.reset();
     for (int l = c_.layers - 1; l >= 0; --l) {
       const auto& ids = stages_[static_cast<std::size_t>(l) + 1].ids;
@@ -178,6 +184,7 @@ class chunked_gpt {
       v.flush_grads(s, ids);
       s.close(be_.stream());
       fp.block_mem[static_cast<std::size_t>(l)].reset();
+      if (after_backward_scope) after_backward_scope();
     }
     {
       const auto& ids = stages_[0].ids;
