@@ -56,8 +56,7 @@ class chunked_session {
         plan_(plan),
         comm_(comm),
         ranks_(comm.size()),
-        overlap_(o.overlap_step == "on" ||
-                 (o.overlap_step == "auto" && plan.device.cuda && o.disk_dir.empty() && o.parallel != "rtp")) {
+        overlap_(overlap_step(o, plan.device.cuda)) {
     const gpt_config& cfg = plan.cfg;
     std::printf("device: %s (%s)\n", parts::describe(plan.device.gpu).c_str(), plan.device.why.c_str());
     std::printf("data: %s, %zu train / %zu validation bytes\n", plan.data.source.c_str(), plan.data.train.size(),

@@ -51,7 +51,7 @@ class rtp_session {
 
   rtp_session(const train_options& o, const run_plan& plan, typename Runtime::placement_type placement,
               communicator_ref comm)
-      : o_(o), plan_(plan), comm_(comm), ranks_(comm.size()), one_ref_(one_) {
+      : o_(o), plan_(plan), comm_(comm), ranks_(comm.size()), overlap_(overlap_step(o, plan.device.cuda)), one_ref_(one_) {
     const gpt_config& cfg = plan.cfg;
     std::printf("device: %s%s (%s)\n", parts::describe(plan.device.gpu).c_str(),
                 plan.device.cuda ? "" : ", one per rank", plan.device.why.c_str());
@@ -134,8 +134,12 @@ class rtp_session {
   [[nodiscard]] batch_shape shape() const noexcept { return shape_; }
 
   /** Forward and backward of one micro-batch of this rank's slice; gradients accumulate until the step. */
-  /** RTP steps its shards after the rotation (--overlap-step applies to one process). */
-  void prepare_step(float, int) {}
+  /** Before the step's micro-batches: with --overlap-step, each host-stepped chunk of this rank's
+   *  shards may start its update inside the last backward, once its gradient sum has come home
+   *  (rtp::sharded_model::prepare_step). */
+  void prepare_step(float lr, int micro_batches) {
+    if (overlap_) (void)model_->prepare_step(hyper(lr), param_groups::with_default_decay(o_.weight_decay), micro_batches, o_.clip);
+  }
   double forward_backward(const int* tokens, const int* targets) {
     const double loss = model_->forward(tokens, targets);
     model_->backward(tokens, targets, model_->loss_scale());
@@ -143,9 +147,7 @@ class rtp_session {
   }
   /** AdamW over @p micro_batches micro-batches' gradients, clipped by --clip (the norm then reported). */
   step_outcome step(float lr, int micro_batches) {
-    adam_hyper h{.beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = o_.weight_decay};
-    h.lr = lr;
-    const auto r = model_->step(h, param_groups::with_default_decay(o_.weight_decay), micro_batches, o_.clip);
+    const auto r = model_->step(hyper(lr), param_groups::with_default_decay(o_.weight_decay), micro_batches, o_.clip);
     step_bytes_ = comm_.stats().bytes_sent - sent_;
     return {r.stepped, o_.clip > 0 || !r.stepped ? r.grad_norm : std::numeric_limits<double>::quiet_NaN()};
   }
@@ -189,9 +191,9 @@ class rtp_session {
     std::printf(
         "chunks (rank 0): %s to device, %s to host, %llu loads (%llu ahead of use), %llu evictions, %llu offloads, "
         "stall %.2f s; "
-        "optimizer steps on device %llu, on host %llu\n",
+        "optimizer steps on device %llu, on host %llu (%llu inside backward)\n",
         format_bytes(s.bytes_to_device).c_str(), format_bytes(s.bytes_to_host).c_str(), ull(s.loads), ull(s.prefetches),
-        ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps));
+        ull(s.evictions), ull(s.offloads), s.stall_s, ull(s.device_steps), ull(s.host_steps), ull(s.early_steps));
     if (disk_) print_disk_summary(s, host_capacity_, disk_capacity_);
     double peaks[] = {static_cast<double>(model_->model_bytes()), static_cast<double>(model_->transient_bytes()),
                       static_cast<double>(s.peak_device_bytes)};
@@ -211,6 +213,7 @@ class rtp_session {
 
  private:
   static unsigned long long ull(std::uint64_t x) noexcept { return static_cast<unsigned long long>(x); }
+  adam_hyper hyper(float lr) const { return {.lr = lr, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = o_.weight_decay}; }
   /** Weights, gradients and two Adam moments of the whole model, fp32. */
   std::size_t whole_bytes() const { return 16 * param_count(plan_.cfg); }
 
@@ -218,6 +221,7 @@ class rtp_session {
   const run_plan& plan_;
   communicator_ref comm_;
   int ranks_;
+  bool overlap_;  // --overlap-step: the optimizer step inside backward
   single_process_communicator one_;
   communicator_ref one_ref_;
   std::size_t device_capacity_ = 0, host_capacity_ = 0, disk_capacity_ = 0;

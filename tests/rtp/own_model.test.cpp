@@ -103,9 +103,13 @@ struct run {
   std::uint64_t ring_bytes = 0;  // what rank 0's rotations sent
   std::vector<bool> stepped;     // per step (false: skipped on an fp16 overflow)
   float loss_scale = 1;          // at the end
+  std::uint64_t early_steps = 0, host_steps = 0;  // rank 0's chunk updates: inside backward (prepare_step), on the host
   bool operator==(const run& o) const {
+    if (params.size() != o.params.size()) return false;
     for (std::size_t s = 0; s < params.size(); ++s)
-      if (!same_bits(params[s], o.params[s]) || !same_bits(grads[s], o.grads[s])) return false;
+      if (!same_bits(params[s], o.params[s])) return false;
+    for (std::size_t s = 0; s < std::min(grads.size(), o.grads.size()); ++s)  // a run with early steps has none
+      if (!same_bits(grads[s], o.grads[s])) return false;
     return losses == o.losses && same_bits(final_params, o.final_params) && same_bits(final_m, o.final_m) &&
            same_bits(final_v, o.final_v);
   }
@@ -114,10 +118,12 @@ struct run {
 /** Trains steps [from, to) on this rank of @p world micro-batches per step (a rank takes
  *  micro-batches rank, rank + N, ...: one each under RTP on `world` ranks, all of them in one
  *  process), loading @p load first and saving to @p save after. Records into @p rec (shared by the
- *  ranks: each writes its own elements, rank 0 the scalars). */
+ *  ranks: each writes its own elements, rank 0 the scalars). With @p early each step is prepared
+ *  before its micro-batches (the updates start inside backward) and no gradient is recorded: an
+ *  update that nothing can undo spends its chunk's gradient. */
 template <class Comm, class Store>
 void train(Comm& comm, Store& store, int world, int from, int to, float clip, run& rec,
-           const std::filesystem::path& load = {}, const std::filesystem::path& save = {}) {
+           const std::filesystem::path& load = {}, const std::filesystem::path& save = {}, bool early = false) {
   own_model::residual_mlp<Comm, Store> model(comm, store, cfg);
   model.init();
   auto& m = model.state();
@@ -128,16 +134,19 @@ void train(Comm& comm, Store& store, int world, int from, int to, float clip, ru
   for (int s = from; s < to; ++s) {
     const auto us = static_cast<std::size_t>(s - from);
     comm.barrier();  // every rank is done writing the last step's records before rank 0 grows them
-    if (comm.rank() == 0)
-      rec.params.push_back(empty_tensors()), rec.grads.push_back(empty_tensors()), rec.losses.emplace_back(world);
+    if (comm.rank() == 0) {
+      rec.params.push_back(empty_tensors()), rec.losses.emplace_back(world);
+      if (!early) rec.grads.push_back(empty_tensors());
+    }
     comm.barrier();
     gather(m, chunk_kind::param, rec.params[us]);
+    if (early) m.prepare_step(adamw, groups, world, clip);
     for (int mb = comm.rank(); mb < world; mb += comm.size()) {
       const micro_batch b = make_batch(s, mb);
       rec.losses[us][static_cast<std::size_t>(mb)] = model.forward(b.tokens.data(), b.targets.data());
       model.backward(b.tokens.data(), b.targets.data());
     }
-    gather(m, chunk_kind::grad, rec.grads[us]);
+    if (!early) gather(m, chunk_kind::grad, rec.grads[us]);
     const auto r = m.step(adamw, groups, world, clip);
     if (comm.rank() == 0) rec.norms.push_back(r.grad_norm), rec.stepped.push_back(r.stepped);
   }
@@ -169,7 +178,8 @@ run run_host(int n, int from, int to, float clip, const std::filesystem::path& l
  *  @p share of the model data beside the non-model memory. */
 template <class Runtime, class T = float>
 run run_chunked(int n, double share, float clip, typename Runtime::placement_type placement = {},
-                dynamic_loss_scaler scaler = dynamic_loss_scaler()) {
+                dynamic_loss_scaler scaler = dynamic_loss_scaler(), bool early = false, int world = 0,
+                searched_layout_options layout = {}) {
   run rec;
   run_ranks(n, [&](in_process_communicator& comm) {
     std::size_t model_bytes = 0;
@@ -183,12 +193,13 @@ run run_chunked(int n, double share, float clip, typename Runtime::placement_typ
     host_space host;
     host_copy_engine copier;
     single_process_communicator one;
-    Runtime rt(device, host, copier, one, {.param_type = dtype_of_v<T>}, searched_chunk_layout(), placement);
+    Runtime rt(device, host, copier, one, {.param_type = dtype_of_v<T>}, searched_chunk_layout(layout), placement);
     using store_type = rtp::chunk_shard_store<Runtime, rtp::host_shard_ops, host_adam_kernels, T>;
     std::optional<store_type> store;
     if constexpr (std::is_same_v<T, float16>) store.emplace(rt, rtp::host_shard_ops{}, scaler);
     else store.emplace(rt);
-    train(comm, *store, n, 0, steps, clip, rec);
+    train(comm, *store, world > 0 ? world : n, 0, steps, clip, rec, {}, {}, early);
+    if (comm.rank() == 0) rec.early_steps = rt.stats().early_steps, rec.host_steps = rt.stats().host_steps;
   });
   return rec;
 }
@@ -439,6 +450,57 @@ TEST_CASE(
     CHECK(run_chunked<lru_runtime>(n, 0.3, 0.5f) == roomy);
     CHECK(run_chunked<static_runtime>(n, 0.3, 0.5f, static_placement::all_host()) == roomy);
     check_against_reference(roomy, n, n, 0, 0.5f);
+  }
+}
+
+/** run_chunked under a device holding 0.3 of the model, with chunks as small as the largest tensor
+ *  (several per rank, whose gradients become final one after another in backward; the default
+ *  layout packs this tiny model into one); @p early: each step prepared before its micro-batches. */
+template <class Runtime, class T = float>
+run run_small_chunks(int n, float clip, bool early, typename Runtime::placement_type placement = {}, int world = 0,
+                     dynamic_loss_scaler scaler = dynamic_loss_scaler()) {
+  return run_chunked<Runtime, T>(n, 0.3, clip, placement, scaler, early, world, {.spread = 1});
+}
+
+TEST_CASE(
+    "own model under RTP, the step inside backward (sharded_model::prepare_step): every host-stepped chunk's update "
+    "starts once its shard's gradient sum has come home, and the bits are the step's after backward") {
+  using namespace chunkstar::testing;
+  // Every optimizer step on the host (the offload placement), and the PatrickStar placement (some
+  // chunks step on the device).
+  const auto offload = static_placement::all_host();
+  for (const int n : {1, 3}) {
+    CAPTURE(n);
+    // clip 0: nothing can undo an update, which spends its gradient; 1e3: never clips (each update
+    // keeps what undoes it, and is kept). This model's norms fall from 6 to 2 over the steps.
+    for (const float clip : {0.0f, 1e3f}) {
+      CAPTURE(clip);
+      const run plain = run_small_chunks<static_runtime>(n, clip, false, offload);
+      const run early = run_small_chunks<static_runtime>(n, clip, true, offload);
+      CHECK(early == plain);
+      CHECK(early.early_steps > 0);
+      CHECK(run_small_chunks<patrickstar_runtime>(n, clip, true) == plain);
+    }
+    // 0.02: every step clips, so after the first (no trace yet) none speculates (speculation_advised).
+    const run clipped = run_small_chunks<static_runtime>(n, 0.02f, true, offload);
+    CHECK(clipped == run_small_chunks<static_runtime>(n, 0.02f, false, offload));
+    CHECK(clipped.early_steps == 0);
+    // Two micro-batches per rank: the updates start in the second one's backward.
+    const run accumulated = run_small_chunks<static_runtime>(n, 0.0f, true, offload, 2 * n);
+    CHECK(accumulated == run_small_chunks<static_runtime>(n, 0.0f, false, offload, 2 * n));
+    CHECK(accumulated.early_steps > 0);
+    // 16-bit shards, fp32 masters updated and 16-bit weights rounded inside backward: fp16 under its
+    // dynamic scale (an overflow would undo the updates: their state is kept; at this scale this
+    // model's gradients stay finite), and bf16.
+    const dynamic_loss_scaler fp16_scale({.init_scale = 64.0f});
+    const run half = run_small_chunks<static_runtime, float16>(n, 0.0f, true, offload, 0, fp16_scale);
+    CHECK(half == run_small_chunks<static_runtime, float16>(n, 0.0f, false, offload, 0, fp16_scale));
+    CHECK(half.early_steps > 0);
+    const run brain = run_small_chunks<static_runtime, bfloat16>(n, 1e3f, true, offload);
+    CHECK(brain == run_small_chunks<static_runtime, bfloat16>(n, 1e3f, false, offload));
+    CHECK(brain.early_steps > 0);
+    MESSAGE("N = " << n << ": " << accumulated.early_steps << " of rank 0's " << accumulated.host_steps
+                   << " chunk updates inside backward (" << steps << " steps of two micro-batches each)");
   }
 }
 

@@ -105,8 +105,9 @@ inline void add_train_options(CLI::App& app, train_options& o) {
                  "(on with --device cuda, where backward's kernels leave the host idle; off on the simulated "
                  "device, where backward and the step share the same cores, and with --disk-dir, where the Adam "
                  "state of every chunk stepped early crowds the host: measured in docs/performance.md). "
-                 "One process, --parallel zero (each rank steps its own chunks once reduced to it) and --parallel "
-                 "replicated (each chunk once its all-reduce has completed)");
+                 "Every mode: one process, --parallel zero (each rank steps its own chunks once reduced to it), "
+                 "--parallel replicated (each chunk once its all-reduce has completed) and --parallel rtp (each "
+                 "rank its shards once their gradient sums have come home)");
   app.add_option("--sleep-after", o.sleep_after,
                  "After this step, put the training state to sleep (every chunk off the device, its buffers freed: "
                  "the device for another job) for --sleep-for seconds, then wake it and go on with the same bits "

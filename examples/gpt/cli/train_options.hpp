@@ -373,11 +373,6 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
   detail::require_one_of("--parallel", o.parallel, {"none", "zero", "replicated", "rtp"});
   detail::require_one_of("--overlap-step", o.overlap_step, {"auto", "on", "off"});
-  if (o.overlap_step == "on" && o.parallel == "rtp")
-    detail::bad_option("--overlap-step on",
-                       "applies to one process, --parallel zero and --parallel replicated (each chunk once its "
-                       "gradient is summed over the ranks): under --parallel rtp the shards step after their "
-                       "rotation; drop it or use auto");
   if (o.parallel == "none" || o.parallel == "replicated") {  // ZeRO's options: nothing is gathered here
     const auto zero_only = [&](const char* option) {
       detail::bad_option(option, "applies to --parallel zero (it decides how ZeRO gathers), not to --parallel " +
@@ -438,6 +433,13 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
 
 /** @brief --disk-budget in bytes: a size, or auto = all of @p model_bytes plus @p reserve (the
  *  chunks a read or write in flight holds twice). */
+/** --overlap-step: whether host-stepped chunks' updates start inside backward. auto: on with a CUDA
+ *  device (backward's kernels leave the host's cores idle) and no disk tier; off on the simulated
+ *  device (backward and the step share the cores) and with --disk-dir (docs/performance.md). */
+inline bool overlap_step(const train_options& o, bool cuda) {
+  return o.overlap_step == "on" || (o.overlap_step == "auto" && cuda && o.disk_dir.empty());
+}
+
 inline std::size_t disk_budget_bytes(const train_options& o, std::size_t model_bytes, std::size_t reserve) {
   return o.disk_budget == "auto" ? model_bytes + reserve : bytes_option("--disk-budget", o.disk_budget);
 }

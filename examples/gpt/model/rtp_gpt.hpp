@@ -441,6 +441,13 @@ class rtp_gpt {
    *  gradients averaged over @p micro_batches and clipped to @p max_norm (0: off; the norm is
    *  summed over the ranks by one all-reduce, each replica counted once), decay per tensor role
    *  by @p groups; then the gradients are cleared. `optimizer_steps()` counts the steps. */
+  /** @brief Before a step's micro-batches: a chunk store's host-stepped updates may start inside the
+   *  last backward (rtp::sharded_model::prepare_step); `step` with the same arguments follows. */
+  bool prepare_step(const chunkstar::adam_hyper& base, const chunkstar::param_groups& groups, int micro_batches,
+                    float max_norm = 0.0f) {
+    if (micro_batches < 1) throw chunkstar::config_error("rtp_gpt::prepare_step: micro_batches must be >= 1");
+    return m_->prepare_step(base, groups, micro_batches, max_norm);
+  }
   step_result step(const chunkstar::adam_hyper& base, const chunkstar::param_groups& groups, int micro_batches,
                    float max_norm = 0.0f) {
     if (micro_batches < 1) throw chunkstar::config_error("rtp_gpt::step: micro_batches must be >= 1");

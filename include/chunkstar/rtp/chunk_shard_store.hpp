@@ -10,7 +10,10 @@
  *  transit buffers and activations the model asks for are non-model memory on the compute tier,
  *  and `step` is `chunk_adam` over the runtime with the global norm summed the model's way
  *  (`chunk_adam_options::global_sum_sq`). The runtime's own communicator is a one-rank one: RTP
- *  communicates in the model's rotations, not in the runtime.
+ *  communicates in the model's rotations, not in the runtime. `prepare` before a step's
+ *  micro-batches lets the host-stepped chunks' updates start inside the last backward, each once
+ *  its gradient is final (a shard's sum has come home, a replica's all-reduced sum is added), the
+ *  step's bits either way (chunk_adam::prepare).
  *
  *  On a device platform (CUDA) the spans a scope hands out are device memory: `Ops` copies a shard
  *  into a transit buffer and adds a gradient sum into the chunk on the stream the model's kernels
@@ -166,27 +169,24 @@ requires(std::is_same_v<T, float> || ShardWideningOps<Ops, T>) class chunk_shard
 
   void zero_grad() { rt_.zero_grad(); }
 
+  /** @brief Before a step's micro-batches: lets each host-stepped chunk's update start inside the
+   *  last backward, once the trace says its gradient is final (chunk_adam::prepare: speculative,
+   *  kept or undone and redone by `step`, the plain step's bits either way). `step` must follow
+   *  with the same hyper-parameters, @p micro_batches and @p max_norm (`state_error` otherwise,
+   *  before anything changes). Returns whether any update may start early (none on the first
+   *  iteration, before a trace). Not collective: every rank steps its own shards. */
+  bool prepare(const adam_hyper& base, const param_groups& groups, int micro_batches, float max_norm) {
+    optimizer(base, groups, max_norm);
+    prepared_ = opt_->prepare(rt_, base.lr, micro_batches);
+    return prepared_;
+  }
+
   shard_step_result step(const adam_hyper& base, const param_groups& groups, int micro_batches, float max_norm,
                          const std::function<double(double)>& global_sum_sq) {
-    sum_sq_ = global_sum_sq;     // read by the optimizer's hook during this step only
-    const adam_hyper& h = base;  // its lr goes with each chunk_adam::step; the rest makes the optimizer
-    if (!opt_ || max_norm != max_norm_ || !same_hyper(h, hyper_)) {
-      const std::int64_t steps = opt_ ? opt_->step_count() : restored_;
-      if (opt_) scaler_ = opt_->scaler();  // the loss scale carries over
-      opt_.emplace(
-          chunk_adam_options{
-              .hyper = h,
-              .max_grad_norm = max_norm,
-              .report_norm = false,
-              .global_sum_sq = [this](double local) { return sum_sq_ ? sum_sq_(local) : local; },
-              .counts_in_norm = all_counted_ ? std::function<bool(std::size_t)>()
-                                             : [this](std::size_t t) { return t >= counted_.size() || counted_[t]; }},
-          groups, scaler_);
-      opt_->restore_step_count(steps);
-      max_norm_ = max_norm;
-      hyper_ = h;
-    }
+    sum_sq_ = global_sum_sq;  // read by the optimizer's hook during this step only
+    optimizer(base, groups, max_norm);
     const auto r = opt_->step(rt_, base.lr, micro_batches);
+    prepared_ = false;
     return {.grad_norm = r.grad_norm,
             .clip_coefficient = r.clip_coefficient,
             .grad_scale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches)) * r.clip_coefficient,
@@ -256,6 +256,30 @@ requires(std::is_same_v<T, float> || ShardWideningOps<Ops, T>) class chunk_shard
     return shards_.at(k);
   }
 
+  /** The optimizer for these hyper-parameters (its lr aside) and clipping: rebuilt when they change
+   *  (the step count and the loss scale carry over), never between prepare() and its step. */
+  void optimizer(const adam_hyper& h, const param_groups& groups, float max_norm) {
+    if (opt_ && max_norm == max_norm_ && same_hyper(h, hyper_)) return;
+    if (prepared_)
+      throw state_error(
+          "rtp::chunk_shard_store::step with other hyper-parameters or clipping than prepare()'s, whose updates "
+          "started inside backward: pass step() what prepare() was given");
+    const std::int64_t steps = opt_ ? opt_->step_count() : restored_;
+    if (opt_) scaler_ = opt_->scaler();  // the loss scale carries over
+    opt_.emplace(
+        chunk_adam_options{
+            .hyper = h,
+            .max_grad_norm = max_norm,
+            .report_norm = false,
+            .global_sum_sq = [this](double local) { return sum_sq_ ? sum_sq_(local) : local; },
+            .counts_in_norm = all_counted_ ? std::function<bool(std::size_t)>()
+                                           : [this](std::size_t t) { return t >= counted_.size() || counted_[t]; }},
+        groups, scaler_);
+    opt_->restore_step_count(steps);
+    max_norm_ = max_norm;
+    hyper_ = h;
+  }
+
   static bool same_hyper(const adam_hyper& a, const adam_hyper& b) noexcept {
     return a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps && a.weight_decay == b.weight_decay &&
            a.mode == b.mode;
@@ -273,6 +297,7 @@ requires(std::is_same_v<T, float> || ShardWideningOps<Ops, T>) class chunk_shard
   bool all_counted_ = true;    // then the optimizer scans by chunk, as for any runtime
   float max_norm_ = 0;
   std::int64_t restored_ = 0;
+  bool prepared_ = false;  // prepare() armed early updates that the next step() decides
 };
 
 }  // namespace chunkstar::rtp

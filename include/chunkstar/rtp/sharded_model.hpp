@@ -23,6 +23,8 @@
  *    order: the same bits everywhere) and adds them to the accumulated gradients in the store.
  *  - **Step.** `step(hyper, groups, micro_batches, max_norm)`: the store's Adam(W) over every part,
  *    clipped by the norm of the sum over ranks (one all-reduce of a double when clipping).
+ *    `prepare_step` with the same arguments before the step's micro-batches starts the updates of a
+ *    chunk store's host-stepped chunks inside backward (the same bits).
  *  - **Mixed precision.** With a store of 16-bit weights (`Store::element_type`, e.g. a
  *    `chunk_shard_store` of `bfloat16`) the rotations carry 16-bit shards and gradient sums (half
  *    the ring's bytes); the kernels still see float: the resident shard is widened into a float
@@ -225,6 +227,17 @@ requires(std::is_same_v<store_element_t<Store>, float> ||
   }
 
   // ---- the optimizer ---------------------------------------------------------------------------
+
+  /** @brief Before a step's micro-batches, with a store that can (`chunk_shard_store::prepare`):
+   *  the host-stepped chunks' updates start inside the last backward, each once its gradient is
+   *  final, and `step` with the same arguments keeps or redoes them (the same bits). Returns
+   *  whether any may start early; false with a store that cannot. Not collective. */
+  bool prepare_step(const adam_hyper& hyper, const param_groups& groups, int micro_batches, float max_norm = 0.0f) {
+    require_final("prepare_step");
+    if constexpr (requires { store_.prepare(hyper, groups, micro_batches, max_norm); })
+      return store_.prepare(hyper, groups, micro_batches, max_norm);
+    else return false;
+  }
 
   /** @brief One Adam(W) step of every part (where the store placed it): gradients averaged over
    *  @p micro_batches and clipped to @p max_norm (0: off) by the global norm, each replica counted
