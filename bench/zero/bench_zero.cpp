@@ -103,6 +103,7 @@ struct options {
   double bandwidth = 1e9, latency = 10e-6;
   bool keep_gathered = false;
   bool gather_ahead = true;
+  int gather_depth = sharding_options{}.gather_depth;
   bool memory_saving = false;
   std::string scale_preset = "tiny";
   std::string scale_grow = "width";    // width | depth: what the scale family grows by
@@ -121,7 +122,7 @@ void usage() {
       "usage: bench_zero [--mode all|timing|scale] [--preset mini] [--batch 12 (global)] [--seq 64] [--ranks 1,2,3,4]\n"
       "                  [--iterations 31] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)] "
       "[--keep-gathered]\n"
-      "                  [--no-gather-ahead] [--memory-saving]\n"
+      "                  [--no-gather-ahead] [--gather-depth 2] [--memory-saving]\n"
       "                  [--scale-preset tiny] [--scale-grow width|depth] [--scale-layers 64 (width: the depth)]\n"
       "                  [--scale-buffer-fraction 0.5] [--no-chunk-cap]\n"
       "                  [--device-budget 16MiB] [--host-budget 64MiB (per rank)]\n"
@@ -181,6 +182,7 @@ options parse(int argc, char** argv) {
       o.latency = x[0];
     } else if (a == "--keep-gathered") o.keep_gathered = true;
     else if (a == "--no-gather-ahead") o.gather_ahead = false;
+    else if (a == "--gather-depth") o.gather_depth = static_cast<int>(count(value()));
     else if (a == "--memory-saving") o.memory_saving = true;
     else if (a == "--scale-preset") o.scale_preset = value();
     else if (a == "--scale-grow") o.scale_grow = value();
@@ -397,6 +399,7 @@ struct train_setup {
   link_model link;
   bool keep_gathered = false;
   bool gather_ahead = true;
+  int gather_depth = sharding_options{}.gather_depth;         // timing runs: room for depth - 1 more groups
   bool memory_saving = false;                                 // ZeRO's memory-saving mode: chunk by chunk
   std::size_t device_capacity = 0, host_capacity = SIZE_MAX;  // 0: sized per N (timing runs)
   bool scale = false;                // auto placement + Belady at the given budgets (else everything on the device)
@@ -428,7 +431,8 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
         zero_theory(c, plan, ranks, s.keep_gathered, s.gather_ahead, chunk_bytes, chunk_bytes, s.memory_saving);
     device_capacity = e2e::activation_bytes(c, B, T) +
                       padded_model_bytes(layout, c, ranks) / static_cast<std::size_t>(ranks) +
-                      theory.peak_collective_bytes + chunk_bytes;
+                      theory.peak_collective_bytes + chunk_bytes +
+                      static_cast<std::size_t>(s.gather_depth - 1) * static_cast<std::size_t>(ranks) * chunk_bytes;
   }
   simulated_device_space device({.capacity = device_capacity, .name = "device"});
   host_space host({.capacity = s.host_capacity});
@@ -437,6 +441,7 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
              {.sharding = {.enabled = ranks > 1,
                            .keep_gathered = s.keep_gathered,
                            .gather_ahead = s.gather_ahead,
+                           .gather_depth = s.gather_depth,
                            .memory_saving = s.memory_saving}},
              std::move(layout), std::move(placement));
   gpt::chunked_gpt<Runtime> model(rt, c, {B, T}, e2e::model_seed);
@@ -563,9 +568,12 @@ void check(bool ok, const std::string& what) {
 
 /** Memory and comm self-checks of one group's run; @p from: the first iteration the theory covers.
  *  @p ample: the budget holds every buffer the theory predicts, so the buffer peak equals it; under
- *  a tight budget the runtime completes reductions early for room, and the peak is at most it. */
+ *  a tight budget the runtime completes reductions early for room, and the peak is at most it.
+ *  @p depth > 1 (gathers further ahead, which the theory does not replay): an ample budget's buffer
+ *  peak is at least the theory's (a tight budget's is bounded by the device's, checked), and the
+ *  first traced iteration agrees on the plan in whole rounds (one allreduce each). */
 void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, const std::string& what,
-                 bool ample = true) {
+                 bool ample = true, int depth = 1) {
   const std::string at = what + " at N = " + std::to_string(ranks);
   for (std::size_t k = 0; k < r.size(); ++k) {
     const auto& x = r[k];
@@ -580,14 +588,18 @@ void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, co
               " + gather/reduce buffers " + std::to_string(whole_peak_collective(x)) + " (whole run)");
     if (ranks == 1) check(whole_peak_collective(x) == 0, rk + ": collective buffers at one rank");
     check(whole_peak_device(x) <= x.device_capacity, rk + ": device peak above its budget");
-    if (from > 0 && from < x.comm.size())  // the stats were reset after the warm-up: their peaks are the steady state's
-      check(ample ? x.stats.peak_collective_bytes == x.theory.peak_collective_bytes
-                  : x.stats.peak_collective_bytes <= x.theory.peak_collective_bytes,
+    if (from > 0 && from < x.comm.size() && (depth == 1 || ample))  // the steady state's peaks (reset after the warm-up)
+      check(depth > 1 ? x.stats.peak_collective_bytes >= x.theory.peak_collective_bytes  // more: groups held ahead
+            : ample   ? x.stats.peak_collective_bytes == x.theory.peak_collective_bytes
+                      : x.stats.peak_collective_bytes <= x.theory.peak_collective_bytes,
             rk + ": steady-state gather/reduce buffer peak " + std::to_string(x.stats.peak_collective_bytes) +
                 " bytes, theory " + std::to_string(x.theory.peak_collective_bytes));
     for (std::size_t i = from; i < x.comm.size(); ++i) {
       const std::string it = rk + ", iteration " + std::to_string(i + 1);
-      const std::uint64_t agree = i == 1 ? x.theory.agreement_bytes_each_way : 0;  // i = 1: the first traced
+      std::uint64_t agree = i == 1 ? x.theory.agreement_bytes_each_way : 0;  // i = 1: the first traced
+      if (depth > 1 && agree > 0 && x.comm[i].bytes_sent > x.theory.bytes_sent &&
+          (x.comm[i].bytes_sent - x.theory.bytes_sent) % agree == 0)
+        agree = x.comm[i].bytes_sent - x.theory.bytes_sent;  // several rounds of agreement
       check(x.comm[i].bytes_sent == x.theory.bytes_sent + agree &&
                 x.comm[i].bytes_received == x.theory.bytes_received + agree,
             it + ": sent " + std::to_string(x.comm[i].bytes_sent) + " / received " +
@@ -612,13 +624,14 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
                 .keep_gathered = o.keep_gathered,
                 .gather_ahead = o.gather_ahead,
+                .gather_depth = o.gather_depth,
                 .memory_saving = o.memory_saving};
   const auto compute = run_group(s, data, ranks);
   s.link.sleep = true;
   const auto modelled = run_group(s, data, ranks);
   const auto from = static_cast<std::size_t>(o.warmup);
-  check_group(compute, ranks, from, "compute-only run");
-  check_group(modelled, ranks, from, "modelled-link run");
+  check_group(compute, ranks, from, "compute-only run", true, o.gather_depth);
+  check_group(modelled, ranks, from, "modelled-link run", true, o.gather_depth);
   zero_result z;
   z.ranks = ranks;
   z.losses = global_losses(modelled);
@@ -812,6 +825,7 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
                 .keep_gathered = o.keep_gathered,
                 .gather_ahead = o.gather_ahead,
+                .gather_depth = o.gather_depth,
                 .memory_saving = t.memory_saving,
                 .device_capacity = o.device_budget,
                 .host_capacity = o.host_budget,
@@ -972,9 +986,10 @@ int main(int argc, char** argv) try {
         "%zu "
         "split over the ranks; fp32, AdamW + clipping, everything on the device (static placement); link %.3g B/s + "
         "%.3g s "
-        "per collective%s; %d warm-up + %d measured iterations\n",
+        "per collective%s; gathers up to %d scope%s ahead; %d warm-up + %d measured iterations\n",
         o.preset.c_str(), c.layers, c.width, gpt::param_count(c), e2e::mib(static_cast<double>(replica)).c_str(),
-        o.batch, o.seq, o.bandwidth, o.latency, o.keep_gathered ? "; keep_gathered" : "", o.warmup, o.iterations);
+        o.batch, o.seq, o.bandwidth, o.latency, o.keep_gathered ? "; keep_gathered" : "", o.gather_depth,
+        o.gather_depth == 1 ? "" : "s", o.warmup, o.iterations);
     std::fflush(stdout);
     for (int n : o.ranks) {
       zero_result z = run_zero(o, c, data, n);
@@ -1020,8 +1035,8 @@ int main(int argc, char** argv) try {
     }
     std::printf(
         "(overlap 1 would mean communication fully hidden behind compute; (c+m)/max, none of it hidden. The runtime "
-        "overlaps reduce-scatters with the next backward scope; allgathers are synchronous: gathering ahead is not "
-        "built yet)\n");
+        "overlaps reduce-scatters with the next backward scope and starts allgathers up to --gather-depth scopes "
+        "ahead where the budget holds them: zero/gather_plan.hpp)\n");
     std::printf("\nlosses per step (global batch mean; across N only the summation order differs):\n| step |");
     for (const auto& z : zs) std::printf(" N = %d |", z.ranks);
     std::printf("\n|---|");
@@ -1054,7 +1069,7 @@ int main(int argc, char** argv) try {
           .num("comm_bytes_theory", double(z.theory.bytes_sent + z.theory.bytes_received));
       j.num("iteration_s", z.iteration_s).num("compute_s", z.compute_s).num("comm_s", z.comm_s);
       j.num("overlap", z.iteration_s / mx).num("serial_overlap", (z.compute_s + z.comm_s) / mx);
-      j.num("bandwidth", o.bandwidth).num("latency", o.latency).boolean("keep_gathered", o.keep_gathered);
+      j.num("bandwidth", o.bandwidth).num("latency", o.latency).boolean("keep_gathered", o.keep_gathered).num("gather_depth", o.gather_depth);
       j.num("iterations", o.iterations).num("warmup", o.warmup).str("losses", losses_text(z.losses));
       records.push_back(j);
     }
@@ -1085,7 +1100,7 @@ int main(int argc, char** argv) try {
       scale_result r = search_scale(o, family, data, n);
       if (r.best.fits) {  // the largest: the same self-checks as the timing runs
         check_group(r.best.ranks, n, static_cast<std::size_t>(o.scale_steps >= 2 ? 1 : o.scale_steps), "scale",
-                    /*ample=*/false);
+                    /*ample=*/false, o.gather_depth);
         check(static_cast<double>(r.best.params) <= r.limit_params,
               "scale at N = " + std::to_string(n) + ": above the limit");
       } else {

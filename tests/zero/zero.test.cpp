@@ -280,7 +280,8 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
   // use is the very next moment (kept gathered: only the forward's gathers); each group's
   // gradients are reduce-scattered once; the norm is one allreduce of a double per chunk. The
   // first iteration with a trace (step 2) adds the ranks' agreement on the gathers ahead: one
-  // allreduce of a double per moment of the trace.
+  // allreduce of two doubles per moment of the trace (the least and the most depth any rank
+  // accepts there: sharding_options::gather_depth's default, 2, agrees in one round when they match).
   for (int ranks : {2, 3, 4}) {
     for (bool keep : {false, true}) {
       CAPTURE(ranks);
@@ -319,7 +320,7 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
           CAPTURE(step);
           const auto& d = per_iteration[static_cast<std::size_t>(k)][static_cast<std::size_t>(step - 1)];
           const std::uint64_t agreement =
-              step == 2 ? (n - 1) * moments[static_cast<std::size_t>(k)] * sizeof(double) : 0;
+              step == 2 ? (n - 1) * 2 * moments[static_cast<std::size_t>(k)] * sizeof(double) : 0;
           CHECK(d.bytes_sent == theory + agreement);
           CHECK(d.bytes_received == theory + agreement);
           CHECK(d.collectives == gathers + reductions + 1 + (step == 2 ? 1 : 0));
@@ -618,6 +619,109 @@ TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget ho
   CHECK(kept.gathers == 2);
   CHECK(kept.gathers_ahead == 1);
   CHECK(kept.starts_ahead(1));
+}
+
+TEST_CASE(
+    "plan_gathers at depth 2: a group gathered two moments ahead is held until its moment, where the budget of the "
+    "moment between holds it too") {
+  // The trace of the test above: forward 0..3, backward 3..0, the step; rank 0 of 2; 100-byte chunks.
+  sharding_trace t;
+  const auto scope = [&](moment_kind k, std::uint32_t c) {
+    t.kinds.push_back(k);
+    t.params.push_back({c});
+    t.grads.push_back(k == moment_kind::backward ? std::vector<std::uint32_t>{c} : std::vector<std::uint32_t>{});
+  };
+  for (std::uint32_t l = 0; l < 4; ++l) scope(moment_kind::forward, l);
+  for (std::uint32_t l = 4; l-- > 0;) scope(moment_kind::backward, l);
+  t.kinds.push_back(moment_kind::optimizer);
+  t.params.emplace_back();
+  t.grads.emplace_back();
+  gather_plan_inputs in{.map = {.world = 2, .rank = 0},
+                        .param_chunk_bytes = 100,
+                        .grad_chunk_bytes = 100,
+                        .keep_gathered = false,
+                        .depth = 2,
+                        .budget = std::vector<std::size_t>(t.size(), 10'000)};
+  const auto deep = plan_gathers(t, in);
+  // m = 0 (layer 0) gathers group 1 for m = 2, held through m = 1; m = 4 (layer 3's backward)
+  // group 0 for m = 6 (released after forward's m = 1). The same 3 gathers as at depth 1, each
+  // started a moment earlier.
+  CHECK(deep.gathers == 3);
+  CHECK(deep.gathers_ahead == 2);
+  CHECK(deep.ahead[0] == std::vector<std::size_t>{1});
+  CHECK(deep.until[0] == std::vector<std::size_t>{2});
+  CHECK(deep.depth[0] == 2);
+  CHECK(deep.ahead[4] == std::vector<std::size_t>{0});
+  CHECK(deep.until[4] == std::vector<std::size_t>{6});
+  CHECK_FALSE(deep.starts_ahead(1));  // group 1 is already on its way
+  // m = 1 holds group 0 (in use), group 1 (held) and rank 0's chunk 2, group 1's send buffer.
+  CHECK(deep.need[1] == 500);
+  CHECK(deep.demand[1] == 500);
+
+  in.budget[1] = 499;  // m = 1 cannot hold group 1 beside its own: m = 0 gathers nothing ahead
+  const auto short_between = plan_gathers(t, in);
+  CHECK(short_between.depth[0] == 0);
+  CHECK(short_between.gathers == 3);
+  in.budget[1] = 500;
+  CHECK(plan_gathers(t, in).depth[0] == 2);
+
+  // The agreed depths restrict each moment: 1 at m = 0 (nothing to gather a moment ahead there),
+  // so group 1 is gathered at depth 1 from m = 1 as without depth.
+  const auto agreed = plan_gathers(t, in, std::vector<std::size_t>{1, 2, 2, 2, 2, 2, 2, 2, 2});
+  CHECK(agreed.depth[0] == 0);
+  CHECK(agreed.ahead[1] == std::vector<std::size_t>{1});
+  CHECK(agreed.until[1] == std::vector<std::size_t>{2});
+  CHECK(agreed.depth[4] == 2);
+}
+
+TEST_CASE("plan_gathers: deeper never needs more than the budget where depth 1 fits, and gathers as often") {
+  // Random traces (forward and backward over random chunk sets, the step), random budgets, 2-4 ranks.
+  std::uint64_t state = 12345;
+  const auto next = [&](std::uint64_t mod) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % mod;
+  };
+  int deeper = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    CAPTURE(trial);
+    const int world = 2 + static_cast<int>(next(3));
+    const std::size_t chunks = 2 + next(10), layers = 2 + next(6);
+    sharding_trace t;
+    std::vector<std::vector<std::uint32_t>> uses(layers);
+    for (auto& u : uses) {
+      for (std::size_t k = 0, n = 1 + next(3); k < n; ++k) u.push_back(static_cast<std::uint32_t>(next(chunks)));
+      std::sort(u.begin(), u.end());
+      u.erase(std::unique(u.begin(), u.end()), u.end());
+    }
+    for (std::size_t l = 0; l < layers; ++l) t.kinds.push_back(moment_kind::forward), t.params.push_back(uses[l]), t.grads.emplace_back();
+    for (std::size_t l = layers; l-- > 0;) t.kinds.push_back(moment_kind::backward), t.params.push_back(uses[l]), t.grads.push_back(uses[l]);
+    t.kinds.push_back(moment_kind::optimizer), t.params.emplace_back(), t.grads.emplace_back();
+    gather_plan_inputs in{.map = {.world = world, .rank = static_cast<int>(next(static_cast<std::uint64_t>(world)))},
+                          .param_chunk_bytes = 100,
+                          .grad_chunk_bytes = 100,
+                          .keep_gathered = next(4) == 0,
+                          .depth = 1,
+                          .budget = {}};
+    for (std::size_t m = 0; m < t.size(); ++m) in.budget.push_back(300 + 100 * next(30));
+    const auto one = plan_gathers(t, in);
+    for (const std::size_t depth : {2, 3, 5}) {
+      CAPTURE(depth);
+      in.depth = depth;
+      const auto d = plan_gathers(t, in);
+      CHECK(d.gathers == one.gathers);
+      CHECK(d.reductions == one.reductions);
+      for (std::size_t m = 0; m < t.size(); ++m) {
+        CAPTURE(m);
+        // Gathers ahead add only where the budget holds them: beyond it only where the moment's
+        // own demand, as at depth 1, already is.
+        CHECK(d.need[m] <= std::max(in.budget[m], one.demand[m]));
+        for (std::size_t i = 0; i < d.ahead[m].size(); ++i) CHECK(d.until[m][i] > m);
+      }
+      deeper += d.gathers_ahead > one.gathers_ahead;
+    }
+  }
+  MESSAGE(deeper << " of 900 plans gather more groups ahead than at depth 1");
+  CHECK(deeper > 0);
 }
 
 TEST_CASE("ZeRO memory-saving mode: chunk by chunk, the reference's bits at N = 1-4 where group buffers do not fit") {

@@ -60,7 +60,8 @@ struct runtime_stats {
   /// group's gradients are final and complete when the next scope closes (or before the step), so
   /// each overlaps the scope that follows: this is the part that did not. Depends on timing.
   double reduce_wait_s = 0;
-  std::uint64_t gathers_ahead = 0;  ///< ZeRO: of the gathers, those started a moment before their use (gather_plan.hpp)
+  std::uint64_t gathers_ahead = 0;  ///< ZeRO: of the gathers, those started before the moment that uses them (gather_plan.hpp)
+  std::uint64_t gathers_further = 0;  ///< ZeRO: of those, started more than one moment before it (sharding_options::gather_depth)
   /// ZeRO: time the calling thread waited for allgathers: synchronous ones whole, those started
   /// ahead for the part that did not overlap the scope before. Depends on timing.
   double gather_wait_s = 0;

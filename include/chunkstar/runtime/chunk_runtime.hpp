@@ -399,6 +399,11 @@ CHUNKSTAR_RUNTIME::chunk_runtime(device_space_type& device, host_space_type& hos
     throw config_error(
         "runtime_options::sharding.micro_batches must be >= 1 (the backward passes per optimizer step), got " +
         std::to_string(options_.sharding.micro_batches));
+  if (options_.sharding.gather_depth < 1)
+    throw config_error(
+        "runtime_options::sharding.gather_depth must be >= 1 (how many scopes ahead a ZeRO gather may start; "
+        "gather_ahead = false turns gathers ahead off), got " +
+        std::to_string(options_.sharding.gather_depth));
   if (options_.timeline) observer_ = own_timeline_;
   store_.clock = [this] { return observer_.now_us(); };
   store_.on_copy_retired = [this](double submitted, tier from, tier to) {
@@ -718,7 +723,7 @@ typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind
   const auto owned = shard_.prepare(ids, kind, name, m);
   pass_.with_room([&] { residency_.make_resident_on_device(owned, name, m); });
   typename store_type::pin_set pins(store_, std::move(ids));
-  shard_.gather_ahead(m, name);  // the next moment's groups arrive while this one computes
+  shard_.gather_ahead(m, name);  // the next moments' groups arrive while this one computes
   for (auto p : params) states_.open(p.value);
   ++stats_.scopes;
   open_.push(name);

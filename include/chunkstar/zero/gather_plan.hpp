@@ -1,18 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
- *  @brief `plan_gathers`: which ZeRO allgathers start one moment ahead of their use, decided from
- *         the trace. A pure function: it replays shard_manager's rules (gather before use,
+ *  @brief `plan_gathers`: which ZeRO allgathers start ahead of their use, and how far, decided
+ *         from the trace. A pure function: it replays shard_manager's rules (gather before use,
  *         release when the next use is not the next moment, reduce-scatter once final, each
  *         reduction in flight until the next scope has closed) over one traced iteration, and
- *         accepts the gathers for moment m + 1 while m computes only where the compute tier's
- *         budget at m holds them beside everything m itself needs. It also predicts the group
- *         buffers live at each moment (what a budget must leave for them).
+ *         accepts, while moment m computes, the gathers of the groups moments m + 1 .. m + d need
+ *         (d up to `depth`, the largest that fits) only where the compute tier's budget holds them
+ *         beside everything m needs and, for a group held until a later moment, beside everything
+ *         each moment in between needs. It also predicts the group buffers live at each moment
+ *         (what a budget must leave for them).
  *
  *  Every rank plans from the same trace; budgets may differ per rank (each has its own non-model
- *  peaks), so the runtime agrees on the accepted moments once per trace (the AND over ranks). An
- *  accepted moment changes nothing at other moments (the group is gathered one moment earlier and
- *  kept as it would have been), so the agreed plan is each rank's plan restricted to the agreed
- *  moments and stays within every rank's budget.
+ *  peaks), so the runtime agrees on the depth accepted at each moment (the minimum over ranks).
+ *  At depth 1 an accepted moment changes nothing at other moments (the group is gathered one
+ *  moment earlier and kept as it would have been), so one agreement suffices. Deeper, a group
+ *  gathered early is not gathered later, so where the ranks' depths differ they plan again under
+ *  the least, until every rank accepts the same depths (each round can only lower them): the plan
+ *  then is every rank's own and stays within every rank's budget.
  */
 #pragma once
 
@@ -26,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace chunkstar {
@@ -66,16 +71,20 @@ struct gather_plan_inputs {
   std::size_t param_chunk_bytes = 0;  ///< one parameter chunk
   std::size_t grad_chunk_bytes = 0;   ///< one gradient chunk
   bool keep_gathered = false;         ///< sharding_options::keep_gathered
+  std::size_t depth = 1;              ///< most moments ahead a gather may start (sharding_options::gather_depth)
   /// Per moment: chunk bytes the compute tier may hold while it computes (the placement's budget
   /// after the moment's recorded non-model peak). Shorter than the trace: no gather ahead there.
   std::vector<std::size_t> budget;
 };
 
 /** @brief The plan: per moment m, the groups whose allgather starts once m's scope is open (for
- *  moment m + 1), and the predicted compute-tier bytes. */
+ *  moments m + 1 .. m + depth[m]), and the predicted compute-tier bytes. */
 struct gather_plan {
-  std::vector<std::vector<std::size_t>> ahead;  ///< per moment: groups gathered while it computes, for the next
+  std::vector<std::vector<std::size_t>> ahead;  ///< per moment: groups gathered while it computes, for later ones
+  std::vector<std::vector<std::size_t>> until;  ///< per moment, beside `ahead`: the moment each group is for (kept till then)
+  std::vector<std::size_t> depth;               ///< per moment: how many moments ahead it gathers (0: none)
   std::vector<std::size_t> need;      ///< per moment: owned parameter chunks in use + group buffers + gathers ahead
+  std::vector<std::size_t> demand;    ///< per moment: `need` without the gathers it starts ahead
   std::vector<std::size_t> buffers;   ///< per moment: group buffers and reduction scratch live (gathers ahead included)
   std::size_t peak_buffer_bytes = 0;  ///< the most of `buffers`, the optimizer step's reductions included
   std::size_t gathers = 0;            ///< allgathers per iteration (ahead or not)
@@ -86,11 +95,11 @@ struct gather_plan {
 };
 
 /** @brief Replays one iteration of @p trace under shard_manager's rules and accepts, moment by
- *  moment, the gathers of the next moment's groups where @p in.budget allows them (all of a
- *  moment's or none). @p allowed (optional, per moment): restricts the moments that may gather
- *  ahead (the ranks' agreement). */
+ *  moment, the gathers of the groups of the next `in.depth` moments where @p in.budget allows them
+ *  (all of those moments' groups or none; the deepest that fits). @p max_depth (optional, per
+ *  moment): restricts how far each moment may gather ahead (the ranks' agreement; 0: not at all). */
 [[nodiscard]] inline gather_plan plan_gathers(const sharding_trace& trace, const gather_plan_inputs& in,
-                                              const std::vector<bool>& allowed = {}) {
+                                              const std::vector<std::size_t>& max_depth) {
   constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   const std::size_t M = trace.size(), n = static_cast<std::size_t>(in.map.world);
   const std::size_t pb = in.param_chunk_bytes, gb = in.grad_chunk_bytes, group_p = n * pb, group_g = n * gb;
@@ -115,11 +124,28 @@ struct gather_plan {
   }
   const auto members = [&](std::size_t g) { return std::min(n, chunks - g * n); };
 
+  // Deeper than one moment: what each moment needs at depth 1 (its demand, before its own gathers
+  // ahead) bounds what it needs here besides the groups held through it for a later moment
+  // (`extra`), which a deeper gather must fit beside.
+  std::vector<std::size_t> base_need, extra(M, 0);
+  if (in.depth > 1) {
+    gather_plan_inputs one = in;
+    one.depth = 1;
+    std::vector<std::size_t> clipped;
+    for (const std::size_t d : max_depth) clipped.push_back(std::min<std::size_t>(d, 1));
+    base_need = plan_gathers(trace, one, clipped).demand;
+  }
+
   gather_plan p;
   p.ahead.resize(M);
+  p.until.resize(M);
+  p.depth.assign(M, 0);
   p.need.assign(M, 0);
+  p.demand.assign(M, 0);
   p.buffers.assign(M, 0);
   std::vector<bool> gathered(groups, false), attached(groups, false), reducing(groups, false);
+  std::vector<std::size_t> held_until(groups, none), pinned(groups, 0);  // a gather ahead: its moment, its send buffer
+  std::size_t pins = 0;                                                   // bytes of send buffers pinned now
   std::vector<std::size_t> in_flight;
   std::size_t live = 0;
   const auto peak = [&] { p.peak_buffer_bytes = std::max(p.peak_buffer_bytes, live); };
@@ -145,37 +171,68 @@ struct gather_plan {
       for (std::size_t g = 0; g < groups; ++g) {
         if (attached[g] && !reducing[g]) start_reduction(g);
         if (gathered[g]) gathered[g] = false, live -= group_p;
+        held_until[g] = none;
+        pins -= std::exchange(pinned[g], 0);
       }
       finish_reductions();
       continue;
     }
-    // prepare(m)
+    // prepare(m): a gather started ahead for m completes (its send buffer unpinned)
     std::size_t owned = 0;
     for (auto c : trace.grads[m])
       if (!attached[c / n]) attached[c / n] = true, live += group_g;
     for (auto c : trace.params[m]) {
+      if (held_until[c / n] == m) pins -= std::exchange(pinned[c / n], 0);
       if (!gathered[c / n]) gather(c / n);
       if (in.map.owns(c)) owned += pb;
     }
-    p.need[m] = live + owned;
-    // Gathers ahead, for the next moment's groups not gathered now; each also pins this rank's
-    // chunk of the group (its send buffer) unless m uses it already.
-    if (scope(m + 1) && m < in.budget.size() && (allowed.empty() || (m < allowed.size() && allowed[m]))) {
-      std::vector<std::size_t> next;
-      std::size_t cost = 0;
-      for (auto c : trace.params[m + 1]) {
-        const std::size_t g = c / n;
-        if (gathered[g] || std::find(next.begin(), next.end(), g) != next.end()) continue;
-        next.push_back(g);
-        const std::uint32_t own = static_cast<std::uint32_t>(g * n + static_cast<std::size_t>(in.map.rank));
-        const bool in_use = std::binary_search(trace.params[m].begin(), trace.params[m].end(), own);
-        cost += group_p + (in_use || static_cast<std::size_t>(in.map.rank) >= members(g) ? 0 : pb);
-      }
-      if (!next.empty() && p.need[m] + cost <= in.budget[m]) {
-        for (auto g : next) gather(g);
+    p.need[m] = p.demand[m] = live + owned + pins;
+    // Gathers ahead, for the groups of moments m + 1 .. m + d not gathered now, the deepest d
+    // allowed that fits; each also pins this rank's chunk of the group (its send buffer) unless m
+    // uses it already, until the moment it is for.
+    const std::size_t allow = max_depth.empty() ? in.depth : m < max_depth.size() ? std::min(max_depth[m], in.depth) : 0;
+    if (scope(m + 1) && m < in.budget.size() && allow > 0) {
+      for (std::size_t d = allow; d >= 1; --d) {
+        std::vector<std::size_t> next, target, cost_of;
+        std::size_t cost = 0;
+        bool whole = true;  // every moment up to m + d is a scope of this iteration
+        for (std::size_t u = m + 1; u <= m + d; ++u) {
+          if (!scope(u)) {
+            whole = false;
+            break;
+          }
+          for (auto c : trace.params[u]) {
+            const std::size_t g = c / n;
+            if (gathered[g] || std::find(next.begin(), next.end(), g) != next.end()) continue;
+            const std::uint32_t own = static_cast<std::uint32_t>(g * n + static_cast<std::size_t>(in.map.rank));
+            const bool in_use = std::binary_search(trace.params[m].begin(), trace.params[m].end(), own);
+            next.push_back(g);
+            target.push_back(u);
+            cost_of.push_back(group_p + (in_use || static_cast<std::size_t>(in.map.rank) >= members(g) ? 0 : pb));
+            cost += cost_of.back();
+          }
+        }
+        if (!whole || next.empty() || target.back() < m + d) continue;  // the same as a smaller depth
+        bool fits = p.need[m] + cost <= in.budget[m];
+        for (std::size_t k = m + 1; fits && k < m + d; ++k) {  // held through k for a later moment
+          std::size_t add = 0;
+          for (std::size_t i = 0; i < next.size(); ++i) add += target[i] > k ? cost_of[i] : 0;
+          fits = k < in.budget.size() && base_need[k] + extra[k] + add <= in.budget[k];
+        }
+        if (!fits) continue;
+        for (std::size_t i = 0; i < next.size(); ++i) {
+          gather(next[i]);
+          held_until[next[i]] = target[i];
+          pinned[next[i]] = cost_of[i] - group_p;
+          pins += pinned[next[i]];
+          for (std::size_t k = m + 1; k < target[i]; ++k) extra[k] += cost_of[i];
+        }
         p.gathers_ahead += next.size();
         p.need[m] += cost;
         p.ahead[m] = std::move(next);
+        p.until[m] = std::move(target);
+        p.depth[m] = d;
+        break;
       }
     }
     p.buffers[m] = live;
@@ -188,7 +245,8 @@ struct gather_plan {
         for (std::size_t k = g * n; k < g * n + members(g); ++k) final = final && next_grad[m][k] == none;
         if (final) start_reduction(g);
       }
-      if (gathered[g]) {
+      if (held_until[g] != none && held_until[g] <= m) held_until[g] = none;
+      if (gathered[g] && held_until[g] == none) {  // a group gathered ahead is kept for its moment
         std::size_t next = none;
         for (std::size_t k = g * n; k < g * n + members(g); ++k) next = std::min(next, next_param[m][k]);
         if (next == none || (!in.keep_gathered && next > m + 1)) gathered[g] = false, live -= group_p;
@@ -200,6 +258,15 @@ struct gather_plan {
     if (attached[g] && !reducing[g]) start_reduction(g);
   finish_reductions();
   return p;
+}
+
+/** @brief plan_gathers with the moments that may gather ahead as flags (@p allowed; empty: all),
+ *  each at up to `in.depth` moments. */
+[[nodiscard]] inline gather_plan plan_gathers(const sharding_trace& trace, const gather_plan_inputs& in,
+                                              const std::vector<bool>& allowed = {}) {
+  std::vector<std::size_t> depth;
+  for (const bool a : allowed) depth.push_back(a ? in.depth : 0);
+  return plan_gathers(trace, in, depth);
 }
 
 }  // namespace chunkstar

@@ -179,6 +179,7 @@ class shard_manager {
     void* grads = nullptr;      // their buffer (chunks without a payload attached; none for a payload of its own)
     bool reducing = false;      // its reduce-scatter is in flight (grads is its send buffer until done)
     bool gathering = false;     // its allgather, started ahead, is in flight (params is its receive buffer)
+    std::size_t hold_until = never;  // gathered ahead for this moment: kept until it has used the group
   };
 
   /** An allgather started ahead of its moment; this rank's chunk, its send buffer, stays pinned. */
@@ -352,8 +353,13 @@ void shard_manager<Store, Residency, TracerT, Comm>::gather_ahead(std::size_t m,
     return;
   if (plan_key_ != tracer_.stats().traces) make_plan();
   if (!plan_.starts_ahead(m)) return;
-  for (auto g : plan_.ahead[m])
-    if (g < groups_.size() && !groups_[g].gathered) start_gather(g, who, m);
+  for (std::size_t i = 0; i < plan_.ahead[m].size(); ++i) {
+    const std::size_t g = plan_.ahead[m][i];
+    if (g >= groups_.size() || groups_[g].gathered) continue;
+    start_gather(g, who, m);
+    groups_[g].hold_until = plan_.until[m][i];
+    if (plan_.until[m][i] > m + 1) ++stats_.gathers_further;
+  }
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
@@ -383,7 +389,9 @@ void shard_manager<Store, Residency, TracerT, Comm>::after_close(std::size_t m, 
       continue;
     }
     if (groups_[g].accumulating && !groups_[g].reducing && all_final(g, m)) start_reduction(g);
-    if (groups_[g].gathered && release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered))
+    if (groups_[g].hold_until != never && groups_[g].hold_until <= m) groups_[g].hold_until = never;
+    if (groups_[g].gathered && groups_[g].hold_until == never &&  // one gathered ahead waits for its moment
+        release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered))
       release(g);
   }
 }
@@ -467,14 +475,32 @@ void shard_manager<Store, Residency, TracerT, Comm>::make_plan() {
                         .param_chunk_bytes = store_.bytes_of(chunk_kind::param),
                         .grad_chunk_bytes = store_.has(chunk_kind::grad) ? store_.bytes_of(chunk_kind::grad) : 0,
                         .keep_gathered = options_.keep_gathered,
+                        .depth = static_cast<std::size_t>(std::max(options_.gather_depth, 1)),
                         .budget = {}};
   for (std::size_t m = 0; m < trace.size(); ++m) in.budget.push_back(residency_.planned_budget(m));
-  const auto mine = plan_gathers(trace, in);
-  std::vector<double> accept(trace.size());
-  for (std::size_t m = 0; m < accept.size(); ++m) accept[m] = mine.starts_ahead(m) ? 1.0 : 0.0;
-  comm_.allreduce(std::span<double>(accept), reduce_op::min);
-  std::vector<bool> agreed(accept.size());
-  for (std::size_t m = 0; m < accept.size(); ++m) agreed[m] = accept[m] > 0.5;
+  // The depth every rank accepts at each moment (the minimum over ranks). At depth 1 one round
+  // settles it (gather_plan.hpp). Deeper, each round also carries the maximum (as a minimum of
+  // negated depths): where the ranks' depths differ, they plan again under the minimum, until
+  // every rank accepts the same depths (each round can only lower them; every rank computes the
+  // same sequence of rounds).
+  const std::size_t M = trace.size();
+  std::vector<std::size_t> agreed;  // empty: as deep as in.depth everywhere
+  for (;;) {
+    const auto mine = plan_gathers(trace, in, agreed);
+    std::vector<double> v(in.depth > 1 ? 2 * M : M);
+    for (std::size_t m = 0; m < M; ++m) {
+      v[m] = static_cast<double>(mine.depth[m]);
+      if (in.depth > 1) v[M + m] = -v[m];
+    }
+    comm_.allreduce(std::span<double>(v), reduce_op::min);
+    bool settled = true;
+    agreed.assign(M, 0);
+    for (std::size_t m = 0; m < M; ++m) {
+      agreed[m] = static_cast<std::size_t>(v[m] + 0.5);
+      if (in.depth > 1 && v[m] != -v[M + m]) settled = false;
+    }
+    if (settled) break;
+  }
   plan_ = plan_gathers(trace, in, agreed);
   plan_key_ = tracer_.stats().traces;
 }
@@ -566,6 +592,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::release(std::size_t g) noex
   }
   if (groups_[g].params) buffers_.detach(std::exchange(groups_[g].params, nullptr), tier::remote);
   groups_[g].gathered = false;
+  groups_[g].hold_until = never;
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>

@@ -16,6 +16,11 @@ struct sharding_options {
   /// computes, where the trace says the budget holds them (runtime/gather_plan.hpp); false: each
   /// gather waits for the scope that needs it.
   bool gather_ahead = true;
+  /// How many scopes ahead a gather may start (with gather_ahead): the groups of the next
+  /// gather_depth scopes, where the budget holds them until they are used, so a scope whose compute
+  /// is shorter than its gathers is hidden by the scopes before it. 1: the next scope only. The
+  /// default, 2, measured in docs/zero.md ("Benchmark").
+  int gather_depth = 2;
   /// PatrickStar's memory-saving mode: a remote parameter chunk is broadcast from its owner on its
   /// own and a gradient chunk reduced to its owner on its own, so only the chunks a scope uses are
   /// resident, never whole groups of N (for models where N-1 gather buffers do not fit). More
