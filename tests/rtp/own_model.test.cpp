@@ -504,6 +504,29 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("own model under RTP: a step with other clipping than prepare_step's is refused before it changes anything") {
+  using store_type = rtp::chunk_shard_store<static_runtime>;
+  simulated_device_space device({.capacity = 1 << 20});
+  host_space host;
+  host_copy_engine copier;
+  single_process_communicator one;
+  static_runtime rt(device, host, copier, one, {}, searched_chunk_layout({.spread = 1}),
+                    static_placement::all_host());
+  store_type store(rt);
+  own_model::residual_mlp<single_process_communicator, store_type> model(one, store, cfg);
+  model.init();
+  auto& m = model.state();
+  for (int s = 0; s < 2; ++s) {  // the second step has a trace: its updates start inside backward
+    const micro_batch b = make_batch(s, 0);
+    CHECK(m.prepare_step(adamw, groups, 1, 0.0f));
+    (void)model.forward(b.tokens.data(), b.targets.data());
+    model.backward(b.tokens.data(), b.targets.data());
+    if (s > 0) CHECK_THROWS_AS((void)m.step(adamw, groups, 1, 0.5f), state_error);
+    CHECK(m.step(adamw, groups, 1, 0.0f).stepped);  // what prepare_step was given: the step goes on
+  }
+  CHECK(rt.stats().early_steps > 0);
+}
+
 TEST_CASE(
     "own model under RTP: a checkpoint resumes at the same world size bit for bit and loads in one process with every "
     "bit") {

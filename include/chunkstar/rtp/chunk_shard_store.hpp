@@ -173,8 +173,8 @@ requires(std::is_same_v<T, float> || ShardWideningOps<Ops, T>) class chunk_shard
    *  last backward, once the trace says its gradient is final (chunk_adam::prepare: speculative,
    *  kept or undone and redone by `step`, the plain step's bits either way). `step` must follow
    *  with the same hyper-parameters, @p micro_batches and @p max_norm (`state_error` otherwise,
-   *  before anything changes). Returns whether any update may start early (none on the first
-   *  iteration, before a trace). Not collective: every rank steps its own shards. */
+   *  before anything changes). Returns whether they were armed (chunk_adam::prepare's answer; the
+   *  first iteration, without a trace, starts none). Not collective: every rank steps its own shards. */
   bool prepare(const adam_hyper& base, const param_groups& groups, int micro_batches, float max_norm) {
     optimizer(base, groups, max_norm);
     prepared_ = opt_->prepare(rt_, base.lr, micro_batches);

@@ -231,7 +231,7 @@ requires(std::is_same_v<store_element_t<Store>, float> ||
   /** @brief Before a step's micro-batches, with a store that can (`chunk_shard_store::prepare`):
    *  the host-stepped chunks' updates start inside the last backward, each once its gradient is
    *  final, and `step` with the same arguments keeps or redoes them (the same bits). Returns
-   *  whether any may start early; false with a store that cannot. Not collective. */
+   *  whether they were armed; false with a store that cannot. Not collective. */
   bool prepare_step(const adam_hyper& hyper, const param_groups& groups, int micro_batches, float max_norm = 0.0f) {
     require_final("prepare_step");
     if constexpr (requires { store_.prepare(hyper, groups, micro_batches, max_norm); })
