@@ -253,6 +253,30 @@ double disk_bytes(const Runtime& rt) {
   return static_cast<double>(rt.stats().bytes_to_disk + rt.stats().bytes_from_disk);
 }
 
+/** What alternate() measured: the counted iterations' seconds per mode, the early steps over the
+ *  overlapped ones, and the disk bytes each mode moved. */
+struct timed_rounds {
+  std::vector<double> seq, ovl;
+  double early = 0, seq_disk_bytes = 0, ovl_disk_bytes = 0;
+};
+
+/** @p rounds rounds alternating the modes, each 4 iterations of one mode of which the first is not
+ *  counted (it pays for the mode before: early updates run on into the next iteration's forward). */
+template <class Model>
+timed_rounds alternate(Model& m, int rounds, double t, double hbm) {
+  timed_rounds out;
+  for (int k = 0; k < rounds; ++k)
+    for (const bool overlap : {false, true}) {
+      (void)m.iteration(t, overlap, hbm);
+      const auto before = m.rt.stats().early_steps;
+      const double bytes0 = disk_bytes(m.rt);
+      for (int i = 0; i < 3; ++i) (overlap ? out.ovl : out.seq).push_back(m.iteration(t, overlap, hbm));
+      (overlap ? out.ovl_disk_bytes : out.seq_disk_bytes) += disk_bytes(m.rt) - bytes0;
+      if (overlap) out.early += static_cast<double>(m.rt.stats().early_steps - before);
+    }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -342,25 +366,12 @@ int main(int argc, char** argv) {
         r.compute_s = std::max(compute, r.disk_s);
         t_row = r.compute_s / (3.0 * s.layers);
       }
-      // Rounds alternating the modes, each round 4 iterations of one mode of which the first is not
-      // counted (it pays for the mode before: early updates run on into the next iteration's forward).
-      std::vector<double> seq, ovl;
-      std::uint64_t early = 0;
-      double seq_bytes = 0, ovl_bytes = 0;
-      for (int k = 0; k < s.rounds; ++k)
-        for (const bool overlap : {false, true}) {
-          (void)m.iteration(t_row, overlap, s.hbm_bytes_per_s);
-          const auto before = m.rt.stats().early_steps;
-          const double bytes0 = disk_bytes(m.rt);
-          for (int i = 0; i < 3; ++i) (overlap ? ovl : seq).push_back(m.iteration(t_row, overlap, s.hbm_bytes_per_s));
-          (overlap ? ovl_bytes : seq_bytes) += disk_bytes(m.rt) - bytes0;
-          if (overlap) early += m.rt.stats().early_steps - before;
-        }
-      r.early_steps_per_iteration = static_cast<double>(early) / static_cast<double>(ovl.size());
-      r.disk_mb_sequential = seq_bytes / static_cast<double>(seq.size()) / 1e6;
-      r.disk_mb_overlapped = ovl_bytes / static_cast<double>(ovl.size()) / 1e6;
-      r.sequential_s = median(seq);
-      r.overlapped_s = median(ovl);
+      const timed_rounds got = alternate(m, s.rounds, t_row, s.hbm_bytes_per_s);
+      r.early_steps_per_iteration = got.early / static_cast<double>(got.ovl.size());
+      r.disk_mb_sequential = got.seq_disk_bytes / static_cast<double>(got.seq.size()) / 1e6;
+      r.disk_mb_overlapped = got.ovl_disk_bytes / static_cast<double>(got.ovl.size()) / 1e6;
+      r.sequential_s = median(got.seq);
+      r.overlapped_s = median(got.ovl);
       const double slowest = std::max({r.compute_s, r.host_adam_s, r.link_s, r.disk_s});
       r.sequential_ratio = r.sequential_s / slowest;
       r.overlapped_ratio = r.overlapped_s / slowest;
@@ -380,8 +391,8 @@ int main(int argc, char** argv) {
       r.host_fraction = h;
       const int host_chunks = static_cast<int>(std::lround(h * s.layers));
       r.host_adam_s = host_adam_seconds(s, (host_chunks + ranks - 1) / ranks);
-      std::vector<std::vector<double>> seq(ranks), ovl(ranks);
-      std::vector<double> link_s(ranks, 0.0), early(ranks, 0.0);
+      std::vector<timed_rounds> got(ranks);
+      std::vector<double> link_s(ranks, 0.0);
       run_ranks(ranks, [&](in_process_communicator& comm) {
         const auto me = static_cast<std::size_t>(comm.rank());
         link_comm link(comm, {.bandwidth_bytes_per_s = gbs * 1e9, .latency_s = 10e-6});
@@ -396,26 +407,19 @@ int main(int argc, char** argv) {
         comm.barrier();
         const double balanced = std::max(r.host_adam_s, link_s[0]);
         t_rank = balanced / (3.0 * s.layers);
-        for (int k = 0; k < s.rounds; ++k)
-          for (const bool overlap : {false, true}) {
-            (void)m.iteration(t_rank, overlap, s.hbm_bytes_per_s);
-            const auto before = m.rt.stats().early_steps;
-            for (int i = 0; i < 3; ++i)
-              (overlap ? ovl : seq)[me].push_back(m.iteration(t_rank, overlap, s.hbm_bytes_per_s));
-            if (overlap) early[me] += static_cast<double>(m.rt.stats().early_steps - before);
-          }
+        got[me] = alternate(m, s.rounds, t_rank, s.hbm_bytes_per_s);
       });
-      const auto slowest_rank = [&](const std::vector<std::vector<double>>& v) {
-        std::vector<double> worst(v[0].size(), 0.0);
-        for (const auto& per : v)
-          for (std::size_t i = 0; i < per.size(); ++i) worst[i] = std::max(worst[i], per[i]);
+      const auto slowest_rank = [&](std::vector<double> timed_rounds::*times) {
+        std::vector<double> worst((got[0].*times).size(), 0.0);
+        for (const auto& per : got)
+          for (std::size_t i = 0; i < (per.*times).size(); ++i) worst[i] = std::max(worst[i], (per.*times)[i]);
         return median(worst);
       };
       r.link_s = link_s[0];
       r.compute_s = std::max(r.host_adam_s, link_s[0]);
-      r.sequential_s = slowest_rank(seq);
-      r.overlapped_s = slowest_rank(ovl);
-      r.early_steps_per_iteration = (early[0] + early[1]) / static_cast<double>(ovl[0].size());
+      r.sequential_s = slowest_rank(&timed_rounds::seq);
+      r.overlapped_s = slowest_rank(&timed_rounds::ovl);
+      r.early_steps_per_iteration = (got[0].early + got[1].early) / static_cast<double>(got[0].ovl.size());
       const double slowest = std::max({r.compute_s, r.host_adam_s, r.link_s});
       r.sequential_ratio = r.sequential_s / slowest;
       r.overlapped_ratio = r.overlapped_s / slowest;

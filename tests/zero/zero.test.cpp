@@ -553,9 +553,9 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget holds it beside what the moment needs") {
-  // 2 ranks, 4 layers of one chunk each (groups {0, 1} and {2, 3}), chunks of 100 bytes, forward
-  // 0..3 then backward 3..0 and the step. Rank 0.
+namespace {
+/** 4 layers of one chunk each, forward 0..3 then backward 3..0 and the step. */
+sharding_trace four_layer_trace() {
   sharding_trace t;
   const auto scope = [&](moment_kind k, std::uint32_t c) {
     t.kinds.push_back(k);
@@ -567,6 +567,14 @@ TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget ho
   t.kinds.push_back(moment_kind::optimizer);
   t.params.emplace_back();
   t.grads.emplace_back();
+  return t;
+}
+}  // namespace
+
+TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget holds it beside what the moment needs") {
+  // 2 ranks, 4 layers of one chunk each (groups {0, 1} and {2, 3}), chunks of 100 bytes, forward
+  // 0..3 then backward 3..0 and the step. Rank 0.
+  const sharding_trace t = four_layer_trace();
   gather_plan_inputs in{.map = {.world = 2, .rank = 0},
                         .param_chunk_bytes = 100,
                         .grad_chunk_bytes = 100,
@@ -625,17 +633,7 @@ TEST_CASE(
     "plan_gathers at depth 2: a group gathered two moments ahead is held until its moment, where the budget of the "
     "moment between holds it too") {
   // The trace of the test above: forward 0..3, backward 3..0, the step; rank 0 of 2; 100-byte chunks.
-  sharding_trace t;
-  const auto scope = [&](moment_kind k, std::uint32_t c) {
-    t.kinds.push_back(k);
-    t.params.push_back({c});
-    t.grads.push_back(k == moment_kind::backward ? std::vector<std::uint32_t>{c} : std::vector<std::uint32_t>{});
-  };
-  for (std::uint32_t l = 0; l < 4; ++l) scope(moment_kind::forward, l);
-  for (std::uint32_t l = 4; l-- > 0;) scope(moment_kind::backward, l);
-  t.kinds.push_back(moment_kind::optimizer);
-  t.params.emplace_back();
-  t.grads.emplace_back();
+  const sharding_trace t = four_layer_trace();
   gather_plan_inputs in{.map = {.world = 2, .rank = 0},
                         .param_chunk_bytes = 100,
                         .grad_chunk_bytes = 100,

@@ -155,9 +155,9 @@ class chunk_adam {
    *  Either way every chunk ends with the bits of the step without prepare(). Returns false, and
    *  does nothing, where the runtime cannot (a model partitioned outside it: every chunk then
    *  steps in step(); under ZeRO each rank steps its own chunks early, once reduced to it, and with
-   *  replicated gradients every chunk once its all-reduce has completed) or where the last step clipped or overflowed (speculation_advised: this one
-   *  likely will too); in the first iteration (no trace yet) nothing starts early. Every prepare()
-   *  must be followed by step(). */
+   *  replicated gradients every chunk once its all-reduce has completed) or where the last step
+   *  clipped or overflowed (speculation_advised: this one likely will too); in the first iteration
+   *  (no trace yet) nothing starts early. Every prepare() must be followed by step(). */
   template <class Runtime>
   bool prepare(Runtime& rt, float lr, int micro_batches = 1) {
     if (micro_batches < 1)

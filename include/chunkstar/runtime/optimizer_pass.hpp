@@ -275,6 +275,15 @@ class optimizer_pass {
   template <class G>
   void on_host(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type, G&& g);
 
+  /** A chunk stepped on the host: its weights go back to the compute tier while there is budget,
+   *  which is where forward wants them (a load ahead). */
+  void weights_back(std::uint32_t c) {
+    const chunk_id param{chunk_kind::param, c};
+    if (store_.at(param).where == tier::host && !store_.at(param).pinned &&
+        store_.device_in_use() + store_.bytes_of(chunk_kind::param) <= residency_.budget_now())
+      residency_.load_ahead(param, /*touch=*/false);
+  }
+
   /** Runs an optimisation; what fails here is left to the demand path (internal errors propagate). */
   template <class G>
   static void optional(G&& g) {
@@ -342,14 +351,10 @@ class optimizer_pass {
       }
       j.pins.reset();  // the chunk is the pass's again whatever the update did
       if (j.release_gradient) store_.release({chunk_kind::grad, j.chunk});
-      // Its weights go back to the compute tier while there is budget, where forward wants them, as
-      // the pass's do: left on the host, the stepped chunks' weights would crowd out the Adam state
+      // As the pass's: left on the host, the stepped chunks' weights would crowd out the Adam state
       // (below a disk tier, off to the disk and back).
-      const chunk_id param{chunk_kind::param, j.chunk};
       try {
-        if (store_.at(param).where == tier::host && !store_.at(param).pinned &&
-            store_.device_in_use() + store_.bytes_of(chunk_kind::param) <= residency_.budget_now())
-          residency_.load_ahead(param, /*touch=*/false);
+        weights_back(j.chunk);
       } catch (...) {  // an optimisation: the next forward loads it on demand
       }
       if (on_early_update) {
@@ -438,11 +443,9 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
     pins.reset();
     ++(where == tier::device ? stats_.device_steps : stats_.host_steps);
     // The gradient is spent: free it now rather than after the loop, so a host-side step never
-    // needs every chunk's gradient on the host at once. A param stepped on the host goes back to
-    // the compute tier while there is budget, which is where forward wants it (a load ahead).
+    // needs every chunk's gradient on the host at once.
     store_.release({chunk_kind::grad, c});
-    if (where == tier::host && store_.device_in_use() + store_.bytes_of(chunk_kind::param) <= residency_.budget_now())
-      optional([&] { residency_.load_ahead({chunk_kind::param, c}, /*touch=*/false); });
+    if (where == tier::host) optional([&] { weights_back(c); });
   }
   if (std::exchange(queued_, false)) wait_for_updates(plan.num_chunks);
   next_ = 0;
