@@ -6,10 +6,12 @@
 // The model: --layers layers of one fp32 chunk each (--chunk-mib). The device is modelled: each
 // forward scope "computes" for t, each backward scope for 2t, as time on a device clock that takes
 // no CPU (the host thread sleeps, as a host queuing kernels waits); a step on the device takes its
-// bytes at --hbm-gbs; early updates run on all cores but one (chunk_adam::prepare's default), the
-// step after backward on all; copies take the modelled link's time (--link-gbs each way) and no CPU
-// (modelled_copy_engine: no bytes move, the bits are the tests' business). The chunks of the last --fractions share of layers step on the host with the
-// real SIMD Adam (threads: OpenMP's default). The compute per iteration is calibrated to the host
+// bytes at --hbm-gbs; early updates run on the threads the runtime chooses for each
+// (early_update_threads, chunk_adam::prepare's default: all cores while others wait behind it, else
+// all but one) or on --early-threads, the step after backward on all; copies take the modelled
+// link's time (--link-gbs each way) and no CPU (modelled_copy_engine: no bytes move, the bits are
+// the tests' business). The chunks of the last --fractions share of layers step on the host with
+// the real SIMD Adam (threads: OpenMP's default). The compute per iteration is calibrated to the host
 // Adam of every chunk (the balanced case, where hiding matters most), so compute = host Adam at a
 // host fraction of 1.
 //
@@ -31,7 +33,8 @@
 // against the larger of it and the host Adam of a rank's share.
 //   bench_overlap [--layers 24] [--chunk-mib 8] [--fractions 0,0.25,0.5,0.75,1] [--rounds 5]
 //                 [--hbm-gbs 4000] [--link-gbs 55] [--disk-dir DIR] [--disk-host-share 0.5]
-//                 [--zero-gbs 1,0.2] [--zero-fractions 0.5,1] [--json FILE] [--plot FILE.png] [--quick]
+//                 [--zero-gbs 1,0.2] [--zero-fractions 0.5,1] [--early-threads N] [--json FILE]
+//                 [--plot FILE.png] [--quick]
 #include "../bench_cli.hpp"
 #include "../bench_report.hpp"
 #include "../disk_limits.hpp"
@@ -105,6 +108,7 @@ struct settings {
   std::size_t disk_limit_bytes = std::size_t{512} << 20;  // the file the disk's limits are measured over
   std::vector<double> zero_gbs;                           // ZeRO rows over 2 ranks at these link speeds
   std::vector<double> zero_fractions = {0.5, 1};          // ... and these host shares
+  int early_threads = 0;  // threads of each early update; 0: the runtime's choice (early_update_threads)
 };
 
 /** One chunk's Adam update: real on the host; on the device, modelled time added to @p device_s
@@ -146,6 +150,7 @@ struct model {
   runtime_over<Comm> rt;
   std::vector<param_id> ids;
   std::vector<std::string> names;  // scope names: one per layer, forward and backward alike
+  int early_threads;               // 0: the runtime's choice per update
   template <class... CommArg>
   model(const settings& s, double host_fraction, bool with_disk, runtime_options options, CommArg&... comm)
       : dev({.capacity = static_cast<std::size_t>(s.layers) * s.chunk_elems * 4 * 6}),
@@ -157,7 +162,8 @@ struct model {
                                                 .name = "bench_overlap"})
                        : nullptr),
         rt(dev, host, copier, comm..., options, fixed_chunk_layout({.chunk_elems = s.chunk_elems}),
-           split_placement{host_fraction}) {
+           split_placement{host_fraction}),
+        early_threads(s.early_threads) {
     if (disk) rt.attach_disk(disk->tier());
     for (int i = 0; i < s.layers; ++i) {
       names.push_back("layer" + std::to_string(i));
@@ -179,12 +185,13 @@ struct model {
   /** One iteration; forward scopes compute @p t each, backward ones 2t. Returns its seconds. */
   double iteration(double t, bool overlap, double hbm) {
     const auto t0 = clock_type::now();
-    // Early updates leave a core to this thread (chunk_adam::prepare's default: all cores but one).
-    const unsigned cores = std::thread::hardware_concurrency();
-    const int early_threads = cores > 1 ? static_cast<int>(cores - 1) : 1;
+    // Early updates on the threads the runtime chooses for each (early_update_threads, as
+    // chunk_adam::prepare's default), or on --early-threads.
     if (overlap)
       rt.arm_early_steps(
-          {.update = [hbm, early_threads](const step_chunk& c) { update(c, hbm, nullptr, early_threads); },
+          {.update = [hbm, fixed = early_threads](const step_chunk& c) {
+             update(c, hbm, nullptr, fixed > 0 ? fixed : c.threads);
+           },
            .undo = {},
            .spends_gradient = true});  // as chunk_adam's without clipping: nothing reads it after
     for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -298,6 +305,7 @@ int main(int argc, char** argv) {
     else if (a == "--disk-host-share") s.disk_host_share = std::stod(next());
     else if (a == "--zero-gbs") s.zero_gbs = bench::parse_number_list(a, next());
     else if (a == "--zero-fractions") s.zero_fractions = bench::parse_number_list(a, next());
+    else if (a == "--early-threads") s.early_threads = std::stoi(next());
     else if (a == "--json") json = next();
     else if (a == "--plot") plot = next();
     else if (a == "--quick") {
@@ -310,7 +318,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_overlap [--layers N] [--chunk-mib X] [--fractions 0,0.5,1] [--rounds N] "
                    "[--hbm-gbs X] [--link-gbs X] [--disk-dir DIR] [--disk-host-share X] [--zero-gbs 1,0.2] "
-                   "[--zero-fractions 0.5,1] [--json FILE] "
+                   "[--zero-fractions 0.5,1] [--early-threads N] [--json FILE] "
                    "[--plot FILE.png] [--quick]\n");
       return 2;
     }

@@ -61,29 +61,31 @@ TEST_CASE("plan_early_steps: after the last use of a chunk's gradient and weight
   using V = std::vector<std::vector<std::uint32_t>>;
   const auto host4 = std::vector<tier>(4, tier::host);
   // Forward 0,1,2,3; backward 3,2,1,0 at moments 4..7. Chunk 0's last use is the last moment
-  // before the step: nothing to gain, left to the step.
+  // before the step: it starts there too (on the worker, so the step returns at once and the next
+  // forward waits for that chunk alone).
   const auto t = trace({{0}, {1}, {2}, {3}}, {{3}, {2}, {1}, {0}}, 4);
-  CHECK(planned(plan_early_steps(t, {.step_tier = host4})) == V{{}, {}, {}, {}, {3}, {2}, {1}, {}});
+  CHECK(planned(plan_early_steps(t, {.step_tier = host4})) == V{{}, {}, {}, {}, {3}, {2}, {1}, {0}});
   // A chunk stepped on the device is left to the step.
   CHECK(planned(plan_early_steps(t, {.step_tier = {tier::host, tier::device, tier::host, tier::device}})) ==
-        V{{}, {}, {}, {}, {}, {2}, {}, {}});
+        V{{}, {}, {}, {}, {}, {2}, {}, {0}});
   // The kept state's budget: two chunks' worth, earliest ready first.
   CHECK(planned(plan_early_steps(t, {.step_tier = host4, .kept_bytes_per_chunk = 10, .kept_budget = 25})) ==
         V{{}, {}, {}, {}, {3}, {2}, {}, {}});
   // A tied weight (chunk 0 in the first forward scope and the last): its weights are read again by
   // the last backward scope, so chunk 0 waits although its gradient was final earlier.
   const auto tied = trace({{0}, {1}, {0}}, {{0}, {1}, {0}}, 2);
-  CHECK(planned(plan_early_steps(tied, {.step_tier = {tier::host, tier::host}})) == V{{}, {}, {}, {}, {1}, {}});
+  CHECK(planned(plan_early_steps(tied, {.step_tier = {tier::host, tier::host}})) == V{{}, {}, {}, {}, {1}, {0}});
   // Two micro-batches: nothing is final before the second's backward.
   sharding_trace two = trace({{0}, {1}}, {{1}, {0}}, 0);
   const sharding_trace second = trace({{0}, {1}}, {{1}, {0}}, 2);
   two.kinds.insert(two.kinds.end(), second.kinds.begin(), second.kinds.end());
   two.params.insert(two.params.end(), second.params.begin(), second.params.end());
   two.grads.insert(two.grads.end(), second.grads.begin(), second.grads.end());
-  CHECK(planned(plan_early_steps(two, {.step_tier = {tier::host, tier::host}})) == V{{}, {}, {}, {}, {}, {}, {1}, {}});
-  // A chunk whose gradient the iteration never writes (frozen) is not stepped early.
+  CHECK(planned(plan_early_steps(two, {.step_tier = {tier::host, tier::host}})) ==
+        V{{}, {}, {}, {}, {}, {}, {1}, {0}});
+  // A chunk whose gradient the iteration never writes (frozen, chunk 1) is not stepped early.
   const auto frozen = trace({{0}, {1}}, {{0}}, 2);
-  CHECK(plan_early_steps(frozen, {.step_tier = {tier::host, tier::host}}).size() == 0);
+  CHECK(planned(plan_early_steps(frozen, {.step_tier = {tier::host, tier::host}})) == V{{}, {}, {0}});
 }
 
 TEST_CASE("plan_early_steps under ZeRO: this rank's chunks only, a group's chunks used as one") {
@@ -97,11 +99,21 @@ TEST_CASE("plan_early_steps under ZeRO: this rank's chunks only, a group's chunk
   // The group mode, groups {0,1}, {2,3}, {4,5}: chunk 5 is sent by the gather of 4 and reduced
   // with it, so it waits for 4's backward (moment 7); chunk 1's group ends with the last scope.
   CHECK(planned(plan_early_steps(t, {.step_tier = odd, .together = 2})) ==
-        V{{}, {}, {}, {}, {}, {}, {}, {5}, {}, {3}, {}, {}});
+        V{{}, {}, {}, {}, {}, {}, {}, {5}, {}, {3}, {}, {1}});
   // Rank 1 of 3 owns 1 and 4; groups {0,1,2}, {3,4,5}: chunk 4 waits for 3's backward (moment 8).
   const std::vector<tier> rank1 = {tier::remote, tier::host, tier::remote, tier::remote, tier::host, tier::remote};
   CHECK(planned(plan_early_steps(t, {.step_tier = rank1, .together = 3})) ==
-        V{{}, {}, {}, {}, {}, {}, {}, {}, {4}, {}, {}, {}});
+        V{{}, {}, {}, {}, {}, {}, {}, {}, {4}, {}, {}, {1}});
+}
+
+TEST_CASE("early_update_threads: every core while updates wait behind this one, else all but one") {
+  CHECK(early_update_threads(16, 0) == 15);  // the worker keeps up: the queuing thread keeps a core
+  CHECK(early_update_threads(16, 3) == 16);  // behind: the next forward will wait for these updates
+  CHECK(early_update_threads(2, 0) == 1);
+  CHECK(early_update_threads(2, 1) == 2);
+  CHECK(early_update_threads(1, 5) == 1);
+  CHECK(early_update_threads(0, 0) == 1);  // not known
+  CHECK(early_update_threads(0, 2) == 1);
 }
 
 TEST_CASE("speculation_advised: always when nothing can undo the step, else after a clean step") {
@@ -356,9 +368,10 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
   const param_id b = w.b;
   w.record_trace();
   std::promise<void> gate;
-  std::atomic<int> ran{0};
+  std::atomic<int> ran{0}, threads{-1};
   REQUIRE(rt.arm_early_steps({.update =
-                                  [&ran, open = gate.get_future().share()](const step_chunk& c) {
+                                  [&ran, &threads, open = gate.get_future().share()](const step_chunk& c) {
+                                    threads = c.threads;  // the runtime's choice: none waits behind
                                     open.wait();
                                     static_cast<float*>(c.param)[0] = 42.0f;
                                     ++ran;
@@ -373,14 +386,21 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
     (void)done.wait_for(std::chrono::seconds(2));
     gate.set_value();
   });
-  rt.step([](const step_chunk&) {});  // keeps b's update, still waiting on the gate
+  // Keeps b's update, still waiting on the gate, and queues a's (whose last use was the last scope)
+  // behind it: the step waits for neither.
+  rt.step([](const step_chunk&) {});
   CHECK(ran.load() == 0);
+  CHECK(rt.stats().early_steps == 2);
   returned.set_value();
   std::vector<float> v(300);
   rt.read_tensor(b, chunk_kind::param, v);  // joins the update first
   opener.join();
-  CHECK(ran.load() == 1);
+  CHECK(ran.load() >= 1);  // b's; a's may have run too
   CHECK(v[0] == 42.0f);
+  rt.read_tensor(w.a, chunk_kind::param, v);
+  CHECK(ran.load() == 2);
+  CHECK(v[0] == 42.0f);
+  CHECK(threads.load() == early_update_threads(std::thread::hardware_concurrency(), 0));
   CHECK(rt.invariant_violations(true).empty());
 }
 

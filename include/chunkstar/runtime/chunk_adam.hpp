@@ -69,10 +69,11 @@ struct chunk_adam_options {
    *  16-bit parameters, where clipping or a dynamic loss scale could undo them); chunks beyond it
    *  step after backward as usual. */
   std::size_t early_step_bytes = std::numeric_limits<std::size_t>::max();
-  /** Host threads of each update prepare() starts inside backward (0: one fewer than the machine's
-   *  hardware threads, at least one: the thread that queues backward's work keeps a core; measured
-   *  in docs/performance.md, "The step inside backward"). Adam is elementwise: the bits do not
-   *  depend on it. */
+  /** Host threads of each update prepare() starts inside backward (0: the runtime's choice per
+   *  update, early_update_threads: every hardware thread while other updates wait behind it, all
+   *  but one otherwise, so the thread that queues the device's work keeps a core while the worker
+   *  keeps up; measured in docs/performance.md, "The step inside backward"). Adam is elementwise:
+   *  the bits do not depend on it. */
   int early_step_threads = 0;
 };
 
@@ -197,12 +198,14 @@ class chunk_adam {
       early_steps e{
           .update =
               [groups = groups_, base = sp.base, args = sp.args, kept = sp.kept, sums = sp.sums,
-               scan_threads = options_.threads](const step_chunk& c) {
-                if (sums)
+               scan_threads = options_.threads, chosen = options_.early_step_threads > 0](const step_chunk& c) {
+                if (sums)  // the step's scan's threads: the same bits as the norm without prepare()
                   (*sums)[c.index] =
                       host_adam_kernels::scan(c.grad, c.param_type, c.elems, args.grad_scale, scan_threads).sum_sq;
                 if (kept) keep(*kept, c);
-                update_chunk<Runtime>(groups, c, base, args);
+                adam_step_args a = args;
+                if (!chosen && c.threads > 0) a.threads = c.threads;  // the runtime's choice for this update
+                update_chunk<Runtime>(groups, c, base, a);
               },
           .undo = {},
           .kept_bytes_per_chunk = per_chunk,
@@ -373,7 +376,7 @@ class chunk_adam {
     else Kernels::adam(a, h, args);
   }
 
-  /** Threads of an update on the early-step worker by default: all but the one queuing work. */
+  /** Threads of an early update where the runtime chose none: all but the one queuing work. */
   static int worker_threads() noexcept {
     const unsigned n = std::thread::hardware_concurrency();  // 0: not known
     return n > 1 ? static_cast<int>(n - 1) : 1;

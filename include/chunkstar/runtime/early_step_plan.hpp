@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `plan_early_steps`: which chunks' optimizer steps may start inside backward, and after
- *         which moment — a pure function of one traced iteration — and `speculation_advised`,
- *         whether this iteration should speculate at all (a pure function of the last step).
+ *         which moment — a pure function of one traced iteration —, `speculation_advised`,
+ *         whether this iteration should speculate at all (a pure function of the last step), and
+ *         `early_update_threads`, the host threads of one early update (of the worker's backlog).
  *
  *  A chunk's step may start once nothing in the iteration reads or adds to it before the
  *  optimizer: after the last moment that uses its gradient (all micro-batches' contributions are
@@ -63,13 +64,14 @@ struct early_step_plan {
  *  first optimizer moment): each host-stepped chunk whose gradient the iteration writes, after the
  *  last moment that uses its gradient or its parameters, while the kept state fits the budget
  *  (earliest-ready first: those overlap the most). A chunk used at the last moment before the
- *  optimizer gains nothing and is left to the step. */
+ *  optimizer is planned there too: it starts when the step does (or when the norm's scan reads the
+ *  gradients), on the worker, so the step returns at once and the next forward waits for that
+ *  chunk's update alone, not for it to run on the calling thread first. */
 [[nodiscard]] inline early_step_plan plan_early_steps(const sharding_trace& t, const early_step_inputs& in) {
   early_step_plan plan;
   std::size_t end = 0;  // moments before the first optimizer moment
   while (end < t.size() && t.kinds[end] != moment_kind::optimizer) ++end;
   plan.after.resize(end);
-  if (end < 2) return plan;
   constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   const std::size_t chunks = in.step_tier.size();
   const std::size_t n = in.together > 0 ? in.together : 1;
@@ -87,7 +89,7 @@ struct early_step_plan {
       if (c < chunks) used(c, [&](std::size_t k) { last_use[k] = m; });
   }
   std::size_t kept = 0;
-  for (std::size_t m = 0; m + 1 < end; ++m)
+  for (std::size_t m = 0; m < end; ++m)
     for (std::uint32_t c = 0; c < chunks; ++c) {
       if (last_grad[c] == none || last_use[c] != m || in.step_tier[c] != tier::host) continue;
       if (in.kept_bytes_per_chunk > in.kept_budget - kept) return plan;  // the budget is spent
@@ -95,6 +97,17 @@ struct early_step_plan {
       plan.after[m].push_back(c);
     }
   return plan;
+}
+
+/** @brief Host threads for an early update about to start on the worker: all @p hardware threads
+ *  while @p waiting updates are queued behind it (the worker is behind: the next forward will wait
+ *  for it, and the queuing thread mostly waits on the device), all but one otherwise (the worker
+ *  keeps up: the thread that queues the device's work keeps a core, so its scopes open on time). At
+ *  least one; @p hardware 0 (not known) counts as one. Measured in docs/performance.md, "The step
+ *  inside backward". */
+[[nodiscard]] constexpr int early_update_threads(unsigned hardware, std::size_t waiting) noexcept {
+  if (hardware <= 1) return 1;
+  return static_cast<int>(waiting > 0 ? hardware : hardware - 1);
 }
 
 /** @brief Whether to speculate this iteration: always where nothing can undo a step (no clipping,

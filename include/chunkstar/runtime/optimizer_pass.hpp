@@ -37,6 +37,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <thread>
 #include <span>
 #include <unordered_set>
 #include <utility>
@@ -60,6 +61,9 @@ struct step_chunk {
   std::span<const std::size_t> tensors;  ///< parameter indices in this chunk
   std::span<const tensor_slot> slots;    ///< slots of all parameters, indexed by parameter
   std::span<const tensor_spec> specs;    ///< specs of all parameters, indexed by parameter
+  /// Host threads the update should use, where the runtime chose them (an early update on its
+  /// worker: early_update_threads); 0: the update's own choice.
+  int threads = 0;
 };
 
 /** @brief Calls `f(const step_chunk&)` for every gradient chunk of @p store that has a payload, in
@@ -528,12 +532,14 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     const std::size_t next_use = tracer_.next_use({chunk_kind::param, c}, tracer_.current_moment());
     jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), early_->spends_gradient});
     done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
-    auto job = [arrivals = std::move(arrivals), view, update = early_->update, span, finished]() mutable {
+    auto job = [this, arrivals = std::move(arrivals), view, update = early_->update, span, finished]() mutable {
       try {
         for (auto& h : arrivals) h.wait();
         span->begin = std::chrono::steady_clock::now();
         span->started = true;
-        update(view);
+        step_chunk with_threads = view;  // as many threads as the worker's backlog calls for
+        with_threads.threads = early_update_threads(std::thread::hardware_concurrency(), worker_.in_flight() - 1);
+        update(with_threads);
         span->end = std::chrono::steady_clock::now();
         finished->set_value();
       } catch (...) {
