@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -106,14 +107,15 @@ TEST_CASE("plan_early_steps under ZeRO: this rank's chunks only, a group's chunk
         V{{}, {}, {}, {}, {}, {}, {}, {}, {4}, {}, {}, {1}});
 }
 
-TEST_CASE("early_update_threads: every core while updates wait behind this one, else all but one") {
-  CHECK(early_update_threads(16, 0) == 15);  // the worker keeps up: the queuing thread keeps a core
-  CHECK(early_update_threads(16, 3) == 16);  // behind: the next forward will wait for these updates
-  CHECK(early_update_threads(2, 0) == 1);
-  CHECK(early_update_threads(2, 1) == 2);
-  CHECK(early_update_threads(1, 5) == 1);
-  CHECK(early_update_threads(0, 0) == 1);  // not known
-  CHECK(early_update_threads(0, 2) == 1);
+TEST_CASE("early_update_threads: every core while chunks wait behind this one or the step has begun, else all but one") {
+  CHECK(early_update_threads(16, 0, false) == 15);  // the worker keeps up: the queuing thread keeps a core
+  CHECK(early_update_threads(16, 3, false) == 16);  // behind: the next forward will wait for these updates
+  CHECK(early_update_threads(16, 0, true) == 16);   // after the step: the next forward waits for this one
+  CHECK(early_update_threads(2, 0, false) == 1);
+  CHECK(early_update_threads(2, 1, false) == 2);
+  CHECK(early_update_threads(1, 5, true) == 1);
+  CHECK(early_update_threads(0, 0, false) == 1);  // not known
+  CHECK(early_update_threads(0, 2, true) == 1);
 }
 
 TEST_CASE("speculation_advised: always when nothing can undo the step, else after a clean step") {
@@ -368,10 +370,11 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
   const param_id b = w.b;
   w.record_trace();
   std::promise<void> gate;
-  std::atomic<int> ran{0}, threads{-1};
+  std::atomic<int> ran{0};
+  std::array<std::atomic<int>, 2> threads{};  // per chunk: a's is 0, b's is 1
   REQUIRE(rt.arm_early_steps({.update =
                                   [&ran, &threads, open = gate.get_future().share()](const step_chunk& c) {
-                                    threads = c.threads;  // the runtime's choice: none waits behind
+                                    threads.at(c.index) = c.threads;  // the runtime's choice
                                     open.wait();
                                     static_cast<float*>(c.param)[0] = 42.0f;
                                     ++ran;
@@ -400,7 +403,9 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
   rt.read_tensor(w.a, chunk_kind::param, v);
   CHECK(ran.load() == 2);
   CHECK(v[0] == 42.0f);
-  CHECK(threads.load() == early_update_threads(std::thread::hardware_concurrency(), 0));
+  // b's started inside backward with nothing behind it, a's once the step had begun.
+  CHECK(threads[1].load() == early_update_threads(std::thread::hardware_concurrency(), 0, false));
+  CHECK(threads[0].load() == early_update_threads(std::thread::hardware_concurrency(), 0, true));
   CHECK(rt.invariant_violations(true).empty());
 }
 

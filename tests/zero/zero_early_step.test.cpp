@@ -5,7 +5,9 @@
 // group mode and the memory-saving mode, with clipping off, never active, and active on a step that
 // was speculated (undone and redone); and with a disk tier under a host too small for a rank's
 // share (one process too), where the Adam state reaches the early update through the disk; and
-// under replicated data parallelism, each chunk once its all-reduce has completed.
+// under replicated data parallelism, each chunk once its all-reduce has completed. Below a disk
+// tier, the step makes room for the chunks still due by waiting for the updates running, not by
+// sending Adam state down.
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/disk/disk_copy_engine.hpp>
 #include <chunkstar/disk/disk_space.hpp>
@@ -275,6 +277,86 @@ TEST_CASE(
       CHECK(early.early_steps > 0);
     }
   }
+}
+
+TEST_CASE(
+    "The step inside backward below a disk tier: at the step, chunks wait for the updates running to free their "
+    "room; no Adam state goes down to the disk for it") {
+  // Six fp32 chunks stepped on the host, one tensor each, their weights and gradients living on the
+  // device; the host holds every chunk's moments and two chunks' weights and gradient besides (the
+  // staging buffers apart), so only two or three early updates hold their lists there at once. The
+  // updates of chunks 3 and 2 are held until 100 ms after step() began: at the step they still
+  // hold the room the chunks still due need. Taking it from the disk would send down the moments
+  // of chunks already stepped (read back in the next backward); waiting costs only the wait.
+  struct weights_on_device {
+    [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
+      return room_after(in.device_capacity, in.non_model_now);
+    }
+    [[nodiscard]] tier optimizer_tier(const placement_inputs&, std::size_t) const noexcept { return tier::host; }
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "weights_on_device"; }
+  };
+  chunkstar::test::scratch_dir dir;
+  constexpr std::size_t elems = 1024, block = elems * sizeof(float), chunks = 6;
+  disk_space disk({.directory = dir.path(), .capacity = 64 * block, .name = "early"});
+  disk_copy_engine disk_io(disk);
+  simulated_device_space dev({.capacity = 64 * block});
+  const std::size_t staging = runtime_options{}.disk_staging_chunks;
+  host_space host({.capacity = (staging + 2 * chunks + 4) * block, .large_block_threshold = SIZE_MAX});
+  host_copy_engine copier;
+  chunk_runtime<fixed_chunk_layout, weights_on_device> rt(dev, host, copier, {},
+                                                          fixed_chunk_layout({.chunk_elems = elems}), {});
+  rt.attach_disk(disk_tier(disk, disk_io));
+  std::vector<param_id> ids;
+  for (std::size_t i = 0; i < chunks; ++i)
+    ids.push_back(rt.register_param({"w" + std::to_string(i), {static_cast<std::int64_t>(elems)}, dtype::f32,
+                                     tensor_role::weight},
+                                    [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); }));
+  rt.finalize();
+  const auto iteration = [&] {
+    for (std::size_t i = 0; i < chunks; ++i) auto f = rt.forward("f" + std::to_string(i), {ids[i]});
+    for (std::size_t i = chunks; i-- > 0;) {
+      auto g = rt.backward("b" + std::to_string(i), {ids[i]});
+      for (auto& x : g.grad<float>(ids[i])) x = 0.25f;
+    }
+  };
+  const auto bump = [](const step_chunk& c) {
+    for (std::size_t k = 0; k < c.elems; ++k) {
+      static_cast<float*>(c.param)[k] -= 1e-3f * static_cast<const float*>(c.grad)[k];
+      c.momentum[k] += 1.0f;
+      c.variance[k] += 2.0f;
+    }
+  };
+  for (int s = 0; s < 2; ++s) {  // the trace, and every list in place
+    iteration();
+    rt.step(bump);
+  }
+  std::promise<void> stepping;
+  std::shared_future<void> held = std::async(std::launch::async, [began = stepping.get_future()]() mutable {
+                                    began.wait();
+                                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                                  }).share();
+  REQUIRE(rt.arm_early_steps({.update =
+                                  [&bump, held](const step_chunk& c) {
+                                    if (c.index == 3 || c.index == 2) held.wait();
+                                    bump(c);
+                                  },
+                              .undo = {},
+                              .spends_gradient = true}));
+  iteration();
+  const auto written = rt.stats().bytes_to_disk;
+  stepping.set_value();
+  rt.step(bump);  // every chunk steps early: nothing is left to this
+  CHECK(rt.stats().early_steps == chunks);
+  CHECK(rt.stats().bytes_to_disk == written);  // nothing sent down to make room at the step
+  std::vector<float> v(elems);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    CAPTURE(i);
+    rt.read_tensor(ids[i], chunk_kind::momentum, v);
+    CHECK(v[0] == 3.0f);
+    rt.read_tensor(ids[i], chunk_kind::variance, v);
+    CHECK(v[0] == 6.0f);
+  }
+  CHECK(rt.invariant_violations(true).empty());
 }
 
 }  // namespace zero_early_step_test

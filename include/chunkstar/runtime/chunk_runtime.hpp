@@ -321,8 +321,9 @@ class chunk_runtime {
   }
 
   /** Runs the early steps the closed scopes made ready (arm_early_steps); one that fails for want
-   *  of room stops the early steps (the pass does the rest). */
-  void run_early_steps();
+   *  of room stops the early steps (the pass does the rest). @p last: the step's call (see
+   *  optimizer_pass::run_early). */
+  void run_early_steps(bool last = false);
   scope open_scope(moment_kind kind, std::string_view name, std::vector<param_id> params);
   void scope_closed(moment_kind kind, std::string_view name, double begin_us, std::span<const param_id> params,
                     typename store_type::pin_set& pins) noexcept;
@@ -514,7 +515,7 @@ void CHUNKSTAR_RUNTIME::step_with(update_ref update, early_outcome early) {
   states_.require_none_in_compute("step");
   if (level_.untraced) throw state_error("step() inside an untraced section: close the section first");
   shard_.finish_backward();
-  if (early == early_outcome::keep) run_early_steps();  // those the last scopes made ready
+  if (early == early_outcome::keep) run_early_steps(true);  // those the last scopes made ready
   const double t0 = observer_.now_us();
   pass_.run(update, plan_, registry_.specs(), options_.param_type, shard_.map(), early);
   observer_.step(t0, observer_.now_us());
@@ -549,13 +550,13 @@ void CHUNKSTAR_RUNTIME::undo_early_steps() {
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
-void CHUNKSTAR_RUNTIME::run_early_steps() {
+void CHUNKSTAR_RUNTIME::run_early_steps(bool last) {
   if (!pass_.armed() || !iteration_open_) return;
   try {
     pass_.run_early(closed_through_, plan_, registry_.specs(), options_.param_type, [&](std::uint32_t c) {
       if (gradients() == gradient_mode::replicated) return c < reduced_.size() && reduced_[c] != 0;
       return shard_.gradient_in_place(c);
-    });
+    }, last);
   } catch (const state_error&) {
     throw;
   } catch (const std::exception&) {  // an optimisation: no room for a chunk's lists now, say
@@ -705,9 +706,9 @@ typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind
     closed_through_ = never;
   }
   shard_.settle();
+  pass_.reap_early();  // early updates done: their chunks may move again, and their room is free
   if (pass_.armed() && !level_.untraced && open_.size() == 0) run_early_steps();
   pass_.join_early(ids);  // early updates still running on this scope's chunks (the last step's, say)
-  pass_.reap_early();     // and those done: their chunks may move again
   if (pass_.armed()) {    // a chunk stepped early that this scope uses: the iteration left its trace
     const std::size_t n = shard_.used_together();  // ZeRO gathers (sends) a group's chunks as one
     for (auto id : ids)

@@ -100,14 +100,14 @@ struct early_step_plan {
 }
 
 /** @brief Host threads for an early update about to start on the worker: all @p hardware threads
- *  while @p waiting updates are queued behind it (the worker is behind: the next forward will wait
- *  for it, and the queuing thread mostly waits on the device), all but one otherwise (the worker
- *  keeps up: the thread that queues the device's work keeps a core, so its scopes open on time). At
- *  least one; @p hardware 0 (not known) counts as one. Measured in docs/performance.md, "The step
- *  inside backward". */
-[[nodiscard]] constexpr int early_update_threads(unsigned hardware, std::size_t waiting) noexcept {
+ *  while @p waiting chunks are ready to step behind it, or once the step has begun (@p stepping:
+ *  the next forward waits for what is left), since the worker is then behind and the thread that
+ *  queues the device's work mostly waits; all but one otherwise (the worker keeps up: that thread
+ *  keeps a core, so its scopes open on time). At least one; @p hardware 0 (not known) counts as
+ *  one. Measured in docs/performance.md, "The step inside backward". */
+[[nodiscard]] constexpr int early_update_threads(unsigned hardware, std::size_t waiting, bool stepping) noexcept {
   if (hardware <= 1) return 1;
-  return static_cast<int>(waiting > 0 ? hardware : hardware - 1);
+  return static_cast<int>(waiting > 0 || stepping ? hardware : hardware - 1);
 }
 
 /** @brief Whether to speculate this iteration: always where nothing can undo a step (no clipping,

@@ -28,6 +28,7 @@
 #include <chunkstar/zero/shard_manager.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -159,8 +160,10 @@ class optimizer_pass {
     shards_ = shards;
     together_ = together;
     planned_ = false;
+    stepping_ = false;
     cursor_ = 0;
     due_.clear();
+    due_count_ = 0;
     done_.clear();
   }
   /** @brief Forgets the early steps of this iteration (the chunks stepped stay stepped; updates
@@ -168,6 +171,7 @@ class optimizer_pass {
   void disarm() noexcept {
     early_.reset();
     due_.clear();
+    due_count_ = 0;
     done_.clear();
   }
   /** @brief Waits for every early update still running (they may outlast the step: an update kept
@@ -229,6 +233,7 @@ class optimizer_pass {
   void stop_early() noexcept {
     early_plan_.after.clear();
     due_.clear();
+    due_count_ = 0;
     planned_ = true;
   }
   /** @brief Chunk indices stepped early so far, in order. */
@@ -239,9 +244,12 @@ class optimizer_pass {
   /** @brief Steps the chunks planned after the moments up to @p closed (closed scopes of the
    *  traced iteration) whose gradient is in place (@p in_place: under ZeRO, reduced to this rank;
    *  one that is not yet waits for a later call). Nothing when the trace is not ready; the plan is
-   *  made on the first call. */
+   *  made on the first call. With @p last (the step, keeping the updates: no later call), the
+   *  chunks still due start in the order the next forward needs them, and one whose lists do not
+   *  fit the host below a disk tier waits for the updates running to free their room rather than
+   *  send Adam state the next iteration needs down to the disk. */
   void run_early(std::size_t closed, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
-                 function_ref<bool(std::uint32_t)> in_place);
+                 function_ref<bool(std::uint32_t)> in_place, bool last = false);
   /** @brief Undoes chunk @p c's early step (a scope about to use it: the iteration left its trace).
    *  @throws state_error when the update cannot be undone. */
   void undo_early(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
@@ -322,6 +330,8 @@ class optimizer_pass {
   std::size_t together_ = 1;         // chunks used as one (ZeRO's groups)
   std::size_t cursor_ = 0;           // the first moment whose planned chunks are not yet due
   std::vector<std::uint32_t> due_;   // planned chunks whose moment has passed, not yet stepped
+  std::atomic<std::size_t> due_count_{0};  // due_.size() as the worker reads it (its backlog)
+  std::atomic<bool> stepping_{false};      // the step has begun: the next forward waits for the updates
   std::vector<std::uint32_t> done_;  // chunks stepped early, in order
   /** An early update handed to the worker: its chunk's lists stay pinned until it is joined. */
   struct early_job {
@@ -334,7 +344,22 @@ class optimizer_pass {
     std::shared_ptr<outcome> span;
     std::shared_future<void> done;
     bool release_gradient = false;  // the pass is done with the chunk: its gradient goes at the join
+    std::size_t next_use = 0;       // the worker's priority: the job it runs first has the lowest
   };
+  /** Joins the update the worker runs first of those not joined (running, or next); false if none.
+   *  A failure is kept for the next join_early() or reap_early(), as join_quietly's. */
+  bool join_next_early() noexcept {
+    if (jobs_.empty()) return false;
+    const std::size_t before = jobs_.size();
+    join_where(
+        [](const early_job& j) { return j.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+    if (jobs_.size() < before) return true;  // those done freed their room without waiting
+    const auto first = std::min_element(jobs_.begin(), jobs_.end(),
+                                        [](const early_job& a, const early_job& b) { return a.next_use < b.next_use; });
+    const std::uint32_t c = first->chunk;
+    join_where([&](const early_job& j) { return j.chunk == c; });
+    return true;
+  }
   /** Joins the updates of the chunks @p which selects, in the order submitted; failures go to
    *  failure_ (see join_quietly). */
   template <class Which>
@@ -473,8 +498,9 @@ void optimizer_pass<Store, Residency, TracerT>::on_host(std::uint32_t c, const c
 template <class Store, class Residency, class TracerT>
 void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, const chunk_plan& plan,
                                                           std::span<const tensor_spec> specs, dtype param_type,
-                                                          function_ref<bool(std::uint32_t)> in_place) {
+                                                          function_ref<bool(std::uint32_t)> in_place, bool last) {
   if (!early_ || !tracer_.ready() || closed == never) return;
+  if (last) stepping_ = true;
   if (!planned_) {
     early_step_inputs in{.step_tier = {},
                          .kept_bytes_per_chunk = early_->kept_bytes_per_chunk,
@@ -487,12 +513,25 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
   }
   for (; cursor_ <= closed && cursor_ < early_plan_.after.size(); ++cursor_)
     for (const std::uint32_t c : early_plan_.at(cursor_)) due_.push_back(c);
+  // When the chunk's weights are read next, as a moment of this iteration's numbering (the next
+  // iteration's moments follow on): comparable between chunks made due at different moments.
+  const auto next_use = [&](std::uint32_t c) {
+    const std::size_t m = tracer_.current_moment(), in = tracer_.next_use({chunk_kind::param, c}, m);
+    return in == never ? never : m + in;
+  };
+  if (last)  // what the next forward reads first starts first: the last chunks to start overlap it
+    std::stable_sort(due_.begin(), due_.end(), [&](std::uint32_t a, std::uint32_t b) { return next_use(a) < next_use(b); });
   for (std::size_t i = 0; i < due_.size();) {
     const std::uint32_t c = due_[i];
     if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) {
       due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
+    // At the step, below a disk tier: room from the updates running, rather than from Adam state
+    // sent down to the disk that the next iteration's steps read back.
+    if (last)
+      while (!host_has_room_for(c) && join_next_early()) {
+      }
     // Not yet (a later scope's opening tries again; the pass, at the latest): its reduction still
     // runs, or, below a disk tier, its lists would not fit the host without sending state down
     // that is needed sooner (the early step would then cost the disk more than it hides).
@@ -501,6 +540,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
       continue;
     }
     due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
+    due_count_ = due_.size();  // before the job: it reads what waits behind it
     join_where([&](const early_job& j) { return j.chunk == c; });  // the last iteration's (long done by now)
     // The lists come to the host (copies from the device started, not waited for: the worker
     // waits for them), stay pinned while the worker runs the update, and this thread goes on
@@ -529,8 +569,8 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     auto span = std::make_shared<typename early_job::outcome>();
     auto finished = std::make_shared<std::promise<void>>();
     // Of the updates waiting, the one whose weights the next iteration reads first runs first.
-    const std::size_t next_use = tracer_.next_use({chunk_kind::param, c}, tracer_.current_moment());
-    jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), early_->spends_gradient});
+    const std::size_t priority = next_use(c);
+    jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), early_->spends_gradient, priority});
     done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
     auto job = [this, arrivals = std::move(arrivals), view, update = early_->update, span, finished]() mutable {
       try {
@@ -538,7 +578,9 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
         span->begin = std::chrono::steady_clock::now();
         span->started = true;
         step_chunk with_threads = view;  // as many threads as the worker's backlog calls for
-        with_threads.threads = early_update_threads(std::thread::hardware_concurrency(), worker_.in_flight() - 1);
+        with_threads.threads = early_update_threads(std::thread::hardware_concurrency(),
+                                                    worker_.in_flight() - 1 + due_count_.load(std::memory_order_relaxed),
+                                                    stepping_.load(std::memory_order_relaxed));
         update(with_threads);
         span->end = std::chrono::steady_clock::now();
         finished->set_value();
@@ -547,7 +589,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
       }
     };
     try {
-      worker_.submit(std::move(job), next_use);
+      worker_.submit(std::move(job), priority);
     } catch (...) {  // not queued (no thread): nothing runs it, nothing may wait for it
       jobs_.pop_back();
       done_.pop_back();
@@ -556,6 +598,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     ++stats_.host_steps;
     ++stats_.early_steps;
   }
+  due_count_ = due_.size();
 }
 
 template <class Store, class Residency, class TracerT>
