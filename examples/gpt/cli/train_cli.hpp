@@ -102,9 +102,9 @@ inline void add_train_options(CLI::App& app, train_options& o) {
   app.add_option("--overlap-step", o.overlap_step,
                  "Start each host-stepped chunk's optimizer step inside backward, once its gradient is final "
                  "(speculative where clipping or fp16 could undo it; the same bits either way): on, off, or auto "
-                 "(on with --device cuda, where backward's kernels leave the host idle; off on the simulated "
-                 "device, where backward and the step share the same cores, and with --disk-dir, where the Adam "
-                 "state of every chunk stepped early crowds the host: measured in docs/performance.md). "
+                 "(on with --device cuda, where backward's kernels leave the host idle, with or without "
+                 "--disk-dir; off on the simulated device, where backward and the step share the same cores: "
+                 "measured in docs/performance.md). "
                  "Every mode: one process, --parallel zero (each rank steps its own chunks once reduced to it), "
                  "--parallel replicated (each chunk once its all-reduce has completed) and --parallel rtp (each "
                  "rank its shards once their gradient sums have come home)");

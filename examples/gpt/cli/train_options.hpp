@@ -434,10 +434,10 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
 /** @brief --disk-budget in bytes: a size, or auto = all of @p model_bytes plus @p reserve (the
  *  chunks a read or write in flight holds twice). */
 /** --overlap-step: whether host-stepped chunks' updates start inside backward. auto: on with a CUDA
- *  device (backward's kernels leave the host's cores idle) and no disk tier; off on the simulated
- *  device (backward and the step share the cores) and with --disk-dir (docs/performance.md). */
+ *  device (backward's kernels leave the host's cores idle), with a disk tier too; off on the
+ *  simulated device (backward and the step share the cores). Measured: docs/performance.md. */
 inline bool overlap_step(const train_options& o, bool cuda) {
-  return o.overlap_step == "on" || (o.overlap_step == "auto" && cuda && o.disk_dir.empty());
+  return o.overlap_step == "on" || (o.overlap_step == "auto" && cuda);
 }
 
 inline std::size_t disk_budget_bytes(const train_options& o, std::size_t model_bytes, std::size_t reserve) {
