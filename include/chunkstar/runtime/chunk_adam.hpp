@@ -70,10 +70,10 @@ struct chunk_adam_options {
    *  step after backward as usual. */
   std::size_t early_step_bytes = std::numeric_limits<std::size_t>::max();
   /** Host threads of each update prepare() starts inside backward (0: the runtime's choice per
-   *  update, early_update_threads: every hardware thread while other updates wait behind it, all
-   *  but one otherwise, so the thread that queues the device's work keeps a core while the worker
-   *  keeps up; measured in docs/performance.md, "The step inside backward"). Adam is elementwise:
-   *  the bits do not depend on it. */
+   *  update, early_update_threads: every hardware thread while chunks are due behind it or once the
+   *  step has begun, all but one otherwise, so the thread that queues the device's work keeps a
+   *  core while the worker keeps up; measured in docs/performance.md, "The step inside
+   *  backward"). Adam is elementwise: the bits do not depend on it. */
   int early_step_threads = 0;
 };
 
