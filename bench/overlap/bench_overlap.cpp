@@ -189,9 +189,8 @@ struct model {
     // chunk_adam::prepare's default), or on --early-threads.
     if (overlap)
       rt.arm_early_steps(
-          {.update = [hbm, fixed = early_threads](const step_chunk& c) {
-             update(c, hbm, nullptr, fixed > 0 ? fixed : c.threads);
-           },
+          {.update = [hbm, fixed = early_threads](
+                         const step_chunk& c) { update(c, hbm, nullptr, fixed > 0 ? fixed : c.threads); },
            .undo = {},
            .spends_gradient = true});  // as chunk_adam's without clipping: nothing reads it after
     for (std::size_t i = 0; i < ids.size(); ++i) {

@@ -82,8 +82,7 @@ TEST_CASE("plan_early_steps: after the last use of a chunk's gradient and weight
   two.kinds.insert(two.kinds.end(), second.kinds.begin(), second.kinds.end());
   two.params.insert(two.params.end(), second.params.begin(), second.params.end());
   two.grads.insert(two.grads.end(), second.grads.begin(), second.grads.end());
-  CHECK(planned(plan_early_steps(two, {.step_tier = {tier::host, tier::host}})) ==
-        V{{}, {}, {}, {}, {}, {}, {1}, {0}});
+  CHECK(planned(plan_early_steps(two, {.step_tier = {tier::host, tier::host}})) == V{{}, {}, {}, {}, {}, {}, {1}, {0}});
   // A chunk whose gradient the iteration never writes (frozen, chunk 1) is not stepped early.
   const auto frozen = trace({{0}, {1}}, {{0}}, 2);
   CHECK(planned(plan_early_steps(frozen, {.step_tier = {tier::host, tier::host}})) == V{{}, {}, {0}});
@@ -107,7 +106,8 @@ TEST_CASE("plan_early_steps under ZeRO: this rank's chunks only, a group's chunk
         V{{}, {}, {}, {}, {}, {}, {}, {}, {4}, {}, {}, {1}});
 }
 
-TEST_CASE("early_update_threads: every core while chunks wait behind this one or the step has begun, else all but one") {
+TEST_CASE(
+    "early_update_threads: every core while chunks wait behind this one or the step has begun, else all but one") {
   CHECK(early_update_threads(16, 0, false) == 15);  // the worker keeps up: the queuing thread keeps a core
   CHECK(early_update_threads(16, 3, false) == 16);  // behind: the next forward will wait for these updates
   CHECK(early_update_threads(16, 0, true) == 16);   // after the step: the next forward waits for this one

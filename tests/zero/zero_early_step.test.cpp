@@ -308,9 +308,9 @@ TEST_CASE(
   rt.attach_disk(disk_tier(disk, disk_io));
   std::vector<param_id> ids;
   for (std::size_t i = 0; i < chunks; ++i)
-    ids.push_back(rt.register_param({"w" + std::to_string(i), {static_cast<std::int64_t>(elems)}, dtype::f32,
-                                     tensor_role::weight},
-                                    [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); }));
+    ids.push_back(rt.register_param(
+        {"w" + std::to_string(i), {static_cast<std::int64_t>(elems)}, dtype::f32, tensor_role::weight},
+        [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); }));
   rt.finalize();
   const auto iteration = [&] {
     for (std::size_t i = 0; i < chunks; ++i) auto f = rt.forward("f" + std::to_string(i), {ids[i]});

@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -13,6 +14,9 @@ namespace chunkstar {
 /** @brief The kinds of parallel chunk lists. */
 enum class chunk_kind : std::uint8_t { param, grad, master, momentum, variance };
 inline constexpr std::size_t num_chunk_kinds = 5;
+/** @brief Every kind, in the enum's order: what one chunk index may have a list of. */
+inline constexpr std::array<chunk_kind, num_chunk_kinds> all_chunk_kinds = {
+    chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance};
 
 constexpr std::string_view chunk_kind_name(chunk_kind k) noexcept {
   switch (k) {

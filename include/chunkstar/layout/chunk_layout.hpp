@@ -129,7 +129,7 @@ struct chunk_list_desc {
  *  identical slots. */
 inline std::vector<chunk_list_desc> make_chunk_lists(const chunk_plan& plan, const chunk_list_options& o) {
   std::vector<chunk_list_desc> lists;
-  for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) {
+  for (auto k : all_chunk_kinds) {
     if (!o.optimizer_state.has(k, o.param_type)) continue;
     const dtype t = k == chunk_kind::param || k == chunk_kind::grad ? o.param_type : dtype::f32;
     lists.push_back({k, t, plan.chunk_elems * dtype_size(t), plan.num_chunks,

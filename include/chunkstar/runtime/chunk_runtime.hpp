@@ -553,10 +553,13 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::run_early_steps(bool last) {
   if (!pass_.armed() || !iteration_open_) return;
   try {
-    pass_.run_early(closed_through_, plan_, registry_.specs(), options_.param_type, [&](std::uint32_t c) {
-      if (gradients() == gradient_mode::replicated) return c < reduced_.size() && reduced_[c] != 0;
-      return shard_.gradient_in_place(c);
-    }, last);
+    pass_.run_early(
+        closed_through_, plan_, registry_.specs(), options_.param_type,
+        [&](std::uint32_t c) {
+          if (gradients() == gradient_mode::replicated) return c < reduced_.size() && reduced_[c] != 0;
+          return shard_.gradient_in_place(c);
+        },
+        last);
   } catch (const state_error&) {
     throw;
   } catch (const std::exception&) {  // an optimisation: no room for a chunk's lists now, say
@@ -661,7 +664,7 @@ void CHUNKSTAR_RUNTIME::sleep() {
   store_.copier().synchronize();  // the prefetches a step started have landed
   store_.retire_completed();
   std::vector<chunk_id> on_device;
-  for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+  for (auto k : all_chunk_kinds)
     if (store_.has(k))
       for (std::uint32_t c = 0; c < plan_.num_chunks; ++c)
         if (store_.at({k, c}).where == tier::device) on_device.push_back({k, c});

@@ -278,7 +278,7 @@ class optimizer_pass {
   [[nodiscard]] bool host_has_room_for(std::uint32_t c) const {
     if (!store_.has_disk()) return true;
     std::size_t bytes = 0;
-    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+    for (auto k : all_chunk_kinds)
       if (store_.has(k) && store_.at({k, c}).where != tier::host)
         bytes += store_.footprint(tier::host, store_.bytes_of(k));
     return store_.resident(tier::host) + bytes <= residency_.host_budget();
@@ -325,14 +325,14 @@ class optimizer_pass {
   bool queued_ = false;   // an update of this pass was handed back on a stream
   std::optional<early_steps> early_;
   early_step_plan early_plan_;
-  bool planned_ = false;             // early_plan_ made for this arming
-  shard_map shards_;                 // the chunks this rank steps (ZeRO)
-  std::size_t together_ = 1;         // chunks used as one (ZeRO's groups)
-  std::size_t cursor_ = 0;           // the first moment whose planned chunks are not yet due
-  std::vector<std::uint32_t> due_;   // planned chunks whose moment has passed, not yet stepped
+  bool planned_ = false;                   // early_plan_ made for this arming
+  shard_map shards_;                       // the chunks this rank steps (ZeRO)
+  std::size_t together_ = 1;               // chunks used as one (ZeRO's groups)
+  std::size_t cursor_ = 0;                 // the first moment whose planned chunks are not yet due
+  std::vector<std::uint32_t> due_;         // planned chunks whose moment has passed, not yet stepped
   std::atomic<std::size_t> due_count_{0};  // due_.size() as the worker reads it (its backlog)
   std::atomic<bool> stepping_{false};      // the step has begun: the next forward waits for the updates
-  std::vector<std::uint32_t> done_;  // chunks stepped early, in order
+  std::vector<std::uint32_t> done_;        // chunks stepped early, in order
   /** An early update handed to the worker: its chunk's lists stay pinned until it is joined. */
   struct early_job {
     std::uint32_t chunk;
@@ -428,7 +428,7 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
     }
     const tier where = residency_.optimizer_tier(c);
     std::vector<chunk_id> ids;
-    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+    for (auto k : all_chunk_kinds)
       if (store_.has(k)) ids.push_back({k, c});
     residency_.note_step(c, m, where);
     if (where == tier::device) {
@@ -486,7 +486,7 @@ template <class G>
 void optimizer_pass<Store, Residency, TracerT>::on_host(std::uint32_t c, const chunk_plan& plan,
                                                         std::span<const tensor_spec> specs, dtype param_type, G&& g) {
   std::vector<chunk_id> ids;
-  for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+  for (auto k : all_chunk_kinds)
     if (store_.has(k)) ids.push_back({k, c});
   const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
   for (auto id : ids) residency_.make_resident_on_host(id, keep);
@@ -520,7 +520,8 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     return in == never ? never : m + in;
   };
   if (last)  // what the next forward reads first starts first: the last chunks to start overlap it
-    std::stable_sort(due_.begin(), due_.end(), [&](std::uint32_t a, std::uint32_t b) { return next_use(a) < next_use(b); });
+    std::stable_sort(due_.begin(), due_.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return next_use(a) < next_use(b); });
   for (std::size_t i = 0; i < due_.size();) {
     const std::uint32_t c = due_[i];
     if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) {
@@ -540,13 +541,13 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
       continue;
     }
     due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
-    due_count_ = due_.size();  // before the job: it reads what waits behind it
+    due_count_ = due_.size();                                      // before the job: it reads what waits behind it
     join_where([&](const early_job& j) { return j.chunk == c; });  // the last iteration's (long done by now)
     // The lists come to the host (copies from the device started, not waited for: the worker
     // waits for them), stay pinned while the worker runs the update, and this thread goes on
     // to the next scope.
     std::vector<chunk_id> ids;
-    for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+    for (auto k : all_chunk_kinds)
       if (store_.has(k)) ids.push_back({k, c});
     const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
     for (auto id : ids) {
@@ -578,9 +579,9 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
         span->begin = std::chrono::steady_clock::now();
         span->started = true;
         step_chunk with_threads = view;  // as many threads as the worker's backlog calls for
-        with_threads.threads = early_update_threads(std::thread::hardware_concurrency(),
-                                                    worker_.in_flight() - 1 + due_count_.load(std::memory_order_relaxed),
-                                                    stepping_.load(std::memory_order_relaxed));
+        with_threads.threads = early_update_threads(
+            std::thread::hardware_concurrency(), worker_.in_flight() - 1 + due_count_.load(std::memory_order_relaxed),
+            stepping_.load(std::memory_order_relaxed));
         update(with_threads);
         span->end = std::chrono::steady_clock::now();
         finished->set_value();
@@ -634,8 +635,7 @@ template <class Store, class Residency, class TracerT>
 void optimizer_pass<Store, Residency, TracerT>::offload_ahead(std::uint32_t c) {
   for (std::uint32_t next = c + 1, n = 0; next < store_.num_chunks() && n < depth_; ++next, ++n) {
     if (residency_.optimizer_tier(next) != tier::host) continue;
-    for (auto k :
-         {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) {
+    for (auto k : all_chunk_kinds) {
       if (!store_.has(k)) continue;
       const chunk_id id{k, next};
       auto& s = store_.at(id);

@@ -249,7 +249,7 @@ placement_inputs residency_manager<P, Placement, Eviction, TracerT>::inputs(std:
     in.non_model_peak_next = tracer_.non_model_peak(m + 1);
     in.non_model_peak_max = trace_peak_max();
   }
-  for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) {
+  for (auto k : all_chunk_kinds) {
     if (!store_.has(k)) continue;
     const auto& d = store_.desc(k);
     in.total_chunk_bytes += d.chunk_bytes * d.num_chunks;
@@ -359,7 +359,7 @@ template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Trac
 std::size_t residency_manager<P, Placement, Eviction, TracerT>::host_budget() const {
   if (!store_.has_disk()) return store_.host().capacity();
   std::size_t largest = 0;
-  for (auto k : {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+  for (auto k : all_chunk_kinds)
     if (store_.has(k)) largest = std::max(largest, store_.footprint(tier::host, store_.bytes_of(k)));
   return room_after(store_.host().capacity(), staging_ * largest);
 }
@@ -475,8 +475,7 @@ void residency_manager<P, Placement, Eviction, TracerT>::prefetch_from_disk(std:
         [&](std::size_t k) -> std::span<const chunk_id> {
           at_k.assign(needs_.at(k).begin(), needs_.at(k).end());
           if (const auto c = k < moment_step_.size() ? moment_step_[k] : never; c != never)
-            for (auto kind :
-                 {chunk_kind::param, chunk_kind::grad, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+            for (auto kind : all_chunk_kinds)
               if (store_.has(kind)) at_k.push_back({kind, static_cast<std::uint32_t>(c)});
           return at_k;
         },
