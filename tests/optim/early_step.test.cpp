@@ -403,9 +403,10 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
   rt.read_tensor(w.a, chunk_kind::param, v);
   CHECK(ran.load() == 2);
   CHECK(v[0] == 42.0f);
-  // b's started inside backward with nothing behind it, a's once the step had begun.
-  CHECK(threads[1].load() == early_update_threads(std::thread::hardware_concurrency(), 0, false));
+  // a's was queued once the step had begun: every core. (b's started inside backward with nothing
+  // behind it, or, on a worker slow to start, after the step too: either choice.)
   CHECK(threads[0].load() == early_update_threads(std::thread::hardware_concurrency(), 0, true));
+  CHECK(threads[1].load() >= early_update_threads(std::thread::hardware_concurrency(), 0, false));
   CHECK(rt.invariant_violations(true).empty());
 }
 
