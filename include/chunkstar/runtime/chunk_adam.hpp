@@ -178,7 +178,9 @@ class chunk_adam {
       sp.base.lr = lr;
       sp.args = {.step = steps_ + 1,
                  .grad_scale = 1.0f / (scaler_.scale() * static_cast<float>(micro_batches)),
-                 .threads = options_.early_step_threads > 0 ? options_.early_step_threads : worker_threads()};
+                 .threads = options_.early_step_threads > 0
+                                ? options_.early_step_threads
+                                : early_update_threads(std::thread::hardware_concurrency(), 0, false)};
       const std::size_t elems = rt.plan().chunk_elems, ps = dtype_size(rt.options().param_type);
       std::size_t per_chunk = 0;
       if (can_undo) {
@@ -374,12 +376,6 @@ class chunk_adam {
     if (where == tier::host || device_on_host<Runtime>) host_adam_kernels::adam(a, h, args);
     else if constexpr (asynchronous<Runtime>) Kernels::adam_async(a, h, args);
     else Kernels::adam(a, h, args);
-  }
-
-  /** Threads of an early update where the runtime chose none: all but the one queuing work. */
-  static int worker_threads() noexcept {
-    const unsigned n = std::thread::hardware_concurrency();  // 0: not known
-    return n > 1 ? static_cast<int>(n - 1) : 1;
   }
 
   /** One chunk's Adam(W) update, tensor by tensor, on the tier it is on. */

@@ -191,8 +191,7 @@ class optimizer_pass {
   }
   /** @brief Joins the early updates that have finished (never waits): their chunks may move again. */
   void reap_early() {
-    join_where(
-        [](const early_job& j) { return j.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+    join_finished();
     report_failure();
   }
   /** @brief As join_early(), without throwing, from inside work that must not be cut short (making
@@ -350,15 +349,19 @@ class optimizer_pass {
    *  A failure is kept for the next join_early() or reap_early(), as join_quietly's. */
   bool join_next_early() noexcept {
     if (jobs_.empty()) return false;
-    const std::size_t before = jobs_.size();
-    join_where(
-        [](const early_job& j) { return j.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
-    if (jobs_.size() < before) return true;  // those done freed their room without waiting
+    if (join_finished() > 0) return true;  // those done freed their room without waiting
     const auto first = std::min_element(jobs_.begin(), jobs_.end(),
                                         [](const early_job& a, const early_job& b) { return a.next_use < b.next_use; });
     const std::uint32_t c = first->chunk;
     join_where([&](const early_job& j) { return j.chunk == c; });
     return true;
+  }
+  /** Joins the updates that have finished (never waits); returns how many. Failures as join_where's. */
+  std::size_t join_finished() noexcept {
+    const std::size_t before = jobs_.size();
+    join_where(
+        [](const early_job& j) { return j.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+    return before - jobs_.size();
   }
   /** Joins the updates of the chunks @p which selects, in the order submitted; failures go to
    *  failure_ (see join_quietly). */

@@ -121,8 +121,9 @@ class param_registry {
        "master " + flag(o.optimizer_state.master) + ", " + std::to_string(o.optimizer_state.moments) + " moment lists"},
       {"sharding", flag(o.sharding.enabled) + ", keep_gathered " + flag(o.sharding.keep_gathered) +
                        ", reduce_in_fp32 " + flag(o.sharding.reduce_in_fp32) + ", gather_ahead " +
-                       flag(o.sharding.gather_ahead) + ", gather_depth " + std::to_string(o.sharding.gather_depth) + ", memory_saving " + flag(o.sharding.memory_saving) +
-                       ", micro_batches " + std::to_string(o.sharding.micro_batches)},
+                       flag(o.sharding.gather_ahead) + ", gather_depth " + std::to_string(o.sharding.gather_depth) +
+                       ", memory_saving " + flag(o.sharding.memory_saving) + ", micro_batches " +
+                       std::to_string(o.sharding.micro_batches)},
       {"gradient mode", o.gradients == gradient_mode::local        ? "local"
                         : o.gradients == gradient_mode::replicated ? "replicated"
                                                                    : "sharded"},
