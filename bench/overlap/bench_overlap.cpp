@@ -5,12 +5,13 @@
 //
 // The model: --layers layers of one fp32 chunk each (--chunk-mib). The device is modelled: each
 // forward scope "computes" for t, each backward scope for 2t, as time on a device clock that takes
-// no CPU (the host thread sleeps, as a host queuing kernels waits); a step on the device takes its
-// bytes at --hbm-gbs; early updates run on the threads the runtime chooses for each
-// (early_update_threads, chunk_adam::prepare's default: all cores while others wait behind it, else
-// all but one) or on --early-threads, the step after backward on all; copies take the modelled
-// link's time (--link-gbs each way) and no CPU (modelled_copy_engine: no bytes move, the bits are
-// the tests' business). The chunks of the last --fractions share of layers step on the host with
+// no CPU (the host thread sleeps, as a host queuing kernels waits, with a tight timer:
+// bench/modelled_wait.hpp); a step on the device takes its bytes at --hbm-gbs; early updates run on
+// the threads the runtime chooses for each (early_update_threads, chunk_adam::prepare's default:
+// all cores once the step has begun or where the last iteration's updates needed them, else all but
+// one) or on --early-threads, the step after backward on all; copies take the modelled link's time
+// (--link-gbs each way) and no CPU (modelled_copy_engine: no bytes move, the bits are the tests'
+// business). The chunks of the last --fractions share of layers step on the host with
 // the real SIMD Adam (threads: OpenMP's default). The compute per iteration is calibrated to the host
 // Adam of every chunk (the balanced case, where hiding matters most), so compute = host Adam at a
 // host fraction of 1.
@@ -175,12 +176,13 @@ struct model {
   }
   /** The device's clock: a scope's compute ends @p s after it starts, and starts when the scope
    *  opens or when the last compute ended, whichever is later (the host queues work; the device
-   *  runs it in order). Sleeping to the absolute end keeps sleep's overshoot from adding up. */
+   *  runs it in order). The host thread sleeps to the end with a tight timer (bench::wait_until:
+   *  a plain sleep's 100 us of lateness per scope would count as compute). */
   clock_type::time_point device_free{};
   void compute(double s) {
     device_free = std::max(device_free, clock_type::now()) +
                   std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(s));
-    std::this_thread::sleep_until(device_free);
+    bench::wait_until(device_free);
   }
   /** One iteration; forward scopes compute @p t each, backward ones 2t. Returns its seconds. */
   double iteration(double t, bool overlap, double hbm) {

@@ -6,6 +6,8 @@
 // buffers are real memcpys.
 #pragma once
 
+#include "../modelled_wait.hpp"
+
 #include <chunkstar/memory/copy_engine.hpp>
 #include <chunkstar/memory/host_copy_engine.hpp>
 
@@ -54,8 +56,7 @@ class modelled_copy_engine {
   }
   [[nodiscard]] host_copy_handle record(host_stream) const noexcept { return {}; }
   void synchronize() {
-    for (std::size_t d = 0; d < lanes_.size(); ++d)
-      enqueue(static_cast<copy_direction>(d), [] {}).wait();
+    for (std::size_t d = 0; d < lanes_.size(); ++d) enqueue(static_cast<copy_direction>(d), [] {}).wait();
   }
   [[nodiscard]] copy_stats stats() const { return {}; }
 
@@ -67,9 +68,7 @@ class modelled_copy_engine {
     bool stop = false;
     std::thread thread;
   };
-  static void pause(double s) {
-    if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
-  }
+  static void pause(double s) { wait_for(s); }
   static void run(lane& l) {
     std::unique_lock lock(l.mutex);
     for (;;) {

@@ -107,15 +107,37 @@ TEST_CASE("plan_early_steps under ZeRO: this rank's chunks only, a group's chunk
 }
 
 TEST_CASE(
-    "early_update_threads: every core while chunks wait behind this one or the step has begun, else all but one") {
-  CHECK(early_update_threads(16, 0, false) == 15);  // the worker keeps up: the queuing thread keeps a core
-  CHECK(early_update_threads(16, 3, false) == 16);  // behind: the next forward will wait for these updates
-  CHECK(early_update_threads(16, 0, true) == 16);   // after the step: the next forward waits for this one
-  CHECK(early_update_threads(2, 0, false) == 1);
-  CHECK(early_update_threads(2, 1, false) == 2);
-  CHECK(early_update_threads(1, 5, true) == 1);
-  CHECK(early_update_threads(0, 0, false) == 1);  // not known
-  CHECK(early_update_threads(0, 2, true) == 1);
+    "early_update_threads: every core once the step has begun or where the load needs it, else all but one; before "
+    "the load is known, every core while chunks wait behind this one") {
+  using enum early_load;
+  CHECK(early_update_threads(16, 0, false, fits) == 15);     // the worker keeps up: the queuing thread keeps a core
+  CHECK(early_update_threads(16, 3, false, fits) == 15);     // a backlog 15 threads clear in time
+  CHECK(early_update_threads(16, 0, false, exceeds) == 16);  // 15 threads do not carry the iteration's updates
+  CHECK(early_update_threads(16, 0, true, fits) == 16);      // after the step: the next forward waits for this one
+  CHECK(early_update_threads(16, 0, false, unknown) == 15);  // not measured yet: the backlog decides
+  CHECK(early_update_threads(16, 3, false, unknown) == 16);  // behind: the next forward will wait for these
+  CHECK(early_update_threads(2, 0, false, fits) == 1);
+  CHECK(early_update_threads(2, 1, false, fits) == 1);
+  CHECK(early_update_threads(2, 1, false, unknown) == 2);
+  CHECK(early_update_threads(2, 0, false, exceeds) == 2);
+  CHECK(early_update_threads(1, 5, true, exceeds) == 1);
+  CHECK(early_update_threads(0, 0, false, fits) == 1);  // not known
+  CHECK(early_update_threads(0, 2, true, exceeds) == 1);
+}
+
+TEST_CASE(
+    "early_load_of: an iteration's update thread-seconds against its time, less its waits, on all threads but one") {
+  using enum early_load;
+  CHECK(early_load_of(0.9, 1.0, 2) == fits);     // one thread of two: 0.9 s of updates in 1 s of the iteration's own
+  CHECK(early_load_of(1.0, 1.0, 2) == fits);     // exactly
+  CHECK(early_load_of(1.1, 1.0, 2) == exceeds);  // the worker falls behind on one thread
+  CHECK(early_load_of(14.0, 1.0, 16) == fits);   // 15 threads carry 14 thread-seconds a second
+  CHECK(early_load_of(15.5, 1.0, 16) == exceeds);
+  CHECK(early_load_of(0.9, 1.0, 1) == fits);        // one hardware thread: it is the worker's
+  CHECK(early_load_of(0.9, 1.0, 0) == fits);        // not known: counts as one
+  CHECK(early_load_of(0.1, 0.0, 2) == exceeds);     // the iteration only waited for its updates
+  CHECK(early_load_of(0.1, -0.001, 2) == exceeds);  // (clock steps)
+  CHECK(early_load_of(0.0, 0.0, 2) == fits);
 }
 
 TEST_CASE("speculation_advised: always when nothing can undo the step, else after a clean step") {
@@ -405,8 +427,45 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
   CHECK(v[0] == 42.0f);
   // a's was queued once the step had begun: every core. (b's started inside backward with nothing
   // behind it, or, on a worker slow to start, after the step too: either choice.)
-  CHECK(threads[0].load() == early_update_threads(std::thread::hardware_concurrency(), 0, true));
-  CHECK(threads[1].load() >= early_update_threads(std::thread::hardware_concurrency(), 0, false));
+  CHECK(threads[0].load() == early_update_threads(std::thread::hardware_concurrency(), 0, true, early_load::unknown));
+  CHECK(threads[1].load() >= early_update_threads(std::thread::hardware_concurrency(), 0, false, early_load::unknown));
+  CHECK(rt.invariant_violations(true).empty());
+}
+
+TEST_CASE("early steps: where the last iteration's updates need every thread, an update takes them from the start") {
+  two_weights w;
+  auto& rt = w.rt;
+  w.record_trace();
+  // Each update takes 20 ms per hardware thread, whatever its threads: an iteration's updates
+  // (thread-seconds) then exceed its time on all threads but one by far more than the test's own work.
+  const unsigned hardware = std::thread::hardware_concurrency();
+  const auto slow = std::chrono::milliseconds(20) * std::max(hardware, 1u);
+  std::atomic<int> b_threads{-1}, b_started{0};
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(rt.arm_early_steps({.update =
+                                    [&b_threads, &b_started, slow](const step_chunk& c) {
+                                      if (c.index == 1) {
+                                        b_threads = c.threads;
+                                        ++b_started;
+                                      }
+                                      std::this_thread::sleep_for(slow);
+                                    },
+                                .undo = {}}));
+    w.iteration();
+    // The step begins once b's update has started (inside backward, then, whatever the worker's
+    // latency): its threads are the load rule's alone.
+    for (int wait = 0; b_started.load() <= i && wait < 5000; ++wait)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(b_started.load() == i + 1);
+    rt.step([](const step_chunk&) {});
+  }
+  std::vector<float> v(300);
+  rt.read_tensor(w.b, chunk_kind::param, v);  // joins b's update
+  // b's last update started inside backward with nothing behind it: all threads but one, were it
+  // not for the iteration before, whose updates (20 ms x hardware each, thread-seconds) did not fit
+  // all but one thread in the time it did not spend waiting for them.
+  CHECK(b_threads.load() == early_update_threads(hardware, 0, false, early_load::exceeds));
+  rt.read_tensor(w.a, chunk_kind::param, v);
   CHECK(rt.invariant_violations(true).empty());
 }
 

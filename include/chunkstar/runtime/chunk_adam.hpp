@@ -70,10 +70,10 @@ struct chunk_adam_options {
    *  step after backward as usual. */
   std::size_t early_step_bytes = std::numeric_limits<std::size_t>::max();
   /** Host threads of each update prepare() starts inside backward (0: the runtime's choice per
-   *  update, early_update_threads: every hardware thread while chunks are due behind it or once the
-   *  step has begun, all but one otherwise, so the thread that queues the device's work keeps a
-   *  core while the worker keeps up; measured in docs/performance.md, "The step inside
-   *  backward"). Adam is elementwise: the bits do not depend on it. */
+   *  update, early_update_threads: every hardware thread once the step has begun or where the last
+   *  iteration's updates needed them, all but one otherwise, so the thread that queues the
+   *  device's work keeps a core while the worker keeps up; measured in docs/performance.md, "The
+   *  step inside backward"). Adam is elementwise: the bits do not depend on it. */
   int early_step_threads = 0;
 };
 
@@ -178,9 +178,9 @@ class chunk_adam {
       sp.base.lr = lr;
       sp.args = {.step = steps_ + 1,
                  .grad_scale = 1.0f / (scaler_.scale() * static_cast<float>(micro_batches)),
-                 .threads = options_.early_step_threads > 0
-                                ? options_.early_step_threads
-                                : early_update_threads(std::thread::hardware_concurrency(), 0, false)};
+                 .threads = options_.early_step_threads > 0 ? options_.early_step_threads
+                                                            : early_update_threads(std::thread::hardware_concurrency(),
+                                                                                   0, false, early_load::unknown)};
       const std::size_t elems = rt.plan().chunk_elems, ps = dtype_size(rt.options().param_type);
       std::size_t per_chunk = 0;
       if (can_undo) {

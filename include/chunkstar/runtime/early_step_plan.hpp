@@ -3,7 +3,8 @@
  *  @brief `plan_early_steps`: which chunks' optimizer steps may start inside backward, and after
  *         which moment — a pure function of one traced iteration —, `speculation_advised`,
  *         whether this iteration should speculate at all (a pure function of the last step), and
- *         `early_update_threads`, the host threads of one early update (of the worker's backlog).
+ *         `early_update_threads`, the host threads of one early update (of the worker's load,
+ *         `early_load_of`, and backlog).
  *
  *  A chunk's step may start once nothing in the iteration reads or adds to it before the
  *  optimizer: after the last moment that uses its gradient (all micro-batches' contributions are
@@ -99,15 +100,38 @@ struct early_step_plan {
   return plan;
 }
 
-/** @brief Host threads for an early update about to start on the worker: all @p hardware threads
- *  while @p waiting chunks are ready to step behind it, or once the step has begun (@p stepping:
- *  the next forward waits for what is left), since the worker is then behind and the thread that
- *  queues the device's work mostly waits; all but one otherwise (the worker keeps up: that thread
- *  keeps a core, so its scopes open on time). At least one; @p hardware 0 (not known) counts as
- *  one. Measured in docs/performance.md, "The step inside backward". */
-[[nodiscard]] constexpr int early_update_threads(unsigned hardware, std::size_t waiting, bool stepping) noexcept {
+/** @brief What the last iteration's early updates asked of the worker's threads (early_load_of). */
+enum class early_load {
+  unknown,  ///< no iteration measured yet
+  fits,     ///< all threads but one carried them
+  exceeds   ///< they need every thread
+};
+
+/** @brief The load of an iteration's early updates: @p update_thread_seconds, its updates as
+ *  thread-seconds (each one's duration times its threads, about its time on one thread), against
+ *  @p busy_seconds on all @p hardware threads but one, where busy_seconds is the iteration's time
+ *  less what it waited for the updates (an iteration stretched by a worker too slow for it must
+ *  not pass for one with room to spare). @p hardware 0 (not known) counts as one. */
+[[nodiscard]] constexpr early_load early_load_of(double update_thread_seconds, double busy_seconds,
+                                                 unsigned hardware) noexcept {
+  const double threads = hardware > 1 ? hardware - 1 : 1;
+  return update_thread_seconds <= std::max(busy_seconds, 0.0) * threads ? early_load::fits : early_load::exceeds;
+}
+
+/** @brief Host threads for an early update about to start on the worker: every one of @p hardware
+ *  threads once the step has begun (@p stepping: the next forward waits for what is left; the
+ *  thread that queues the device's work mostly waits) or where the iteration's updates need them
+ *  (@p load `exceeds`: the worker falls behind whatever it does, so from the start); all but one
+ *  where they fit, even with chunks ready behind this one (a backlog all but one thread clear
+ *  before the next forward needs it costs nothing, and the queuing thread keeps a core, so its
+ *  scopes open on time). Before the load is known, every thread while @p waiting chunks are ready
+ *  behind this one, else all but one. At least one; @p hardware 0 (not known) counts as one.
+ *  Measured in docs/performance.md, "The step inside backward". */
+[[nodiscard]] constexpr int early_update_threads(unsigned hardware, std::size_t waiting, bool stepping,
+                                                 early_load load) noexcept {
   if (hardware <= 1) return 1;
-  return static_cast<int>(waiting > 0 || stepping ? hardware : hardware - 1);
+  const bool all = stepping || load == early_load::exceeds || (load == early_load::unknown && waiting > 0);
+  return static_cast<int>(all ? hardware : hardware - 1);
 }
 
 /** @brief Whether to speculate this iteration: always where nothing can undo a step (no clipping,

@@ -331,7 +331,14 @@ class optimizer_pass {
   std::vector<std::uint32_t> due_;         // planned chunks whose moment has passed, not yet stepped
   std::atomic<std::size_t> due_count_{0};  // due_.size() as the worker reads it (its backlog)
   std::atomic<bool> stepping_{false};      // the step has begun: the next forward waits for the updates
-  std::vector<std::uint32_t> done_;        // chunks stepped early, in order
+  // The worker's load: its updates' thread-nanoseconds since the last step (added by the worker),
+  // the last iteration's load (read by it), when the last step began and how long this thread has
+  // waited for updates since.
+  std::atomic<std::int64_t> update_thread_ns_{0};
+  std::atomic<early_load> load_{early_load::unknown};
+  std::chrono::steady_clock::time_point last_step_{};
+  std::chrono::steady_clock::duration waited_{};
+  std::vector<std::uint32_t> done_;  // chunks stepped early, in order
   /** An early update handed to the worker: its chunk's lists stay pinned until it is joined. */
   struct early_job {
     std::uint32_t chunk;
@@ -375,6 +382,9 @@ class optimizer_pass {
       early_job j = std::move(jobs_[i]);
       jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
       try {
+        const auto t0 = std::chrono::steady_clock::now();
+        j.done.wait();
+        waited_ += std::chrono::steady_clock::now() - t0;
         j.done.get();
       } catch (...) {
         const auto it = std::find(done_.begin(), done_.end(), j.chunk);
@@ -411,6 +421,7 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
                                                     std::span<const tensor_spec> specs, dtype param_type,
                                                     shard_map shards, early_outcome early) {
   if (early == early_outcome::redo) join_early();  // undone below: the updates must have finished
+  if (!early_) last_step_ = {};  // an iteration without early steps: the next one's load is not measured
   for (std::uint32_t c = static_cast<std::uint32_t>(next_); c < plan.num_chunks; ++c) {
     if (!shards.owns(c)) continue;  // ZeRO: another rank steps it
     // One moment per chunk index, so the trace orders the step's chunks like any scope's: Belady
@@ -503,7 +514,15 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
                                                           std::span<const tensor_spec> specs, dtype param_type,
                                                           function_ref<bool(std::uint32_t)> in_place, bool last) {
   if (!early_ || !tracer_.ready() || closed == never) return;
-  if (last) stepping_ = true;
+  if (last && !stepping_.exchange(true)) {  // the step: once an iteration, measure the worker's load
+    const auto now = std::chrono::steady_clock::now();
+    const double updates = static_cast<double>(update_thread_ns_.exchange(0)) * 1e-9;
+    if (last_step_ != std::chrono::steady_clock::time_point{})
+      load_ = early_load_of(updates, std::chrono::duration<double>(now - last_step_ - waited_).count(),
+                            std::thread::hardware_concurrency());
+    last_step_ = now;
+    waited_ = {};
+  }
   if (!planned_) {
     early_step_inputs in{.step_tier = {},
                          .kept_bytes_per_chunk = early_->kept_bytes_per_chunk,
@@ -576,7 +595,8 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     const std::size_t priority = next_use(c);
     jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), early_->spends_gradient, priority});
     done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
-    auto job = [this, arrivals = std::move(arrivals), view, update = early_->update, span, finished]() mutable {
+    // Queued by the step, it is due for the next forward even when it starts after the next arm().
+    auto job = [this, arrivals = std::move(arrivals), view, update = early_->update, span, finished, last]() mutable {
       try {
         for (auto& h : arrivals) h.wait();
         span->begin = std::chrono::steady_clock::now();
@@ -584,9 +604,11 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
         step_chunk with_threads = view;  // as many threads as the worker's backlog calls for
         with_threads.threads = early_update_threads(
             std::thread::hardware_concurrency(), worker_.in_flight() - 1 + due_count_.load(std::memory_order_relaxed),
-            stepping_.load(std::memory_order_relaxed));
+            last || stepping_.load(std::memory_order_relaxed), load_.load(std::memory_order_relaxed));
         update(with_threads);
         span->end = std::chrono::steady_clock::now();
+        update_thread_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(span->end - span->begin).count() *
+                             std::max(with_threads.threads, 1);
         finished->set_value();
       } catch (...) {
         finished->set_exception(std::current_exception());
