@@ -107,22 +107,25 @@ TEST_CASE("plan_early_steps under ZeRO: this rank's chunks only, a group's chunk
 }
 
 TEST_CASE(
-    "early_update_threads: every core once the step has begun or where the load needs it, else all but one; before "
-    "the load is known, every core while chunks wait behind this one") {
+    "early_update_threads: every core once the step has begun, where the load needs it or while chunks wait for room, "
+    "else all but one; before the load is known, every core while updates wait behind this one") {
   using enum early_load;
-  CHECK(early_update_threads(16, 0, false, fits) == 15);     // the worker keeps up: the queuing thread keeps a core
-  CHECK(early_update_threads(16, 3, false, fits) == 15);     // a backlog 15 threads clear in time
-  CHECK(early_update_threads(16, 0, false, exceeds) == 16);  // 15 threads do not carry the iteration's updates
-  CHECK(early_update_threads(16, 0, true, fits) == 16);      // after the step: the next forward waits for this one
-  CHECK(early_update_threads(16, 0, false, unknown) == 15);  // not measured yet: the backlog decides
-  CHECK(early_update_threads(16, 3, false, unknown) == 16);  // behind: the next forward will wait for these
-  CHECK(early_update_threads(2, 0, false, fits) == 1);
-  CHECK(early_update_threads(2, 1, false, fits) == 1);
-  CHECK(early_update_threads(2, 1, false, unknown) == 2);
-  CHECK(early_update_threads(2, 0, false, exceeds) == 2);
-  CHECK(early_update_threads(1, 5, true, exceeds) == 1);
-  CHECK(early_update_threads(0, 0, false, fits) == 1);  // not known
-  CHECK(early_update_threads(0, 2, true, exceeds) == 1);
+  CHECK(early_update_threads(16, 0, 0, false, fits) == 15);     // the worker keeps up: the queuing thread keeps a core
+  CHECK(early_update_threads(16, 3, 0, false, fits) == 15);     // a backlog 15 threads clear in time
+  CHECK(early_update_threads(16, 0, 0, false, exceeds) == 16);  // 15 threads do not carry the iteration's updates
+  CHECK(early_update_threads(16, 0, 2, false, fits) == 16);     // chunks due wait for this update's room
+  CHECK(early_update_threads(16, 0, 0, true, fits) == 16);      // after the step: the next forward waits for this one
+  CHECK(early_update_threads(16, 0, 0, false, unknown) == 15);  // not measured yet: the backlog decides
+  CHECK(early_update_threads(16, 3, 0, false, unknown) == 16);  // behind: the next forward will wait for these
+  CHECK(early_update_threads(16, 0, 1, false, unknown) == 16);
+  CHECK(early_update_threads(2, 0, 0, false, fits) == 1);
+  CHECK(early_update_threads(2, 1, 0, false, fits) == 1);
+  CHECK(early_update_threads(2, 1, 0, false, unknown) == 2);
+  CHECK(early_update_threads(2, 0, 0, false, exceeds) == 2);
+  CHECK(early_update_threads(2, 0, 1, false, fits) == 2);
+  CHECK(early_update_threads(1, 5, 5, true, exceeds) == 1);
+  CHECK(early_update_threads(0, 0, 0, false, fits) == 1);  // not known
+  CHECK(early_update_threads(0, 2, 2, true, exceeds) == 1);
 }
 
 TEST_CASE(
@@ -427,8 +430,10 @@ TEST_CASE("early steps: an update kept as it is runs on after step() returns; a 
   CHECK(v[0] == 42.0f);
   // a's was queued once the step had begun: every core. (b's started inside backward with nothing
   // behind it, or, on a worker slow to start, after the step too: either choice.)
-  CHECK(threads[0].load() == early_update_threads(std::thread::hardware_concurrency(), 0, true, early_load::unknown));
-  CHECK(threads[1].load() >= early_update_threads(std::thread::hardware_concurrency(), 0, false, early_load::unknown));
+  CHECK(threads[0].load() ==
+        early_update_threads(std::thread::hardware_concurrency(), 0, 0, true, early_load::unknown));
+  CHECK(threads[1].load() >=
+        early_update_threads(std::thread::hardware_concurrency(), 0, 0, false, early_load::unknown));
   CHECK(rt.invariant_violations(true).empty());
 }
 
@@ -464,7 +469,7 @@ TEST_CASE("early steps: where the last iteration's updates need every thread, an
   // b's last update started inside backward with nothing behind it: all threads but one, were it
   // not for the iteration before, whose updates (20 ms x hardware each, thread-seconds) did not fit
   // all but one thread in the time it did not spend waiting for them.
-  CHECK(b_threads.load() == early_update_threads(hardware, 0, false, early_load::exceeds));
+  CHECK(b_threads.load() == early_update_threads(hardware, 0, 0, false, early_load::exceeds));
   rt.read_tensor(w.a, chunk_kind::param, v);
   CHECK(rt.invariant_violations(true).empty());
 }

@@ -180,7 +180,7 @@ class chunk_adam {
                  .grad_scale = 1.0f / (scaler_.scale() * static_cast<float>(micro_batches)),
                  .threads = options_.early_step_threads > 0 ? options_.early_step_threads
                                                             : early_update_threads(std::thread::hardware_concurrency(),
-                                                                                   0, false, early_load::unknown)};
+                                                                                   0, 0, false, early_load::unknown)};
       const std::size_t elems = rt.plan().chunk_elems, ps = dtype_size(rt.options().param_type);
       std::size_t per_chunk = 0;
       if (can_undo) {

@@ -120,17 +120,20 @@ enum class early_load {
 
 /** @brief Host threads for an early update about to start on the worker: every one of @p hardware
  *  threads once the step has begun (@p stepping: the next forward waits for what is left; the
- *  thread that queues the device's work mostly waits) or where the iteration's updates need them
- *  (@p load `exceeds`: the worker falls behind whatever it does, so from the start); all but one
- *  where they fit, even with chunks ready behind this one (a backlog all but one thread clear
- *  before the next forward needs it costs nothing, and the queuing thread keeps a core, so its
- *  scopes open on time). Before the load is known, every thread while @p waiting chunks are ready
- *  behind this one, else all but one. At least one; @p hardware 0 (not known) counts as one.
- *  Measured in docs/performance.md, "The step inside backward". */
-[[nodiscard]] constexpr int early_update_threads(unsigned hardware, std::size_t waiting, bool stepping,
-                                                 early_load load) noexcept {
+ *  thread that queues the device's work mostly waits), where the iteration's updates need them
+ *  (@p load `exceeds`: the worker falls behind whatever it does, so from the start), or while
+ *  @p blocked chunks are due that cannot start yet (below a disk tier, the room this update
+ *  holds is what they wait for; under ZeRO, their reduction); all but one where the load fits,
+ *  even with @p queued updates behind this one (a backlog all but one thread clear before the
+ *  next forward needs it costs nothing, and the queuing thread keeps a core, so its scopes open
+ *  on time). Before the load is known, every thread while any update is queued behind this one,
+ *  else all but one. At least one; @p hardware 0 (not known) counts as one. Measured in
+ *  docs/performance.md, "The step inside backward". */
+[[nodiscard]] constexpr int early_update_threads(unsigned hardware, std::size_t queued, std::size_t blocked,
+                                                 bool stepping, early_load load) noexcept {
   if (hardware <= 1) return 1;
-  const bool all = stepping || load == early_load::exceeds || (load == early_load::unknown && waiting > 0);
+  const bool all =
+      stepping || load == early_load::exceeds || blocked > 0 || (load == early_load::unknown && queued > 0);
   return static_cast<int>(all ? hardware : hardware - 1);
 }
 

@@ -329,7 +329,7 @@ class optimizer_pass {
   std::size_t together_ = 1;               // chunks used as one (ZeRO's groups)
   std::size_t cursor_ = 0;                 // the first moment whose planned chunks are not yet due
   std::vector<std::uint32_t> due_;         // planned chunks whose moment has passed, not yet stepped
-  std::atomic<std::size_t> due_count_{0};  // due_.size() as the worker reads it (its backlog)
+  std::atomic<std::size_t> due_count_{0};  // due_.size() as the worker reads it (due, not started yet)
   std::atomic<bool> stepping_{false};      // the step has begun: the next forward waits for the updates
   // The worker's load: its updates' thread-nanoseconds since the last step (added by the worker),
   // the last iteration's load (read by it), when the last step began and how long this thread has
@@ -603,7 +603,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
         span->started = true;
         step_chunk with_threads = view;  // as many threads as the worker's backlog calls for
         with_threads.threads = early_update_threads(
-            std::thread::hardware_concurrency(), worker_.in_flight() - 1 + due_count_.load(std::memory_order_relaxed),
+            std::thread::hardware_concurrency(), worker_.in_flight() - 1, due_count_.load(std::memory_order_relaxed),
             last || stepping_.load(std::memory_order_relaxed), load_.load(std::memory_order_relaxed));
         update(with_threads);
         span->end = std::chrono::steady_clock::now();
