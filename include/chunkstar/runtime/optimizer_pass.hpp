@@ -331,9 +331,10 @@ class optimizer_pass {
   std::vector<std::uint32_t> due_;         // planned chunks whose moment has passed, not yet stepped
   std::atomic<std::size_t> due_count_{0};  // due_.size() as the worker reads it (due, not started yet)
   std::atomic<bool> stepping_{false};      // the step has begun: the next forward waits for the updates
-  // The worker's load: its updates' thread-nanoseconds since the last step (added by the worker),
-  // the last iteration's load (read by it), when the last step began and how long this thread has
-  // waited for updates since.
+  // The worker's load: its updates' thread-nanoseconds since the last step (added by the worker,
+  // each at the threads the runtime chose for it, whatever the update took), the last iteration's
+  // load (read by it), when the last step began and how long this thread has waited for updates
+  // since.
   std::atomic<std::int64_t> update_thread_ns_{0};
   std::atomic<early_load> load_{early_load::unknown};
   std::chrono::steady_clock::time_point last_step_{};
@@ -601,7 +602,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
         for (auto& h : arrivals) h.wait();
         span->begin = std::chrono::steady_clock::now();
         span->started = true;
-        step_chunk with_threads = view;  // as many threads as the worker's backlog calls for
+        step_chunk with_threads = view;  // as many threads as the worker's load and backlog call for
         with_threads.threads = early_update_threads(
             std::thread::hardware_concurrency(), worker_.in_flight() - 1, due_count_.load(std::memory_order_relaxed),
             last || stepping_.load(std::memory_order_relaxed), load_.load(std::memory_order_relaxed));
