@@ -273,6 +273,13 @@ class optimizer_pass {
             .slots = plan.slots,
             .specs = specs};
   }
+  /** Chunk index @p c's chunk of every list the store has. */
+  [[nodiscard]] std::vector<chunk_id> lists_of(std::uint32_t c) const {
+    std::vector<chunk_id> ids;
+    for (auto k : all_chunk_kinds)
+      if (store_.has(k)) ids.push_back({k, c});
+    return ids;
+  }
   /** With a disk tier: whether chunk @p c's lists not on the host yet fit its budget now. */
   [[nodiscard]] bool host_has_room_for(std::uint32_t c) const {
     if (!store_.has_disk()) return true;
@@ -442,9 +449,7 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
       continue;
     }
     const tier where = residency_.optimizer_tier(c);
-    std::vector<chunk_id> ids;
-    for (auto k : all_chunk_kinds)
-      if (store_.has(k)) ids.push_back({k, c});
+    const std::vector<chunk_id> ids = lists_of(c);
     residency_.note_step(c, m, where);
     if (where == tier::device) {
       for (auto id : ids) {
@@ -500,9 +505,7 @@ template <class Store, class Residency, class TracerT>
 template <class G>
 void optimizer_pass<Store, Residency, TracerT>::on_host(std::uint32_t c, const chunk_plan& plan,
                                                         std::span<const tensor_spec> specs, dtype param_type, G&& g) {
-  std::vector<chunk_id> ids;
-  for (auto k : all_chunk_kinds)
-    if (store_.has(k)) ids.push_back({k, c});
+  const std::vector<chunk_id> ids = lists_of(c);
   const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
   for (auto id : ids) residency_.make_resident_on_host(id, keep);
   typename Store::pin_set pins(store_, ids);
@@ -569,9 +572,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     // The lists come to the host (copies from the device started, not waited for: the worker
     // waits for them), stay pinned while the worker runs the update, and this thread goes on
     // to the next scope.
-    std::vector<chunk_id> ids;
-    for (auto k : all_chunk_kinds)
-      if (store_.has(k)) ids.push_back({k, c});
+    const std::vector<chunk_id> ids = lists_of(c);
     const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
     for (auto id : ids) {
       const tier where = store_.at(id).where;
