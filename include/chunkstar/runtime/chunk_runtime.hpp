@@ -394,7 +394,7 @@ CHUNKSTAR_RUNTIME::chunk_runtime(device_space_type& device, host_space_type& hos
       residency_(store_, placement_, eviction_, tracer_, level_, options.prefetch_depth, stats_,
                  options.disk_prefetch_depth, options.disk_prefetch_horizon, options.disk_staging_chunks),
       non_model_(device, level_),
-      pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth),
+      pass_(store_, residency_, tracer_, level_, stats_, options.prefetch_depth, options.background_updates),
       shard_(store_, residency_, tracer_, comm_, options.sharding, stats_, level_) {
   if (options_.sharding.micro_batches < 1)
     throw config_error(
@@ -712,6 +712,7 @@ typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind
   pass_.reap_early();  // early updates done: their chunks may move again, and their room is free
   if (pass_.armed() && !level_.untraced && open_.size() == 0) run_early_steps();
   pass_.join_early(ids);  // early updates still running on this scope's chunks (the last step's, say)
+  pass_.reap_early();     // those that ended meanwhile: their weights start up while this scope computes
   if (pass_.armed()) {    // a chunk stepped early that this scope uses: the iteration left its trace
     const std::size_t n = shard_.used_together();  // ZeRO gathers (sends) a group's chunks as one
     for (auto id : ids)

@@ -134,8 +134,14 @@ template <class Store, class Residency, class TracerT>
 class optimizer_pass {
  public:
   optimizer_pass(Store& store, Residency& residency, TracerT& tracer, compute_level& level, runtime_stats& stats,
-                 std::size_t prefetch_depth)
-      : store_(store), residency_(residency), tracer_(tracer), level_(level), stats_(stats), depth_(prefetch_depth) {}
+                 std::size_t prefetch_depth, bool background_updates = false)
+      : store_(store),
+        residency_(residency),
+        tracer_(tracer),
+        level_(level),
+        stats_(stats),
+        depth_(prefetch_depth),
+        worker_(background_updates) {}
 
   /** @brief True between a pass that threw and the run that completes it. */
   [[nodiscard]] bool in_progress() const noexcept { return next_ != 0; }

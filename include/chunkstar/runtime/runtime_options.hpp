@@ -32,6 +32,12 @@ struct runtime_options {
   std::size_t disk_staging_chunks = 2;
   std::size_t payload_alignment = 4096;  ///< alignment of chunk payloads (copies and SIMD like it)
   bool timeline = false;                 ///< record a Chrome-trace timeline (see `timeline_recorder()`)
+  /// The early steps' updates (arm_early_steps) run at the OS's idle priority (step_worker): the
+  /// thread that drives compute takes a core back the moment it wakes, where at normal priority
+  /// it waited up to a scheduler slice (measured: docs/performance.md, "The step inside backward").
+  /// Set false where other threads keep every core busy at normal priority (the updates would then
+  /// wait for the step, which runs them itself).
+  bool background_updates = true;
   /// how the gradients of ranks relate (the norm); sharding implies `sharded`
   gradient_mode gradients = gradient_mode::local;
   sharding_options sharding{};  ///< ZeRO: shard the model data over the communicator's ranks

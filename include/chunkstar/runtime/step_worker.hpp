@@ -2,7 +2,7 @@
 /** @file
  *  @brief `step_worker`: one background thread that runs jobs in the order given — the host
  *         updates of chunks stepped early, so the thread that queues backward's work goes on
- *         while they run (optimizer_pass's early steps).
+ *         while they run (optimizer_pass's early steps) — optionally at the OS's idle priority.
  */
 #pragma once
 
@@ -16,6 +16,11 @@
 #include <thread>
 #include <utility>
 
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
 namespace chunkstar {
 
 /** @brief Runs jobs one at a time on a thread of its own, started by the first job: of those
@@ -26,6 +31,12 @@ namespace chunkstar {
 class step_worker {
  public:
   step_worker() = default;
+  /** @brief With @p background, the worker's thread runs at the OS's idle priority (Linux:
+   *  SCHED_IDLE; elsewhere, or where the OS refuses, the normal one), and so do the threads it
+   *  creates, an OpenMP team included where the runtime creates teams per thread (GCC's libgomp):
+   *  a thread of normal priority that wakes takes a core from them at once, instead of waiting up
+   *  to a scheduler slice. The jobs then run only on cores nothing else wants. */
+  explicit step_worker(bool background) : background_(background) {}
   step_worker(const step_worker&) = delete;
   step_worker& operator=(const step_worker&) = delete;
   ~step_worker() {
@@ -56,6 +67,9 @@ class step_worker {
     if (auto e = std::exchange(failure_, nullptr)) std::rethrow_exception(e);
   }
 
+  /** @brief Whether the worker's thread was asked to run at the idle priority (see the constructor). */
+  [[nodiscard]] bool background() const noexcept { return background_; }
+
   /** @brief Jobs submitted and not yet finished. */
   [[nodiscard]] std::size_t in_flight() const {
     const std::lock_guard lock(mutex_);
@@ -68,6 +82,7 @@ class step_worker {
     std::function<void()> run;
   };
   void loop() {
+    if (background_) lower_priority();
     std::unique_lock lock(mutex_);
     for (;;) {
       work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -91,6 +106,16 @@ class step_worker {
     }
   }
 
+  /** The calling thread at the idle priority; best effort (an OS that refuses leaves it as it is). */
+  static void lower_priority() noexcept {
+#if defined(__linux__) && defined(SCHED_IDLE)
+    sched_param none{};
+    none.sched_priority = 0;
+    (void)::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &none);
+#endif
+  }
+
+  bool background_ = false;
   mutable std::mutex mutex_;
   std::condition_variable work_, idle_;
   std::deque<job> queue_;
