@@ -6,8 +6,8 @@
 // was speculated (undone and redone); and with a disk tier under a host too small for a rank's
 // share (one process too), where the Adam state reaches the early update through the disk; and
 // under replicated data parallelism, each chunk once its all-reduce has completed. Below a disk
-// tier, the step makes room for the chunks still due by waiting for the updates running, not by
-// sending Adam state down.
+// tier, the chunks still due at the step without room are carried over to the next forward (one
+// process), never given room by sending Adam state down.
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/disk/disk_copy_engine.hpp>
 #include <chunkstar/disk/disk_space.hpp>
@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <atomic>
 #include <future>
 #include <map>
 #include <optional>
@@ -280,14 +281,16 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "The step inside backward below a disk tier: at the step, chunks wait for the updates running to free their "
-    "room; no Adam state goes down to the disk for it") {
+    "The step inside backward below a disk tier: at the step, chunks without room are carried over to the next "
+    "forward, which starts them as room frees; no Adam state goes down to the disk for them") {
   // Six fp32 chunks stepped on the host, one tensor each, their weights and gradients living on the
   // device; the host holds every chunk's moments and two chunks' weights and gradient besides (the
-  // staging buffers apart), so only two or three early updates hold their lists there at once. The
-  // updates of chunks 3 and 2 are held until 100 ms after step() began: at the step they still
-  // hold the room the chunks still due need. Taking it from the disk would send down the moments
-  // of chunks already stepped (read back in the next backward); waiting costs only the wait.
+  // staging buffers apart), so only two early updates hold their lists there at once. The updates
+  // of chunks 3 and 2 are held until the step has returned: at the step they (and what queues
+  // behind them on the worker) hold the room that chunks 1 and 0 need. Waiting for it would hold the step (and the next forward) for the updates
+  // running; taking it from the disk would send down moments the next backward reads back. So the
+  // step carries 1 and 0 over, and the next forward's scopes start them, the one that reads a
+  // chunk first waiting for its update.
   struct weights_on_device {
     [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
       return room_after(in.device_capacity, in.non_model_now);
@@ -312,8 +315,10 @@ TEST_CASE(
         {"w" + std::to_string(i), {static_cast<std::int64_t>(elems)}, dtype::f32, tensor_role::weight},
         [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); }));
   rt.finalize();
-  const auto iteration = [&] {
+  const auto forward = [&] {
     for (std::size_t i = 0; i < chunks; ++i) auto f = rt.forward("f" + std::to_string(i), {ids[i]});
+  };
+  const auto backward = [&] {
     for (std::size_t i = chunks; i-- > 0;) {
       auto g = rt.backward("b" + std::to_string(i), {ids[i]});
       for (auto& x : g.grad<float>(ids[i])) x = 0.25f;
@@ -327,34 +332,57 @@ TEST_CASE(
     }
   };
   for (int s = 0; s < 2; ++s) {  // the trace, and every list in place
-    iteration();
+    forward();
+    backward();
     rt.step(bump);
   }
-  std::promise<void> stepping;
-  std::shared_future<void> held = std::async(std::launch::async, [began = stepping.get_future()]() mutable {
-                                    began.wait();
-                                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-                                  }).share();
+  std::promise<void> release;
+  const std::shared_future<void> held = release.get_future().share();
+  std::atomic<int> updates{0};
   REQUIRE(rt.arm_early_steps({.update =
-                                  [&bump, held](const step_chunk& c) {
-                                    if (c.index == 3 || c.index == 2) held.wait();
+                                  [&bump, &updates, held](const step_chunk& c) {
+                                    // Bounded: a step that waited for room would end the test, not hang it.
+                                    if (c.index == 3 || c.index == 2) (void)held.wait_for(std::chrono::seconds(20));
                                     bump(c);
+                                    updates.fetch_add(1);
                                   },
                               .undo = {},
                               .spends_gradient = true}));
-  iteration();
+  forward();
+  backward();
   const auto written = rt.stats().bytes_to_disk;
-  stepping.set_value();
   rt.step(bump);  // every chunk steps early: nothing is left to this
+  const std::vector<std::uint32_t> carried(rt.carried_steps().begin(), rt.carried_steps().end());
+  // 0 and 1 at least (which of 2 and 4 also waits depends on whether the worker began 3 first),
+  // in the order the next forward reads them.
+  REQUIRE(carried.size() >= 2);
+  CHECK(carried[0] == 0);
+  CHECK(carried[1] == 1);
+  CHECK(std::is_sorted(carried.begin(), carried.end()));
+  CHECK(updates.load() < static_cast<int>(chunks));    // the step returned with 3 and 2 still held
+  release.set_value();
+  forward();  // f0 and f1 start the updates carried over and wait for them
+  CHECK(rt.carried_steps().empty());
+  CHECK(updates.load() == static_cast<int>(chunks));
   CHECK(rt.stats().early_steps == chunks);
-  CHECK(rt.stats().bytes_to_disk == written);  // nothing sent down to make room at the step
-  std::vector<float> v(elems);
+  CHECK(rt.stats().bytes_to_disk == written);  // nothing sent down to make room at the step or after
+  std::vector<float> v(elems), want(elems, 0.5f);
+  for (int s = 0; s < 3; ++s)
+    for (auto& x : want) x -= 1e-3f * 0.25f;
   for (std::size_t i = 0; i < chunks; ++i) {
     CAPTURE(i);
+    rt.read_tensor(ids[i], chunk_kind::param, v);
+    CHECK(v == want);
     rt.read_tensor(ids[i], chunk_kind::momentum, v);
     CHECK(v[0] == 3.0f);
     rt.read_tensor(ids[i], chunk_kind::variance, v);
     CHECK(v[0] == 6.0f);
+  }
+  backward();  // the next iteration goes on as the trace says (the gradients carried over are spent)
+  rt.step(bump);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    rt.read_tensor(ids[i], chunk_kind::momentum, v);
+    CHECK(v[0] == 4.0f);
   }
   CHECK(rt.invariant_violations(true).empty());
 }

@@ -177,6 +177,10 @@ class chunk_runtime {
   }
   /** @brief Chunk indices stepped early in this iteration, in order. */
   [[nodiscard]] std::span<const std::uint32_t> stepped_early() const noexcept { return pass_.stepped_early(); }
+  /** @brief Chunk indices whose update the last step carried over to the next forward (below a
+   *  disk tier, no room for their lists at the step; not under ZeRO), not started yet: each starts
+   *  as a scope finds room, at the latest when something uses its chunk. */
+  [[nodiscard]] std::span<const std::uint32_t> carried_steps() const noexcept { return pass_.carried(); }
   /** @brief Undoes every early step of this iteration (a step skipped on overflow) and disarms. */
   void undo_early_steps();
   /** @brief True when a step threw part-way: calling step() again finishes it. */

@@ -184,22 +184,38 @@ class optimizer_pass {
    *  as it is runs on while the next forward starts) and releases their chunks; rethrows the first
    *  failure not yet reported (see join_quietly). Reports each update's span to `on_early_update`. */
   void join_early() {
+    start_carried_where([](std::uint32_t) { return true; });
     join_quietly();
     report_failure();
   }
   /** @brief As join_early(), for the updates of the chunk indices of @p ids only (a scope about to
-   *  use them). */
+   *  use them); one the step carried over starts now. */
   void join_early(std::span<const chunk_id> ids) {
-    join_where([&](const early_job& j) {
-      return std::any_of(ids.begin(), ids.end(), [&](chunk_id id) { return id.index == j.chunk; });
-    });
+    const auto among = [&](std::uint32_t c) {
+      return std::any_of(ids.begin(), ids.end(), [&](chunk_id id) { return id.index == c; });
+    };
+    start_carried_where(among);
+    join_where([&](const early_job& j) { return among(j.chunk); });
     report_failure();
   }
-  /** @brief Joins the early updates that have finished (never waits): their chunks may move again. */
+  /** @brief Joins the early updates that have finished (never waits): their chunks may move again;
+   *  then starts those the step carried over, as far as the host has room for them. */
   void reap_early() {
     join_finished();
     report_failure();
+    while (!carried_.empty() && host_has_room_for(carried_.front())) {
+      try {
+        start_carried(carried_.front());
+      } catch (const state_error&) {
+        throw;
+      } catch (const std::exception&) {  // an optimisation: the scope that needs it starts it (and reports)
+        break;
+      }
+    }
   }
+  /** @brief Chunk indices whose update the step carried over to the next forward (below a disk
+   *  tier, no room for their lists at the step), in the order they start. */
+  [[nodiscard]] std::span<const std::uint32_t> carried() const noexcept { return carried_; }
   /** @brief As join_early(), without throwing, from inside work that must not be cut short (making
    *  room, starting the next early step): an update that failed before it changed its chunk, while
    *  the pass has not run, leaves the chunk to the pass; any other failure is kept and rethrown by
@@ -217,12 +233,14 @@ class optimizer_pass {
       make_room();
     } catch (const out_of_memory_error&) {
       if (jobs_.empty()) throw;
-      join_early();
+      join_quietly();  // the running ones: those carried over would need room themselves
+      report_failure();
       make_room();
     }
   }
   /** @brief Frees chunk index @p c's gradient now, or when its early update is joined. */
   void release_gradient(std::uint32_t c) {
+    if (std::find(carried_.begin(), carried_.end(), c) != carried_.end()) return;  // its update frees it
     for (auto& j : jobs_)
       if (j.chunk == c) {
         j.release_gradient = true;
@@ -251,8 +269,10 @@ class optimizer_pass {
    *  one that is not yet waits for a later call). Nothing when the trace is not ready; the plan is
    *  made on the first call. With @p last (the step, keeping the updates: no later call), the
    *  chunks still due start in the order the next forward needs them, and one whose lists do not
-   *  fit the host below a disk tier waits for the updates running to free their room rather than
-   *  send Adam state the next iteration needs down to the disk. */
+   *  fit the host below a disk tier is carried over (carried()): it starts as the next forward's
+   *  scopes find room, at the latest when a scope, a read or a move needs its chunk (join_early),
+   *  rather than the step waiting for the updates running to free its room (without ZeRO; under
+   *  ZeRO it waits). */
   void run_early(std::size_t closed, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
                  function_ref<bool(std::uint32_t)> in_place, bool last = false);
   /** @brief Undoes chunk @p c's early step (a scope about to use it: the iteration left its trace).
@@ -262,6 +282,24 @@ class optimizer_pass {
   void undo_all_early(const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
 
  private:
+  /** Brings chunk index @p c's lists to the host, pins them and queues @p update on the worker;
+   *  @p release_gradient: its gradient goes at the join; @p by_step: queued by (or for) the step,
+   *  it takes every thread. @throws what moving the lists or starting the worker throws (nothing
+   *  is then queued). */
+  void start_update(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
+                    const std::function<void(const step_chunk&)>& update, bool release_gradient, bool by_step);
+  /** Starts the update the step carried over for chunk index @p c (none: nothing), room made
+   *  first from the updates running. On a throw it stays carried. */
+  void start_carried(std::uint32_t c);
+  /** start_carried() for each chunk index carried over now that @p which selects (once each: one
+   *  whose start fails, put back by a join, waits for the next call). */
+  template <class Which>
+  void start_carried_where(Which which) {
+    if (carried_.empty()) return;
+    const std::vector<std::uint32_t> now = carried_;
+    for (const std::uint32_t c : now)
+      if (which(c)) start_carried(c);
+  }
   /** Chunk index @p c's lists where they are now, as an update sees them on tier @p where. */
   step_chunk view_of(std::uint32_t c, tier where, const chunk_plan& plan, std::span<const tensor_spec> specs,
                      dtype param_type) const {
@@ -343,7 +381,16 @@ class optimizer_pass {
   std::size_t cursor_ = 0;                 // the first moment whose planned chunks are not yet due
   std::vector<std::uint32_t> due_;         // planned chunks whose moment has passed, not yet stepped
   std::atomic<std::size_t> due_count_{0};  // due_.size() as the worker reads it (due, not started yet)
-  std::atomic<bool> stepping_{false};      // the step has begun: the next forward waits for the updates
+  // The step's updates it carried over (no room at the step), started by the next calls with the
+  // step's update and the plan they had.
+  std::vector<std::uint32_t> carried_;
+  struct carried_context {
+    const chunk_plan* plan = nullptr;
+    std::span<const tensor_spec> specs;
+    dtype param_type = dtype::f32;
+    std::function<void(const step_chunk&)> update;
+  } carry_;
+  std::atomic<bool> stepping_{false};  // the step has begun: the next forward waits for the updates
   // The worker's load: its updates' thread-nanoseconds since the last step (added by the worker,
   // each at the threads the runtime chose for it, whatever the update took), the last iteration's
   // load (read by it), when the last step began and how long this thread has waited for updates
@@ -365,6 +412,7 @@ class optimizer_pass {
     std::shared_future<void> done;
     bool release_gradient = false;  // the pass is done with the chunk: its gradient goes at the join
     std::size_t next_use = 0;       // the worker's priority: the job it runs first has the lowest
+    bool carried = false;           // started after the step returned (carried over)
   };
   /** Joins the update the worker runs first of those not joined (running, or next); false if none.
    *  A failure is kept for the next join_early() or reap_early(), as join_quietly's. */
@@ -395,18 +443,24 @@ class optimizer_pass {
       }
       early_job j = std::move(jobs_[i]);
       jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
+      bool spent = true;  // the update ran (or failed part-way): its gradient is done with
       try {
         const auto t0 = std::chrono::steady_clock::now();
         j.done.wait();
         waited_ += std::chrono::steady_clock::now() - t0;
         j.done.get();
       } catch (...) {
+        spent = j.span->started;
         const auto it = std::find(done_.begin(), done_.end(), j.chunk);
-        if (!j.span->started && early_ && it != done_.end()) done_.erase(it);  // unchanged: the pass steps it
-        else if (!failure_) failure_ = std::current_exception();
+        if (!j.span->started && early_ && it != done_.end() && !j.carried) {
+          done_.erase(it);  // unchanged: the pass steps it
+        } else {
+          if (!j.span->started && j.carried) carried_.push_back(j.chunk);  // unchanged: started again later
+          if (!failure_) failure_ = std::current_exception();
+        }
       }
       j.pins.reset();  // the chunk is the pass's again whatever the update did
-      if (j.release_gradient) store_.release({chunk_kind::grad, j.chunk});
+      if (j.release_gradient && spent) store_.release({chunk_kind::grad, j.chunk});
       // As the pass's: left on the host, the stepped chunks' weights would crowd out the Adam state
       // (below a disk tier, off to the disk and back).
       try {
@@ -434,6 +488,9 @@ template <class Store, class Residency, class TracerT>
 void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_plan& plan,
                                                     std::span<const tensor_spec> specs, dtype param_type,
                                                     shard_map shards, early_outcome early) {
+  // Updates an earlier step carried over that nothing needed since come before this step's (this
+  // step's own, in done_, start as the next forward finds room).
+  start_carried_where([&](std::uint32_t c) { return !stepped_early(c); });
   if (early == early_outcome::redo) join_early();  // undone below: the updates must have finished
   if (!early_) last_step_ = {};  // an iteration without early steps: the next one's load is not measured
   for (std::uint32_t c = static_cast<std::uint32_t>(next_); c < plan.num_chunks; ++c) {
@@ -551,17 +608,27 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     const std::size_t m = tracer_.current_moment(), in = tracer_.next_use({chunk_kind::param, c}, m);
     return in == never ? never : m + in;
   };
-  if (last)  // what the next forward reads first starts first: the last chunks to start overlap it
-    std::stable_sort(due_.begin(), due_.end(),
-                     [&](std::uint32_t a, std::uint32_t b) { return next_use(a) < next_use(b); });
+  // What the next forward reads first starts first: where room holds few updates at once (below
+  // a disk tier) those left waiting are the ones it reads last, and the last to start overlap it.
+  std::stable_sort(due_.begin(), due_.end(),
+                   [&](std::uint32_t a, std::uint32_t b) { return next_use(a) < next_use(b); });
   for (std::size_t i = 0; i < due_.size();) {
     const std::uint32_t c = due_[i];
     if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) {
       due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
-    // At the step, below a disk tier: room from the updates running, rather than from Adam state
-    // sent down to the disk that the next iteration's steps read back.
+    // At the step, below a disk tier, no room: carried over to the next forward (it starts as room
+    // frees), so the step returns; under ZeRO it waits here for room from the updates running.
+    // Either way, room never from Adam state sent down that the next iteration's steps read back.
+    if (last && !host_has_room_for(c)) join_finished();  // room from the updates done, without waiting
+    if (last && !host_has_room_for(c) && shards_.world == 1 && in_place(c)) {
+      due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
+      carry_ = {&plan, specs, param_type, early_->update};
+      carried_.push_back(c);
+      done_.push_back(c);  // the pass keeps it as stepped; its gradient stays till the update is joined
+      continue;
+    }
     if (last)
       while (!host_has_room_for(c) && join_next_early()) {
       }
@@ -574,65 +641,100 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     }
     due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
     due_count_ = due_.size();                                      // before the job: it reads what waits behind it
+    start_carried(c);                                              // the last step's, carried over: first
     join_where([&](const early_job& j) { return j.chunk == c; });  // the last iteration's (long done by now)
-    // The lists come to the host (copies from the device started, not waited for: the worker
-    // waits for them), stay pinned while the worker runs the update, and this thread goes on
-    // to the next scope.
-    const std::vector<chunk_id> ids = lists_of(c);
-    const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
-    for (auto id : ids) {
-      const tier where = store_.at(id).where;
-      if (where == tier::device) residency_.offload(id, keep);
-      else if (where != tier::host) residency_.make_resident_on_host(id, keep);  // from the disk: now
-      // A read from the disk still filling its host buffer (the disk prefetcher's) ends here, on
-      // this thread: the store owns the disk copy's outcome (a failed read leaves the chunk on the
-      // disk, and the step after backward reads it again).
-      store_.resolve_disk(id);
-    }
-    typename Store::pin_set pins(store_, ids);
-    std::vector<typename Store::copy_handle> arrivals;
-    for (auto id : ids) {
-      const auto& s = store_.at(id);
-      if (s.pending) arrivals.push_back(*s.pending);
-      if (s.user_done) arrivals.push_back(*s.user_done);
-    }
-    const step_chunk view = view_of(c, tier::host, plan, specs, param_type);
-    auto span = std::make_shared<typename early_job::outcome>();
-    auto finished = std::make_shared<std::promise<void>>();
-    // Of the updates waiting, the one whose weights the next iteration reads first runs first.
-    const std::size_t priority = next_use(c);
-    jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), early_->spends_gradient, priority});
     done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
-    // Queued by the step, it is due for the next forward even when it starts after the next arm().
-    auto job = [this, arrivals = std::move(arrivals), view, update = early_->update, span, finished, last]() mutable {
-      try {
-        for (auto& h : arrivals) h.wait();
-        span->begin = std::chrono::steady_clock::now();
-        span->started = true;
-        step_chunk with_threads = view;  // as many threads as the worker's load and backlog call for
-        with_threads.threads = early_update_threads(
-            std::thread::hardware_concurrency(), worker_.in_flight() - 1, due_count_.load(std::memory_order_relaxed),
-            last || stepping_.load(std::memory_order_relaxed), load_.load(std::memory_order_relaxed));
-        update(with_threads);
-        span->end = std::chrono::steady_clock::now();
-        update_thread_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(span->end - span->begin).count() *
-                             std::max(with_threads.threads, 1);
-        finished->set_value();
-      } catch (...) {
-        finished->set_exception(std::current_exception());
-      }
-    };
     try {
-      worker_.submit(std::move(job), priority);
-    } catch (...) {  // not queued (no thread): nothing runs it, nothing may wait for it
-      jobs_.pop_back();
+      start_update(c, plan, specs, param_type, early_->update, early_->spends_gradient, last);
+    } catch (...) {  // not queued: nothing runs it, the pass steps it
       done_.pop_back();
       throw;
     }
-    ++stats_.host_steps;
-    ++stats_.early_steps;
   }
   due_count_ = due_.size();
+}
+
+template <class Store, class Residency, class TracerT>
+void optimizer_pass<Store, Residency, TracerT>::start_update(std::uint32_t c, const chunk_plan& plan,
+                                                             std::span<const tensor_spec> specs, dtype param_type,
+                                                             const std::function<void(const step_chunk&)>& update,
+                                                             bool release_gradient, bool by_step) {
+  start_carried(c);  // the last step's update of it, carried over and never needed since: first
+  join_where([&](const early_job& j) { return j.chunk == c; });  // the last iteration's (long done by now)
+  // The lists come to the host (copies from the device started, not waited for: the worker
+  // waits for them), stay pinned while the worker runs the update, and this thread goes on
+  // to the next scope.
+  const std::vector<chunk_id> ids = lists_of(c);
+  const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
+  for (auto id : ids) {
+    const tier where = store_.at(id).where;
+    if (where == tier::device) residency_.offload(id, keep);
+    else if (where != tier::host) residency_.make_resident_on_host(id, keep);  // from the disk: now
+    // A read from the disk still filling its host buffer (the disk prefetcher's) ends here, on
+    // this thread: the store owns the disk copy's outcome (a failed read leaves the chunk on the
+    // disk, and the step after backward reads it again).
+    store_.resolve_disk(id);
+  }
+  typename Store::pin_set pins(store_, ids);
+  std::vector<typename Store::copy_handle> arrivals;
+  for (auto id : ids) {
+    const auto& s = store_.at(id);
+    if (s.pending) arrivals.push_back(*s.pending);
+    if (s.user_done) arrivals.push_back(*s.user_done);
+  }
+  const step_chunk view = view_of(c, tier::host, plan, specs, param_type);
+  auto span = std::make_shared<typename early_job::outcome>();
+  auto finished = std::make_shared<std::promise<void>>();
+  // Of the updates waiting, the one whose weights the next iteration reads first runs first.
+  const std::size_t m = tracer_.current_moment(), in = tracer_.next_use({chunk_kind::param, c}, m);
+  const std::size_t priority = in == never ? never : m + in;
+  jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), release_gradient, priority});
+  // Queued by the step, it is due for the next forward even when it starts after the next arm().
+  auto job = [this, arrivals = std::move(arrivals), view, update, span, finished, by_step]() mutable {
+    try {
+      for (auto& h : arrivals) h.wait();
+      span->begin = std::chrono::steady_clock::now();
+      span->started = true;
+      step_chunk with_threads = view;  // as many threads as the worker's load and backlog call for
+      with_threads.threads = early_update_threads(
+          std::thread::hardware_concurrency(), worker_.in_flight() - 1, due_count_.load(std::memory_order_relaxed),
+          by_step || stepping_.load(std::memory_order_relaxed), load_.load(std::memory_order_relaxed));
+      update(with_threads);
+      span->end = std::chrono::steady_clock::now();
+      update_thread_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(span->end - span->begin).count() *
+                           std::max(with_threads.threads, 1);
+      finished->set_value();
+    } catch (...) {
+      finished->set_exception(std::current_exception());
+    }
+  };
+  try {
+    worker_.submit(std::move(job), priority);
+  } catch (...) {  // not queued (no thread): nothing runs it, nothing may wait for it
+    jobs_.pop_back();
+    throw;
+  }
+  ++stats_.host_steps;
+  ++stats_.early_steps;
+}
+
+template <class Store, class Residency, class TracerT>
+void optimizer_pass<Store, Residency, TracerT>::start_carried(std::uint32_t c) {
+  if (std::find(carried_.begin(), carried_.end(), c) == carried_.end()) return;
+  // Room from the updates running first, as at the step; then, if there is still none, from the
+  // host's other chunks (a scope needs this one now).
+  while (!host_has_room_for(c) && join_next_early()) {
+  }
+  const auto it = std::find(carried_.begin(), carried_.end(), c);
+  if (it == carried_.end()) return;
+  carried_.erase(it);
+  try {
+    start_update(c, *carry_.plan, carry_.specs, carry_.param_type, carry_.update, true, true);
+  } catch (...) {  // not started: still carried, the next call tries again
+    carried_.insert(carried_.begin(), c);
+    throw;
+  }
+  jobs_.back().carried = true;
 }
 
 template <class Store, class Residency, class TracerT>
@@ -667,7 +769,8 @@ void optimizer_pass<Store, Residency, TracerT>::wait_for_updates(std::size_t chu
 template <class Store, class Residency, class TracerT>
 void optimizer_pass<Store, Residency, TracerT>::offload_ahead(std::uint32_t c) {
   for (std::uint32_t next = c + 1, n = 0; next < store_.num_chunks() && n < depth_; ++next, ++n) {
-    if (residency_.optimizer_tier(next) != tier::host) continue;
+    // Stepped early (or carried over): nothing of it comes down for this pass.
+    if (residency_.optimizer_tier(next) != tier::host || stepped_early(next)) continue;
     for (auto k : all_chunk_kinds) {
       if (!store_.has(k)) continue;
       const chunk_id id{k, next};
