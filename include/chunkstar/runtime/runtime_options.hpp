@@ -35,8 +35,8 @@ struct runtime_options {
   /// The early steps' updates (arm_early_steps) run at the OS's idle priority (step_worker): the
   /// thread that drives compute takes a core back the moment it wakes, where at normal priority
   /// it waited up to a scheduler slice (measured: docs/performance.md, "The step inside backward").
-  /// Set false where other threads keep every core busy at normal priority (the updates would then
-  /// wait for the step, which runs them itself).
+  /// Set false where other threads keep every core busy at normal priority: the updates would then
+  /// run only when those sleep (at the latest while the step or a scope waits for them).
   bool background_updates = true;
   /// how the gradients of ranks relate (the norm); sharding implies `sharded`
   gradient_mode gradients = gradient_mode::local;
