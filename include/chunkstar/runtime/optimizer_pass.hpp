@@ -300,6 +300,12 @@ class optimizer_pass {
     for (const std::uint32_t c : now)
       if (which(c)) start_carried(c);
   }
+  /** When chunk index @p c's weights are read next, as a moment of this iteration's numbering (the
+   *  next iteration's moments follow on): comparable between chunks made due at different moments. */
+  [[nodiscard]] std::size_t next_use_of(std::uint32_t c) const {
+    const std::size_t m = tracer_.current_moment(), in = tracer_.next_use({chunk_kind::param, c}, m);
+    return in == never ? never : m + in;
+  }
   /** Chunk index @p c's lists where they are now, as an update sees them on tier @p where. */
   step_chunk view_of(std::uint32_t c, tier where, const chunk_plan& plan, std::span<const tensor_spec> specs,
                      dtype param_type) const {
@@ -602,16 +608,10 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
   }
   for (; cursor_ <= closed && cursor_ < early_plan_.after.size(); ++cursor_)
     for (const std::uint32_t c : early_plan_.at(cursor_)) due_.push_back(c);
-  // When the chunk's weights are read next, as a moment of this iteration's numbering (the next
-  // iteration's moments follow on): comparable between chunks made due at different moments.
-  const auto next_use = [&](std::uint32_t c) {
-    const std::size_t m = tracer_.current_moment(), in = tracer_.next_use({chunk_kind::param, c}, m);
-    return in == never ? never : m + in;
-  };
   // What the next forward reads first starts first: where room holds few updates at once (below
   // a disk tier) those left waiting are the ones it reads last, and the last to start overlap it.
   std::stable_sort(due_.begin(), due_.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return next_use(a) < next_use(b); });
+                   [&](std::uint32_t a, std::uint32_t b) { return next_use_of(a) < next_use_of(b); });
   for (std::size_t i = 0; i < due_.size();) {
     const std::uint32_t c = due_[i];
     if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) {
@@ -640,16 +640,12 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
       continue;
     }
     due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
-    due_count_ = due_.size();                                      // before the job: it reads what waits behind it
-    start_carried(c);                                              // the last step's, carried over: first
-    join_where([&](const early_job& j) { return j.chunk == c; });  // the last iteration's (long done by now)
-    done_.push_back(c);  // before it runs: an update that fails may have changed the chunk, undo covers it
-    try {
-      start_update(c, plan, specs, param_type, early_->update, early_->spends_gradient, last);
-    } catch (...) {  // not queued: nothing runs it, the pass steps it
-      done_.pop_back();
-      throw;
-    }
+    due_count_ = due_.size();         // before the job: it reads what waits behind it
+    done_.reserve(done_.size() + 1);  // the push below cannot throw once the update is queued
+    start_update(c, plan, specs, param_type, early_->update, early_->spends_gradient, last);
+    // Queued (not queued: the pass steps it). Joins run on this thread, so it is in done_ before
+    // any of them sees the update, which may have changed the chunk: undo covers it.
+    done_.push_back(c);
   }
   due_count_ = due_.size();
 }
@@ -686,8 +682,7 @@ void optimizer_pass<Store, Residency, TracerT>::start_update(std::uint32_t c, co
   auto span = std::make_shared<typename early_job::outcome>();
   auto finished = std::make_shared<std::promise<void>>();
   // Of the updates waiting, the one whose weights the next iteration reads first runs first.
-  const std::size_t m = tracer_.current_moment(), in = tracer_.next_use({chunk_kind::param, c}, m);
-  const std::size_t priority = in == never ? never : m + in;
+  const std::size_t priority = next_use_of(c);
   jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), release_gradient, priority});
   // Queued by the step, it is due for the next forward even when it starts after the next arm().
   auto job = [this, arrivals = std::move(arrivals), view, update, span, finished, by_step]() mutable {
