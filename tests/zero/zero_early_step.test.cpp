@@ -287,9 +287,9 @@ TEST_CASE(
   // device; the host holds every chunk's moments and two chunks' weights and gradient besides (the
   // staging buffers apart), so only two early updates hold their lists there at once. The updates
   // of chunks 3 and 2 are held until the step has returned: at the step they (and what queues
-  // behind them on the worker) hold the room that chunks 1 and 0 need. Waiting for it would hold the step (and the next forward) for the updates
+  // behind them on the worker) hold the room that the chunks still due need. Waiting for it would hold the step (and the next forward) for the updates
   // running; taking it from the disk would send down moments the next backward reads back. So the
-  // step carries 1 and 0 over, and the next forward's scopes start them, the one that reads a
+  // step carries them over, and the next forward's scopes start them, the one that reads a
   // chunk first waiting for its update.
   struct weights_on_device {
     [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
@@ -353,13 +353,12 @@ TEST_CASE(
   const auto written = rt.stats().bytes_to_disk;
   rt.step(bump);  // every chunk steps early: nothing is left to this
   const std::vector<std::uint32_t> carried(rt.carried_steps().begin(), rt.carried_steps().end());
-  // 0 and 1 at least (which of 2 and 4 also waits depends on whether the worker began 3 first),
-  // in the order the next forward reads them.
-  REQUIRE(carried.size() >= 2);
-  CHECK(carried[0] == 0);
-  CHECK(carried[1] == 1);
+  // Which chunks find room inside backward depends on when the worker finishes 5 and 4, but the
+  // held updates leave at most one free place at the step, where 0 and another chunk are due at
+  // least: some are carried over, in the order the next forward reads them.
+  REQUIRE_FALSE(carried.empty());
   CHECK(std::is_sorted(carried.begin(), carried.end()));
-  CHECK(updates.load() < static_cast<int>(chunks));    // the step returned with 3 and 2 still held
+  CHECK(updates.load() < static_cast<int>(chunks));  // the step returned with the held updates not run
   release.set_value();
   forward();  // f0 and f1 start the updates carried over and wait for them
   CHECK(rt.carried_steps().empty());
