@@ -118,7 +118,7 @@ if ((!quick)); then
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$repo/tests/tsan.supp}
   tsan_tests=(copy_engine memory_space communicator chunk_runtime eviction_optimality runtime_ranks scripted_copy_engine zero zero_checkpoint
               rtp_schedule rtp_mlp disk_copy_engine uring_copy_engine disk_runtime zero_disk device_collectives step_worker
-              zero_early_step own_model gather_depth early_step)
+              zero_early_step own_model gather_depth early_step step_gathers)
   tsan_names="($(IFS='|'; echo "${tsan_tests[*]}"))"
   stage tsan "$build_root/tests-tsan" -R "^$tsan_names\$" -- "${sanitizer_args[@]}" \
     "-DCMAKE_CXX_FLAGS=-Og -fsanitize=thread" -DCHUNKSTAR_BUILD_EXAMPLES=OFF -DCHUNKSTAR_ENABLE_MPI=OFF \

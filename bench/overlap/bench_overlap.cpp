@@ -34,7 +34,8 @@
 // against the larger of it and the host Adam of a rank's share.
 //   bench_overlap [--layers 24] [--chunk-mib 8] [--fractions 0,0.25,0.5,0.75,1] [--rounds 5]
 //                 [--hbm-gbs 4000] [--link-gbs 55] [--disk-dir DIR] [--disk-host-share 0.5]
-//                 [--zero-gbs 1,0.2] [--zero-fractions 0.5,1] [--early-threads N] [--json FILE]
+//                 [--zero-gbs 1,0.2] [--zero-fractions 0.5,1] [--no-gather-at-step] [--early-threads N]
+//                 [--json FILE]
 //                 [--plot FILE.png] [--quick]
 #include "../bench_cli.hpp"
 #include "../bench_report.hpp"
@@ -109,6 +110,7 @@ struct settings {
   std::size_t disk_limit_bytes = std::size_t{512} << 20;  // the file the disk's limits are measured over
   std::vector<double> zero_gbs;                           // ZeRO rows over 2 ranks at these link speeds
   std::vector<double> zero_fractions = {0.5, 1};          // ... and these host shares
+  bool zero_at_step = true;  // sharding_options::gather_at_step (--no-gather-at-step: the first scope gathers)
   int early_threads = 0;  // threads of each early update; 0: the runtime's choice (early_update_threads)
 };
 
@@ -308,6 +310,7 @@ int main(int argc, char** argv) {
     else if (a == "--disk-host-share") s.disk_host_share = std::stod(next());
     else if (a == "--zero-gbs") s.zero_gbs = bench::parse_number_list(a, next());
     else if (a == "--zero-fractions") s.zero_fractions = bench::parse_number_list(a, next());
+    else if (a == "--no-gather-at-step") s.zero_at_step = false;
     else if (a == "--early-threads") s.early_threads = std::stoi(next());
     else if (a == "--json") json = next();
     else if (a == "--plot") plot = next();
@@ -321,7 +324,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_overlap [--layers N] [--chunk-mib X] [--fractions 0,0.5,1] [--rounds N] "
                    "[--hbm-gbs X] [--link-gbs X] [--disk-dir DIR] [--disk-host-share X] [--zero-gbs 1,0.2] "
-                   "[--zero-fractions 0.5,1] [--early-threads N] [--json FILE] "
+                   "[--zero-fractions 0.5,1] [--no-gather-at-step] [--early-threads N] [--json FILE] "
                    "[--plot FILE.png] [--quick]\n");
       return 2;
     }
@@ -407,7 +410,7 @@ int main(int argc, char** argv) {
       run_ranks(ranks, [&](in_process_communicator& comm) {
         const auto me = static_cast<std::size_t>(comm.rank());
         link_comm link(comm, {.bandwidth_bytes_per_s = gbs * 1e9, .latency_s = 10e-6});
-        model<link_comm> m(s, h, false, {.sharding = {.enabled = true}}, link);
+        model<link_comm> m(s, h, false, {.sharding = {.enabled = true, .gather_at_step = s.zero_at_step}}, link);
         double t_rank = t;
         for (int w = 0; w < 2; ++w) (void)m.iteration(t_rank, false, s.hbm_bytes_per_s);
         const double l0 = link.modelled_seconds();

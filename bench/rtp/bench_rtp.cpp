@@ -25,7 +25,8 @@
 //   zero:  the chunk runtime with sharding (chunked_gpt, as bench_zero, everything on a device with
 //          room to spare): the per-rank model-data peak (runtime_stats::peak_model_bytes, whole run)
 //          and bytes per iteration against the runtime's own gathers and reductions
-//          ((N - 1) x ((gathers + reductions) x chunk + chunks x 8), bench_zero's formula; bench_zero
+//          ((N - 1) x ((gathers + reductions) x chunk + chunks x 8), and 8 more after a step that
+//          gathered the next iteration's first groups: its first scope's agreement; bench_zero
 //          checks those counts against a replay of the rules). Its first two iterations are not
 //          checked (untraced, then the ranks' agreement on gathers ahead).
 //
@@ -54,6 +55,7 @@
 
 #include <cmath>
 #include <thread>
+#include <utility>
 
 using namespace chunkstar;
 using bench_zero::link_model;
@@ -294,6 +296,7 @@ void zero_rank(const setup& s, link_comm& link, rank_out& me) {
   const std::uint64_t chunk = rt.plan().chunk_elems * sizeof(float), chunks = rt.plan().num_chunks;
   const auto n1 = static_cast<std::uint64_t>(n - 1);
   runtime_stats warm;
+  std::uint64_t held = 0;  // groups the last step gathered for this iteration
   train(s, link, me, [&](int it, const int* tokens, const int* targets) {
     if (it == s.warmup + 1) {  // the steady state starts: keep the warm-up's peaks, restart them
       warm = rt.stats();
@@ -303,7 +306,10 @@ void zero_rank(const setup& s, link_comm& link, rank_out& me) {
     const double loss = model.forward_backward(tokens, targets);
     if (!opt.step(rt, e2e::learning_rate, n).stepped) throw state_error("a ZeRO fp32 step was skipped (overflow)");
     const std::uint64_t units = (rt.stats().gathers - r0.gathers) + (rt.stats().reductions - r0.reductions);
-    return iteration{loss, 0.0, n1 * (units * chunk + chunks * sizeof(double))};
+    // A step that gathered the next iteration's first groups: that iteration's first scope agrees
+    // that every rank still holds them (an allreduce of one double).
+    const std::uint64_t agreed = std::exchange(held, rt.stats().gathers_at_step - r0.gathers_at_step) > 0 ? 1 : 0;
+    return iteration{loss, 0.0, n1 * (units * chunk + (chunks + agreed) * sizeof(double))};
   });
   me.whole = rt.model_bytes();
   me.model_bytes = me.whole / static_cast<std::size_t>(n);

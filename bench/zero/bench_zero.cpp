@@ -103,6 +103,7 @@ struct options {
   double bandwidth = 1e9, latency = 10e-6;
   bool keep_gathered = false;
   bool gather_ahead = true;
+  bool gather_at_step = true;  // the step gathers the next iteration's first groups (sharding_options)
   int gather_depth = sharding_options{}.gather_depth;
   bool memory_saving = false;
   std::string scale_preset = "tiny";
@@ -122,7 +123,7 @@ void usage() {
       "usage: bench_zero [--mode all|timing|scale] [--preset mini] [--batch 12 (global)] [--seq 64] [--ranks 1,2,3,4]\n"
       "                  [--iterations 31] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)] "
       "[--keep-gathered]\n"
-      "                  [--no-gather-ahead] [--gather-depth 2] [--memory-saving]\n"
+      "                  [--no-gather-ahead] [--gather-depth 2] [--no-gather-at-step] [--memory-saving]\n"
       "                  [--scale-preset tiny] [--scale-grow width|depth] [--scale-layers 64 (width: the depth)]\n"
       "                  [--scale-buffer-fraction 0.5] [--no-chunk-cap]\n"
       "                  [--device-budget 16MiB] [--host-budget 64MiB (per rank)]\n"
@@ -182,6 +183,7 @@ options parse(int argc, char** argv) {
       o.latency = x[0];
     } else if (a == "--keep-gathered") o.keep_gathered = true;
     else if (a == "--no-gather-ahead") o.gather_ahead = false;
+    else if (a == "--no-gather-at-step") o.gather_at_step = false;
     else if (a == "--gather-depth") o.gather_depth = static_cast<int>(count(value()));
     else if (a == "--memory-saving") o.memory_saving = true;
     else if (a == "--scale-preset") o.scale_preset = value();
@@ -239,6 +241,7 @@ options parse(int argc, char** argv) {
 struct comm_theory {
   std::uint64_t gathers = 0, reductions = 0, chunks = 0;  // per iteration; chunks: padded count (the norm's doubles)
   std::uint64_t gathers_ahead = 0;                   // of the gathers, those started while the scope before computes
+  std::uint64_t next_gathers = 0;  // groups the step gathers for the next iteration's first scope (budget allowing)
   std::uint64_t bytes_sent = 0, bytes_received = 0;  // per rank (equal in the group mode)
   std::uint64_t agreement_bytes_each_way =
       0;  // once, in the first traced iteration: the ranks agree on the gathers ahead
@@ -358,6 +361,10 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
   t.bytes_received = received + (n - 1) * t.chunks * sizeof(double);
   // A double per moment of the trace: the scopes, and the step's, one per chunk this rank steps.
   if (ahead) t.agreement_bytes_each_way = (n - 1) * (M + P / n) * sizeof(double);
+  // The step's gathers for the next iteration: the groups of its first scope.
+  std::vector<bool> first(groups, false);
+  for (std::size_t chunk = 0; ahead && chunk < P; ++chunk)
+    if (uses[0][chunk] && !first[chunk / u]) first[chunk / u] = true, ++t.next_gathers;
   return t;
 }
 
@@ -383,6 +390,7 @@ struct rank_out {
   std::vector<double> iter_s, comm_model_s, losses;
   std::vector<comm_stats> comm;                    // deltas
   std::vector<std::uint64_t> gathers, reductions;  // deltas
+  std::vector<std::uint64_t> at_step;              // deltas: the step's gathers for the next iteration
   runtime_stats stats;                             // at the end, since the reset after the warm-up (steady-state peaks)
   runtime_stats warm;  // at the end of the warm-up, before that reset (its peaks: the untraced first iteration)
   std::uint64_t bytes_moved_measured = 0;  // host <-> device chunk bytes over the measured iterations
@@ -399,6 +407,7 @@ struct train_setup {
   link_model link;
   bool keep_gathered = false;
   bool gather_ahead = true;
+  bool gather_at_step = true;  // the step gathers the next iteration's first groups (sharding_options)
   int gather_depth = sharding_options{}.gather_depth;         // timing runs: room for depth - 1 more groups
   bool memory_saving = false;                                 // ZeRO's memory-saving mode: chunk by chunk
   std::size_t device_capacity = 0, host_capacity = SIZE_MAX;  // 0: sized per N (timing runs)
@@ -442,6 +451,7 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
                            .keep_gathered = s.keep_gathered,
                            .gather_ahead = s.gather_ahead,
                            .gather_depth = s.gather_depth,
+                           .gather_at_step = s.gather_at_step,
                            .memory_saving = s.memory_saving}},
              std::move(layout), std::move(placement));
   gpt::chunked_gpt<Runtime> model(rt, c, {B, T}, e2e::model_seed);
@@ -455,6 +465,7 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
   // ahead bounds the buffers (a gather ahead only starts a group's buffer one scope earlier).
   me.theory = zero_theory(c, rt.plan(), ranks, s.keep_gathered, s.gather_ahead, me.param_chunk_bytes,
                           me.param_chunk_bytes, s.memory_saving, link.rank());
+  if (!s.gather_at_step) me.theory.next_gathers = 0;
   std::vector<int> tokens(B * T), targets(B * T);
   const std::size_t first = B * static_cast<std::size_t>(link.rank());  // this rank's slice of the global batch
   std::uint64_t moved0 = 0;
@@ -477,6 +488,7 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
     me.comm.push_back(
         {c1.bytes_sent - c0.bytes_sent, c1.bytes_received - c0.bytes_received, c1.collectives - c0.collectives});
     me.gathers.push_back(rt.stats().gathers - r0.gathers);
+    me.at_step.push_back(rt.stats().gathers_at_step - r0.gathers_at_step);
     me.reductions.push_back(rt.stats().reductions - r0.reductions);
     me.comm_model_s.push_back(link.modelled_seconds() - m0);
     me.losses.push_back(loss);
@@ -596,18 +608,28 @@ void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, co
                 " bytes, theory " + std::to_string(x.theory.peak_collective_bytes));
     for (std::size_t i = from; i < x.comm.size(); ++i) {
       const std::string it = rk + ", iteration " + std::to_string(i + 1);
+      // The step gathers the next iteration's first groups (every one or, where the budget does
+      // not hold them, none): they move a gather from the next iteration into this one, and the
+      // next one's first scope agrees, an allreduce of a double, that every rank still holds them.
+      const std::uint64_t in = i > 0 ? x.at_step[i - 1] : 0, out = x.at_step[i];
+      if (i >= 1)
+        check(out == x.theory.next_gathers || (!ample && out == 0), it + ": " + std::to_string(out) +
+                                                                        " groups gathered at the step, theory " +
+                                                                        std::to_string(x.theory.next_gathers));
+      const std::uint64_t per_gather = (static_cast<std::uint64_t>(ranks) - 1) * x.param_chunk_bytes;
+      const std::uint64_t flag = in > 0 ? (static_cast<std::uint64_t>(ranks) - 1) * sizeof(double) : 0;
+      const std::uint64_t sent = x.theory.bytes_sent + out * per_gather + flag - in * per_gather;
+      const std::uint64_t received = x.theory.bytes_received + out * per_gather + flag - in * per_gather;
       std::uint64_t agree = i == 1 ? x.theory.agreement_bytes_each_way : 0;  // i = 1: the first traced
-      if (depth > 1 && agree > 0 && x.comm[i].bytes_sent > x.theory.bytes_sent &&
-          (x.comm[i].bytes_sent - x.theory.bytes_sent) % agree == 0)
-        agree = x.comm[i].bytes_sent - x.theory.bytes_sent;  // several rounds of agreement
-      check(x.comm[i].bytes_sent == x.theory.bytes_sent + agree &&
-                x.comm[i].bytes_received == x.theory.bytes_received + agree,
+      if (depth > 1 && agree > 0 && x.comm[i].bytes_sent > sent && (x.comm[i].bytes_sent - sent) % agree == 0)
+        agree = x.comm[i].bytes_sent - sent;  // several rounds of agreement
+      check(x.comm[i].bytes_sent == sent + agree && x.comm[i].bytes_received == received + agree,
             it + ": sent " + std::to_string(x.comm[i].bytes_sent) + " / received " +
-                std::to_string(x.comm[i].bytes_received) + " bytes, theory " +
-                std::to_string(x.theory.bytes_sent + agree) + " / " + std::to_string(x.theory.bytes_received + agree));
-      check(x.gathers[i] == x.theory.gathers && x.reductions[i] == x.theory.reductions,
+                std::to_string(x.comm[i].bytes_received) + " bytes, theory " + std::to_string(sent + agree) + " / " +
+                std::to_string(received + agree));
+      check(x.gathers[i] + in == x.theory.gathers + out && x.reductions[i] == x.theory.reductions,
             it + ": " + std::to_string(x.gathers[i]) + " gathers / " + std::to_string(x.reductions[i]) +
-                " reductions, theory " + std::to_string(x.theory.gathers) + " / " +
+                " reductions, theory " + std::to_string(x.theory.gathers + out - in) + " / " +
                 std::to_string(x.theory.reductions));
     }
   }
@@ -624,6 +646,7 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
                 .keep_gathered = o.keep_gathered,
                 .gather_ahead = o.gather_ahead,
+                .gather_at_step = o.gather_at_step,
                 .gather_depth = o.gather_depth,
                 .memory_saving = o.memory_saving};
   const auto compute = run_group(s, data, ranks);
@@ -825,6 +848,7 @@ scale_trial try_scale(const options& o, const gpt::gpt_config& c, const gpt::tex
                 .link = {.bandwidth_bytes_per_s = o.bandwidth, .latency_s = o.latency, .sleep = false},
                 .keep_gathered = o.keep_gathered,
                 .gather_ahead = o.gather_ahead,
+                .gather_at_step = o.gather_at_step,
                 .gather_depth = o.gather_depth,
                 .memory_saving = t.memory_saving,
                 .device_capacity = o.device_budget,

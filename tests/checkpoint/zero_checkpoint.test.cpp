@@ -33,8 +33,7 @@ template <class Comm>
 void collect(const mlp_replica<Comm>& r, state& out, std::mutex& m) {
   std::lock_guard lock(m);
   for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
-    if (r.rt.where({chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)}) == tier::remote)
-      continue;
+    if (!r.rt.shards().owns(r.rt.plan().slots[t].chunk)) continue;
     for (auto k : {chunk_kind::param, chunk_kind::momentum, chunk_kind::variance}) {
       std::vector<float> v(r.rt.params()[t].numel());
       r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);

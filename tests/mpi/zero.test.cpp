@@ -40,8 +40,7 @@ std::map<std::string, std::vector<float>> train(Comm& comm, std::size_t capacity
   }
   std::map<std::string, std::vector<float>> out;
   for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
-    if (r.rt.where({chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)}) == tier::remote)
-      continue;
+    if (!r.rt.shards().owns(r.rt.plan().slots[t].chunk)) continue;
     std::vector<float> v(r.rt.params()[t].numel());
     r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
     out[r.rt.params()[t].name] = v;

@@ -147,7 +147,7 @@ struct mlp_replica {
   std::vector<float> owned(chunk_kind k) const {
     std::vector<float> out;
     for (std::size_t t = 0; t < rt.params().size(); ++t) {
-      if (rt.where({k, static_cast<std::uint32_t>(rt.plan().slots[t].chunk)}) == tier::remote) continue;
+      if (!rt.shards().owns(rt.plan().slots[t].chunk)) continue;  // a gathered chunk is on the device
       std::vector<float> v(rt.params()[t].numel());
       rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);
       out.insert(out.end(), v.begin(), v.end());

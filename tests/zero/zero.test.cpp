@@ -44,7 +44,7 @@ params_by_name owned_params(const Replica& r) {
   params_by_name out;
   for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
     const chunk_id id{chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)};
-    if (r.rt.where(id) == tier::remote) continue;
+    if (!r.rt.shards().owns(id.index)) continue;  // gathered (device) between steps, too
     std::vector<float> v(r.rt.params()[t].numel());
     r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, chunk_kind::param, v);
     out[r.rt.params()[t].name] = v;
@@ -282,6 +282,9 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
   // first iteration with a trace (step 2) adds the ranks' agreement on the gathers ahead: one
   // allreduce of two doubles per moment of the trace (the least and the most depth any rank
   // accepts there: sharding_options::gather_depth's default, 2, agrees in one round when they match).
+  // From then on each step gathers group 0 for the next iteration (counted in the step's
+  // iteration: step 2 has one gather more), and the next iteration's first scope agrees, one
+  // allreduce of a double, that every rank still holds it (steps 3 on).
   for (int ranks : {2, 3, 4}) {
     for (bool keep : {false, true}) {
       CAPTURE(ranks);
@@ -321,9 +324,10 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
           const auto& d = per_iteration[static_cast<std::size_t>(k)][static_cast<std::size_t>(step - 1)];
           const std::uint64_t agreement =
               step == 2 ? (n - 1) * 2 * moments[static_cast<std::size_t>(k)] * sizeof(double) : 0;
-          CHECK(d.bytes_sent == theory + agreement);
-          CHECK(d.bytes_received == theory + agreement);
-          CHECK(d.collectives == gathers + reductions + 1 + (step == 2 ? 1 : 0));
+          const std::uint64_t for_next = step == 2 ? (n - 1) * chunk_bytes : (n - 1) * sizeof(double);
+          CHECK(d.bytes_sent == theory + agreement + for_next);
+          CHECK(d.bytes_received == theory + agreement + for_next);
+          CHECK(d.collectives == gathers + reductions + 1 + 1 + (step == 2 ? 1 : 0));
         }
     }
   }
@@ -509,11 +513,13 @@ TEST_CASE("gradient_final_untraced: final once backward has used a chunk as ofte
 }
 
 TEST_CASE(
-    "ZeRO gathers ahead: once the trace exists, every gather but an iteration's first starts a scope before its use "
-    "and runs while that scope computes") {
+    "ZeRO gathers ahead: once the trace exists, every gather starts ahead of its use: group 0 during the step before, "
+    "the others a scope before their use, running while that scope computes") {
   // 4 layers of one chunk each: groups of N consecutive layers. Forward gathers group 0 when
-  // layer 0 opens (nothing is open before it: synchronous) and each later group while the layer
-  // before it computes; backward likewise, its first group still gathered from forward.
+  // layer 0 opens in the first iteration with a trace (nothing is open before it: synchronous),
+  // and from then on during the step before (gathered ahead there, once this rank's chunk of it is
+  // stepped); each later group while the layer before it computes; backward likewise, its first
+  // group still gathered from forward.
   for (int ranks : {2, 3}) {
     CAPTURE(ranks);
     const std::size_t used = (4 + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
@@ -535,17 +541,19 @@ TEST_CASE(
           if (computed_since > 0) ++overlapped.back();
         }
       }
-      CHECK(pending == 0);
+      CHECK(pending == 0);  // the last step's too: invariant_violations() waited for it
       REQUIRE(sync.size() == static_cast<std::size_t>(steps));
       CHECK(sync[0] == 8);  // no trace yet: every scope gathers, and waits for it
       CHECK(ahead[0] == 0);
       for (std::size_t it = 1; it < sync.size(); ++it) {
         CAPTURE(it);
-        CHECK(sync[it] == 1);                // group 0, as layer 0 opens
-        CHECK(ahead[it] == 2 * used - 2);    // every other gather of the iteration (2U - 1 in all)
-        CHECK(overlapped[it] == ahead[it]);  // each with a scope computed between its start and its wait
+        CHECK(sync[it] == (it == 1 ? 1 : 0));   // group 0 as layer 0 opens, until a step has gathered it
+        CHECK(ahead[it] == 2 * used - 2 + 1);   // every other gather of the iteration (2U - 1 in all), and
+                                                // the step's of group 0 for the next one
+        CHECK(overlapped[it] == 2 * used - 2);  // those with a scope computed between their start and wait
       }
-      CHECK(got[k].stats.gathers_ahead == (steps - 1) * (2 * used - 2));
+      CHECK(got[k].stats.gathers_ahead == (steps - 1) * (2 * used - 1));
+      CHECK(got[k].stats.gathers_at_step == steps - 1);
     }
     const auto expected = reference(ranks);
     for (const auto& mine : got)
@@ -597,11 +605,15 @@ TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget ho
   CHECK(none.need[6] == 700);
 
   in.budget.assign(t.size(), 10'000);      // room for everything: forward's m = 1 gathers group 1 for
-  const auto loose = plan_gathers(t, in);  // m = 2, backward's m = 5 group 0 for m = 6
-  CHECK(loose.gathers == 3);
-  CHECK(loose.gathers_ahead == 2);
+  const auto loose = plan_gathers(t, in);  // m = 2, backward's m = 5 group 0 for m = 6, and the step
+  CHECK(loose.gathers == 3);               // (m = 8) group 0 for the next iteration's m = 0
+  CHECK(loose.gathers_ahead == 3);
   CHECK(loose.ahead[1] == std::vector<std::size_t>{1});
   CHECK(loose.ahead[5] == std::vector<std::size_t>{0});
+  CHECK(loose.step == 8);
+  CHECK(loose.ahead[8] == std::vector<std::size_t>{0});
+  CHECK(loose.until[8] == std::vector<std::size_t>{0});
+  CHECK(loose.need[8] == 200);  // rank 0's chunk 0 is in use at m = 0: no send buffer beyond it
   // The ahead gather at m = 1 costs the group (200) and rank 0's chunk 2, its send buffer (100).
   CHECK(loose.need[1] == 500);
   CHECK(loose.need[5] == 800);            // group 0 ahead, and rank 0's chunk 0, its send buffer
@@ -616,17 +628,60 @@ TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget ho
   // The ranks' agreement restricts the moments: an empty mask allows all, a false entry none.
   std::vector<bool> allowed(t.size(), true);
   allowed[5] = false;
+  allowed[8] = false;
   const auto agreed = plan_gathers(t, in, allowed);
   CHECK_FALSE(agreed.starts_ahead(1));
   CHECK_FALSE(agreed.starts_ahead(5));
+  CHECK_FALSE(agreed.starts_ahead(8));
+  CHECK(agreed.step == gather_plan{}.step);
   CHECK(agreed.gathers_ahead == 0);
 
-  in.keep_gathered = true;  // kept from forward: backward gathers nothing, forward still ahead
+  in.keep_gathered = true;  // kept from forward: backward gathers nothing, forward and the step still ahead
   in.budget.assign(t.size(), 10'000);
   const auto kept = plan_gathers(t, in);
   CHECK(kept.gathers == 2);
-  CHECK(kept.gathers_ahead == 1);
+  CHECK(kept.gathers_ahead == 2);
   CHECK(kept.starts_ahead(1));
+  CHECK(kept.starts_ahead(8));
+}
+
+TEST_CASE("plan_gathers at the step: the next iteration's first groups, where the step and the first scope hold them") {
+  // The trace above: forward 0..3, backward 3..0, the step (m = 8); 2 ranks, 100-byte chunks.
+  const sharding_trace t = four_layer_trace();
+  for (const int rank : {0, 1}) {
+    CAPTURE(rank);
+    gather_plan_inputs in{.map = {.world = 2, .rank = rank},
+                          .param_chunk_bytes = 100,
+                          .grad_chunk_bytes = 100,
+                          .keep_gathered = false,
+                          .budget = std::vector<std::size_t>(t.size(), 10'000)};
+    // m = 0 uses chunk 0 of group 0: rank 0's own, so rank 0 pins nothing beyond it; rank 1's
+    // chunk of the group (1) is not in use there, its send buffer pinned from the step until m = 0.
+    const std::size_t pin = rank == 0 ? 0 : 100;
+    const auto all = plan_gathers(t, in);
+    CHECK(all.step == 8);
+    CHECK(all.ahead[8] == std::vector<std::size_t>{0});
+    CHECK(all.until[8] == std::vector<std::size_t>{0});
+    CHECK(all.depth[8] == 1);
+    CHECK(all.need[8] == 200 + pin);
+    CHECK(all.gathers == 3);  // the same gathers: m = 0 finds group 0 gathered
+    // The step's budget (what its own chunks on the compute tier leave) must hold the group.
+    in.budget[8] = 200 + pin - 1;
+    CHECK(plan_gathers(t, in).step == gather_plan{}.step);
+    in.budget[8] = 200 + pin;
+    CHECK(plan_gathers(t, in).step == 8);
+    // And m = 0 its own demand beside the send buffer still pinned there.
+    in.budget[0] = all.demand[0] + pin - 1;
+    if (pin > 0) CHECK(plan_gathers(t, in).step == gather_plan{}.step);
+    in.budget[0] = all.demand[0] + pin;
+    CHECK(plan_gathers(t, in).step == 8);
+    // Turned off (sharding_options::gather_at_step), or a budget shorter than the trace: nothing at the step.
+    in.at_step = false;
+    CHECK(plan_gathers(t, in).step == gather_plan{}.step);
+    in.at_step = true;
+    in.budget.resize(8);
+    CHECK_FALSE(plan_gathers(t, in).starts_ahead(8));
+  }
 }
 
 TEST_CASE(
@@ -643,9 +698,10 @@ TEST_CASE(
   const auto deep = plan_gathers(t, in);
   // m = 0 (layer 0) gathers group 1 for m = 2, held through m = 1; m = 4 (layer 3's backward)
   // group 0 for m = 6 (released after forward's m = 1). The same 3 gathers as at depth 1, each
-  // started a moment earlier.
+  // started a moment earlier; and the step group 0 for the next iteration, as at depth 1.
   CHECK(deep.gathers == 3);
-  CHECK(deep.gathers_ahead == 2);
+  CHECK(deep.gathers_ahead == 3);
+  CHECK(deep.ahead[8] == std::vector<std::size_t>{0});
   CHECK(deep.ahead[0] == std::vector<std::size_t>{1});
   CHECK(deep.until[0] == std::vector<std::size_t>{2});
   CHECK(deep.depth[0] == 2);
@@ -713,7 +769,9 @@ TEST_CASE("plan_gathers: deeper never needs more than the budget where depth 1 f
         // Gathers ahead add only where the budget holds them: beyond it only where the moment's
         // own demand, as at depth 1, already is.
         CHECK(d.need[m] <= std::max(in.budget[m], one.demand[m]));
-        for (std::size_t i = 0; i < d.ahead[m].size(); ++i) CHECK(d.until[m][i] > m);
+        // Each for a later moment; the step's for the next iteration's first scope.
+        for (std::size_t i = 0; i < d.ahead[m].size(); ++i)
+          CHECK((m == d.step ? d.until[m][i] < m : d.until[m][i] > m));
       }
       deeper += d.gathers_ahead > one.gathers_ahead;
     }

@@ -90,7 +90,7 @@ outcome train(int ranks, bool memory_saving, float max_grad_norm, bool prepare, 
     }
     for (std::size_t t = 0; t < r.rt.params().size(); ++t) {
       const chunk_id id{chunk_kind::param, static_cast<std::uint32_t>(r.rt.plan().slots[t].chunk)};
-      if (r.rt.where(id) == tier::remote) continue;
+      if (!r.rt.shards().owns(id.index)) continue;  // gathered (device) between steps, too
       for (auto k : {chunk_kind::param, chunk_kind::momentum, chunk_kind::variance}) {
         std::vector<float> v(r.rt.params()[t].numel());
         r.rt.read_tensor(param_id{static_cast<std::uint32_t>(t)}, k, v);

@@ -367,7 +367,7 @@ class chunk_runtime {
   residency_type residency_;
   non_model_allocator<device_space_type> non_model_;
   mutable optimizer_pass<store_type, residency_type, TracerT> pass_;  // mutable: a read joins early updates
-  shard_manager<store_type, residency_type, TracerT, Comm> shard_;
+  mutable shard_manager<store_type, residency_type, TracerT, Comm> shard_;  // mutable: a check waits for gathers
   bool finalized_ = false;
   bool iteration_open_ = false;
   bool asleep_ = false;
@@ -419,6 +419,8 @@ CHUNKSTAR_RUNTIME::chunk_runtime(device_space_type& device, host_space_type& hos
     const chunk_id ids[] = {id};
     pass_.join_early(ids);
   };
+  // The next iteration's first groups travel while the step goes on (ZeRO; gather_plan::step).
+  pass_.on_stepped = [this](std::uint32_t c) { shard_.stepped(c); };
   // A host full of chunks pinned by early updates (below a disk tier) gets its room once they finish.
   residency_.release_host_pins = [this] {
     if (!pass_.early_running()) return false;
@@ -522,6 +524,7 @@ void CHUNKSTAR_RUNTIME::step_with(update_ref update, early_outcome early) {
   if (early == early_outcome::keep) run_early_steps(true);  // those the last scopes made ready
   const double t0 = observer_.now_us();
   pass_.run(update, plan_, registry_.specs(), options_.param_type, shard_.map(), early);
+  shard_.step_done();
   observer_.step(t0, observer_.now_us());
   ++stats_.steps;
   zero_grad();
@@ -597,7 +600,7 @@ typename CHUNKSTAR_RUNTIME::store_type::held_payload CHUNKSTAR_RUNTIME::hold_gra
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::zero_grad() {
   states_.require_none_in_compute("zero_grad");
-  shard_.drop();
+  shard_.drop(/*keep_next=*/true);  // the step's gathers for the next iteration are parameters
   for (std::uint32_t c = 0; c < plan_.num_chunks; ++c) pass_.release_gradient(c);
 }
 
@@ -607,7 +610,7 @@ void CHUNKSTAR_RUNTIME::end_iteration() {
   if (level_.untraced) throw state_error("end_iteration() inside an untraced section: close the section first");
   pass_.disarm();
   states_.end_iteration();
-  shard_.drop();
+  shard_.drop(/*keep_next=*/true);  // those gathered by a step (its chunks' values as they are now)
   reduced_.assign(reduced_.size(), 0);
   if (iteration_open_) tracer_.end_iteration();
   iteration_open_ = false;
@@ -633,6 +636,7 @@ void CHUNKSTAR_RUNTIME::read_tensor(param_id p, chunk_kind k, std::span<float> o
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::write_tensor(param_id p, chunk_kind k, std::span<const float> values) {
   pass_.join_early();  // an early update still running on its chunk
+  if (k == chunk_kind::param) shard_.params_written();  // copies the step sent ahead are stale now
   const auto [id, offset] = locate(p, k, values.size());
   chunk_values(store_).write(id, offset, values);
 }
@@ -642,7 +646,8 @@ std::size_t CHUNKSTAR_RUNTIME::chunk_budget() const { return residency_.budget_n
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::offload(chunk_id id) {
-  pass_.join_early();  // an early update still running on its chunk
+  pass_.join_early();       // an early update still running on its chunk
+  shard_.settle_gathers();  // a chunk sent to the other ranks (the step's gathers ahead) is pinned till then
   require_awake("offload");
   if (store_.at(id).pinned || chunk_state(id) == tensor_state::compute)
     throw state_error("cannot move chunk " + to_string(id) + ": a tensor in it is in COMPUTE; close its scope first");
@@ -696,6 +701,7 @@ memory_report CHUNKSTAR_RUNTIME::memory_report_now() const { return residency_.r
 CHUNKSTAR_RUNTIME_TEMPLATE
 std::vector<std::string> CHUNKSTAR_RUNTIME::invariant_violations(bool sole_user) const {
   pass_.join_quietly();  // an update still running pins its chunk (a failure surfaces at the next call)
+  shard_.settle_gathers_quietly();  // so does a chunk the step sends to the other ranks
   auto v = store_.violations(open_.size() > 0 || pass_.in_progress(), level_.non_model, sole_user);
   if (open_.size() == 0 && states_.any_in_compute()) v.push_back("a tensor is in COMPUTE with no scope open");
   return v;

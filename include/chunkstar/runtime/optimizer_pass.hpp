@@ -251,6 +251,10 @@ class optimizer_pass {
   /** @brief Called on the calling thread, as early updates are joined, with when each ran on the
    *  worker (the runtime reports them to its observer as steps: a timeline shows them inside backward). */
   std::function<void(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)> on_early_update;
+  /** @brief Called by run() once each chunk index this rank steps is stepped (or found stepped
+   *  early), in index order; an update still running on a stream is ordered before the chunk's
+   *  next move and its next wait_user (ZeRO sends it to the other ranks from here: shard_manager::stepped). */
+  std::function<void(std::uint32_t)> on_stepped;
   [[nodiscard]] bool armed() const noexcept { return early_.has_value(); }
   /** @brief No more early steps this iteration; those taken stay (and can still be undone). */
   void stop_early() noexcept {
@@ -515,6 +519,7 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
     if (early == early_outcome::keep && stepped_early(c)) {  // its update is in (or running): its gradient goes
       next_ = c + 1;
       release_gradient(c);
+      if (on_stepped) on_stepped(c);
       continue;
     }
     const tier where = residency_.optimizer_tier(c);
@@ -564,6 +569,7 @@ void optimizer_pass<Store, Residency, TracerT>::run(update_ref f, const chunk_pl
     // needs every chunk's gradient on the host at once.
     store_.release({chunk_kind::grad, c});
     if (where == tier::host) optional([&] { weights_back(c); });
+    if (on_stepped) on_stepped(c);
   }
   if (std::exchange(queued_, false)) wait_for_updates(plan.num_chunks);
   next_ = 0;

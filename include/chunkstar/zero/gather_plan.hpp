@@ -72,6 +72,7 @@ struct gather_plan_inputs {
   std::size_t grad_chunk_bytes = 0;   ///< one gradient chunk
   bool keep_gathered = false;         ///< sharding_options::keep_gathered
   std::size_t depth = 1;              ///< most moments ahead a gather may start (sharding_options::gather_depth)
+  bool at_step = true;                ///< the step may gather the next iteration's first groups (gather_at_step)
   /// Per moment: chunk bytes the compute tier may hold while it computes (the placement's budget
   /// after the moment's recorded non-model peak). Shorter than the trace: no gather ahead there.
   std::vector<std::size_t> budget;
@@ -90,6 +91,9 @@ struct gather_plan {
   std::size_t gathers = 0;            ///< allgathers per iteration (ahead or not)
   std::size_t gathers_ahead = 0;      ///< of which start a moment ahead
   std::size_t reductions = 0;         ///< reduce-scatters per iteration
+  /// The step's first moment when it gathers the groups of the next iteration's first scope
+  /// (`ahead[step]`, each for `until[step]`, a moment of the next iteration); none: it does not.
+  std::size_t step = std::numeric_limits<std::size_t>::max();
   /** @brief Whether moment @p m starts gathers for the next one. */
   [[nodiscard]] bool starts_ahead(std::size_t m) const noexcept { return m < ahead.size() && !ahead[m].empty(); }
 };
@@ -166,6 +170,41 @@ struct gather_plan {
     ++p.gathers;
   };
 
+  // The step (its first moment s) gathers the groups the next iteration's first scope u needs,
+  // where the budget holds them, as this rank's chunk of each is stepped: they are held from then
+  // on, so every later moment of the step must have room for them beside its own step's chunks
+  // (the runtime's budget there is what the step leaves), and u for them beside its own needs,
+  // this rank's chunk of a group pinned as a send buffer although u does not use it included.
+  // u's own demand is unchanged: it would gather the same groups itself.
+  const auto plan_step_gathers = [&](std::size_t s) {
+    std::size_t u = 0;
+    while (u < s && !scope(u)) ++u;
+    const std::size_t allow = max_depth.empty() ? in.depth : s < max_depth.size() ? max_depth[s] : 0;
+    if (!in.at_step || u >= s || allow == 0 || u >= in.budget.size() || trace.params[u].empty()) return;
+    std::vector<std::size_t> next, target;
+    std::size_t cost = 0, pinned_at_u = 0;
+    for (auto c : trace.params[u]) {
+      const std::size_t g = c / n;
+      if (std::find(next.begin(), next.end(), g) != next.end()) continue;
+      const std::uint32_t own = static_cast<std::uint32_t>(g * n + static_cast<std::size_t>(in.map.rank));
+      const bool pin = static_cast<std::size_t>(in.map.rank) < members(g) &&
+                       !std::binary_search(trace.params[u].begin(), trace.params[u].end(), own);
+      next.push_back(g);
+      target.push_back(u);
+      cost += group_p + (pin ? pb : 0);
+      pinned_at_u += pin ? pb : 0;
+    }
+    bool fits = p.demand[u] + pinned_at_u <= in.budget[u];
+    for (std::size_t k = s; fits && k < M && !scope(k); ++k) fits = k < in.budget.size() && cost <= in.budget[k];
+    if (!fits) return;
+    p.step = s;
+    p.gathers_ahead += next.size();
+    p.need[s] = cost;
+    p.depth[s] = 1;
+    p.ahead[s] = std::move(next);
+    p.until[s] = std::move(target);
+  };
+
   for (std::size_t m = 0; m < M; ++m) {
     if (!scope(m)) {  // the step: every open gradient group reduced, gathered groups released
       for (std::size_t g = 0; g < groups; ++g) {
@@ -175,6 +214,7 @@ struct gather_plan {
         pins -= std::exchange(pinned[g], 0);
       }
       finish_reductions();
+      if (p.step == none && m > 0 && scope(m - 1)) plan_step_gathers(m);
       continue;
     }
     // prepare(m): a gather started ahead for m completes (its send buffer unpinned)

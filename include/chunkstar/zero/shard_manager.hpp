@@ -139,8 +139,33 @@ class shard_manager {
    *  order) and every gathered group released, so only owned chunks remain. */
   void before_step();
 
-  /** @brief Drops what an abandoned iteration left: gradient groups (unreduced) and gathered groups. */
-  void drop() noexcept;
+  /** @brief Drops what an abandoned iteration left: gradient groups (unreduced) and gathered
+   *  groups; with @p keep_next, not the groups the step gathered for the next iteration. */
+  void drop(bool keep_next = false) noexcept;
+
+  // --- the next iteration's first groups, gathered during the step ---------------------------------
+  /** @brief The step has updated this rank's chunk index @p c (the pass goes in index order):
+   *  starts the gathers the plan puts at the step (`gather_plan::step`) whose send buffer, this
+   *  rank's chunk of the group, is final now, so they travel while the step goes on. */
+  void stepped(std::size_t c);
+  /** @brief The step has ended: starts the rest of them (a group this rank owns no chunk of). */
+  void step_done();
+  /** @brief Parameters written outside a scope (write_tensor, a checkpoint loaded): gathers in
+   *  flight complete first (this rank's chunk may be their send buffer), and the groups gathered
+   *  for the next iteration, holding the old values, go. Other ranks may hold theirs: the next
+   *  scope's prepare() agrees (see agree_on_next). */
+  void params_written() noexcept;
+  /** @brief Waits for every gather in flight (their send buffers, this rank's chunks, unpinned);
+   *  the groups stay gathered. */
+  void settle_gathers();
+  /** @brief settle_gathers() without throwing: a gather that failed is released (the communicator
+   *  reports the failure at its next collective). */
+  void settle_gathers_quietly() noexcept {
+    try {
+      settle_gathers();
+    } catch (...) {  // finish_gather released every gather in flight
+    }
+  }
 
   /** @brief Whether chunk @p c's gradient is this rank's to step now: it owns the chunk and its
    *  unit neither collects contributions nor is being reduced (its reduction has completed, or it
@@ -180,6 +205,7 @@ class shard_manager {
     bool reducing = false;      // its reduce-scatter is in flight (grads is its send buffer until done)
     bool gathering = false;     // its allgather, started ahead, is in flight (params is its receive buffer)
     std::size_t hold_until = never;  // gathered ahead for this moment: kept until it has used the group
+    bool for_next = false;           // gathered during the step for the next iteration's first scope
   };
 
   /** An allgather started ahead of its moment; this rank's chunk, its send buffer, stays pinned. */
@@ -229,6 +255,16 @@ class shard_manager {
 
   /** Waits quietly for every gather in flight and releases its group. */
   void discard_gathers() noexcept;
+
+  /** Starts the step's gathers for the next iteration up to (not including) position @p end of
+   *  the plan's list, in its order: every rank starts the same ones in the same order. */
+  void start_step_gathers(std::size_t end);
+  /** The first scope after a step that gathered for the next iteration, before any collective of
+   *  its own: the ranks agree (one allreduce of a flag, min) whether every rank still holds those
+   *  groups as gathered; a rank that wrote parameters, slept or dropped them since says no, and
+   *  then every rank releases them and gathers again on use. One collective per iteration, issued
+   *  by every rank at the same call, so the ranks' sequences stay the same. */
+  void agree_on_next();
 
   /** Allgathers group @p g's parameters: this rank's chunk (made resident first: it is the send
    *  buffer) into position rank() of a new group buffer whose other positions are the remote chunks. */
@@ -308,6 +344,9 @@ class shard_manager {
   std::size_t plan_key_ = never;                // tracer_stats::traces when plan_ was made
   std::size_t closed_at_ = never;               // the moment of the last scope closed, until settle()
   bool closed_untraced_ = false;                // it was closed inside an untraced section
+  std::size_t step_started_ = 0;                // of the plan's step gathers, those started in this step
+  bool agree_next_ = false;                     // the step gathered for the next iteration: agree first
+  bool next_intact_ = true;                     // and this rank still holds all of them
 };
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
@@ -316,6 +355,7 @@ std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(st
                                                                               std::size_t m) {
   std::vector<chunk_id> owned;
   if (!active()) return {ids.begin(), ids.end()};
+  if (agree_next_) agree_on_next();
   last_scope_.assign(who);
   groups_.resize(unit_of(store_.num_chunks() - 1) + 1);
   // Per unit (a group; one chunk in the memory-saving mode), even where this rank owns the
@@ -400,6 +440,10 @@ template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::before_step() {
   if (!active()) return;
   first_ = {};
+  // Every rank steps: groups the last step gathered and nothing used go on every rank alike.
+  step_started_ = 0;
+  agree_next_ = false;
+  next_intact_ = true;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g].accumulating && !groups_[g].reducing) start_reduction(g);
     if (groups_[g].gathered) release(g);
@@ -408,16 +452,75 @@ void shard_manager<Store, Residency, TracerT, Comm>::before_step() {
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-void shard_manager<Store, Residency, TracerT, Comm>::drop() noexcept {
+void shard_manager<Store, Residency, TracerT, Comm>::drop(bool keep_next) noexcept {
   closed_at_ = never;
   first_ = {};
   discard_in_flight();
-  discard_gathers();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g].grads) buffers_.detach(std::exchange(groups_[g].grads, nullptr), tier::remote);
     groups_[g].accumulating = false;
-    if (groups_[g].gathered) release(g);
+    if (groups_[g].gathered && !(keep_next && groups_[g].for_next)) {
+      if (groups_[g].for_next) next_intact_ = false;
+      release(g);
+    }
   }
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+void shard_manager<Store, Residency, TracerT, Comm>::stepped(std::size_t c) {
+  if (!active() || plan_key_ != tracer_.stats().traces || plan_.step == never) return;
+  const auto& groups = plan_.ahead[plan_.step];
+  const std::size_t r = static_cast<std::size_t>(comm_.rank());
+  std::size_t end = step_started_;  // this rank's chunk of each group (its first, if none) stepped by now
+  while (end < groups.size() && map().first(groups[end]) + (r < group_size(groups[end]) ? r : 0) <= c) ++end;
+  start_step_gathers(end);
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+void shard_manager<Store, Residency, TracerT, Comm>::step_done() {
+  if (!active() || plan_key_ != tracer_.stats().traces || plan_.step == never) return;
+  start_step_gathers(plan_.ahead[plan_.step].size());
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+void shard_manager<Store, Residency, TracerT, Comm>::start_step_gathers(std::size_t end) {
+  for (; step_started_ < end; ++step_started_) {
+    const std::size_t g = plan_.ahead[plan_.step][step_started_];
+    agree_next_ = true;  // from the first one on: a step that throws after it still agrees before use
+    if (g >= groups_.size() || groups_[g].gathered) continue;
+    start_gather(g, "optimizer", tracer_.current_moment());
+    groups_[g].hold_until = plan_.until[plan_.step][step_started_];
+    groups_[g].for_next = true;
+    ++stats_.gathers_at_step;
+  }
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+void shard_manager<Store, Residency, TracerT, Comm>::agree_on_next() {
+  agree_next_ = false;
+  double held[] = {next_intact_ ? 1.0 : 0.0};
+  next_intact_ = true;
+  comm_.allreduce(std::span<double>(held), reduce_op::min);
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (!groups_[g].for_next) continue;
+    groups_[g].for_next = false;  // from here on a group gathered ahead like any other
+    if (held[0] < 0.5) release(g);
+  }
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+void shard_manager<Store, Residency, TracerT, Comm>::params_written() noexcept {
+  settle_gathers_quietly();  // a gather in flight may be sending the chunk about to be written
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    if (groups_[g].for_next) {
+      next_intact_ = false;
+      release(g);
+    }
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+void shard_manager<Store, Residency, TracerT, Comm>::settle_gathers() {
+  while (!gathering_.empty()) finish_gather(gathering_.front().group);
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
@@ -476,8 +579,13 @@ void shard_manager<Store, Residency, TracerT, Comm>::make_plan() {
                         .grad_chunk_bytes = store_.has(chunk_kind::grad) ? store_.bytes_of(chunk_kind::grad) : 0,
                         .keep_gathered = options_.keep_gathered,
                         .depth = static_cast<std::size_t>(std::max(options_.gather_depth, 1)),
+                        .at_step = options_.gather_at_step,
                         .budget = {}};
   for (std::size_t m = 0; m < trace.size(); ++m) in.budget.push_back(residency_.planned_budget(m));
+  // At the step's moments, what a chunk stepped on the compute tier holds there is not the gathers'.
+  for (const auto& a : tracer_.accesses())
+    if (a.moment < trace.size() && trace.kinds[a.moment] == moment_kind::optimizer)
+      in.budget[a.moment] -= std::min(in.budget[a.moment], store_.bytes_of(a.id.kind));
   // The depth every rank accepts at each moment (the minimum over ranks). At depth 1 one round
   // settles it (gather_plan.hpp). Deeper, each round also carries the maximum (as a minimum of
   // negated depths): where the ranks' depths differ, they plan again under the minimum, until
@@ -512,6 +620,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::start_gather(std::size_t g,
                      static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
   const chunk_id own_ids[] = {own};
   if (before_send) before_send(own);
+  store_.wait_user(store_.at(own));  // an update still running on a stream (the step's) writes it
   residency_.make_resident_on_device(own_ids, who, m);
   gather_in_flight r{.group = g, .own = typename Store::pin_set(store_, {own}), .done = {}};
   room(n * b, who, "its gathered parameters (a ZeRO group of one chunk per rank)");
@@ -561,6 +670,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::gather(std::size_t g, std::
                      static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
   const chunk_id own_ids[] = {own};
   if (before_send) before_send(own);
+  store_.wait_user(store_.at(own));  // an update still running on a stream (the step's) writes it
   residency_.make_resident_on_device(own_ids, who, m);
   typename Store::pin_set pin(store_, {own});
   room(n * b, who, "its gathered parameters (a ZeRO group of one chunk per rank)");
@@ -593,6 +703,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::release(std::size_t g) noex
   if (groups_[g].params) buffers_.detach(std::exchange(groups_[g].params, nullptr), tier::remote);
   groups_[g].gathered = false;
   groups_[g].hold_until = never;
+  groups_[g].for_next = false;
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>

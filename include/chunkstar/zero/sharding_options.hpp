@@ -21,6 +21,11 @@ struct sharding_options {
   /// is shorter than its gathers is hidden by the scopes before it. 1: the next scope only. The
   /// default, 2, measured in docs/zero.md ("Benchmark").
   int gather_depth = 2;
+  /// With gather_ahead: the step gathers the groups the next iteration's first scope needs, each
+  /// once this rank's chunk of it is stepped, so they travel while the step goes on (the budget
+  /// allowing; docs/zero.md). Costs one allreduce of a double per iteration (the ranks agree they
+  /// still hold them). false: the first scope gathers them itself.
+  bool gather_at_step = true;
   /// PatrickStar's memory-saving mode: a remote parameter chunk is broadcast from its owner on its
   /// own and a gradient chunk reduced to its owner on its own, so only the chunks a scope uses are
   /// resident, never whole groups of N (for models where N-1 gather buffers do not fit). More
