@@ -81,9 +81,10 @@ outcome train(const run_options& o) {
     simulated_device_space device({.capacity = 64 * elems * sizeof(float)});
     host_space host;
     host_copy_engine copier;
-    layered_runtime<Where> rt(device, host, copier, comm,
-                              {.sharding = {.enabled = true, .gather_ahead = o.gather_ahead, .gather_at_step = o.at_step}},
-                              fixed_chunk_layout({.chunk_elems = elems}), steps_on<Where>{});
+    layered_runtime<Where> rt(
+        device, host, copier, comm,
+        {.sharding = {.enabled = true, .gather_ahead = o.gather_ahead, .gather_at_step = o.at_step}},
+        fixed_chunk_layout({.chunk_elems = elems}), steps_on<Where>{});
     std::vector<param_id> ids;
     for (int l = 0; l < layers; ++l)
       ids.push_back(rt.register_param(

@@ -122,9 +122,8 @@ class param_registry {
       {"sharding", flag(o.sharding.enabled) + ", keep_gathered " + flag(o.sharding.keep_gathered) +
                        ", reduce_in_fp32 " + flag(o.sharding.reduce_in_fp32) + ", gather_ahead " +
                        flag(o.sharding.gather_ahead) + ", gather_depth " + std::to_string(o.sharding.gather_depth) +
-                       ", gather_at_step " + flag(o.sharding.gather_at_step) +
-                       ", memory_saving " + flag(o.sharding.memory_saving) + ", micro_batches " +
-                       std::to_string(o.sharding.micro_batches)},
+                       ", gather_at_step " + flag(o.sharding.gather_at_step) + ", memory_saving " +
+                       flag(o.sharding.memory_saving) + ", micro_batches " + std::to_string(o.sharding.micro_batches)},
       {"gradient mode", o.gradients == gradient_mode::local        ? "local"
                         : o.gradients == gradient_mode::replicated ? "replicated"
                                                                    : "sharded"},
