@@ -16,7 +16,10 @@
 //     gradients and the next forward the step's parameters, so the two phases cannot overlap:
 //     phase_bound_s = max(fb compute, fb disk) + max(step compute, step disk) is the bound the
 //     runtime can reach, reported beside it. Each run is repeated with disk prefetch off
-//     (demand_*). Every run must give the resident run's losses bit for bit (exit 1 otherwise).
+//     (demand_*) and with the step inside backward (chunk_adam::prepare; overlap_*, its compute
+//     the no-disk run with it; --no-overlap-step: not). Every run must give the resident run's
+//     losses bit for bit (exit 1 otherwise). --clip sets every run's clipping: a step that clipped
+//     is not speculated, so the step inside backward is measured at --clip 0.
 //  3. Scale: the deepest model of the preset's width that trains two steps within device, host and
 //     disk budgets, against (device + host + disk) / 16 bytes per parameter (target >= 0.9).
 // Table, JSON (--json) and a PNG (--plot, gnuplot). See docs/disk.md.
@@ -62,6 +65,11 @@ struct options {
   std::size_t prefetch_depth = runtime_options{}.disk_prefetch_depth, horizon = runtime_options{}.disk_prefetch_horizon;
   std::string json, plot;
   bool quick = false;
+  bool overlap = true;  // also each run with the step inside backward (chunk_adam::prepare)
+  /// Every run's clipping (chunk_adam_options::max_grad_norm; 0: off). The step inside backward is
+  /// speculative: where the last step clipped, chunk_adam::prepare does not speculate (it would be
+  /// redone), so its rows measure it with clipping that does not bite (--clip 0).
+  float clip = e2e::max_grad_norm;
 };
 
 using resident_runtime = chunk_runtime<searched_chunk_layout, static_placement, belady_eviction>;
@@ -86,13 +94,14 @@ class disk_trainer {
  public:
   disk_trainer(const options& o, const gpt::gpt_config& c, gpt::batch_shape shape, std::size_t device, std::size_t host,
                std::size_t disk, searched_chunk_layout layout, typename Runtime::placement_type placement,
-               runtime_options ro = {})
-      : device_({.capacity = device, .name = "device"}),
+               runtime_options ro = {}, bool early = false)
+      : early_(early),
+        device_({.capacity = device, .name = "device"}),
         host_(
             {.capacity = host, .large_block_threshold = SIZE_MAX}),  // charged at their size, as the host budget counts
         rt_(device_, host_, copier_, ro, std::move(layout), std::move(placement)),
         model_(rt_, c, shape, e2e::model_seed),
-        opt_({.hyper = {.weight_decay = e2e::weight_decay}, .max_grad_norm = e2e::max_grad_norm},
+        opt_({.hyper = {.weight_decay = e2e::weight_decay}, .max_grad_norm = o.clip},
              param_groups::with_default_decay(e2e::weight_decay)) {
     if (disk > 0) {
       disk_ = open_disk(o, disk);
@@ -105,7 +114,10 @@ class disk_trainer {
     optimizer_step();
     return loss;
   }
-  double forward_backward(const int* tokens, const int* targets) { return model_.forward_backward(tokens, targets); }
+  double forward_backward(const int* tokens, const int* targets) {
+    if (early_) (void)opt_.prepare(rt_, e2e::learning_rate);  // the step inside backward, the same bits
+    return model_.forward_backward(tokens, targets);
+  }
   void optimizer_step() {
     if (!opt_.step(rt_, e2e::learning_rate).stepped) throw state_error("an fp32 step was skipped (overflow)");
   }
@@ -114,6 +126,7 @@ class disk_trainer {
   [[nodiscard]] copy_stats disk_stats() const { return disk_ ? disk_->stats() : copy_stats{}; }
 
  private:
+  bool early_ = false;
   simulated_device_space device_;
   host_space host_;
   host_copy_engine copier_;
@@ -152,13 +165,17 @@ struct run_result {
   double fb_s = 0, step_s = 0,
          fb_disk_s = 0;      // forward+backward and the step: time; disk time forward+backward needs at the limits
   double phase_bound_s = 0;  // max(fb compute, fb disk) + max(step compute, step disk)
+  double early_steps = 0;    // chunks stepped inside backward per iteration
+  // The same run with the step inside backward (chunk_adam::prepare): the iteration, its disk
+  // bytes, its compute (the no-disk run with it too) and chunk steps inside backward.
+  double overlap_iteration_s = 0, overlap_compute_s = 0, overlap_disk_s = 0, overlap_early = 0;
 };
 
 template <class Trainer>
 run_result time_run(const options& o, Trainer& tr, const limits& lim) {
   run_result r;
   e2e::batches data(o.batch, o.seq);
-  std::vector<double> times, reads, writes, disk_stalls, stalls, read_busy, write_busy, fb_times, fb_bytes;
+  std::vector<double> times, reads, writes, disk_stalls, stalls, read_busy, write_busy, fb_times, fb_bytes, early;
   const double lim_read = lim.read_gbs * 1e9, lim_write = lim.write_gbs * 1e9;
   for (int it = 1; it <= o.warmup + o.iters; ++it) {
     data.load(it);
@@ -183,7 +200,9 @@ run_result time_run(const options& o, Trainer& tr, const limits& lim) {
     stalls.push_back(s.stall_s - before.stall_s);
     read_busy.push_back(busy[copy_direction::to_device].busy_s - busy_before[copy_direction::to_device].busy_s);
     write_busy.push_back(busy[copy_direction::to_host].busy_s - busy_before[copy_direction::to_host].busy_s);
+    early.push_back(static_cast<double>(s.early_steps - before.early_steps));
   }
+  r.early_steps = e2e::median(early);
   r.read_busy_s = e2e::median(read_busy);
   r.write_busy_s = e2e::median(write_busy);
   r.iteration_s = e2e::median(times);
@@ -294,7 +313,7 @@ int write_plot(const options& o, const limits& l, const std::vector<run_result>&
     bw += std::to_string(5 + 2 * i) + " \"" + r.name + " achieved\" " + std::to_string(r.achieved_gbs) + "\n";
     it += std::to_string(i) + " \"" + r.name + "\" " + std::to_string(r.iteration_s) + " " +
           std::to_string(r.compute_s) + " " + std::to_string(r.disk_transfer_s) + " " +
-          std::to_string(r.phase_bound_s) + "\n";
+          std::to_string(r.phase_bound_s) + " " + std::to_string(r.overlap_iteration_s) + "\n";
   }
   const std::string scale = "0 \"limit\" " + std::to_string(sc.limit_params / 1e6) + "\n1 \"largest that trains\" " +
                             std::to_string(static_cast<double>(sc.max_params) / 1e6) + "\n";
@@ -304,10 +323,10 @@ int write_plot(const options& o, const limits& l, const std::vector<run_result>&
       "'\n"
       "set grid\nset style fill solid 0.5\nset boxwidth 0.7\nset yrange [0:*]\nset xtics rotate by -35\n"
       "set title 'disk bandwidth (GB/s)'\nplot '@DIR@/bw.dat' using 1:3:xtic(2) with boxes notitle\n"
-      "set title 'iteration (s)'\nset boxwidth 0.2\nset key top left\n"
-      "plot '@DIR@/it.dat' using ($1-0.3):3:xtic(2) with boxes title 'iteration', '@DIR@/it.dat' using ($1-0.1):4 with "
-      "boxes title 'compute (no disk)', "
-      "'@DIR@/it.dat' using ($1+0.1):5 with boxes title 'disk transfer', '@DIR@/it.dat' using ($1+0.3):6 with boxes "
+      "set title 'iteration (s)'\nset boxwidth 0.16\nset key top left\n"
+      "plot '@DIR@/it.dat' using ($1-0.32):3:xtic(2) with boxes title 'iteration', '@DIR@/it.dat' using ($1-0.16):7 "
+      "with boxes title 'step inside backward', '@DIR@/it.dat' using ($1):4 with boxes title 'compute (no disk)', "
+      "'@DIR@/it.dat' using ($1+0.16):5 with boxes title 'disk transfer', '@DIR@/it.dat' using ($1+0.32):6 with boxes "
       "title 'phase bound'\n"
       "set title 'scale (M parameters)'\nset boxwidth 0.6\nplot '@DIR@/scale.dat' using 1:3:xtic(2) with boxes "
       "notitle\n"
@@ -323,8 +342,9 @@ void usage() {
       "                  [--iters N (4)] [--device-fraction F (0.2)] [--host-fractions F,F (0.5,0.25)]\n"
       "                  [--limit-mib N (512)] [--queue N (4)] [--scale-device SIZE (64MiB)] [--scale-host SIZE "
       "(64MiB)]\n"
-      "                  [--scale-disk SIZE (512MiB)] [--disk-prefetch N (8)] [--horizon N (2)] [--json FILE] [--plot "
-      "FILE.png] [--quick]\n");
+      "                  [--scale-disk SIZE (512MiB)] [--disk-prefetch N (8)] [--horizon N (2)] [--no-overlap-step] "
+      "[--clip X (1)]\n"
+      "                  [--json FILE] [--plot FILE.png] [--quick]\n");
 }
 
 std::size_t size_arg(const std::string& flag, const std::string& v) {
@@ -366,6 +386,8 @@ options parse(int argc, char** argv) {
     else if (a == "--scale-host") o.scale_host = size_arg(a, value());
     else if (a == "--scale-disk") o.scale_disk = size_arg(a, value());
     else if (a == "--json") o.json = value();
+    else if (a == "--no-overlap-step") o.overlap = false;
+    else if (a == "--clip") o.clip = std::stof(value());
     else if (a == "--disk-prefetch") o.prefetch_depth = std::stoul(value());
     else if (a == "--horizon") o.horizon = std::stoul(value());
     else if (a == "--plot") o.plot = value();
@@ -380,6 +402,13 @@ options parse(int argc, char** argv) {
     throw config_error("--engine '" + o.engine + "': use auto, uring or pool");
   if (o.iters < 1 || o.queue < 1) throw config_error("--iters and --queue must be at least 1");
   return o;
+}
+
+/** A run's name in the table: its host budget. */
+std::string name_of(double host_fraction) {
+  char name[64];
+  std::snprintf(name, sizeof name, "host %.0f%%", 100 * host_fraction);
+  return name;
 }
 
 }  // namespace
@@ -416,10 +445,14 @@ int main(int argc, char** argv) try {
   // What the iteration costs without the disk: the same device budget, the host unlimited (chunks
   // still move between device and host, steps still run on the host): the disk tier's "compute".
   const std::size_t run_device = act + static_cast<std::size_t>(o.device_fraction * static_cast<double>(model));
-  run_result no_disk;
+  run_result no_disk, no_disk_overlap;
   {
     disk_trainer<disk_runtime> tr(o, cfg, {o.batch, o.seq}, run_device, SIZE_MAX, 0, layout, {});
     no_disk = time_run(o, tr, lim);
+  }
+  if (o.overlap) {  // and with the step inside backward: the compute those runs compare with
+    disk_trainer<disk_runtime> tr(o, cfg, {o.batch, o.seq}, run_device, SIZE_MAX, 0, layout, {}, {}, true);
+    no_disk_overlap = time_run(o, tr, lim);
   }
   std::printf(
       "resident (everything on the device): %.3f s per iteration; device %s and the host unlimited (no disk): %.3f s\n",
@@ -441,8 +474,23 @@ int main(int argc, char** argv) try {
       r.demand_bytes = d.read_bytes + d.write_bytes;
       r.demand_disk_stall_s = d.disk_stall_s;
     }
-    char name[64];
-    std::snprintf(name, sizeof name, "host %.0f%%", 100 * h);
+    if (o.overlap) {  // the same run with the step inside backward (chunk_adam::prepare), the same bits
+      disk_trainer<disk_runtime> early_tr(o, cfg, {o.batch, o.seq}, device, host, disk, layout, {},
+                                          {.disk_prefetch_depth = o.prefetch_depth, .disk_prefetch_horizon = o.horizon},
+                                          true);
+      const run_result e = time_run(o, early_tr, lim);
+      r.overlap_iteration_s = e.iteration_s;
+      r.overlap_compute_s = no_disk_overlap.iteration_s;
+      r.overlap_disk_s = e.read_bytes / (lim.read_gbs * 1e9) + e.write_bytes / (lim.write_gbs * 1e9);
+      r.overlap_early = e.early_steps;
+      if (e.losses != resident.losses || no_disk_overlap.losses != resident.losses) {
+        same_bits = false;
+        std::fprintf(stderr,
+                     "bench_disk: %s with the step inside backward: the losses differ from the resident run's\n",
+                     name_of(h).c_str());
+      }
+    }
+    const std::string name = name_of(h);
     r.name = name;
     r.host_fraction = h;
     r.device = device;
@@ -461,7 +509,7 @@ int main(int argc, char** argv) try {
       same_bits = false;
       std::fprintf(stderr,
                    "bench_disk: %s: the losses differ from the resident run's (the same-bits invariant is broken)\n",
-                   name);
+                   name.c_str());
     }
     runs.push_back(r);
   }
@@ -485,6 +533,13 @@ int main(int argc, char** argv) try {
         "", r.read_busy_s, r.write_busy_s, 100 * r.read_busy_s / r.iteration_s, 100 * r.write_busy_s / r.iteration_s,
         r.fb_s, no_disk.fb_s, r.fb_disk_s, r.step_s, no_disk.step_s, r.disk_transfer_s - r.fb_disk_s,
         (r.disk_transfer_s - r.fb_disk_s) / r.step_s, r.iteration_s / r.phase_bound_s);
+    if (o.overlap)
+      std::printf(
+          "%-9s   the step inside backward: iteration %.3f s (%.0f chunk steps inside backward), compute %.3f s (no "
+          "disk, the same), disk %.3f s: iteration / max(compute, disk) %.2f (the step after backward: %.2f)\n",
+          "", r.overlap_iteration_s, r.overlap_early, r.overlap_compute_s, r.overlap_disk_s,
+          r.overlap_iteration_s / std::max(std::min(r.compute_s, r.overlap_compute_s), r.overlap_disk_s),
+          r.iteration_s / std::max(r.compute_s, r.disk_transfer_s));
   }
   std::printf(
       "(MiB columns: per iteration; disk s = read / read limit + written / write limit; ach/lim = achieved / limit, "
@@ -524,6 +579,11 @@ int main(int argc, char** argv) try {
       j.num("demand_iteration_s", r.demand_iteration_s)
           .num("demand_bytes", r.demand_bytes)
           .num("demand_disk_stall_s", r.demand_disk_stall_s);
+      if (o.overlap)
+        j.num("overlap_iteration_s", r.overlap_iteration_s)
+            .num("overlap_compute_s", r.overlap_compute_s)
+            .num("overlap_disk_transfer_s", r.overlap_disk_s)
+            .num("overlap_early_steps", r.overlap_early);
       j.num("disk_prefetch_depth", static_cast<double>(o.prefetch_depth))
           .num("disk_prefetch_horizon", static_cast<double>(o.horizon));
       recs.push_back(j);
