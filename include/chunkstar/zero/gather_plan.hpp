@@ -7,8 +7,9 @@
  *         accepts, while moment m computes, the gathers of the groups moments m + 1 .. m + d need
  *         (d up to `depth`, the largest that fits) only where the compute tier's budget holds them
  *         beside everything m needs and, for a group held until a later moment, beside everything
- *         each moment in between needs. It also predicts the group buffers live at each moment
- *         (what a budget must leave for them).
+ *         each moment in between needs; and, at the step, the gathers of the groups the next
+ *         iteration's first scope needs, where the step's moments and that scope hold them. It also
+ *         predicts the group buffers live at each moment (what a budget must leave for them).
  *
  *  Every rank plans from the same trace; budgets may differ per rank (each has its own non-model
  *  peaks), so the runtime agrees on the depth accepted at each moment (the minimum over ranks).
