@@ -169,6 +169,7 @@ struct run_result {
   // The same run with the step inside backward (chunk_adam::prepare): the iteration, its disk
   // bytes, its compute (the no-disk run with it too) and chunk steps inside backward.
   double overlap_iteration_s = 0, overlap_compute_s = 0, overlap_disk_s = 0, overlap_early = 0;
+  double overlap_fb_s = 0, overlap_stall_s = 0;  // its forward+backward, its waits for the disk
 };
 
 template <class Trainer>
@@ -483,6 +484,8 @@ int main(int argc, char** argv) try {
       r.overlap_compute_s = no_disk_overlap.iteration_s;
       r.overlap_disk_s = e.read_bytes / (lim.read_gbs * 1e9) + e.write_bytes / (lim.write_gbs * 1e9);
       r.overlap_early = e.early_steps;
+      r.overlap_fb_s = e.fb_s;
+      r.overlap_stall_s = e.disk_stall_s;
       if (e.losses != resident.losses || no_disk_overlap.losses != resident.losses) {
         same_bits = false;
         std::fprintf(stderr,
@@ -535,9 +538,11 @@ int main(int argc, char** argv) try {
         (r.disk_transfer_s - r.fb_disk_s) / r.step_s, r.iteration_s / r.phase_bound_s);
     if (o.overlap)
       std::printf(
-          "%-9s   the step inside backward: iteration %.3f s (%.0f chunk steps inside backward), compute %.3f s (no "
-          "disk, the same), disk %.3f s: iteration / max(compute, disk) %.2f (the step after backward: %.2f)\n",
-          "", r.overlap_iteration_s, r.overlap_early, r.overlap_compute_s, r.overlap_disk_s,
+          "%-9s   the step inside backward: iteration %.3f s (forward+backward %.3f, step %.3f; %.0f chunk steps inside "
+          "backward; disk stalls %.3f s), compute %.3f s (no disk, the same), disk %.3f s: iteration / max(compute, "
+          "disk) %.2f (the step after backward: %.2f)\n",
+          "", r.overlap_iteration_s, r.overlap_fb_s, r.overlap_iteration_s - r.overlap_fb_s, r.overlap_early,
+          r.overlap_stall_s, r.overlap_compute_s, r.overlap_disk_s,
           r.overlap_iteration_s / std::max(std::min(r.compute_s, r.overlap_compute_s), r.overlap_disk_s),
           r.iteration_s / std::max(r.compute_s, r.disk_transfer_s));
   }
@@ -583,7 +588,9 @@ int main(int argc, char** argv) try {
         j.num("overlap_iteration_s", r.overlap_iteration_s)
             .num("overlap_compute_s", r.overlap_compute_s)
             .num("overlap_disk_transfer_s", r.overlap_disk_s)
-            .num("overlap_early_steps", r.overlap_early);
+            .num("overlap_early_steps", r.overlap_early)
+            .num("overlap_forward_backward_s", r.overlap_fb_s)
+            .num("overlap_disk_stall_s", r.overlap_stall_s);
       j.num("disk_prefetch_depth", static_cast<double>(o.prefetch_depth))
           .num("disk_prefetch_horizon", static_cast<double>(o.horizon));
       recs.push_back(j);
