@@ -538,9 +538,9 @@ int main(int argc, char** argv) try {
         (r.disk_transfer_s - r.fb_disk_s) / r.step_s, r.iteration_s / r.phase_bound_s);
     if (o.overlap)
       std::printf(
-          "%-9s   the step inside backward: iteration %.3f s (forward+backward %.3f, step %.3f; %.0f chunk steps inside "
-          "backward; disk stalls %.3f s), compute %.3f s (no disk, the same), disk %.3f s: iteration / max(compute, "
-          "disk) %.2f (the step after backward: %.2f)\n",
+          "%-9s   the step inside backward: iteration %.3f s (forward+backward %.3f, step %.3f; %.0f chunk "
+          "steps inside backward; disk stalls %.3f s), compute %.3f s (no disk, the same), disk %.3f s: iteration "
+          "/ max(compute, disk) %.2f (the step after backward: %.2f)\n",
           "", r.overlap_iteration_s, r.overlap_fb_s, r.overlap_iteration_s - r.overlap_fb_s, r.overlap_early,
           r.overlap_stall_s, r.overlap_compute_s, r.overlap_disk_s,
           r.overlap_iteration_s / std::max(std::min(r.compute_s, r.overlap_compute_s), r.overlap_disk_s),
