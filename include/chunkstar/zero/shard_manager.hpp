@@ -256,6 +256,10 @@ class shard_manager {
   /** Waits quietly for every gather in flight and releases its group. */
   void discard_gathers() noexcept;
 
+  /** Whether this step gathers for the next iteration: the plan, made for the current trace, says so. */
+  [[nodiscard]] bool gathers_at_step() const {
+    return active() && plan_key_ == tracer_.stats().traces && plan_.step != never;
+  }
   /** Starts the step's gathers for the next iteration up to (not including) position @p end of
    *  the plan's list, in its order: every rank starts the same ones in the same order. */
   void start_step_gathers(std::size_t end);
@@ -468,7 +472,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::drop(bool keep_next) noexce
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::stepped(std::size_t c) {
-  if (!active() || plan_key_ != tracer_.stats().traces || plan_.step == never) return;
+  if (!gathers_at_step()) return;
   const auto& groups = plan_.ahead[plan_.step];
   const std::size_t r = static_cast<std::size_t>(comm_.rank());
   std::size_t end = step_started_;  // this rank's chunk of each group (its first, if none) stepped by now
@@ -478,8 +482,7 @@ void shard_manager<Store, Residency, TracerT, Comm>::stepped(std::size_t c) {
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::step_done() {
-  if (!active() || plan_key_ != tracer_.stats().traces || plan_.step == never) return;
-  start_step_gathers(plan_.ahead[plan_.step].size());
+  if (gathers_at_step()) start_step_gathers(plan_.ahead[plan_.step].size());
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
