@@ -7,7 +7,9 @@
 // share (one process too), where the Adam state reaches the early update through the disk; and
 // under replicated data parallelism, each chunk once its all-reduce has completed. Below a disk
 // tier, the chunks still due at the step without room are carried over to the next forward (one
-// process), never given room by sending Adam state down.
+// process), never given room by sending Adam state down; an early update whose state is on the
+// disk reads it while the thread that queued it goes on, and the next forward starts an update
+// carried over one scope ahead of the scope that reads its chunk.
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/disk/disk_copy_engine.hpp>
 #include <chunkstar/disk/disk_space.hpp>
@@ -24,6 +26,7 @@
 #include <atomic>
 #include <future>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -384,6 +387,199 @@ TEST_CASE(
     CHECK(v[0] == 4.0f);
   }
   CHECK(rt.invariant_violations(true).empty());
+}
+
+namespace {
+
+/** The disk engine, except that reads issued while it holds are queued, not started, until the
+ *  test releases them (from any thread): whoever waits for one waits until then. */
+class held_reads_engine {
+ public:
+  explicit held_reads_engine(disk_space& space) : space_(space), inner_(space) {}
+  held_reads_engine(const held_reads_engine&) = delete;
+  held_reads_engine& operator=(const held_reads_engine&) = delete;
+  ~held_reads_engine() { (void)release(); }
+
+  void hold() {
+    const std::lock_guard lock(m_);
+    holding_ = true;
+  }
+  /** Stops holding and runs the reads held, in order (@p fail: each fails with io_error instead);
+   *  returns how many. */
+  std::size_t release(bool fail = false) {
+    std::vector<held> now;
+    {
+      const std::lock_guard lock(m_);
+      holding_ = false;
+      now.swap(held_);
+    }
+    for (auto& h : now) {
+      try {
+        if (fail) throw io_error("injected read failure (held)");
+        inner_.copy_async(h.dst, h.src, h.n, h.d).wait();
+        h.done.set_value();
+      } catch (...) {
+        h.done.set_exception(std::current_exception());
+      }
+    }
+    return now.size();
+  }
+  [[nodiscard]] std::size_t ever_held() const {
+    const std::lock_guard lock(m_);
+    return ever_;
+  }
+
+  disk_copy_handle copy_async(void* dst, const void* src, std::size_t n, copy_direction d) {
+    const std::lock_guard lock(m_);
+    if (!holding_ || !space_.contains(src)) return inner_.copy_async(dst, src, n, d);
+    ++ever_;
+    held_.push_back({dst, src, n, d, {}});
+    return disk_copy_handle(held_.back().done.get_future().share());
+  }
+  void copy(void* dst, const void* src, std::size_t n, copy_direction d) { copy_async(dst, src, n, d).wait(); }
+  disk_copy_handle zero_async(void* dst, std::size_t n) { return inner_.zero_async(dst, n); }
+  template <CopyHandle H>
+  void order_after(const H& h, copy_direction d) {
+    inner_.order_after(h, d);
+  }
+  void synchronize() { inner_.synchronize(); }
+  [[nodiscard]] copy_stats stats() const { return inner_.stats(); }
+  [[nodiscard]] disk_io_stats io_stats() const { return inner_.io_stats(); }
+
+ private:
+  struct held {
+    void* dst;
+    const void* src;
+    std::size_t n;
+    copy_direction d;
+    std::promise<void> done;
+  };
+  disk_space& space_;
+  disk_copy_engine inner_;
+  mutable std::mutex m_;
+  bool holding_ = false;
+  std::size_t ever_ = 0;
+  std::vector<held> held_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "The step inside backward below a disk tier: the next forward starts an update carried over one scope ahead, "
+    "its Adam state read while that scope computes; a failed read is reported and retried, the same values") {
+  // Six fp32 chunks stepped on the host, weights and gradients on the device; the host holds four
+  // chunks' moments and one chunk's four lists besides, so some moments are on the disk. Chunk 5's
+  // update (the only one with room inside backward) is held until the step has returned, so chunks
+  // 0-4 are carried over. The next forward's first scope starts and waits for chunk 0's update,
+  // then starts chunk 1's while it computes: the disk holds every read from chunk 0's update on,
+  // and the scope must not wait for them (a watchdog releases them after 20 s, which fails the
+  // test rather than hang it).
+  struct weights_on_device {
+    [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
+      return room_after(in.device_capacity, in.non_model_now);
+    }
+    [[nodiscard]] tier optimizer_tier(const placement_inputs&, std::size_t) const noexcept { return tier::host; }
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "weights_on_device"; }
+  };
+  for (bool fail : {false, true}) {
+    CAPTURE(fail);
+    chunkstar::test::scratch_dir dir;
+    constexpr std::size_t elems = 1024, block = elems * sizeof(float), chunks = 6;
+    disk_space disk({.directory = dir.path(), .capacity = 64 * block, .name = "held"});
+    held_reads_engine disk_io(disk);
+    simulated_device_space dev({.capacity = 64 * block});
+    const std::size_t staging = runtime_options{}.disk_staging_chunks;
+    host_space host({.capacity = (staging + 4 + 2 * 4) * block, .large_block_threshold = SIZE_MAX});
+    host_copy_engine copier;
+    chunk_runtime<fixed_chunk_layout, weights_on_device> rt(dev, host, copier, {.disk_prefetch_depth = 0},
+                                                            fixed_chunk_layout({.chunk_elems = elems}), {});
+    rt.attach_disk(disk_tier(disk, disk_io));
+    std::vector<param_id> ids;
+    for (std::size_t i = 0; i < chunks; ++i)
+      ids.push_back(rt.register_param(
+          {"w" + std::to_string(i), {static_cast<std::int64_t>(elems)}, dtype::f32, tensor_role::weight},
+          [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); }));
+    rt.finalize();
+    const auto forward_from = [&](std::size_t first) {
+      for (std::size_t i = first; i < chunks; ++i) auto f = rt.forward("f" + std::to_string(i), {ids[i]});
+    };
+    const auto backward = [&] {
+      for (std::size_t i = chunks; i-- > 0;) {
+        auto g = rt.backward("b" + std::to_string(i), {ids[i]});
+        for (auto& x : g.grad<float>(ids[i])) x = 0.25f;
+      }
+    };
+    const auto bump = [](const step_chunk& c) {
+      for (std::size_t k = 0; k < c.elems; ++k) {
+        static_cast<float*>(c.param)[k] -= 1e-3f * static_cast<const float*>(c.grad)[k];
+        c.momentum[k] += 1.0f;
+        c.variance[k] += 2.0f;
+      }
+    };
+    for (int s = 0; s < 2; ++s) {  // the trace, and every list in place
+      forward_from(0);
+      backward();
+      rt.step(bump);
+    }
+    std::promise<void> release5;
+    const std::shared_future<void> held5 = release5.get_future().share();
+    REQUIRE(rt.arm_early_steps({.update =
+                                    [&](const step_chunk& c) {
+                                      if (c.index == 5) (void)held5.wait_for(std::chrono::seconds(20));
+                                      bump(c);
+                                      if (c.index == 0) disk_io.hold();  // before the scope that waits for it goes on
+                                    },
+                                .undo = {},
+                                .spends_gradient = true}));
+    forward_from(0);
+    backward();
+    rt.step(bump);
+    const std::vector<std::uint32_t> carried(rt.carried_steps().begin(), rt.carried_steps().end());
+    REQUIRE(carried == std::vector<std::uint32_t>{0, 1, 2, 3, 4});
+    release5.set_value();
+    const auto read_before = rt.stats().bytes_from_disk;
+    std::promise<void> done;
+    std::atomic<bool> by_watchdog{false};
+    std::thread watchdog([&, f = done.get_future()] {
+      if (f.wait_for(std::chrono::seconds(20)) == std::future_status::timeout) {
+        by_watchdog = true;
+        (void)disk_io.release();
+      }
+    });
+    { auto f = rt.forward("f0", {ids[0]}); }  // waits for chunk 0's update, starts chunk 1's
+    CHECK(rt.carried_steps().size() == 3);    // 2, 3, 4: no room for a second one ahead
+    const std::size_t held = disk_io.release(fail);
+    done.set_value();
+    watchdog.join();
+    CHECK_FALSE(by_watchdog.load());  // f0 never waited for chunk 1's read
+    CHECK(held > 0);
+    CHECK(rt.stats().bytes_from_disk > read_before);
+    if (fail) {
+      // The update waited for its read, which failed: it never ran, the chunk is as it was (its
+      // moments on the disk) and still carried over; the scope that needs it reports the failure,
+      // and the same call again starts the update afresh.
+      CHECK_THROWS_AS((void)rt.forward("f1", {ids[1]}), io_error);
+      CHECK(rt.stats().disk_failures == 1);
+      CHECK(rt.carried_steps().front() == 1);
+    }
+    forward_from(1);
+    CHECK(rt.carried_steps().empty());
+    std::vector<float> v(elems), want(elems, 0.5f);
+    for (int s = 0; s < 3; ++s)
+      for (auto& x : want) x -= 1e-3f * 0.25f;
+    for (std::size_t i = 0; i < chunks; ++i) {
+      CAPTURE(i);
+      rt.read_tensor(ids[i], chunk_kind::param, v);
+      CHECK(v == want);
+      rt.read_tensor(ids[i], chunk_kind::momentum, v);
+      CHECK(v[0] == 3.0f);
+      rt.read_tensor(ids[i], chunk_kind::variance, v);
+      CHECK(v[0] == 6.0f);
+    }
+    backward();
+    rt.step(bump);
+    CHECK(rt.invariant_violations(true).empty());
+  }
 }
 
 }  // namespace zero_early_step_test

@@ -722,7 +722,10 @@ typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind
   pass_.reap_early();  // early updates done: their chunks may move again, and their room is free
   if (pass_.armed() && !level_.untraced && open_.size() == 0) run_early_steps();
   pass_.join_early(ids);  // early updates still running on this scope's chunks (the last step's, say)
-  pass_.reap_early();     // those that ended meanwhile: their weights start up while this scope computes
+  // Those that ended meanwhile: their weights start up while this scope computes; and the next
+  // update the step carried over starts now, while this scope computes, rather than when the
+  // scope that reads its chunk opens (room made for it as that scope would make it).
+  pass_.reap_early(/*ahead=*/true);
   if (pass_.armed()) {    // a chunk stepped early that this scope uses: the iteration left its trace
     const std::size_t n = shard_.used_together();  // ZeRO gathers (sends) a group's chunks as one
     for (auto id : ids)

@@ -199,11 +199,13 @@ class optimizer_pass {
     report_failure();
   }
   /** @brief Joins the early updates that have finished (never waits): their chunks may move again;
-   *  then starts those the step carried over, as far as the host has room for them. */
-  void reap_early() {
+   *  then starts those the step carried over, as far as the host has room for them; with @p
+   *  ahead, the next one also without room while no update runs (its room made as the scope
+   *  that reads its chunk would make it: Belady's victims, sent down while this scope computes). */
+  void reap_early(bool ahead = false) {
     join_finished();
     report_failure();
-    while (!carried_.empty() && host_has_room_for(carried_.front())) {
+    while (!carried_.empty() && (host_has_room_for(carried_.front()) || (ahead && jobs_.empty()))) {
       try {
         start_carried(carried_.front());
       } catch (const state_error&) {
@@ -288,10 +290,11 @@ class optimizer_pass {
  private:
   /** Brings chunk index @p c's lists to the host, pins them and queues @p update on the worker;
    *  @p release_gradient: its gradient goes at the join; @p by_step: queued by (or for) the step,
-   *  it takes every thread. @throws what moving the lists or starting the worker throws (nothing
-   *  is then queued). */
+   *  it takes every thread; @p carried: the step carried it over (start_carried). @throws what
+   *  moving the lists or starting the worker throws (nothing is then queued). */
   void start_update(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
-                    const std::function<void(const step_chunk&)>& update, bool release_gradient, bool by_step);
+                    const std::function<void(const step_chunk&)>& update, bool release_gradient, bool by_step,
+                    bool carried = false);
   /** Starts the update the step carried over for chunk index @p c (none: nothing), room made
    *  first from the updates running. On a throw it stays carried. */
   void start_carried(std::uint32_t c);
@@ -446,6 +449,7 @@ class optimizer_pass {
    *  failure_ (see join_quietly). */
   template <class Which>
   void join_where(Which which) noexcept {
+    std::ptrdiff_t put_back = 0;  // updates carried over that failed unchanged, put back in front
     for (std::size_t i = 0; i < jobs_.size();) {
       if (!which(jobs_[i])) {
         ++i;
@@ -454,10 +458,12 @@ class optimizer_pass {
       early_job j = std::move(jobs_[i]);
       jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
       bool spent = true;  // the update ran (or failed part-way): its gradient is done with
+      const auto t0 = std::chrono::steady_clock::now();
+      j.done.wait();
+      waited_ += std::chrono::steady_clock::now() - t0;
+      const std::exception_ptr read_failed = settle_reads(j.chunk);
       try {
-        const auto t0 = std::chrono::steady_clock::now();
-        j.done.wait();
-        waited_ += std::chrono::steady_clock::now() - t0;
+        if (read_failed) std::rethrow_exception(read_failed);  // the store's account of it, not the worker's
         j.done.get();
       } catch (...) {
         spent = j.span->started;
@@ -465,7 +471,8 @@ class optimizer_pass {
         if (!j.span->started && early_ && it != done_.end() && !j.carried) {
           done_.erase(it);  // unchanged: the pass steps it
         } else {
-          if (!j.span->started && j.carried) carried_.push_back(j.chunk);  // unchanged: started again later
+          // Unchanged: started again later, before those carried over that it started ahead of.
+          if (!j.span->started && j.carried) carried_.insert(carried_.begin() + put_back++, j.chunk);
           if (!failure_) failure_ = std::current_exception();
         }
       }
@@ -484,6 +491,20 @@ class optimizer_pass {
         }
       }
     }
+  }
+  /** Settles the disk reads an update of chunk index @p c waited for (the store's outcome: a
+   *  failed read leaves the chunk on the disk as before it, which the pass or a later start reads
+   *  again); returns the first failure. */
+  std::exception_ptr settle_reads(std::uint32_t c) noexcept {
+    std::exception_ptr failed;
+    for (auto k : all_chunk_kinds) {
+      try {
+        if (store_.has(k)) store_.resolve_disk({k, c});
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    return failed;
   }
   /** Rethrows (once) an early update's failure that join_where kept. */
   void report_failure() {
@@ -660,39 +681,45 @@ template <class Store, class Residency, class TracerT>
 void optimizer_pass<Store, Residency, TracerT>::start_update(std::uint32_t c, const chunk_plan& plan,
                                                              std::span<const tensor_spec> specs, dtype param_type,
                                                              const std::function<void(const step_chunk&)>& update,
-                                                             bool release_gradient, bool by_step) {
+                                                             bool release_gradient, bool by_step, bool carried) {
   start_carried(c);  // the last step's update of it, carried over and never needed since: first
   join_where([&](const early_job& j) { return j.chunk == c; });  // the last iteration's (long done by now)
-  // The lists come to the host (copies from the device started, not waited for: the worker
-  // waits for them), stay pinned while the worker runs the update, and this thread goes on
-  // to the next scope.
+  // The lists come to the host, pinned while the worker runs the update; this thread goes on to
+  // the next scope. Copies from the device are started, not waited for (the worker waits), and
+  // so are reads from the disk for an update the step carried over: one whose read fails stays
+  // carried over, unstarted, the failure reported (join_where); the store settles the read when
+  // the update is joined (settle_reads). Inside backward a read ends here, on this thread (the
+  // disk prefetcher's too): the pass may count the chunk as stepped before the update is joined,
+  // and a failed read must leave it to the pass (measured no slower: docs/disk.md).
   const std::vector<chunk_id> ids = lists_of(c);
   const std::unordered_set<chunk_id> keep(ids.begin(), ids.end());
   for (auto id : ids) {
     const tier where = store_.at(id).where;
     if (where == tier::device) residency_.offload(id, keep);
-    else if (where != tier::host) residency_.make_resident_on_host(id, keep);  // from the disk: now
-    // A read from the disk still filling its host buffer (the disk prefetcher's) ends here, on
-    // this thread: the store owns the disk copy's outcome (a failed read leaves the chunk on the
-    // disk, and the step after backward reads it again).
-    store_.resolve_disk(id);
+    else if (where == tier::disk && carried) residency_.read_from_disk(id, keep, tracer_.current_moment(), false);
+    else if (where != tier::host) residency_.make_resident_on_host(id, keep);
+    if (!carried) store_.resolve_disk(id);
   }
   typename Store::pin_set pins(store_, ids);
   std::vector<typename Store::copy_handle> arrivals;
+  std::vector<disk_copy_handle> reads;
   for (auto id : ids) {
     const auto& s = store_.at(id);
     if (s.pending) arrivals.push_back(*s.pending);
     if (s.user_done) arrivals.push_back(*s.user_done);
+    if (s.disk_pending) reads.push_back(s.disk_pending->done);  // a read filling the host buffer
   }
   const step_chunk view = view_of(c, tier::host, plan, specs, param_type);
   auto span = std::make_shared<typename early_job::outcome>();
   auto finished = std::make_shared<std::promise<void>>();
   // Of the updates waiting, the one whose weights the next iteration reads first runs first.
   const std::size_t priority = next_use_of(c);
-  jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), release_gradient, priority});
+  jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), release_gradient, priority, carried});
   // Queued by the step, it is due for the next forward even when it starts after the next arm().
-  auto job = [this, arrivals = std::move(arrivals), view, update, span, finished, by_step]() mutable {
+  auto job = [this, arrivals = std::move(arrivals), reads = std::move(reads), view, update, span, finished,
+              by_step]() mutable {
     try {
+      for (auto& h : reads) h.wait();  // a failed read throws here: the chunk is unchanged
       for (auto& h : arrivals) h.wait();
       span->begin = std::chrono::steady_clock::now();
       span->started = true;
@@ -730,12 +757,11 @@ void optimizer_pass<Store, Residency, TracerT>::start_carried(std::uint32_t c) {
   if (it == carried_.end()) return;
   carried_.erase(it);
   try {
-    start_update(c, *carry_.plan, carry_.specs, carry_.param_type, carry_.update, true, true);
+    start_update(c, *carry_.plan, carry_.specs, carry_.param_type, carry_.update, true, true, /*carried=*/true);
   } catch (...) {  // not started: still carried, the next call tries again
     carried_.insert(carried_.begin(), c);
     throw;
   }
-  jobs_.back().carried = true;
 }
 
 template <class Store, class Residency, class TracerT>
