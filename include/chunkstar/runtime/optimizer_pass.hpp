@@ -277,8 +277,8 @@ class optimizer_pass {
    *  chunks still due start in the order the next forward needs them, and one whose lists do not
    *  fit the host below a disk tier is carried over (carried()): it starts as the next forward's
    *  scopes find room, at the latest when a scope, a read or a move needs its chunk (join_early),
-   *  rather than the step waiting for the updates running to free its room (without ZeRO; under
-   *  ZeRO it waits). */
+   *  rather than the step waiting for the updates running to free its room (under ZeRO also
+   *  before this rank sends the chunk: a gather waits for its update, `before_send`). */
   void run_early(std::size_t closed, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
                  function_ref<bool(std::uint32_t)> in_place, bool last = false);
   /** @brief Undoes chunk @p c's early step (a scope about to use it: the iteration left its trace).
@@ -646,10 +646,10 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
       continue;
     }
     // At the step, below a disk tier, no room: carried over to the next forward (it starts as room
-    // frees), so the step returns; under ZeRO it waits here for room from the updates running.
-    // Either way, room never from Adam state sent down that the next iteration's steps read back.
+    // frees, at the latest before a scope reads the chunk or this rank sends it), so the step
+    // returns; never room from Adam state sent down that the next iteration's steps read back.
     if (last && !host_has_room_for(c)) join_finished();  // room from the updates done, without waiting
-    if (last && !host_has_room_for(c) && shards_.world == 1 && in_place(c)) {
+    if (last && !host_has_room_for(c) && in_place(c)) {
       due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
       carry_ = {&plan, specs, param_type, early_->update};
       carried_.push_back(c);
