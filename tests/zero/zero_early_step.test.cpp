@@ -293,6 +293,78 @@ TEST_CASE(
   }
 }
 
+namespace {
+
+/** Weights and gradients on the device (its whole room), every chunk stepped on the host. */
+struct weights_on_device {
+  [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
+    return room_after(in.device_capacity, in.non_model_now);
+  }
+  [[nodiscard]] tier optimizer_tier(const placement_inputs&, std::size_t) const noexcept { return tier::host; }
+  [[nodiscard]] static constexpr std::string_view name() noexcept { return "weights_on_device"; }
+};
+
+/** Six fp32 chunks of one tensor each (weights_on_device) below a disk tier whose engine is @p
+ *  Engine, under a host of @p host_blocks chunks besides the staging buffers; every step adds
+ *  (bump) -1e-3 x the gradient 0.25 to the weights, 1 to the first moment and 2 to the second. */
+template <class Engine>
+struct host_stepped_six {
+  static constexpr std::size_t elems = 1024, block = elems * sizeof(float), chunks = 6;
+  chunkstar::test::scratch_dir dir;
+  disk_space disk{{.directory = dir.path(), .capacity = 64 * block, .name = "early"}};
+  Engine disk_io{disk};
+  simulated_device_space dev{{.capacity = 64 * block}};
+  host_space host;
+  host_copy_engine copier;
+  chunk_runtime<fixed_chunk_layout, weights_on_device> rt;
+  std::vector<param_id> ids;
+
+  host_stepped_six(std::size_t host_blocks, runtime_options options)
+      : host({.capacity = (runtime_options{}.disk_staging_chunks + host_blocks) * block,
+              .large_block_threshold = SIZE_MAX}),
+        rt(dev, host, copier, options, fixed_chunk_layout({.chunk_elems = elems}), {}) {
+    rt.attach_disk(disk_tier(disk, disk_io));
+    for (std::size_t i = 0; i < chunks; ++i)
+      ids.push_back(rt.register_param(
+          {"w" + std::to_string(i), {static_cast<std::int64_t>(elems)}, dtype::f32, tensor_role::weight},
+          [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); }));
+    rt.finalize();
+  }
+  void forward(std::size_t first = 0) {
+    for (std::size_t i = first; i < chunks; ++i) auto f = rt.forward("f" + std::to_string(i), {ids[i]});
+  }
+  void backward() {
+    for (std::size_t i = chunks; i-- > 0;) {
+      auto g = rt.backward("b" + std::to_string(i), {ids[i]});
+      for (auto& x : g.template grad<float>(ids[i])) x = 0.25f;
+    }
+  }
+  static void bump(const step_chunk& c) {
+    for (std::size_t k = 0; k < c.elems; ++k) {
+      static_cast<float*>(c.param)[k] -= 1e-3f * static_cast<const float*>(c.grad)[k];
+      c.momentum[k] += 1.0f;
+      c.variance[k] += 2.0f;
+    }
+  }
+  /** Every chunk's weights and moments as three steps leave them. */
+  void check_three_steps() {
+    std::vector<float> v(elems), want(elems, 0.5f);
+    for (int s = 0; s < 3; ++s)
+      for (auto& x : want) x -= 1e-3f * 0.25f;
+    for (std::size_t i = 0; i < chunks; ++i) {
+      CAPTURE(i);
+      rt.read_tensor(ids[i], chunk_kind::param, v);
+      CHECK(v == want);
+      rt.read_tensor(ids[i], chunk_kind::momentum, v);
+      CHECK(v[0] == 3.0f);
+      rt.read_tensor(ids[i], chunk_kind::variance, v);
+      CHECK(v[0] == 6.0f);
+    }
+  }
+};
+
+}  // namespace
+
 TEST_CASE(
     "The step inside backward below a disk tier: at the step, chunks without room are carried over to the next "
     "forward, which starts them as room frees; no Adam state goes down to the disk for them") {
@@ -304,49 +376,14 @@ TEST_CASE(
   // running; taking it from the disk would send down moments the next backward reads back. So the
   // step carries them over, and the next forward's scopes start them, the one that reads a
   // chunk first waiting for its update.
-  struct weights_on_device {
-    [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
-      return room_after(in.device_capacity, in.non_model_now);
-    }
-    [[nodiscard]] tier optimizer_tier(const placement_inputs&, std::size_t) const noexcept { return tier::host; }
-    [[nodiscard]] static constexpr std::string_view name() noexcept { return "weights_on_device"; }
-  };
-  chunkstar::test::scratch_dir dir;
-  constexpr std::size_t elems = 1024, block = elems * sizeof(float), chunks = 6;
-  disk_space disk({.directory = dir.path(), .capacity = 64 * block, .name = "early"});
-  disk_copy_engine disk_io(disk);
-  simulated_device_space dev({.capacity = 64 * block});
-  const std::size_t staging = runtime_options{}.disk_staging_chunks;
-  host_space host({.capacity = (staging + 2 * chunks + 4) * block, .large_block_threshold = SIZE_MAX});
-  host_copy_engine copier;
-  chunk_runtime<fixed_chunk_layout, weights_on_device> rt(dev, host, copier, {},
-                                                          fixed_chunk_layout({.chunk_elems = elems}), {});
-  rt.attach_disk(disk_tier(disk, disk_io));
-  std::vector<param_id> ids;
-  for (std::size_t i = 0; i < chunks; ++i)
-    ids.push_back(rt.register_param(
-        {"w" + std::to_string(i), {static_cast<std::int64_t>(elems)}, dtype::f32, tensor_role::weight},
-        [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); }));
-  rt.finalize();
-  const auto forward = [&] {
-    for (std::size_t i = 0; i < chunks; ++i) auto f = rt.forward("f" + std::to_string(i), {ids[i]});
-  };
-  const auto backward = [&] {
-    for (std::size_t i = chunks; i-- > 0;) {
-      auto g = rt.backward("b" + std::to_string(i), {ids[i]});
-      for (auto& x : g.grad<float>(ids[i])) x = 0.25f;
-    }
-  };
-  const auto bump = [](const step_chunk& c) {
-    for (std::size_t k = 0; k < c.elems; ++k) {
-      static_cast<float*>(c.param)[k] -= 1e-3f * static_cast<const float*>(c.grad)[k];
-      c.momentum[k] += 1.0f;
-      c.variance[k] += 2.0f;
-    }
-  };
+  using six = host_stepped_six<disk_copy_engine>;
+  constexpr std::size_t chunks = six::chunks;
+  six t(2 * chunks + 4, {});
+  auto& rt = t.rt;
+  const auto bump = six::bump;
   for (int s = 0; s < 2; ++s) {  // the trace, and every list in place
-    forward();
-    backward();
+    t.forward();
+    t.backward();
     rt.step(bump);
   }
   std::promise<void> release;
@@ -361,8 +398,8 @@ TEST_CASE(
                                   },
                               .undo = {},
                               .spends_gradient = true}));
-  forward();
-  backward();
+  t.forward();
+  t.backward();
   const auto written = rt.stats().bytes_to_disk;
   rt.step(bump);  // every chunk steps early: nothing is left to this
   const std::vector<std::uint32_t> carried(rt.carried_steps().begin(), rt.carried_steps().end());
@@ -373,27 +410,17 @@ TEST_CASE(
   CHECK(std::is_sorted(carried.begin(), carried.end()));
   CHECK(updates.load() < static_cast<int>(chunks));  // the step returned with the held updates not run
   release.set_value();
-  forward();  // f0 and f1 start the updates carried over and wait for them
+  t.forward();  // f0 and f1 start the updates carried over and wait for them
   CHECK(rt.carried_steps().empty());
   CHECK(updates.load() == static_cast<int>(chunks));
   CHECK(rt.stats().early_steps == chunks);
   CHECK(rt.stats().bytes_to_disk == written);  // nothing sent down to make room at the step or after
-  std::vector<float> v(elems), want(elems, 0.5f);
-  for (int s = 0; s < 3; ++s)
-    for (auto& x : want) x -= 1e-3f * 0.25f;
-  for (std::size_t i = 0; i < chunks; ++i) {
-    CAPTURE(i);
-    rt.read_tensor(ids[i], chunk_kind::param, v);
-    CHECK(v == want);
-    rt.read_tensor(ids[i], chunk_kind::momentum, v);
-    CHECK(v[0] == 3.0f);
-    rt.read_tensor(ids[i], chunk_kind::variance, v);
-    CHECK(v[0] == 6.0f);
-  }
-  backward();  // the next iteration goes on as the trace says (the gradients carried over are spent)
+  t.check_three_steps();
+  t.backward();  // the next iteration goes on as the trace says (the gradients carried over are spent)
   rt.step(bump);
+  std::vector<float> v(six::elems);
   for (std::size_t i = 0; i < chunks; ++i) {
-    rt.read_tensor(ids[i], chunk_kind::momentum, v);
+    rt.read_tensor(t.ids[i], chunk_kind::momentum, v);
     CHECK(v[0] == 4.0f);
   }
   CHECK(rt.invariant_violations(true).empty());
@@ -484,51 +511,17 @@ TEST_CASE(
   // then starts chunk 1's while it computes: the disk holds every read from chunk 0's update on,
   // and the scope must not wait for them (a watchdog releases them after 20 s, which fails the
   // test rather than hang it).
-  struct weights_on_device {
-    [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
-      return room_after(in.device_capacity, in.non_model_now);
-    }
-    [[nodiscard]] tier optimizer_tier(const placement_inputs&, std::size_t) const noexcept { return tier::host; }
-    [[nodiscard]] static constexpr std::string_view name() noexcept { return "weights_on_device"; }
-  };
+  using six = host_stepped_six<held_reads_engine>;
   for (bool fail : {false, true}) {
     CAPTURE(fail);
-    chunkstar::test::scratch_dir dir;
-    constexpr std::size_t elems = 1024, block = elems * sizeof(float), chunks = 6;
-    disk_space disk({.directory = dir.path(), .capacity = 64 * block, .name = "held"});
-    held_reads_engine disk_io(disk);
-    simulated_device_space dev({.capacity = 64 * block});
-    const std::size_t staging = runtime_options{}.disk_staging_chunks;
-    host_space host({.capacity = (staging + 4 + 2 * 4) * block, .large_block_threshold = SIZE_MAX});
-    host_copy_engine copier;
-    chunk_runtime<fixed_chunk_layout, weights_on_device> rt(dev, host, copier, {.disk_prefetch_depth = 0},
-                                                            fixed_chunk_layout({.chunk_elems = elems}), {});
-    rt.attach_disk(disk_tier(disk, disk_io));
-    std::vector<param_id> ids;
-    for (std::size_t i = 0; i < chunks; ++i)
-      ids.push_back(rt.register_param(
-          {"w" + std::to_string(i), {static_cast<std::int64_t>(elems)}, dtype::f32, tensor_role::weight},
-          [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); }));
-    rt.finalize();
-    const auto forward_from = [&](std::size_t first) {
-      for (std::size_t i = first; i < chunks; ++i) auto f = rt.forward("f" + std::to_string(i), {ids[i]});
-    };
-    const auto backward = [&] {
-      for (std::size_t i = chunks; i-- > 0;) {
-        auto g = rt.backward("b" + std::to_string(i), {ids[i]});
-        for (auto& x : g.grad<float>(ids[i])) x = 0.25f;
-      }
-    };
-    const auto bump = [](const step_chunk& c) {
-      for (std::size_t k = 0; k < c.elems; ++k) {
-        static_cast<float*>(c.param)[k] -= 1e-3f * static_cast<const float*>(c.grad)[k];
-        c.momentum[k] += 1.0f;
-        c.variance[k] += 2.0f;
-      }
-    };
+    six t(4 + 2 * 4, {.disk_prefetch_depth = 0});
+    auto& rt = t.rt;
+    auto& disk_io = t.disk_io;
+    const auto& ids = t.ids;
+    const auto bump = six::bump;
     for (int s = 0; s < 2; ++s) {  // the trace, and every list in place
-      forward_from(0);
-      backward();
+      t.forward();
+      t.backward();
       rt.step(bump);
     }
     std::promise<void> release5;
@@ -541,8 +534,8 @@ TEST_CASE(
                                     },
                                 .undo = {},
                                 .spends_gradient = true}));
-    forward_from(0);
-    backward();
+    t.forward();
+    t.backward();
     rt.step(bump);
     const std::vector<std::uint32_t> carried(rt.carried_steps().begin(), rt.carried_steps().end());
     REQUIRE(carried == std::vector<std::uint32_t>{0, 1, 2, 3, 4});
@@ -572,21 +565,10 @@ TEST_CASE(
       CHECK(rt.stats().disk_failures == 1);
       CHECK(rt.carried_steps().front() == 1);
     }
-    forward_from(1);
+    t.forward(1);
     CHECK(rt.carried_steps().empty());
-    std::vector<float> v(elems), want(elems, 0.5f);
-    for (int s = 0; s < 3; ++s)
-      for (auto& x : want) x -= 1e-3f * 0.25f;
-    for (std::size_t i = 0; i < chunks; ++i) {
-      CAPTURE(i);
-      rt.read_tensor(ids[i], chunk_kind::param, v);
-      CHECK(v == want);
-      rt.read_tensor(ids[i], chunk_kind::momentum, v);
-      CHECK(v[0] == 3.0f);
-      rt.read_tensor(ids[i], chunk_kind::variance, v);
-      CHECK(v[0] == 6.0f);
-    }
-    backward();
+    t.check_three_steps();
+    t.backward();
     rt.step(bump);
     CHECK(rt.invariant_violations(true).empty());
   }
