@@ -9,7 +9,8 @@
  *  allgather, reduce-scatter and allreduce both are (N-1) x the per-rank bytes, so this is the sent
  *  bytes; for a rooted reduce of b bytes it is (N-1)·b received on the root and b sent elsewhere,
  *  so the root's link carries N-1 times what each other rank's does). The call then sleeps until
- *  its modelled duration has passed since it began. The link is one resource per rank: a
+ *  its modelled duration has passed since it began (bench/modelled_wait.hpp: a plain sleep wakes about
+ *  100 us late, which would count as link time). The link is one resource per rank: a
  *  collective issued while an earlier one still occupies it starts when that one ends
  *  (asynchronous calls queue behind each other, as on one NIC).
  *
@@ -23,6 +24,8 @@
 #pragma once
 
 #include <chunkstar/comm/communicator.hpp>
+
+#include "../modelled_wait.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -135,7 +138,7 @@ class modelled_link {
     bool sleep;
     void wait() {
       inner.wait();
-      if (sleep) std::this_thread::sleep_until(end);
+      if (sleep) chunkstar::bench::wait_until(end);
     }
     bool ready() { return inner.ready() && (!sleep || clock::now() >= end); }
   };
@@ -159,7 +162,7 @@ class modelled_link {
     const auto begin = clock::now();
     call();
     const auto end = schedule(begin, moved_since(before));
-    if (link_.sleep) std::this_thread::sleep_until(end);
+    if (link_.sleep) chunkstar::bench::wait_until(end);
     wall_s_ += std::chrono::duration<double>(clock::now() - begin).count();
   }
   template <class F>
