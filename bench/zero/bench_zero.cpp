@@ -241,6 +241,8 @@ options parse(int argc, char** argv) {
 struct comm_theory {
   std::uint64_t gathers = 0, reductions = 0, chunks = 0;  // per iteration; chunks: padded count (the norm's doubles)
   std::uint64_t gathers_ahead = 0;                   // of the gathers, those started while the scope before computes
+  std::uint64_t kept =
+      0;  // groups kept from one use to the next the look-ahead reaches (depth > 1), not gathered again
   std::uint64_t next_gathers = 0;  // groups the step gathers for the next iteration's first scope (budget allowing)
   std::uint64_t bytes_sent = 0, bytes_received = 0;  // per rank (equal in the group mode)
   std::uint64_t agreement_bytes_each_way =
@@ -256,9 +258,12 @@ struct comm_theory {
  *  by any later scope of the iteration); a gradient group is attached at its first backward use
  *  and reduce-scattered once none of its gradient chunks is used again in the iteration. With
  *  @p ahead (the budget holds them all), once a scope is open the groups the next scope needs and
- *  that are not gathered are gathered then. */
+ *  that are not gathered are gathered then; and at @p depth > 1 a group is kept instead of released
+ *  where its next use is at most depth scopes after the next one (gather_plan.hpp's keep: the
+ *  look-ahead would gather it again before then). */
 comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ranks, bool keep, bool ahead,
-                        std::size_t param_chunk_bytes, std::size_t grad_chunk_bytes, bool msc = false, int rank = 0) {
+                        std::size_t param_chunk_bytes, std::size_t grad_chunk_bytes, bool msc = false, int rank = 0,
+                        int depth = 1) {
   comm_theory t;
   if (ranks <= 1) return t;  // sharding is off at one rank: no collective at all
   ahead = ahead && !msc;     // the memory-saving mode gathers nothing ahead
@@ -298,6 +303,7 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
     return (grads ? next_grad : next_param)[m][chunk];
   };
   std::vector<bool> gathered(groups, false), attached(groups, false);
+  std::vector<std::size_t> hold(groups, none);  // kept (not released) until this moment
   const std::uint64_t group_g = u * grad_chunk_bytes;
   const auto group_p = [&](std::size_t g) -> std::uint64_t { return msc && owns(g) ? 0 : u * param_chunk_bytes; };
   const std::uint64_t result = msc ? 0 : grad_chunk_bytes;  // the owner's result buffer (the mode's reduce is in place)
@@ -344,10 +350,14 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
         for (std::size_t k = g * u; k < g * u + u; ++k) final = final && next_use(k, m, true) == none;
         if (final) start(g);
       }
-      if (gathered[g]) {
+      if (gathered[g] && (hold[g] == none || hold[g] <= m)) {
+        hold[g] = none;
         std::size_t nu = none;
         for (std::size_t k = g * u; k < g * u + u; ++k) nu = std::min(nu, next_use(k, m, false));
-        if (nu == none || (!keep && nu > m + 1)) gathered[g] = false, live -= group_p(g);
+        // Released, unless the next scope's look-ahead (depth scopes) reaches its next use: then kept.
+        if (nu != none && nu > m + 1 && ahead && depth > 1 && nu <= m + 1 + static_cast<std::size_t>(depth))
+          hold[g] = nu, ++t.kept;
+        else if (nu == none || (!keep && nu > m + 1)) gathered[g] = false, live -= group_p(g);
       }
     }
   }
@@ -391,6 +401,7 @@ struct rank_out {
   std::vector<comm_stats> comm;                    // deltas
   std::vector<std::uint64_t> gathers, reductions;  // deltas
   std::vector<std::uint64_t> at_step;              // deltas: the step's gathers for the next iteration
+  std::vector<std::uint64_t> kept;                 // deltas: groups kept instead of gathered again
   runtime_stats stats;                             // at the end, since the reset after the warm-up (steady-state peaks)
   runtime_stats warm;  // at the end of the warm-up, before that reset (its peaks: the untraced first iteration)
   std::uint64_t bytes_moved_measured = 0;  // host <-> device chunk bytes over the measured iterations
@@ -436,8 +447,8 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
     chunk_plan plan = layout.plan(gpt::param_specs(c));
     const std::size_t chunk_bytes = plan.chunk_elems * sizeof(float);
     plan.num_chunks = shard_map{ranks, 0}.padded(plan.num_chunks);
-    const auto theory =
-        zero_theory(c, plan, ranks, s.keep_gathered, s.gather_ahead, chunk_bytes, chunk_bytes, s.memory_saving);
+    const auto theory = zero_theory(c, plan, ranks, s.keep_gathered, s.gather_ahead, chunk_bytes, chunk_bytes,
+                                    s.memory_saving, 0, s.gather_depth);
     device_capacity = e2e::activation_bytes(c, B, T) +
                       padded_model_bytes(layout, c, ranks) / static_cast<std::size_t>(ranks) +
                       theory.peak_collective_bytes + chunk_bytes +
@@ -464,7 +475,7 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
   // Under the scale runs' budgets only some gathers start ahead: the theory with all of them
   // ahead bounds the buffers (a gather ahead only starts a group's buffer one scope earlier).
   me.theory = zero_theory(c, rt.plan(), ranks, s.keep_gathered, s.gather_ahead, me.param_chunk_bytes,
-                          me.param_chunk_bytes, s.memory_saving, link.rank());
+                          me.param_chunk_bytes, s.memory_saving, link.rank(), s.gather_depth);
   if (!s.gather_at_step) me.theory.next_gathers = 0;
   std::vector<int> tokens(B * T), targets(B * T);
   const std::size_t first = B * static_cast<std::size_t>(link.rank());  // this rank's slice of the global batch
@@ -489,6 +500,7 @@ void train_rank(const train_setup& s, const gpt::text_data& data, link_comm& lin
         {c1.bytes_sent - c0.bytes_sent, c1.bytes_received - c0.bytes_received, c1.collectives - c0.collectives});
     me.gathers.push_back(rt.stats().gathers - r0.gathers);
     me.at_step.push_back(rt.stats().gathers_at_step - r0.gathers_at_step);
+    me.kept.push_back(rt.stats().gathers_kept - r0.gathers_kept);
     me.reductions.push_back(rt.stats().reductions - r0.reductions);
     me.comm_model_s.push_back(link.modelled_seconds() - m0);
     me.losses.push_back(loss);
@@ -565,7 +577,7 @@ struct zero_result {
   std::size_t chunk_bytes = 0, num_chunks = 0;
   std::uint64_t bytes_moved = 0;
   comm_theory theory;
-  std::uint64_t comm_bytes = 0, gathers = 0, reductions = 0, collectives = 0;
+  std::uint64_t comm_bytes = 0, gathers = 0, kept = 0, reductions = 0, collectives = 0;
   double iteration_s = 0, compute_s = 0, comm_s = 0, link_wall_s = 0;
   std::vector<double> losses;
 };
@@ -616,10 +628,16 @@ void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, co
         check(out == x.theory.next_gathers || (!ample && out == 0), it + ": " + std::to_string(out) +
                                                                         " groups gathered at the step, theory " +
                                                                         std::to_string(x.theory.next_gathers));
+      // Groups kept instead of gathered again: every one the theory keeps where the budget holds
+      // them; a tight budget may keep fewer (each one then gathered again).
+      const std::uint64_t kept = x.kept[i];
+      check(ample ? kept == x.theory.kept : kept <= x.theory.kept,
+            it + ": " + std::to_string(kept) + " groups kept, theory " + std::to_string(x.theory.kept));
       const std::uint64_t per_gather = (static_cast<std::uint64_t>(ranks) - 1) * x.param_chunk_bytes;
       const std::uint64_t flag = in > 0 ? (static_cast<std::uint64_t>(ranks) - 1) * sizeof(double) : 0;
-      const std::uint64_t sent = x.theory.bytes_sent + out * per_gather + flag - in * per_gather;
-      const std::uint64_t received = x.theory.bytes_received + out * per_gather + flag - in * per_gather;
+      const std::uint64_t regathered = (x.theory.kept - std::min(kept, x.theory.kept)) * per_gather;
+      const std::uint64_t sent = x.theory.bytes_sent + out * per_gather + flag - in * per_gather + regathered;
+      const std::uint64_t received = x.theory.bytes_received + out * per_gather + flag - in * per_gather + regathered;
       std::uint64_t agree = i == 1 ? x.theory.agreement_bytes_each_way : 0;  // i = 1: the first traced
       if (depth > 1 && agree > 0 && x.comm[i].bytes_sent > sent && (x.comm[i].bytes_sent - sent) % agree == 0)
         agree = x.comm[i].bytes_sent - sent;  // several rounds of agreement
@@ -627,10 +645,11 @@ void check_group(const std::vector<rank_out>& r, int ranks, std::size_t from, co
             it + ": sent " + std::to_string(x.comm[i].bytes_sent) + " / received " +
                 std::to_string(x.comm[i].bytes_received) + " bytes, theory " + std::to_string(sent + agree) + " / " +
                 std::to_string(received + agree));
-      check(x.gathers[i] + in == x.theory.gathers + out && x.reductions[i] == x.theory.reductions,
-            it + ": " + std::to_string(x.gathers[i]) + " gathers / " + std::to_string(x.reductions[i]) +
-                " reductions, theory " + std::to_string(x.theory.gathers + out - in) + " / " +
-                std::to_string(x.theory.reductions));
+      check(
+          x.gathers[i] + kept + in == x.theory.gathers + x.theory.kept + out && x.reductions[i] == x.theory.reductions,
+          it + ": " + std::to_string(x.gathers[i]) + " gathers / " + std::to_string(x.reductions[i]) +
+              " reductions, theory " + std::to_string(x.theory.gathers + x.theory.kept - kept + out - in) + " / " +
+              std::to_string(x.theory.reductions));
     }
   }
 }
@@ -681,6 +700,7 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
   const std::size_t last = r0.comm.size() - 1;  // a steady-state iteration (every measured one was checked)
   z.comm_bytes = r0.comm[last].bytes();
   z.gathers = r0.gathers[last];
+  z.kept = r0.kept[last];
   z.reductions = r0.reductions[last];
   z.collectives = r0.comm[last].collectives;
   z.iteration_s = median_of_max(modelled, o.warmup, &rank_out::iter_s);
@@ -1041,7 +1061,8 @@ int main(int argc, char** argv) try {
           e2e::mib(double(z.device_peak_all)).c_str(), e2e::mib(double(z.device_capacity)).c_str(),
           e2e::mib(double(z.bytes_moved) / o.iterations).c_str());
     std::printf(
-        "\n| N | gathers/it | reductions/it | collectives/it | comm MiB/it (sent+recv, one rank) | theory MiB | ratio "
+        "\n| N | gathers/it (kept instead) | reductions/it | collectives/it | comm MiB/it (sent+recv, one rank) | "
+        "theory MiB | ratio "
         "| "
         "iteration ms | compute ms | comm ms (modelled) | overlap = it/max | (c+m)/max |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -1050,12 +1071,14 @@ int main(int argc, char** argv) try {
       char ratio[32] = "-";
       if (theory > 0) std::snprintf(ratio, sizeof ratio, "%.6f", double(z.comm_bytes) / theory);
       std::printf(
-          "| %d | %llu (theory %llu) | %llu (theory %llu) | %llu | %s | %s | %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n",
+          "| %d | %llu (theory %llu; %llu) | %llu (theory %llu) | %llu | %s | %s | %s | %.1f | %.1f | %.1f | %.3f | "
+          "%.3f "
+          "|\n",
           z.ranks, static_cast<unsigned long long>(z.gathers), static_cast<unsigned long long>(z.theory.gathers),
-          static_cast<unsigned long long>(z.reductions), static_cast<unsigned long long>(z.theory.reductions),
-          static_cast<unsigned long long>(z.collectives), e2e::mib(double(z.comm_bytes)).c_str(),
-          e2e::mib(theory).c_str(), ratio, 1e3 * z.iteration_s, 1e3 * z.compute_s, 1e3 * z.comm_s, z.iteration_s / mx,
-          (z.compute_s + z.comm_s) / mx);
+          static_cast<unsigned long long>(z.kept), static_cast<unsigned long long>(z.reductions),
+          static_cast<unsigned long long>(z.theory.reductions), static_cast<unsigned long long>(z.collectives),
+          e2e::mib(double(z.comm_bytes)).c_str(), e2e::mib(theory).c_str(), ratio, 1e3 * z.iteration_s,
+          1e3 * z.compute_s, 1e3 * z.comm_s, z.iteration_s / mx, (z.compute_s + z.comm_s) / mx);
     }
     std::printf(
         "(overlap 1 would mean communication fully hidden behind compute; (c+m)/max, none of it hidden. The runtime "
@@ -1089,6 +1112,7 @@ int main(int argc, char** argv) try {
       j.num("chunk_bytes", double(z.chunk_bytes)).num("num_chunks", double(z.num_chunks));
       j.num("bytes_moved_per_iteration", double(z.bytes_moved) / o.iterations);
       j.num("gathers_per_iteration", double(z.gathers)).num("reductions_per_iteration", double(z.reductions));
+      j.num("gathers_kept_per_iteration", double(z.kept));
       j.num("comm_bytes", double(z.comm_bytes))
           .num("comm_bytes_theory", double(z.theory.bytes_sent + z.theory.bytes_received));
       j.num("iteration_s", z.iteration_s).num("compute_s", z.compute_s).num("comm_s", z.comm_s);

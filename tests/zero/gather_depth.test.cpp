@@ -48,6 +48,7 @@ struct run_options {
   bool gather_ahead = true;
   int depth = 1;
   bool prepare = false;         // the step inside backward
+  bool head = false;            // a head scope between forward and backward reads layer 0 (a tied weight)
   std::size_t capacity_chunks = 64;  // the device, in chunks: room for every gathered group
 };
 
@@ -84,6 +85,16 @@ outcome train(const run_options& o) {
       for (int l = 0; l < layers; ++l) {
         auto s = rt.forward("layer" + std::to_string(l), {ids[static_cast<std::size_t>(l)]});
         for (const float w : s.template param<float>(ids[static_cast<std::size_t>(l)])) loss += w * w;
+      }
+      if (o.head) {  // the last layer's group is used again two scopes on (a transformer's turn)
+        {
+          auto s = rt.forward("head", {ids[0]});
+          for (const float w : s.template param<float>(ids[0])) loss += 0.5 * w;
+        }
+        auto s = rt.backward("head", {ids[0]});
+        const auto w = s.template param<float>(ids[0]);
+        const auto g = s.template grad<float>(ids[0]);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * w[i] + 1e-3f * static_cast<float>(comm.rank());
       }
       for (int l = layers; l-- > 0;) {
         auto s = rt.backward("layer" + std::to_string(l), {ids[static_cast<std::size_t>(l)]});
@@ -150,6 +161,34 @@ TEST_CASE(
           if (prepare) CHECK(deep.stats[r].early_steps > 0);
         }
         CHECK(one.stats.front().gathers_further == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "ZeRO gather_depth: a group used again within the look-ahead is kept instead of gathered again, the bits of "
+    "gathering on demand, the same on every rank") {
+  // Forward 0..7, a head reading layer 0, backward 7..0: the last layer's group is released after
+  // forward and read again two scopes on, which depth 2 reaches (gather_plan.hpp).
+  for (const int ranks : {2, 3}) {
+    for (const bool prepare : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(prepare);
+      const outcome on_demand = train({.ranks = ranks, .gather_ahead = false, .prepare = prepare, .head = true});
+      const outcome one = train({.ranks = ranks, .depth = 1, .prepare = prepare, .head = true});
+      same_bits(one, on_demand);
+      CHECK(one.stats.front().gathers_kept == 0);
+      for (const int depth : {2, 3}) {
+        CAPTURE(depth);
+        const outcome deep = train({.ranks = ranks, .depth = depth, .prepare = prepare, .head = true});
+        same_bits(deep, on_demand);
+        for (std::size_t r = 0; r < deep.stats.size(); ++r) {
+          CAPTURE(r);
+          // Once a step, from the first traced iteration on (the first has no plan).
+          CHECK(deep.stats[r].gathers_kept == static_cast<std::uint64_t>(steps - 1));
+          CHECK(deep.stats[r].gathers + deep.stats[r].gathers_kept == one.stats[r].gathers);
+        }
       }
     }
   }

@@ -277,7 +277,9 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
   // Four layers, one chunk each (1 KiB per list), so U = ceil(4 / N) groups are in use. Per
   // iteration, once the trace exists: forward gathers each group once (a group stays gathered
   // across its consecutive layers); backward gathers them again, except the last group, whose next
-  // use is the very next moment (kept gathered: only the forward's gathers); each group's
+  // use is the very next moment (kept gathered: only the forward's gathers), and except a group
+  // whose next use the look-ahead reaches when it is released (gather_depth 2, the default: at most
+  // three moments on, gather_plan::keep); each group's
   // gradients are reduce-scattered once; the norm is one allreduce of a double per chunk. The
   // first iteration with a trace (step 2) adds the ranks' agreement on the gathers ahead: one
   // allreduce of two doubles per moment of the trace (the least and the most depth any rank
@@ -290,7 +292,12 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
       CAPTURE(ranks);
       CAPTURE(keep);
       const std::uint64_t n = static_cast<std::uint64_t>(ranks), used = (4 + n - 1) / n, padded = used * n;
-      const std::uint64_t gathers = keep ? used : 2 * used - 1, reductions = used;
+      // Group k < used - 1 is released after forward's layer (k + 1) n - 1 (moment (k + 1) n - 1)
+      // and used again by its backward (moment 8 - (k + 1) n): kept where that is 3 moments on or
+      // less, (k + 1) n >= 3 (at N = 3 group 0, 3 moments on).
+      std::uint64_t kept = 0;
+      for (std::uint64_t k = 0; !keep && k + 1 < used; ++k) kept += (k + 1) * n >= 3;
+      const std::uint64_t gathers = keep ? used : 2 * used - 1 - kept, reductions = used;
       const std::uint64_t theory =
           (n - 1) * (gathers * chunk_bytes + reductions * chunk_bytes + padded * sizeof(double));
       std::vector<std::vector<comm_stats>> per_iteration(static_cast<std::size_t>(ranks));
@@ -313,6 +320,7 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
           if (step == steps) {
             last[static_cast<std::size_t>(comm.rank())] = r.rt.stats();
             CHECK(last[static_cast<std::size_t>(comm.rank())].gathers - rs.gathers == gathers);
+            CHECK(last[static_cast<std::size_t>(comm.rank())].gathers_kept - rs.gathers_kept == kept);
             CHECK(last[static_cast<std::size_t>(comm.rank())].reductions - rs.reductions == reductions);
           }
         }
@@ -342,7 +350,7 @@ TEST_CASE(
       CAPTURE(ranks);
       CAPTURE(tight);
       const std::size_t capacity =
-          tight ? act_bytes + (2 * static_cast<std::size_t>(ranks) + 4) * chunk_bytes : std::size_t{1} << 20;
+          tight ? act_bytes + (2 * static_cast<std::size_t>(ranks) + 3) * chunk_bytes : std::size_t{1} << 20;
       const auto got = train_zero(ranks, capacity, false);
       for (const auto& r : got) {
         const std::size_t share = r.model_bytes / static_cast<std::size_t>(ranks);
@@ -355,12 +363,17 @@ TEST_CASE(
         CHECK(r.stats.peak_collective_bytes <= collective_bound);
         CHECK(r.stats.peak_model_bytes <= share + r.stats.peak_collective_bytes);
         CHECK(r.stats.peak_device_bytes <= capacity);
-        // Gathers ahead where the budget holds them (plan_gathers): at 3 ranks the tight budget
-        // holds half of them; every rank starts the same ones (the plan is agreed).
-        if (!tight) loose_ahead = r.stats.gathers_ahead;
+        // Gathers ahead, and groups kept instead of gathered again, where the budget holds them
+        // (plan_gathers): at 2 and 3 ranks the tight budget holds two thirds of them (at 3 ranks
+        // the loose one keeps a group and the tight one does not); every rank starts the same
+        // ones (the plan is agreed).
+        const std::uint64_t ahead = r.stats.gathers_ahead + r.stats.gathers_kept;
+        if (!tight) loose_ahead = ahead;
         CHECK(r.stats.gathers_ahead == got.front().stats.gathers_ahead);
-        if (tight) CHECK(r.stats.gathers_ahead <= loose_ahead);
-        if (tight && ranks == 3) CHECK(r.stats.gathers_ahead < loose_ahead);
+        CHECK(r.stats.gathers_kept == got.front().stats.gathers_kept);
+        if (tight) CHECK(ahead <= loose_ahead);
+        if (tight && ranks <= 3) CHECK(ahead < loose_ahead);
+        if (!tight && ranks == 3) CHECK(r.stats.gathers_kept > 0);
         if (ranks == 2 || ranks == 3) CHECK(r.stats.gathers_ahead > 0);
       }
     }
@@ -545,14 +558,18 @@ TEST_CASE(
       REQUIRE(sync.size() == static_cast<std::size_t>(steps));
       CHECK(sync[0] == 8);  // no trace yet: every scope gathers, and waits for it
       CHECK(ahead[0] == 0);
+      // At 3 ranks group 0 (layers 0-2) is kept from forward's layer 2 to its backward, three
+      // moments on, which gather_depth 2 reaches (gather_plan::keep): one gather fewer.
+      const std::size_t kept = ranks == 3 ? 1 : 0;
       for (std::size_t it = 1; it < sync.size(); ++it) {
         CAPTURE(it);
-        CHECK(sync[it] == (it == 1 ? 1 : 0));   // group 0 as layer 0 opens, until a step has gathered it
-        CHECK(ahead[it] == 2 * used - 2 + 1);   // every other gather of the iteration (2U - 1 in all), and
-                                                // the step's of group 0 for the next one
-        CHECK(overlapped[it] == 2 * used - 2);  // those with a scope computed between their start and wait
+        CHECK(sync[it] == (it == 1 ? 1 : 0));          // group 0 as layer 0 opens, until a step has gathered it
+        CHECK(ahead[it] == 2 * used - 2 + 1 - kept);   // every other gather of the iteration (2U - 1 in all,
+                                                       // less those kept), and the step's of group 0 for the next one
+        CHECK(overlapped[it] == 2 * used - 2 - kept);  // those with a scope computed between their start and wait
       }
-      CHECK(got[k].stats.gathers_ahead == (steps - 1) * (2 * used - 1));
+      CHECK(got[k].stats.gathers_ahead == (steps - 1) * (2 * used - 1 - kept));
+      CHECK(got[k].stats.gathers_kept == (steps - 1) * kept);
       CHECK(got[k].stats.gathers_at_step == steps - 1);
     }
     const auto expected = reference(ranks);
@@ -728,14 +745,90 @@ TEST_CASE(
   CHECK(agreed.depth[4] == 2);
 }
 
-TEST_CASE("plan_gathers: deeper never needs more than the budget where depth 1 fits, and gathers as often") {
+TEST_CASE(
+    "plan_gathers keeps a group from one use to the next the look-ahead reaches, instead of releasing and gathering it "
+    "again, where the moments between hold it") {
+  // A transformer's turn: forward emb {0}, block {2}, block {4, 5}, head {1} (in the embedding's
+  // group, as a tied weight is), backward in reverse, the step. 2 ranks (groups {0, 1}, {2, 3},
+  // {4, 5}), rank 0, 100-byte chunks. At depth 2, once a group is released the next moment's
+  // look-ahead reaches its next use 3 moments on: the embedding's group after m = 0 (for the
+  // head, m = 3) and after m = 4 (for backward's emb, m = 7), the last block's after m = 2 (for
+  // its backward, m = 5).
+  sharding_trace t;
+  const auto scope = [&](moment_kind k, std::vector<std::uint32_t> c) {
+    t.kinds.push_back(k);
+    t.grads.push_back(k == moment_kind::backward ? c : std::vector<std::uint32_t>{});
+    t.params.push_back(std::move(c));
+  };
+  for (auto c : {std::vector<std::uint32_t>{0}, {2}, {4, 5}, {1}}) scope(moment_kind::forward, c);
+  for (auto c : {std::vector<std::uint32_t>{1}, {4, 5}, {2}, {0}}) scope(moment_kind::backward, c);
+  t.kinds.push_back(moment_kind::optimizer), t.params.emplace_back(), t.grads.emplace_back();
+  gather_plan_inputs in{.map = {.world = 2, .rank = 0},
+                        .param_chunk_bytes = 100,
+                        .grad_chunk_bytes = 100,
+                        .keep_gathered = false,
+                        .depth = 2,
+                        .budget = std::vector<std::size_t>(t.size(), 10'000)};
+  const auto one = [&] {
+    auto i = in;
+    i.depth = 1;
+    return plan_gathers(t, i);
+  }();
+  CHECK(one.kept == 0);  // depth 1 reaches no further than the very next moment, which is kept anyway
+  // Per iteration (the step gathers the embedding's group for the next one's m = 0): the
+  // embedding's group 3 times, each block's twice.
+  CHECK(one.gathers == 7);
+  const auto deep = plan_gathers(t, in);
+  CHECK(deep.kept == 3);
+  CHECK(deep.gathers == 4);  // the embedding's group at the step, block 1's twice, the last block's once
+  CHECK(deep.gathers + deep.kept == one.gathers + one.kept);
+  CHECK(deep.keep[0] == std::vector<std::size_t>{0});
+  CHECK(deep.keep_until[0] == std::vector<std::size_t>{3});
+  CHECK(deep.keep[2] == std::vector<std::size_t>{2});
+  CHECK(deep.keep_until[2] == std::vector<std::size_t>{5});
+  CHECK(deep.keep[4] == std::vector<std::size_t>{0});
+  CHECK(deep.keep_until[4] == std::vector<std::size_t>{7});
+  // Kept from m = 0 on, the group is counted where it is held, as a gather ahead would be: at
+  // m = 1 beside what m = 1 holds (block 1's group, the last block's, gathered ahead at m = 0,
+  // with its send buffer, rank 0's chunk 4, and rank 0's chunk 2 in use: 600), 200 more; no
+  // gather starts for it.
+  CHECK(deep.ahead[0] == std::vector<std::size_t>{1, 2});
+  CHECK(deep.demand[1] == 600);
+  CHECK(deep.need[1] == 800);
+  CHECK(deep.depth[1] == 2);
+  CHECK_FALSE(deep.starts_ahead(1));
+  // One byte short at m = 1: m = 1 gathers nothing ahead (the last block's group is on its way)
+  // and keeps nothing; the embedding's group goes after m = 0 and is gathered again (ahead, at
+  // m = 2); the other two are still kept.
+  in.budget[1] = 799;
+  const auto short_at_1 = plan_gathers(t, in);
+  CHECK(short_at_1.depth[1] == 0);
+  CHECK(short_at_1.keep[0].empty());
+  CHECK(short_at_1.kept == 2);
+  CHECK(short_at_1.gathers == 5);
+  CHECK(short_at_1.ahead[2] == std::vector<std::size_t>{0});
+  // The ranks' agreement restricts keeps as it restricts gathers ahead (depth 1 at m = 3: the
+  // last block's group is released after m = 2 and gathered again).
+  in.budget[1] = 10'000;
+  std::vector<std::size_t> agreed(t.size(), 2);
+  agreed[3] = 1;
+  const auto restricted = plan_gathers(t, in, agreed);
+  CHECK(restricted.keep[2].empty());
+  CHECK(restricted.kept == 2);
+  // Kept from forward to the step (sharding_options::keep_gathered): nothing is released, nothing kept.
+  in.keep_gathered = true;
+  CHECK(plan_gathers(t, in).kept == 0);
+}
+
+TEST_CASE(
+    "plan_gathers: deeper never needs more than the budget where depth 1 fits, and gathers as often or keeps instead") {
   // Random traces (forward and backward over random chunk sets, the step), random budgets, 2-4 ranks.
   std::uint64_t state = 12345;
   const auto next = [&](std::uint64_t mod) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return (state >> 33) % mod;
   };
-  int deeper = 0;
+  int deeper = 0, kept = 0;
   for (int trial = 0; trial < 300; ++trial) {
     CAPTURE(trial);
     const int world = 2 + static_cast<int>(next(3));
@@ -762,7 +855,7 @@ TEST_CASE("plan_gathers: deeper never needs more than the budget where depth 1 f
       CAPTURE(depth);
       in.depth = depth;
       const auto d = plan_gathers(t, in);
-      CHECK(d.gathers == one.gathers);
+      CHECK(d.gathers + d.kept == one.gathers + one.kept);  // a group kept is one not gathered again
       CHECK(d.reductions == one.reductions);
       for (std::size_t m = 0; m < t.size(); ++m) {
         CAPTURE(m);
@@ -772,12 +865,15 @@ TEST_CASE("plan_gathers: deeper never needs more than the budget where depth 1 f
         // Each for a later moment; the step's for the next iteration's first scope.
         for (std::size_t i = 0; i < d.ahead[m].size(); ++i)
           CHECK((m == d.step ? d.until[m][i] < m : d.until[m][i] > m));
+        for (const std::size_t until : d.keep_until[m]) CHECK(until > m + 1);  // else it was never released
       }
-      deeper += d.gathers_ahead > one.gathers_ahead;
+      deeper += d.gathers_ahead + d.kept > one.gathers_ahead + one.kept;
+      kept += d.kept > one.kept;
     }
   }
-  MESSAGE(deeper << " of 900 plans gather more groups ahead than at depth 1");
+  MESSAGE(deeper << " of 900 plans gather or keep more groups ahead than at depth 1, " << kept << " keep more");
   CHECK(deeper > 0);
+  CHECK(kept > 0);
 }
 
 TEST_CASE("ZeRO memory-saving mode: chunk by chunk, the reference's bits at N = 1-4 where group buffers do not fit") {

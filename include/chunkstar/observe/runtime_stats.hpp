@@ -62,6 +62,9 @@ struct runtime_stats {
   double reduce_wait_s = 0;
   std::uint64_t gathers_ahead = 0;  ///< ZeRO: of the gathers, those started before the moment that uses them (gather_plan.hpp)
   std::uint64_t gathers_further = 0;  ///< ZeRO: of those, started more than one moment before it (sharding_options::gather_depth)
+  /// ZeRO: gathers not needed: groups kept from one use to a later one the look-ahead reaches,
+  /// instead of released and gathered again (gather_plan::keep).
+  std::uint64_t gathers_kept = 0;
   /// ZeRO: of the gathers ahead, the next iteration's first groups, started during the step.
   std::uint64_t gathers_at_step = 0;
   /// ZeRO: time the calling thread waited for allgathers: synchronous ones whole, those started

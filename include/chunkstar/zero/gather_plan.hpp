@@ -8,8 +8,12 @@
  *         (d up to `depth`, the largest that fits) only where the compute tier's budget holds them
  *         beside everything m needs and, for a group held until a later moment, beside everything
  *         each moment in between needs; and, at the step, the gathers of the groups the next
- *         iteration's first scope needs, where the step's moments and that scope hold them. It also
- *         predicts the group buffers live at each moment (what a budget must leave for them).
+ *         iteration's first scope needs, where the step's moments and that scope hold them. A group
+ *         the last moment released (its next use not the very next moment) that m would gather
+ *         ahead is kept instead (`keep`): the same bytes held at the same moments, one gather
+ *         fewer (at depth 2: a transformer's last block, used again in backward two scopes after
+ *         the head's forward). It also predicts the group buffers live at each moment (what a
+ *         budget must leave for them).
  *
  *  Every rank plans from the same trace; budgets may differ per rank (each has its own non-model
  *  peaks), so the runtime agrees on the depth accepted at each moment (the minimum over ranks).
@@ -84,6 +88,10 @@ struct gather_plan_inputs {
 struct gather_plan {
   std::vector<std::vector<std::size_t>> ahead;  ///< per moment: groups gathered while it computes, for later ones
   std::vector<std::vector<std::size_t>> until;  ///< per moment, beside `ahead`: the moment each group is for (kept till then)
+  /// Per moment m: groups kept when m's scope closes, instead of released, for the moment of
+  /// `keep_until` (accepted at m + 1 as its gathers ahead are, at `depth[m + 1]`, with no gather).
+  std::vector<std::vector<std::size_t>> keep;
+  std::vector<std::vector<std::size_t>> keep_until;  ///< per moment, beside `keep`
   std::vector<std::size_t> depth;               ///< per moment: how many moments ahead it gathers (0: none)
   std::vector<std::size_t> need;      ///< per moment: owned parameter chunks in use + group buffers + gathers ahead
   std::vector<std::size_t> demand;    ///< per moment: `need` without the gathers it starts ahead
@@ -91,6 +99,7 @@ struct gather_plan {
   std::size_t peak_buffer_bytes = 0;  ///< the most of `buffers`, the optimizer step's reductions included
   std::size_t gathers = 0;            ///< allgathers per iteration (ahead or not)
   std::size_t gathers_ahead = 0;      ///< of which start a moment ahead
+  std::size_t kept = 0;               ///< gathers saved per iteration: the groups in `keep`
   std::size_t reductions = 0;         ///< reduce-scatters per iteration
   /// The step's first moment when it gathers the groups of the next iteration's first scope
   /// (`ahead[step]`, each for `until[step]`, a moment of the next iteration); none: it does not.
@@ -144,11 +153,14 @@ struct gather_plan {
   gather_plan p;
   p.ahead.resize(M);
   p.until.resize(M);
+  p.keep.resize(M);
+  p.keep_until.resize(M);
   p.depth.assign(M, 0);
   p.need.assign(M, 0);
   p.demand.assign(M, 0);
   p.buffers.assign(M, 0);
   std::vector<bool> gathered(groups, false), attached(groups, false), reducing(groups, false);
+  std::vector<bool> released(groups, false);  // by the last moment's close: a gather ahead keeps it instead
   std::vector<std::size_t> held_until(groups, none), pinned(groups, 0);  // a gather ahead: its moment, its send buffer
   std::size_t pins = 0;                                                   // bytes of send buffers pinned now
   std::vector<std::size_t> in_flight;
@@ -213,6 +225,7 @@ struct gather_plan {
         if (gathered[g]) gathered[g] = false, live -= group_p;
         held_until[g] = none;
         pins -= std::exchange(pinned[g], 0);
+        released[g] = false;
       }
       finish_reductions();
       if (p.step == none && m > 0 && scope(m - 1)) plan_step_gathers(m);
@@ -230,11 +243,13 @@ struct gather_plan {
     p.need[m] = p.demand[m] = live + owned + pins;
     // Gathers ahead, for the groups of moments m + 1 .. m + d not gathered now, the deepest d
     // allowed that fits; each also pins this rank's chunk of the group (its send buffer) unless m
-    // uses it already, until the moment it is for.
+    // uses it already, until the moment it is for. A group the last close released is kept
+    // instead (no gather, nothing pinned: its buffer never left), held from that close on.
     const std::size_t allow = max_depth.empty() ? in.depth : m < max_depth.size() ? std::min(max_depth[m], in.depth) : 0;
     if (scope(m + 1) && m < in.budget.size() && allow > 0) {
       for (std::size_t d = allow; d >= 1; --d) {
         std::vector<std::size_t> next, target, cost_of;
+        std::vector<bool> kept;
         std::size_t cost = 0;
         bool whole = true;  // every moment up to m + d is a scope of this iteration
         for (std::size_t u = m + 1; u <= m + d; ++u) {
@@ -249,7 +264,9 @@ struct gather_plan {
             const bool in_use = std::binary_search(trace.params[m].begin(), trace.params[m].end(), own);
             next.push_back(g);
             target.push_back(u);
-            cost_of.push_back(group_p + (in_use || static_cast<std::size_t>(in.map.rank) >= members(g) ? 0 : pb));
+            kept.push_back(m > 0 && released[g]);
+            cost_of.push_back(group_p +
+                              (kept.back() || in_use || static_cast<std::size_t>(in.map.rank) >= members(g) ? 0 : pb));
             cost += cost_of.back();
           }
         }
@@ -262,16 +279,22 @@ struct gather_plan {
         }
         if (!fits) continue;
         for (std::size_t i = 0; i < next.size(); ++i) {
-          gather(next[i]);
           held_until[next[i]] = target[i];
+          for (std::size_t k = m + 1; k < target[i]; ++k) extra[k] += cost_of[i];
+          if (kept[i]) {
+            gathered[next[i]] = true, live += group_p, ++p.kept;
+            p.keep[m - 1].push_back(next[i]);
+            p.keep_until[m - 1].push_back(target[i]);
+            continue;
+          }
+          gather(next[i]);
           pinned[next[i]] = cost_of[i] - group_p;
           pins += pinned[next[i]];
-          for (std::size_t k = m + 1; k < target[i]; ++k) extra[k] += cost_of[i];
+          p.ahead[m].push_back(next[i]);
+          p.until[m].push_back(target[i]);
+          ++p.gathers_ahead;
         }
-        p.gathers_ahead += next.size();
         p.need[m] += cost;
-        p.ahead[m] = std::move(next);
-        p.until[m] = std::move(target);
         p.depth[m] = d;
         break;
       }
@@ -281,6 +304,7 @@ struct gather_plan {
     // after_close(m)
     finish_reductions();
     for (std::size_t g = 0; g < groups; ++g) {
+      released[g] = false;
       if (attached[g] && !reducing[g]) {
         bool final = true;
         for (std::size_t k = g * n; k < g * n + members(g); ++k) final = final && next_grad[m][k] == none;
@@ -290,7 +314,8 @@ struct gather_plan {
       if (gathered[g] && held_until[g] == none) {  // a group gathered ahead is kept for its moment
         std::size_t next = none;
         for (std::size_t k = g * n; k < g * n + members(g); ++k) next = std::min(next, next_param[m][k]);
-        if (next == none || (!in.keep_gathered && next > m + 1)) gathered[g] = false, live -= group_p;
+        if (next == none || (!in.keep_gathered && next > m + 1))
+          gathered[g] = false, live -= group_p, released[g] = true;
       }
     }
   }

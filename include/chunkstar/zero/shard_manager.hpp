@@ -277,6 +277,9 @@ class shard_manager {
   /** Frees group @p g's gathered parameters; a gather still in flight is waited for first (it
    *  writes into the buffer), quietly. */
   void release(std::size_t g) noexcept;
+  /** The moment the plan keeps group @p g for when moment @p m's scope has closed (gather_plan::keep);
+   *  never: released as usual. */
+  [[nodiscard]] std::size_t kept_until(std::size_t g, std::size_t m) const;
 
   /** Gives the gradients of group @p g a zeroed group buffer (the owned one too, unless an earlier
    *  reduction this iteration left it a payload: new contributions then add into that). */
@@ -388,6 +391,14 @@ std::vector<chunk_id> shard_manager<Store, Residency, TracerT, Comm>::prepare(st
       if (map().owns(id.index)) owned.push_back(id);
     }
   }
+  // The owned chunks come next (the demand path): as for a group buffer (room()), reductions in
+  // flight complete before chunks are evicted for room they would give back. A group gathered
+  // ahead or kept takes no room() here, so this is the only chance.
+  std::size_t missing = 0;
+  for (auto id : owned)
+    if (store_.at(id).where != tier::device) missing += store_.bytes_of(id.kind);
+  if (missing > 0 && !in_flight_.empty() && store_.device_in_use() + missing > residency_.budget_now())
+    finish_reductions();
   return owned;
 }
 
@@ -435,9 +446,25 @@ void shard_manager<Store, Residency, TracerT, Comm>::after_close(std::size_t m, 
     if (groups_[g].accumulating && !groups_[g].reducing && all_final(g, m)) start_reduction(g);
     if (groups_[g].hold_until != never && groups_[g].hold_until <= m) groups_[g].hold_until = never;
     if (groups_[g].gathered && groups_[g].hold_until == never &&  // one gathered ahead waits for its moment
-        release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered))
-      release(g);
+        release_gathered(tracer_, members(chunk_kind::param, g), m, options_.keep_gathered)) {
+      if (const std::size_t until = kept_until(g, m); until != never) {  // the plan keeps it: no gather again
+        groups_[g].hold_until = until;
+        ++stats_.gathers_kept;
+      } else {
+        release(g);
+      }
+    }
   }
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+std::size_t shard_manager<Store, Residency, TracerT, Comm>::kept_until(std::size_t g, std::size_t m) const {
+  // The plan of this trace only (made at the iteration's first scope; gather_ahead's conditions).
+  if (!options_.gather_ahead || memory_saving() || plan_key_ != tracer_.stats().traces || m >= plan_.keep.size())
+    return never;
+  const auto& keep = plan_.keep[m];
+  const auto it = std::find(keep.begin(), keep.end(), g);
+  return it == keep.end() ? never : plan_.keep_until[m][static_cast<std::size_t>(it - keep.begin())];
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
