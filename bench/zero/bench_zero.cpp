@@ -241,8 +241,7 @@ options parse(int argc, char** argv) {
 struct comm_theory {
   std::uint64_t gathers = 0, reductions = 0, chunks = 0;  // per iteration; chunks: padded count (the norm's doubles)
   std::uint64_t gathers_ahead = 0;                   // of the gathers, those started while the scope before computes
-  std::uint64_t kept =
-      0;  // groups kept from one use to the next the look-ahead reaches (depth > 1), not gathered again
+  std::uint64_t kept = 0;          // groups kept, not gathered again: their next use within the look-ahead
   std::uint64_t next_gathers = 0;  // groups the step gathers for the next iteration's first scope (budget allowing)
   std::uint64_t bytes_sent = 0, bytes_received = 0;  // per rank (equal in the group mode)
   std::uint64_t agreement_bytes_each_way =

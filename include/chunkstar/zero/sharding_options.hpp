@@ -13,13 +13,14 @@ struct sharding_options {
   bool keep_gathered = false;
   bool reduce_in_fp32 = true;  ///< reduce 16-bit gradients in fp32 (false: in the gradient dtype; half the bytes)
   /// Start the allgathers of the next moment's groups once a scope is open, so they run while it
-  /// computes, where the trace says the budget holds them (runtime/gather_plan.hpp); false: each
+  /// computes, where the trace says the budget holds them (zero/gather_plan.hpp); false: each
   /// gather waits for the scope that needs it.
   bool gather_ahead = true;
   /// How many scopes ahead a gather may start (with gather_ahead): the groups of the next
   /// gather_depth scopes, where the budget holds them until they are used, so a scope whose compute
-  /// is shorter than its gathers is hidden by the scopes before it. 1: the next scope only. The
-  /// default, 2, measured in docs/zero.md ("Benchmark").
+  /// is shorter than its gathers is hidden by the scopes before it; a group released whose next
+  /// use is that near is kept instead of gathered again (gather_plan::keep). 1: the next scope
+  /// only. The default, 2, measured in docs/zero.md ("Benchmark").
   int gather_depth = 2;
   /// With gather_ahead: the step gathers the groups the next iteration's first scope needs, each
   /// once this rank's chunk of it is stepped, so they travel while the step goes on (the budget
