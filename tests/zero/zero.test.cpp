@@ -579,21 +579,24 @@ TEST_CASE(
 }
 
 namespace {
-/** 4 layers of one chunk each, forward 0..3 then backward 3..0 and the step. */
-sharding_trace four_layer_trace() {
+/** Forward over @p layers (each the chunks its scope uses) in order, backward in reverse (each
+ *  scope's gradients its chunks), then the step. */
+sharding_trace mirrored_trace(const std::vector<std::vector<std::uint32_t>>& layers) {
   sharding_trace t;
-  const auto scope = [&](moment_kind k, std::uint32_t c) {
+  const auto scope = [&](moment_kind k, const std::vector<std::uint32_t>& c) {
     t.kinds.push_back(k);
-    t.params.push_back({c});
-    t.grads.push_back(k == moment_kind::backward ? std::vector<std::uint32_t>{c} : std::vector<std::uint32_t>{});
+    t.params.push_back(c);
+    t.grads.push_back(k == moment_kind::backward ? c : std::vector<std::uint32_t>{});
   };
-  for (std::uint32_t l = 0; l < 4; ++l) scope(moment_kind::forward, l);
-  for (std::uint32_t l = 4; l-- > 0;) scope(moment_kind::backward, l);
+  for (const auto& c : layers) scope(moment_kind::forward, c);
+  for (auto c = layers.rbegin(); c != layers.rend(); ++c) scope(moment_kind::backward, *c);
   t.kinds.push_back(moment_kind::optimizer);
   t.params.emplace_back();
   t.grads.emplace_back();
   return t;
 }
+/** 4 layers of one chunk each, forward 0..3 then backward 3..0 and the step. */
+sharding_trace four_layer_trace() { return mirrored_trace({{0}, {1}, {2}, {3}}); }
 }  // namespace
 
 TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget holds it beside what the moment needs") {
@@ -754,15 +757,7 @@ TEST_CASE(
   // look-ahead reaches its next use 3 moments on: the embedding's group after m = 0 (for the
   // head, m = 3) and after m = 4 (for backward's emb, m = 7), the last block's after m = 2 (for
   // its backward, m = 5).
-  sharding_trace t;
-  const auto scope = [&](moment_kind k, std::vector<std::uint32_t> c) {
-    t.kinds.push_back(k);
-    t.grads.push_back(k == moment_kind::backward ? c : std::vector<std::uint32_t>{});
-    t.params.push_back(std::move(c));
-  };
-  for (auto c : {std::vector<std::uint32_t>{0}, {2}, {4, 5}, {1}}) scope(moment_kind::forward, c);
-  for (auto c : {std::vector<std::uint32_t>{1}, {4, 5}, {2}, {0}}) scope(moment_kind::backward, c);
-  t.kinds.push_back(moment_kind::optimizer), t.params.emplace_back(), t.grads.emplace_back();
+  const sharding_trace t = mirrored_trace({{0}, {2}, {4, 5}, {1}});
   gather_plan_inputs in{.map = {.world = 2, .rank = 0},
                         .param_chunk_bytes = 100,
                         .grad_chunk_bytes = 100,

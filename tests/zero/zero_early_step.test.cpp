@@ -339,6 +339,14 @@ struct host_stepped_six {
       for (auto& x : g.template grad<float>(ids[i])) x = 0.25f;
     }
   }
+  /** Two plain steps (bump): the trace, and every list in place. */
+  void two_plain_steps() {
+    for (int s = 0; s < 2; ++s) {
+      forward();
+      backward();
+      rt.step(bump);
+    }
+  }
   static void bump(const step_chunk& c) {
     for (std::size_t k = 0; k < c.elems; ++k) {
       static_cast<float*>(c.param)[k] -= 1e-3f * static_cast<const float*>(c.grad)[k];
@@ -381,11 +389,7 @@ TEST_CASE(
   six t(2 * chunks + 4, {});
   auto& rt = t.rt;
   const auto bump = six::bump;
-  for (int s = 0; s < 2; ++s) {  // the trace, and every list in place
-    t.forward();
-    t.backward();
-    rt.step(bump);
-  }
+  t.two_plain_steps();
   std::promise<void> release;
   const std::shared_future<void> held = release.get_future().share();
   std::atomic<int> updates{0};
@@ -519,11 +523,7 @@ TEST_CASE(
     auto& disk_io = t.disk_io;
     const auto& ids = t.ids;
     const auto bump = six::bump;
-    for (int s = 0; s < 2; ++s) {  // the trace, and every list in place
-      t.forward();
-      t.backward();
-      rt.step(bump);
-    }
+    t.two_plain_steps();
     std::promise<void> release5;
     const std::shared_future<void> held5 = release5.get_future().share();
     REQUIRE(rt.arm_early_steps({.update =
