@@ -516,6 +516,70 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "ZeRO: for_each_grad_chunk (the norm's scan) visits the gradients already final while the last reductions travel, "
+    "then each reduction's as it lands") {
+  // 4 layers of one chunk each. The step's last reductions start once backward has ended; a scan
+  // over the owned gradients (chunk_adam's norm, here the user's own) reads those already reduced
+  // before it waits for them, and the rest in the order their reductions land: each owned chunk
+  // once, none before its group's reduction was waited for, the bits of the step unchanged.
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    const std::size_t n = static_cast<std::size_t>(ranks);
+    std::vector<recorded_rank> got(n);
+    run_ranks(ranks, [&](in_process_communicator& inner) {
+      auto& me = got[static_cast<std::size_t>(inner.rank())];
+      recording_communicator comm(inner, me.log);
+      mlp_replica<recording_communicator> r({.sharding = {.enabled = true}}, 1 << 20, comm);
+      auto opt = mlp_adam();
+      for (int step = 1; step <= steps; ++step) {
+        me.log.push_back("iteration");
+        r.forward_backward(step, comm.rank(), [] {});
+        r.rt.for_each_grad_chunk([&](const step_chunk& c) { me.log.push_back("visit " + std::to_string(c.index)); });
+        me.log.push_back("step");
+        REQUIRE(opt.step(r.rt, 2e-2f, ranks).stepped);
+      }
+      me.params = owned_params(r);
+      me.violations = r.rt.invariant_violations(true);
+    });
+    for (std::size_t k = 0; k < n; ++k) {
+      CAPTURE(k);
+      CHECK(got[k].violations.empty());
+      std::size_t iterations = 0;
+      for (std::size_t i = 0; i < got[k].log.size(); ++i) {
+        if (got[k].log[i] != "iteration") continue;
+        ++iterations;
+        std::size_t end = i + 1;
+        while (got[k].log[end] != "step") ++end;
+        // Backward's last reduction starts (rs), is waited for (rw); the visits around them.
+        std::size_t rs = i, rw = i;
+        for (std::size_t e = i; e < end; ++e) {
+          if (got[k].log[e] == "reduce-start") rs = e;
+          if (got[k].log[e] == "reduce-wait") rw = e;
+        }
+        REQUIRE(rw > rs);
+        std::vector<std::size_t> before, after;  // visited before and after that wait
+        for (std::size_t e = i; e < end; ++e)
+          if (got[k].log[e].rfind("visit ", 0) == 0) {
+            CHECK(e > rs);  // after backward
+            (e < rw ? before : after).push_back(std::stoul(got[k].log[e].substr(6)));
+          }
+        // The group reduced last (layer 0's, group 0, owned chunk k) is visited once it has landed;
+        // every other owned chunk (k + g N of each later group; the chunk count is padded to whole
+        // groups, and a padding chunk's reduced gradient is zeros) while it travels.
+        std::vector<std::size_t> others;
+        for (std::size_t c = k + n; c < (4 + n - 1) / n * n; c += n) others.push_back(c);
+        CHECK(before == others);
+        CHECK(after == std::vector<std::size_t>{k});
+      }
+      CHECK(iterations == static_cast<std::size_t>(steps));
+    }
+    const auto expected = reference(ranks);  // the step's own scan reads in the same order: same bits
+    for (const auto& mine : got)
+      for (const auto& [name, v] : mine.params) CHECK_MESSAGE(v == expected.params.at(name), name);
+  }
+}
+
 TEST_CASE("gradient_final_untraced: final once backward has used a chunk as often as forward did") {
   CHECK_FALSE(gradient_final_untraced(1, 0));
   CHECK(gradient_final_untraced(1, 1));

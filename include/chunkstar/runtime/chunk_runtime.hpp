@@ -186,8 +186,10 @@ class chunk_runtime {
   /** @brief True when a step threw part-way: calling step() again finishes it. */
   [[nodiscard]] bool step_in_progress() const noexcept { return pass_.in_progress(); }
 
-  /** @brief Visits every materialised gradient chunk in order without moving it (overflow checks,
-   *  norms): `f(const step_chunk&)` with `grad`, `where`, `param_type`, `elems`, `tensors`, `slots`, `specs`. */
+  /** @brief Visits every materialised gradient chunk once without moving it (overflow checks,
+   *  norms): `f(const step_chunk&)` with `grad`, `where`, `param_type`, `elems`, `tensors`, `slots`,
+   *  `specs`. In chunk order, except under ZeRO, where the chunks whose reduction is still in flight
+   *  come last, as each lands (what `f` computes per chunk must not depend on the order). */
   void for_each_grad_chunk(function_ref<void(const step_chunk&)> f);
   /** @brief Pins gradient chunk @p c for a collective on its payload: where it is, or on the host (room made
    *  first) when it was on the disk or FREE (then zeros). */
@@ -533,9 +535,17 @@ void CHUNKSTAR_RUNTIME::step_with(update_ref update, early_outcome early) {
 
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::for_each_grad_chunk(function_ref<void(const step_chunk&)> f) {
-  shard_.finish_backward();
-  if (open_.size() == 0) run_early_steps();  // the early updates only read their gradients: they go on
-  for_each_gradient(store_, plan_, registry_.specs(), options_.param_type, f);
+  // Under ZeRO the last reductions are still in flight here: the chunks already final are visited
+  // while they travel, then each reduction's as it lands (a norm's scan hides behind the link).
+  shard_.close_backward();
+  std::vector<char> seen(plan_.num_chunks, 0);
+  do {
+    if (open_.size() == 0) run_early_steps();  // the early updates only read their gradients: they go on
+    for_each_gradient(store_, plan_, registry_.specs(), options_.param_type, f, [&](std::uint32_t c) {
+      if (seen[c] || shard_.reducing(c)) return false;
+      return seen[c] = 1, true;
+    });
+  } while (shard_.finish_one_reduction());
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE

@@ -67,20 +67,21 @@ struct step_chunk {
   int threads = 0;
 };
 
-/** @brief Calls `f(const step_chunk&)` for every gradient chunk of @p store that has a payload, in
- *  order, after its copy landed, without moving it (`grad`, `where`, `param_type`, `elems`,
- *  `tensors`, `slots` and `specs` set). A chunk on the disk is read into a host buffer for the
- *  call (`where` is then `host`): `f` only reads. */
-template <class Store, class F>
+/** @brief Calls `f(const step_chunk&)` for every gradient chunk of @p store that has a payload and
+ *  that @p which accepts (`which(c)`, called once per chunk index with a payload), in order, after
+ *  its copy landed, without moving it (`grad`, `where`, `param_type`, `elems`, `tensors`, `slots`
+ *  and `specs` set). A chunk on the disk is read into a host buffer for the call (`where` is then
+ *  `host`): `f` only reads. */
+template <class Store, class F, class Which>
 void for_each_gradient(Store& store, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type,
-                       F&& f) {
+                       F&& f, Which&& which) {
   struct aligned_free {
     void operator()(std::byte* p) const noexcept { ::operator delete (p, std::align_val_t{4096}); }
   };
   std::unique_ptr<std::byte, aligned_free> staging;
   for (std::uint32_t c = 0; c < plan.num_chunks; ++c) {
     const chunk_id id{chunk_kind::grad, c};
-    if (!holds_payload(store.at(id).where)) continue;
+    if (!holds_payload(store.at(id).where) || !which(c)) continue;
     store.wait(id);
     store.wait_user(store.at(id));  // the user's backward work on it (a scope closed on a stream)
     void* grad = store.at(id).data;

@@ -130,6 +130,13 @@ class shard_manager {
   void settle();
   /** @brief settle(), then before_step(): every gradient reduced, only owned chunks left. */
   void finish_backward();
+  /** @brief finish_backward() without waiting: settle(), then every gradient group still open
+   *  starts its reduction and every gathered group is released; the last reductions may still be
+   *  in flight. finish_one_reduction() completes them, oldest first, so that what reads each
+   *  owned gradient (the norm's scan) can read those already final while the rest travel. */
+  void close_backward();
+  /** @brief Completes the oldest reduction in flight (see finish_reductions); false when none was. */
+  bool finish_one_reduction();
 
   /** @brief After a scope closes at moment @p m: releases the gathered groups the trace says are
    *  done with, and reduce-scatters the gradient groups that are final. */
@@ -138,6 +145,8 @@ class shard_manager {
   /** @brief Before the optimizer step: every gradient group still open is reduced (in group
    *  order) and every gathered group released, so only owned chunks remain. */
   void before_step();
+  /** @brief before_step() up to its reductions' start: they stay in flight. */
+  void start_step_reductions();
 
   /** @brief Drops what an abandoned iteration left: gradient groups (unreduced) and gathered
    *  groups; with @p keep_next, not the groups the step gathered for the next iteration. */
@@ -176,6 +185,8 @@ class shard_manager {
     const group_state& g = groups_[unit_of(c)];
     return !g.accumulating && !g.reducing;
   }
+  /** @brief Whether chunk @p c's unit has a reduction in flight (its gradient is not final yet). */
+  [[nodiscard]] bool reducing(std::size_t c) const noexcept { return active() && groups_[unit_of(c)].reducing; }
   /** @brief How many consecutive chunks are gathered and reduced as one: a group (N ranks) in the
    *  group mode; 1 in the memory-saving mode or without sharding. */
   [[nodiscard]] std::size_t used_together() const noexcept {
@@ -435,6 +446,27 @@ void shard_manager<Store, Residency, TracerT, Comm>::finish_backward() {
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+void shard_manager<Store, Residency, TracerT, Comm>::close_backward() {
+  settle();
+  start_step_reductions();
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+bool shard_manager<Store, Residency, TracerT, Comm>::finish_one_reduction() {
+  if (in_flight_.empty()) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    complete(in_flight_.front());
+    in_flight_.erase(in_flight_.begin());
+  } catch (...) {
+    discard_in_flight();  // their gradient groups stay attached, unreduced, as drop() expects
+    throw;
+  }
+  stats_.reduce_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return true;
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::after_close(std::size_t m, bool untraced) {
   if (!active()) return;
   finish_reductions();  // started one scope ago: they ran while that scope computed
@@ -469,6 +501,12 @@ std::size_t shard_manager<Store, Residency, TracerT, Comm>::kept_until(std::size
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::before_step() {
+  start_step_reductions();
+  finish_reductions();
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+void shard_manager<Store, Residency, TracerT, Comm>::start_step_reductions() {
   if (!active()) return;
   first_ = {};
   // Every rank steps: groups the last step gathered and nothing used go on every rank alike.
@@ -479,7 +517,6 @@ void shard_manager<Store, Residency, TracerT, Comm>::before_step() {
     if (groups_[g].accumulating && !groups_[g].reducing) start_reduction(g);
     if (groups_[g].gathered) release(g);
   }
-  finish_reductions();
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
@@ -789,17 +826,8 @@ void shard_manager<Store, Residency, TracerT, Comm>::start_reduction(std::size_t
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::finish_reductions() {
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    while (!in_flight_.empty()) {
-      complete(in_flight_.front());
-      in_flight_.erase(in_flight_.begin());
-    }
-  } catch (...) {
-    discard_in_flight();  // their gradient groups stay attached, unreduced, as drop() expects
-    throw;
+  while (finish_one_reduction()) {
   }
-  stats_.reduce_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
