@@ -31,7 +31,9 @@
 //   time:    every collective runs through modelled_link (modelled_link.hpp), which sleeps each one
 //            out to latency + bytes / bandwidth. iteration_s: forward + backward + step, max over
 //            the ranks, median over the measured iterations; compute_s: the same run with the link
-//            infinitely fast (no sleep); comm_s: the modelled seconds of one iteration;
+//            infinitely fast (no sleep); with --rounds R the two runs alternate R times each and
+//            both medians are over every round's iterations (a drift of the machine's speed then
+//            meets both); comm_s: the modelled seconds of one iteration;
 //            overlap = iteration_s / max(compute_s, comm_s). The runtime overlaps each
 //            reduce-scatter with the scope after it and each allgather but an iteration's first with
 //            the scope before it (--no-gather-ahead: synchronous), so expect between 1 and
@@ -100,6 +102,7 @@ struct options {
   std::size_t batch = 12, seq = 64;  // the global batch: 12 splits evenly over 1, 2, 3 and 4 ranks
   std::vector<int> ranks{1, 2, 3, 4};
   int iterations = 31, warmup = 2;
+  int rounds = 1;  // timing: compute-only and modelled-link runs alternating, this many of each
   double bandwidth = 1e9, latency = 10e-6;
   bool keep_gathered = false;
   bool gather_ahead = true;
@@ -121,7 +124,7 @@ struct options {
 void usage() {
   std::printf(
       "usage: bench_zero [--mode all|timing|scale] [--preset mini] [--batch 12 (global)] [--seq 64] [--ranks 1,2,3,4]\n"
-      "                  [--iterations 31] [--warmup 2] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)] "
+      "                  [--iterations 31] [--warmup 2] [--rounds 1] [--bandwidth 1e9 (B/s)] [--latency 10e-6 (s)] "
       "[--keep-gathered]\n"
       "                  [--no-gather-ahead] [--gather-depth 2] [--no-gather-at-step] [--memory-saving]\n"
       "                  [--scale-preset tiny] [--scale-grow width|depth] [--scale-layers 64 (width: the depth)]\n"
@@ -176,6 +179,7 @@ options parse(int argc, char** argv) {
       }
     } else if (a == "--iterations") o.iterations = static_cast<int>(count(value())), its_set = true;
     else if (a == "--warmup") o.warmup = static_cast<int>(count(value())), warmup_set = true;
+    else if (a == "--rounds") o.rounds = std::max(1, static_cast<int>(count(value())));
     else if (a == "--bandwidth") o.bandwidth = number(value());
     else if (a == "--latency") {
       const auto x = bench::parse_number_list(a, value());
@@ -667,17 +671,40 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
                 .gather_at_step = o.gather_at_step,
                 .gather_depth = o.gather_depth,
                 .memory_saving = o.memory_saving};
-  const auto compute = run_group(s, data, ranks);
-  s.link.sleep = true;
-  const auto modelled = run_group(s, data, ranks);
+  // Rounds alternate the two runs, so that a drift of this machine's speed meets both alike; the
+  // medians are over every round's measured iterations.
   const auto from = static_cast<std::size_t>(o.warmup);
-  check_group(compute, ranks, from, "compute-only run", true, o.gather_depth);
-  check_group(modelled, ranks, from, "modelled-link run", true, o.gather_depth);
+  std::vector<rank_out> compute, modelled;
+  std::vector<double> compute_its, modelled_its;
+  for (int round = 0; round < o.rounds; ++round) {
+    s.link.sleep = false;
+    compute = run_group(s, data, ranks);
+    s.link.sleep = true;
+    modelled = run_group(s, data, ranks);
+    check_group(compute, ranks, from, "compute-only run", true, o.gather_depth);
+    check_group(modelled, ranks, from, "modelled-link run", true, o.gather_depth);
+    check(global_losses(modelled) == global_losses(compute),
+          "N = " + std::to_string(ranks) + ": the compute-only and the modelled run gave different losses");
+    std::printf("N = %d: iterations (ms, max over ranks) compute-only", ranks);
+    for (std::size_t i = 0; i < compute[0].iter_s.size(); ++i) {
+      const double t = max_over_ranks(compute, [&](const rank_out& x) { return x.iter_s[i]; });
+      std::printf(" %.0f%s", 1e3 * t, i < from ? "w" : "");
+      if (i >= from) compute_its.push_back(t);
+    }
+    std::printf(" | modelled link");
+    for (std::size_t i = 0; i < modelled[0].iter_s.size(); ++i) {
+      const double t = max_over_ranks(modelled, [&](const rank_out& x) { return x.iter_s[i]; });
+      std::printf(" %.0f%s", 1e3 * t, i < from ? "w" : "");
+      if (i >= from) modelled_its.push_back(t);
+    }
+    std::printf(
+        " (w: warm-up)%s\n",
+        o.rounds > 1 ? (" round " + std::to_string(round + 1) + " of " + std::to_string(o.rounds)).c_str() : "");
+    std::fflush(stdout);
+  }
   zero_result z;
   z.ranks = ranks;
   z.losses = global_losses(modelled);
-  check(z.losses == global_losses(compute),
-        "N = " + std::to_string(ranks) + ": the compute-only and the modelled run gave different losses");
   const auto& r0 = modelled[0];
   z.model_bytes = r0.model_bytes;
   z.share = r0.model_bytes / static_cast<std::size_t>(ranks);
@@ -702,19 +729,9 @@ zero_result run_zero(const options& o, const gpt::gpt_config& c, const gpt::text
   z.kept = r0.kept[last];
   z.reductions = r0.reductions[last];
   z.collectives = r0.comm[last].collectives;
-  z.iteration_s = median_of_max(modelled, o.warmup, &rank_out::iter_s);
-  z.compute_s = median_of_max(compute, o.warmup, &rank_out::iter_s);
+  z.iteration_s = e2e::median(modelled_its);
+  z.compute_s = e2e::median(compute_its);
   z.comm_s = median_of_max(modelled, o.warmup, &rank_out::comm_model_s);
-  std::printf("N = %d: iterations (ms, max over ranks) compute-only", ranks);
-  for (std::size_t i = 0; i < compute[0].iter_s.size(); ++i)
-    std::printf(" %.0f%s", 1e3 * max_over_ranks(compute, [&](const rank_out& x) { return x.iter_s[i]; }),
-                i < from ? "w" : "");
-  std::printf(" | modelled link");
-  for (std::size_t i = 0; i < modelled[0].iter_s.size(); ++i)
-    std::printf(" %.0f%s", 1e3 * max_over_ranks(modelled, [&](const rank_out& x) { return x.iter_s[i]; }),
-                i < from ? "w" : "");
-  std::printf(" (w: warm-up)\n");
-  std::fflush(stdout);
   return z;
 }
 
@@ -1117,7 +1134,10 @@ int main(int argc, char** argv) try {
       j.num("iteration_s", z.iteration_s).num("compute_s", z.compute_s).num("comm_s", z.comm_s);
       j.num("overlap", z.iteration_s / mx).num("serial_overlap", (z.compute_s + z.comm_s) / mx);
       j.num("bandwidth", o.bandwidth).num("latency", o.latency).boolean("keep_gathered", o.keep_gathered).num("gather_depth", o.gather_depth);
-      j.num("iterations", o.iterations).num("warmup", o.warmup).str("losses", losses_text(z.losses));
+      j.num("iterations", o.iterations)
+          .num("warmup", o.warmup)
+          .num("rounds", o.rounds)
+          .str("losses", losses_text(z.losses));
       records.push_back(j);
     }
   }
