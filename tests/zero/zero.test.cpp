@@ -661,6 +661,15 @@ sharding_trace mirrored_trace(const std::vector<std::vector<std::uint32_t>>& lay
 }
 /** 4 layers of one chunk each, forward 0..3 then backward 3..0 and the step. */
 sharding_trace four_layer_trace() { return mirrored_trace({{0}, {1}, {2}, {3}}); }
+/** Rank @p rank of 2, 100-byte chunks, gathers up to @p depth moments ahead, 10 kB at every moment of @p t. */
+gather_plan_inputs two_ranks(const sharding_trace& t, int rank = 0, std::size_t depth = 1) {
+  return {.map = {.world = 2, .rank = rank},
+          .param_chunk_bytes = 100,
+          .grad_chunk_bytes = 100,
+          .keep_gathered = false,
+          .depth = depth,
+          .budget = std::vector<std::size_t>(t.size(), 10'000)};
+}
 }  // namespace
 
 TEST_CASE("plan_gathers: a gather starts ahead only where the moment's budget holds it beside what the moment needs") {
@@ -734,11 +743,7 @@ TEST_CASE("plan_gathers at the step: the next iteration's first groups, where th
   const sharding_trace t = four_layer_trace();
   for (const int rank : {0, 1}) {
     CAPTURE(rank);
-    gather_plan_inputs in{.map = {.world = 2, .rank = rank},
-                          .param_chunk_bytes = 100,
-                          .grad_chunk_bytes = 100,
-                          .keep_gathered = false,
-                          .budget = std::vector<std::size_t>(t.size(), 10'000)};
+    gather_plan_inputs in = two_ranks(t, rank);
     // m = 0 uses chunk 0 of group 0: rank 0's own, so rank 0 pins nothing beyond it; rank 1's
     // chunk of the group (1) is not in use there, its send buffer pinned from the step until m = 0.
     const std::size_t pin = rank == 0 ? 0 : 100;
@@ -773,12 +778,7 @@ TEST_CASE(
     "moment between holds it too") {
   // The trace of the test above: forward 0..3, backward 3..0, the step; rank 0 of 2; 100-byte chunks.
   const sharding_trace t = four_layer_trace();
-  gather_plan_inputs in{.map = {.world = 2, .rank = 0},
-                        .param_chunk_bytes = 100,
-                        .grad_chunk_bytes = 100,
-                        .keep_gathered = false,
-                        .depth = 2,
-                        .budget = std::vector<std::size_t>(t.size(), 10'000)};
+  gather_plan_inputs in = two_ranks(t, 0, 2);
   const auto deep = plan_gathers(t, in);
   // m = 0 (layer 0) gathers group 1 for m = 2, held through m = 1; m = 4 (layer 3's backward)
   // group 0 for m = 6 (released after forward's m = 1). The same 3 gathers as at depth 1, each
@@ -822,12 +822,7 @@ TEST_CASE(
   // head, m = 3) and after m = 4 (for backward's emb, m = 7), the last block's after m = 2 (for
   // its backward, m = 5).
   const sharding_trace t = mirrored_trace({{0}, {2}, {4, 5}, {1}});
-  gather_plan_inputs in{.map = {.world = 2, .rank = 0},
-                        .param_chunk_bytes = 100,
-                        .grad_chunk_bytes = 100,
-                        .keep_gathered = false,
-                        .depth = 2,
-                        .budget = std::vector<std::size_t>(t.size(), 10'000)};
+  gather_plan_inputs in = two_ranks(t, 0, 2);
   const auto one = [&] {
     auto i = in;
     i.depth = 1;

@@ -128,12 +128,13 @@ class shard_manager {
   void closed(std::size_t m) noexcept;
   /** @brief Runs the work of the last scope closed (see after_close). */
   void settle();
-  /** @brief settle(), then before_step(): every gradient reduced, only owned chunks left. */
+  /** @brief close_backward(), then every reduction completed: only owned chunks left. */
   void finish_backward();
-  /** @brief finish_backward() without waiting: settle(), then every gradient group still open
-   *  starts its reduction and every gathered group is released; the last reductions may still be
-   *  in flight. finish_one_reduction() completes them, oldest first, so that what reads each
-   *  owned gradient (the norm's scan) can read those already final while the rest travel. */
+  /** @brief Before the optimizer step, without waiting: settle(), then every gradient group still
+   *  open starts its reduction (in group order) and every gathered group is released; the last
+   *  reductions may still be in flight. finish_one_reduction() completes them, oldest first, so
+   *  that what reads each owned gradient (the norm's scan) can read those already final while the
+   *  rest travel. */
   void close_backward();
   /** @brief Completes the oldest reduction in flight (see finish_reductions); false when none was. */
   bool finish_one_reduction();
@@ -141,12 +142,6 @@ class shard_manager {
   /** @brief After a scope closes at moment @p m: releases the gathered groups the trace says are
    *  done with, and reduce-scatters the gradient groups that are final. */
   void after_close(std::size_t m, bool untraced = false);
-
-  /** @brief Before the optimizer step: every gradient group still open is reduced (in group
-   *  order) and every gathered group released, so only owned chunks remain. */
-  void before_step();
-  /** @brief before_step() up to its reductions' start: they stay in flight. */
-  void start_step_reductions();
 
   /** @brief Drops what an abandoned iteration left: gradient groups (unreduced) and gathered
    *  groups; with @p keep_next, not the groups the step gathered for the next iteration. */
@@ -441,14 +436,8 @@ void shard_manager<Store, Residency, TracerT, Comm>::settle() {
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::finish_backward() {
-  settle();
-  before_step();
-}
-
-template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-void shard_manager<Store, Residency, TracerT, Comm>::close_backward() {
-  settle();
-  start_step_reductions();
+  close_backward();
+  finish_reductions();
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
@@ -500,13 +489,8 @@ std::size_t shard_manager<Store, Residency, TracerT, Comm>::kept_until(std::size
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-void shard_manager<Store, Residency, TracerT, Comm>::before_step() {
-  start_step_reductions();
-  finish_reductions();
-}
-
-template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-void shard_manager<Store, Residency, TracerT, Comm>::start_step_reductions() {
+void shard_manager<Store, Residency, TracerT, Comm>::close_backward() {
+  settle();
   if (!active()) return;
   first_ = {};
   // Every rank steps: groups the last step gathered and nothing used go on every rank alike.
