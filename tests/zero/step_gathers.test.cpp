@@ -6,7 +6,8 @@
 // inside backward or after it; the gather starting between the rank's first and second chunk
 // updates; and what happens between the step and the next forward on one rank only — parameters
 // written, the runtime put to sleep — or on all (an evaluation): every rank gathers again where
-// one rank's copy could be stale, the written values reach every rank, and nothing hangs.
+// one rank's copy could be stale, the written values reach every rank, and nothing hangs. Inside
+// an iteration a write to a parameter gathered for its scopes is refused, on the owner and off it.
 #include <chunkstar/comm/in_process_group.hpp>
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
 #include <chunkstar/placement/placement_policy.hpp>
@@ -56,6 +57,7 @@ struct run_options {
   bool prepare = false;  // chunk_adam's step inside backward
   between what = between::nothing;
   int who = 0;  // the rank that writes or sleeps
+  bool write_in_forward = false;  // every rank tries to write layer 3 inside its forward scope
 };
 
 struct outcome {
@@ -63,6 +65,7 @@ struct outcome {
   std::vector<std::vector<float>> first_layer;       // per rank: layer 0's weights each forward saw
   std::vector<std::vector<double>> evaluations;      // per rank: each evaluation's loss
   std::vector<runtime_stats> stats;                  // per rank
+  std::vector<std::vector<std::string>> refused;     // per rank: the errors of the writes refused
   /// Per rank and step (the plain update): each chunk updated, and the collectives issued before it.
   std::vector<std::vector<std::vector<std::pair<std::size_t, std::uint64_t>>>> updates;
 };
@@ -75,6 +78,7 @@ outcome train(const run_options& o) {
   out.evaluations.resize(n);
   out.stats.resize(n);
   out.updates.resize(n);
+  out.refused.resize(n);
   std::vector<std::map<std::string, std::vector<float>>> owned(n);
   run_ranks(o.ranks, [&](in_process_communicator& comm) {
     const auto me = static_cast<std::size_t>(comm.rank());
@@ -103,6 +107,14 @@ outcome train(const run_options& o) {
         auto s = rt.forward(name(l), {pid(l)});
         const auto w = s.template param<float>(pid(l));
         if (l == 0) out.first_layer[me].insert(out.first_layer[me].end(), w.begin(), w.end());
+        if (o.write_in_forward && l == 3) {
+          const std::vector<float> v(elems, 9.0f);
+          try {
+            rt.write_tensor(pid(l), chunk_kind::param, v);
+          } catch (const state_error& e) {
+            out.refused[me].emplace_back(e.what());
+          }
+        }
       }
       for (int l = layers; l-- > 0;) {
         auto s = rt.backward(name(l), {pid(l)});
@@ -257,6 +269,30 @@ TEST_CASE(
           // evaluation uses it instead of gathering it (then the forward gathers it again). And
           // the last step's.
           CHECK(got.stats[r].gathers == on_demand.stats[r].gathers + 1 + (what == between::evaluate ? 0u : steps - 2u));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "ZeRO, a parameter written while its group is gathered for the iteration's scopes: refused on every rank with "
+    "a state_error naming it and its owner, nothing written (the bits of no write)") {
+  for (const int ranks : {2, 3}) {
+    for (const bool ahead : {false, true}) {
+      CAPTURE(ranks);
+      CAPTURE(ahead);
+      const outcome got = train({.ranks = ranks, .gather_ahead = ahead, .write_in_forward = true});
+      same_bits(got, train({.ranks = ranks, .gather_ahead = ahead}));
+      const int owner = 3 % ranks;  // layer 3's chunk
+      for (std::size_t r = 0; r < got.refused.size(); ++r) {
+        CAPTURE(r);
+        REQUIRE(got.refused[r].size() == static_cast<std::size_t>(steps));  // every iteration's try
+        for (const auto& what : got.refused[r]) {
+          CHECK(what.find("parameter 'layer3'") != std::string::npos);
+          CHECK(what.find("between iterations") != std::string::npos);
+          if (static_cast<int>(r) == owner) CHECK(what.find("the other ranks' copies") != std::string::npos);
+          else CHECK(what.find("a copy of rank " + std::to_string(owner) + "'s chunk") != std::string::npos);
         }
       }
     }

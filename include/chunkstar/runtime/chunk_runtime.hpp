@@ -209,7 +209,10 @@ class chunk_runtime {
   /** @brief Copies parameter @p p's data in list @p k to @p out as fp32 (any tier; no chunk moves).
    *  A FREE chunk reads as zeros. @throws state_error for a chunk another rank holds (gather it first). */
   void read_tensor(param_id p, chunk_kind k, std::span<float> out) const;
-  /** @brief Overwrites parameter @p p's data in list @p k from fp32 @p values (narrowed with RNE). */
+  /** @brief Overwrites parameter @p p's data in list @p k from fp32 @p values (narrowed with RNE).
+   *  Under ZeRO each rank writes the chunks it owns, between iterations. @throws state_error for a
+   *  chunk another rank holds, or a parameter whose group is gathered for this iteration's scopes
+   *  (its copies on the ranks would disagree); nothing is written then. */
   void write_tensor(param_id p, chunk_kind k, std::span<const float> values);
 
   // --- sleep and wake -----------------------------------------------------------------------------
@@ -346,6 +349,7 @@ class chunk_runtime {
   }
   [[noreturn]] void wrong_scope_dtype(param_id p, dtype asked) const;
   [[noreturn]] void not_in_scope(param_id p) const;
+  [[noreturn]] void gathered_write(param_id p, chunk_id id) const;
 
   [[nodiscard]] std::pair<chunk_id, std::size_t> locate(param_id p, chunk_kind k, std::size_t n) const {
     return chunk_values(store_).locate(spec(p), plan_.slots[p.value], k, n);
@@ -646,8 +650,11 @@ void CHUNKSTAR_RUNTIME::read_tensor(param_id p, chunk_kind k, std::span<float> o
 CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::write_tensor(param_id p, chunk_kind k, std::span<const float> values) {
   pass_.join_early();  // an early update still running on its chunk
-  if (k == chunk_kind::param) shard_.params_written();  // copies the step sent ahead are stale now
   const auto [id, offset] = locate(p, k, values.size());
+  if (k == chunk_kind::param) {
+    if (shard_.gathered_for_use(id.index)) gathered_write(p, id);
+    shard_.params_written();  // copies the step sent ahead are stale now
+  }
   chunk_values(store_).write(id, offset, values);
 }
 
@@ -801,6 +808,19 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::wrong_scope_dtype(param_id p, dtype asked) const {
   throw config_error("parameter '" + spec(p).name + "' is " + std::string(dtype_name(options_.param_type)) + ", not " +
                      std::string(dtype_name(asked)) + ": ask for its dtype");
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::gathered_write(param_id p, chunk_id id) const {
+  const int owner = shard_.map().owner(id.index);
+  throw state_error(
+      "cannot write parameter '" + spec(p).name + "' (" + to_string(id) + ") now: its ZeRO group is gathered for " +
+      "this iteration's scopes, so " +
+      (owner == comm_.rank()
+           ? std::string("the other ranks' copies would keep the old values")
+           : "this rank holds only a copy of rank " + std::to_string(owner) + "'s chunk, and the write would be lost") +
+      "; write parameters between iterations (after step(), zero_grad() or end_iteration()), each on the rank that "
+      "owns them");
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE

@@ -180,6 +180,15 @@ class shard_manager {
     const group_state& g = groups_[unit_of(c)];
     return !g.accumulating && !g.reducing;
   }
+  /** @brief Whether chunk @p c's parameters are gathered for this iteration's scopes: every rank
+   *  holds a copy of its group, so a write on one rank would leave the others' copies stale (or,
+   *  for another rank's chunk, be lost when this rank's copy is released). A group the step
+   *  gathered for the next iteration does not count: params_written() lets it go. */
+  [[nodiscard]] bool gathered_for_use(std::size_t c) const noexcept {
+    if (!active()) return false;
+    const std::size_t g = unit_of(c);
+    return g < groups_.size() && groups_[g].gathered && !groups_[g].for_next;
+  }
   /** @brief Whether chunk @p c's unit has a reduction in flight (its gradient is not final yet). */
   [[nodiscard]] bool reducing(std::size_t c) const noexcept { return active() && groups_[unit_of(c)].reducing; }
   /** @brief How many consecutive chunks are gathered and reduced as one: a group (N ranks) in the
