@@ -261,6 +261,13 @@ class shard_manager {
    *  on the moments every one of them accepted (allreduce of min over 0/1 per moment). */
   void make_plan();
 
+  /** This rank's parameter chunk in group @p g: its part of the group's allgather. */
+  [[nodiscard]] chunk_id own_param(std::size_t g) const {
+    return {chunk_kind::param, static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
+  }
+  /** Readies group @p g's allgather: this rank's chunk, the send buffer, made resident and held in
+   *  @p pin; room made and the receive buffer attached (returned). */
+  void* gather_buffer(std::size_t g, typename Store::pin_set& pin, std::string_view who, std::size_t m);
   /** Starts the allgather of group @p g (see gather()); completed by finish_gather(). */
   void start_gather(std::size_t g, std::string_view who, std::size_t m);
 
@@ -674,20 +681,28 @@ void shard_manager<Store, Residency, TracerT, Comm>::make_plan() {
 }
 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
-void shard_manager<Store, Residency, TracerT, Comm>::start_gather(std::size_t g, std::string_view who, std::size_t m) {
-  const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::param);
-  const chunk_id own{chunk_kind::param,
-                     static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
+void* shard_manager<Store, Residency, TracerT, Comm>::gather_buffer(std::size_t g, typename Store::pin_set& pin,
+                                                                    std::string_view who, std::size_t m) {
+  const chunk_id own = own_param(g);
   const chunk_id own_ids[] = {own};
   if (before_send) before_send(own);
   store_.wait_user(store_.at(own));  // an update still running on a stream (the step's) writes it
   residency_.make_resident_on_device(own_ids, who, m);
-  gather_in_flight r{.group = g, .own = typename Store::pin_set(store_, {own}), .done = {}};
-  room(n * b, who, "its gathered parameters (a ZeRO group of one chunk per rank)");
+  pin = typename Store::pin_set(store_, {own});
+  const std::size_t n = static_cast<std::size_t>(comm_.size());
+  room(n * store_.bytes_of(chunk_kind::param), who, "its gathered parameters (a ZeRO group of one chunk per rank)");
   const auto members = remote_members(g);
   std::vector<std::size_t> at;
   for (auto id : members) at.push_back(id.index - map().first(g));
-  void* base = buffers_.attach(members, at, n, /*zero=*/false);
+  return buffers_.attach(members, at, n, /*zero=*/false);
+}
+
+template <class Store, class Residency, Tracer TracerT, Communicator Comm>
+void shard_manager<Store, Residency, TracerT, Comm>::start_gather(std::size_t g, std::string_view who, std::size_t m) {
+  const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::param);
+  const chunk_id own = own_param(g);
+  gather_in_flight r{.group = g, .own = {}, .done = {}};
+  void* base = gather_buffer(g, r.own, who, m);
   try {
     r.done = comm_.allgather_async(store_.at(own).data, base, b);
   } catch (...) {
@@ -726,18 +741,9 @@ void shard_manager<Store, Residency, TracerT, Comm>::discard_gathers() noexcept 
 template <class Store, class Residency, Tracer TracerT, Communicator Comm>
 void shard_manager<Store, Residency, TracerT, Comm>::gather(std::size_t g, std::string_view who, std::size_t m) {
   const std::size_t n = static_cast<std::size_t>(comm_.size()), b = store_.bytes_of(chunk_kind::param);
-  const chunk_id own{chunk_kind::param,
-                     static_cast<std::uint32_t>(map().first(g) + static_cast<std::size_t>(comm_.rank()))};
-  const chunk_id own_ids[] = {own};
-  if (before_send) before_send(own);
-  store_.wait_user(store_.at(own));  // an update still running on a stream (the step's) writes it
-  residency_.make_resident_on_device(own_ids, who, m);
-  typename Store::pin_set pin(store_, {own});
-  room(n * b, who, "its gathered parameters (a ZeRO group of one chunk per rank)");
-  const auto members = remote_members(g);
-  std::vector<std::size_t> at;
-  for (auto id : members) at.push_back(id.index - map().first(g));
-  void* base = buffers_.attach(members, at, n, /*zero=*/false);
+  const chunk_id own = own_param(g);
+  typename Store::pin_set pin;
+  void* base = gather_buffer(g, pin, who, m);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     comm_.allgather(store_.at(own).data, base, b);
