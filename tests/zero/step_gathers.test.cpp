@@ -100,6 +100,14 @@ outcome train(const run_options& o) {
     rt.finalize();
     const auto name = [](int l) { return "layer" + std::to_string(l); };
     const auto pid = [&](int l) { return ids[static_cast<std::size_t>(l)]; };
+    for (int l = 0; l < layers; ++l) {  // nothing gathered yet: another rank's layer is read on its owner
+      CHECK(rt.owner(pid(l)) == l % o.ranks);  // one chunk per layer
+      std::vector<float> v(elems);
+      if (rt.owner(pid(l)) != comm.rank())
+        CHECK_THROWS_WITH_AS(rt.read_tensor(pid(l), chunk_kind::param, v),
+                             doctest::Contains(("read or write it on rank " + std::to_string(l % o.ranks)).c_str()),
+                             state_error);
+    }
     chunk_adam<> opt({.hyper = {.lr = 1e-2f}, .max_grad_norm = 0.0f});
     for (int step = 1; step <= steps; ++step) {
       if (o.adam && o.prepare) (void)opt.prepare(rt, 1e-2f, o.ranks);

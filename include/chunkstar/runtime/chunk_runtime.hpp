@@ -207,7 +207,8 @@ class chunk_runtime {
   [[nodiscard]] untraced_section untraced();
 
   /** @brief Copies parameter @p p's data in list @p k to @p out as fp32 (any tier; no chunk moves).
-   *  A FREE chunk reads as zeros. @throws state_error for a chunk another rank holds (gather it first). */
+   *  A FREE chunk reads as zeros. @throws state_error for a chunk another rank holds (read it on
+   *  `owner(p)`, or inside a scope that uses it: gathered there). */
   void read_tensor(param_id p, chunk_kind k, std::span<float> out) const;
   /** @brief Overwrites parameter @p p's data in list @p k from fp32 @p values (narrowed with RNE).
    *  Under ZeRO each rank writes the chunks it owns, between iterations. @throws state_error for a
@@ -285,6 +286,9 @@ class chunk_runtime {
   [[nodiscard]] int owner(std::size_t c) const {
     return store_.at({chunk_kind::param, static_cast<std::uint32_t>(c)}).owner;
   }
+  /** @brief Owner rank of parameter @p p's chunk: the rank whose read_tensor / write_tensor of it
+   *  works between iterations (every rank's, without sharding). */
+  [[nodiscard]] int owner(param_id p) const { return owner(plan_.slots.at(p.value).chunk); }
   [[nodiscard]] gradient_mode gradients() const noexcept {
     return shard_.active() ? gradient_mode::sharded : options_.gradients;
   }

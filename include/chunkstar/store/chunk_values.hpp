@@ -89,7 +89,10 @@ class chunk_values {
     const chunk_id id{k, static_cast<std::uint32_t>(slot.chunk)};
     if (store_.at(id).where == tier::remote)
       throw state_error("parameter '" + spec.name + "' (" + to_string(id) + ") is held by rank " +
-                        std::to_string(store_.at(id).owner) + ", not this one: gather it before reading or writing it");
+                        std::to_string(store_.at(id).owner) + ", not this one: read or write it on rank " +
+                        std::to_string(store_.at(id).owner) + " (chunk_runtime::owner)" +
+                        (k == chunk_kind::param ? ", read it inside a scope that uses it (gathered there)" : "") +
+                        ", or save a checkpoint (every rank's tensors; load_checkpoint reads them in one process)");
     return {id, slot.offset};
   }
 
