@@ -240,8 +240,11 @@ requires(std::is_same_v<store_element_t<Store>, float> ||
   }
 
   /** @brief One Adam(W) step of every part (where the store placed it): gradients averaged over
-   *  @p micro_batches and clipped to @p max_norm (0: off) by the global norm, each replica counted
-   *  once; then the gradients are cleared and the replicas' working copies refreshed. */
+   *  @p micro_batches — the backward passes of all ranks since the last step (ranks x each rank's
+   *  micro-batches), so with each rank's loss a mean over its samples the step sees the mean over
+   *  all of them and the loss is not scaled by 1/N too — and clipped to @p max_norm (0: off) by the
+   *  global norm, each replica counted once; then the gradients are cleared and the replicas'
+   *  working copies refreshed. The learning rate is `hyper.lr`. */
   step_result step(const adam_hyper& hyper, const param_groups& groups, int micro_batches, float max_norm = 0.0f) {
     require_final("step");
     const auto r = store_.step(hyper, groups, micro_batches, max_norm, [this](double local) {
@@ -306,7 +309,7 @@ requires(std::is_same_v<store_element_t<Store>, float> ||
 
   /** @brief Flyweight initialisation: every element this rank holds set to
    *  `value(tensor, global_index)` (a pure function, e.g. a `counter_init`), so every world size
-   *  starts from the same model. */
+   *  starts from the same model. After `finalize()`, outside passes (it writes every part). */
   void init(const std::function<float(std::size_t, std::size_t)>& value) {
     std::vector<float> v;
     for (std::size_t k = 0; k < parts_.size(); ++k) {

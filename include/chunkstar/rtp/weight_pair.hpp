@@ -52,8 +52,10 @@ struct weight_pair {
   [[nodiscard]] constexpr std::size_t b_weight_elems() const noexcept { return out * units; }
 
   /** @brief Calls `f(part, global_index, offset)` for every element of shard @p shard: element
-   *  `global_index` of the whole tensor `part` lives at `offset` in the shard. In shard order for
-   *  A (each row, then its bias), then B's columns. */
+   *  `global_index` of the whole tensor `part` lives at `offset` in the shard. Visits A's rows
+   *  (each row's weights, then its bias element), then B's columns; the offsets follow the
+   *  shard's layout, [A's rows | A's biases | B's columns] (a_weight_offset() ...), so a row's bias
+   *  is not next to its weights in memory. */
   template <class F>
   void for_each(std::size_t shard, F&& f) const {
     const std::size_t k = shard_units(), u0 = shard * k;
