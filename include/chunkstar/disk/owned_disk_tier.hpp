@@ -5,7 +5,7 @@
  *         pool — so a trainer attaches a disk in three lines:
  *
  *  ```cpp
- *  owned_disk_tier disk({.directory = "/scratch", .capacity = 64 << 30});  // engine: automatic
+ *  owned_disk_tier disk({.directory = "/scratch", .capacity = 64ull << 30});  // engine: automatic
  *  rt.attach_disk(disk.tier());                                             // before finalize
  *  std::printf("disk tier: %s\n", disk.describe().c_str());
  *  ```

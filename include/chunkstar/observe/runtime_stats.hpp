@@ -73,7 +73,10 @@ struct runtime_stats {
   std::size_t peak_device_bytes = 0;        ///< most bytes the runtime held in the device space at once
   std::size_t peak_device_chunk_bytes = 0;  ///< most chunk payload bytes on the compute tier at once
   std::size_t peak_non_model_bytes = 0;     ///< most non-model bytes at once
-  std::size_t peak_host_chunk_bytes = 0;    ///< most chunk payload bytes on the host at once
+  /// most chunk payload bytes on the host at once: resident chunks and those a disk copy still reads
+  /// or fills together (the host space's capacity bounds them; resident ones alone get the capacity
+  /// less disk_staging_chunks chunks, docs/disk.md)
+  std::size_t peak_host_chunk_bytes = 0;
   /// most model data this rank held at once: payloads on every tier plus collective buffers
   std::size_t peak_model_bytes = 0;
   std::size_t peak_collective_bytes = 0;  ///< ZeRO: most bytes in group buffers and collective scratch at once
@@ -90,7 +93,7 @@ struct runtime_stats {
   double disk_stall_s = 0;                ///< time the calling thread waited for disk copies
   std::size_t peak_disk_chunk_bytes = 0;  ///< most chunk payload bytes on the disk at once
 
-  /** @brief Bytes moved both ways. */
+  /** @brief Bytes moved between the compute tier and the host, both ways (the disk's: disk_bytes_moved()). */
   [[nodiscard]] std::uint64_t bytes_moved() const noexcept { return bytes_to_device + bytes_to_host; }
   /** @brief Bytes moved between host and disk, both ways. */
   [[nodiscard]] std::uint64_t disk_bytes_moved() const noexcept { return bytes_to_disk + bytes_from_disk; }

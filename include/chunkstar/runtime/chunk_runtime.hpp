@@ -11,7 +11,7 @@
  *
  *  Members that do real work are defined after the class, not inside it: they are then not
  *  inline, so a translation unit that sees `extern template class chunk_runtime<...>` (see
- *  runtime/extern_runtime.hpp) calls the one compiled copy instead of compiling the runtime again. */
+ *  runtime/explicit_instantiation.hpp) calls the one compiled copy instead of compiling the runtime again. */
 #pragma once
 
 #include <chunkstar/comm/communicator.hpp>

@@ -128,13 +128,19 @@ struct memory_plan {
   bool memory_saving = false;  ///< ZeRO's memory-saving mode
 
   /** @brief The compute tier that holds everything at once (a resident run): `resident_peak_bytes`,
-   *  this rank's model data, the collective buffers and the non-model bytes at their peak moment. */
+   *  this rank's model data, the collective buffers and the non-model bytes at their peak moment.
+   *  Resident means a placement that keeps every chunk and its step there
+   *  (`static_placement::all_device()`); `auto_placement` on the same device keeps a margin and steps
+   *  some chunks on the host, so chunks still move. `finalize()` puts every chunk on the host, so
+   *  even a resident run loads them in its first iteration. */
   [[nodiscard]] std::size_t device_for_resident() const noexcept { return resident_peak_bytes; }
   /** @brief The least compute tier a run that moves chunks can use: the non-model peak, the
    *  collective buffers and the largest scope's chunks (below it some scope cannot open). */
   [[nodiscard]] std::size_t device_floor() const noexcept { return transient_peak_bytes + largest_scope_bytes; }
   /** @brief The host a disk tier needs: a host-side optimizer step holds up to five chunks of a
-   *  list and chunks pass through the host on their way to and from the disk — eight fp32 chunks. */
+   *  list and chunks pass through the host on their way to and from the disk — eight fp32 chunks.
+   *  What admit() asks for and the tests train with, not a measured least host like device_floor()
+   *  (the chunks are counted unrounded, and a somewhat smaller host may still train). */
   [[nodiscard]] std::size_t host_floor_with_disk() const noexcept { return 8 * chunks.chunk_elems * sizeof(float); }
   /** @brief Device + host (+ disk) a rank needs in all for its model data and buffers. */
   [[nodiscard]] std::size_t total_per_rank() const noexcept { return model_bytes_per_rank + collective_bytes; }
@@ -321,13 +327,16 @@ struct admission {
     return x > tier_budgets::unbounded - y ? tier_budgets::unbounded : x + y;
   };
   const std::size_t floor = p.device_floor(), need = p.resident_peak_bytes;
+  const auto exact = [](std::size_t x) {  // a figure a budget can be set from
+    return x < 1024 ? format_bytes(x) : format_bytes(x) + " (" + std::to_string(x) + " B)";
+  };
   const std::size_t have = add(add(b.device, b.host), b.disk);
   a.device_short = b.device < floor ? floor - b.device : 0;
   a.host_short = b.disk > 0 && b.host < p.host_floor_with_disk() ? p.host_floor_with_disk() - b.host : 0;
   a.total_short = have < need ? need - have : 0;
   if (a.device_short > 0)
     a.message += "the device is " + format_bytes(a.device_short) + " short of the least this run can use, " +
-                 format_bytes(floor) + " (non-model memory and collective buffers at their peak " +
+                 exact(floor) + " (non-model memory and collective buffers at their peak " +
                  format_bytes(p.transient_peak_bytes) +
                  (p.largest_scope_bytes
                       ? ", the largest scope's parameter and gradient chunks " + format_bytes(p.largest_scope_bytes)
@@ -336,12 +345,12 @@ struct admission {
                  (p.sharded && !p.memory_saving ? " (or ZeRO's memory-saving mode, if its plan fits)" : "") + ".";
   if (a.host_short > 0)
     a.message += std::string(a.message.empty() ? "" : " ") + "with a disk tier the host is " +
-                 format_bytes(a.host_short) + " short of the " + format_bytes(p.host_floor_with_disk()) +
+                 format_bytes(a.host_short) + " short of the " + exact(p.host_floor_with_disk()) +
                  " a host-side step and the chunks passing to and from the disk " + "need (eight chunks of " +
                  format_bytes(p.host_floor_with_disk() / 8) + "): give the host more room or use smaller chunks.";
   if (a.total_short > 0)
     a.message += std::string(a.message.empty() ? "" : " ") + "device, host and disk together are " +
-                 format_bytes(a.total_short) + " short of the " + format_bytes(need) +
+                 format_bytes(a.total_short) + " short of the " + exact(need) +
                  " this rank holds at its peak (model data " + format_bytes(p.model_bytes_per_rank) +
                  ", buffers and non-model memory): " +
                  "give the host or a disk tier more room, or shard the model over more ranks.";

@@ -293,7 +293,8 @@ void residency_manager<P, Placement, Eviction, TracerT>::make_resident_on_device
                                   " is left after non-model data: give the device space at least " +
                                   format_bytes(working + level_.non_model) +
                                   " (its capacity), or use smaller chunks (fixed_layout_options::chunk_elems, "
-                                  "searched_layout_options::max_chunk_elems)",
+                                  "searched_layout_options::max_chunk_elems); memory_plan::device_floor() "
+                                  "(plan_memory) gives the least device a whole run needs, before anything is built",
                               working, report());
   const std::size_t budget = std::max(budget_now(), working);
   for (auto id : ids)  // first, so the disk reads run while the compute tier makes room
@@ -308,7 +309,9 @@ void residency_manager<P, Placement, Eviction, TracerT>::make_resident_on_device
       if (store_.device_in_use() + store_.bytes_of(id.kind) <= hard) break;
       throw out_of_memory_error(
           "scope '" + std::string(who) + "' needs " + format_bytes(working) +
-              " of chunks on the compute tier but nothing more can be evicted (every other chunk there is in use)",
+              " of chunks on the compute tier but nothing more can be evicted (every other chunk there is in use): "
+              "raise the device space's capacity (memory_plan::device_floor(), from plan_memory, gives the least "
+              "device a whole run needs)",
           working, report());
     }
     if (s.where == tier::free) {
@@ -448,7 +451,8 @@ void residency_manager<P, Placement, Eviction, TracerT>::make_room(std::size_t b
     throw out_of_memory_error(
         "scope '" + std::string(who) + "' needs " + format_bytes(bytes) + " more on the compute tier for " +
             std::string(what) +
-            " and nothing more can be evicted: raise the device space's capacity, or use smaller chunks",
+            " and nothing more can be evicted: raise the device space's capacity, or use smaller chunks "
+            "(memory_plan::device_floor(), from plan_memory, gives the least device a whole run needs)",
         bytes, report());
 }
 
