@@ -4,8 +4,8 @@
  *         gradients and Adam moments in chunks that the placement puts on the device or the host
  *         under a device budget, the optimizer step local and run where each chunk is placed.
  *
- *  The interface is rtp/shard_store.hpp's. Each shard segment is registered as one fp32 tensor of
- *  the runtime (so weight decay follows its role), a model stage opens one scope on its shards
+ *  The interface is rtp/shard_store.hpp's. Each shard segment is registered as one tensor of the
+ *  runtime, of the store's element type @p T (so weight decay follows its role), a model stage opens one scope on its shards
  *  (the tracer learns the order and the placement and Belady plan from it, as for any model), the
  *  transit buffers and activations the model asks for are non-model memory on the compute tier,
  *  and `step` is `chunk_adam` over the runtime with the global norm summed the model's way

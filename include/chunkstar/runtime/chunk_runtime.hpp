@@ -273,7 +273,9 @@ class chunk_runtime {
   [[nodiscard]] std::size_t host_chunk_bytes() const noexcept { return store_.resident(tier::host); }
   [[nodiscard]] std::size_t disk_chunk_bytes() const noexcept { return store_.resident(tier::disk); }
   [[nodiscard]] std::size_t non_model_bytes() const noexcept { return level_.non_model; }
-  /** @brief Bytes of model data over all lists (what must fit in device + host, + disk with a disk tier). */
+  /** @brief Bytes of model data over all lists, of the whole model: under ZeRO every rank's chunks
+   *  together (a rank holds its share, about model_bytes() / N: memory_plan::model_bytes_per_rank,
+   *  runtime_stats' peaks); unsharded what must fit in device + host (+ disk with a disk tier). */
   [[nodiscard]] std::size_t model_bytes() const noexcept { return store_.model_bytes(); }
   [[nodiscard]] tier where(chunk_id id) const { return store_.at(id).where; }
   /** @brief The derived state of a chunk (PatrickStar): COMPUTE if any tensor is, else HOLD..., FREE. */
