@@ -330,3 +330,76 @@ TEST_CASE(
 }
 
 }  // namespace chunk_adam_test
+
+namespace chunk_adam_test {
+namespace {
+
+// The opaque device above (memory the host cannot address, to the runtime: a GPU's; host memory
+// underneath, so the test may write gradients through a scope's spans), with the plain engine.
+using opaque_host_platform = platform<opaque_device_space, host_space, host_copy_engine>;
+using rt_opaque = chunk_runtime<fixed_chunk_layout, static_placement, belady_eviction, warmup_tracer,
+                                single_process_communicator, opaque_host_platform>;
+static_assert(!rt_opaque::store_type::device_is_host_accessible);
+
+/** Device kernels for the opaque device: the host's code under another type (its memory is the host's). */
+struct opaque_device_kernels {
+  static grad_stats scan(const void* g, dtype t, std::size_t n, float scale, int threads) {
+    return host_adam_kernels::scan(g, t, n, scale, threads);
+  }
+  static void adam(const adam_chunk& c, const adam_hyper& h, const adam_step_args& a) {
+    host_adam_kernels::adam(c, h, a);
+  }
+};
+
+static_assert(!chunk_adam<>::can_step<rt_opaque>);  // and so step() does not compile (compile_fail/)
+static_assert(chunk_adam<static_loss_scaler, opaque_device_kernels>::can_step<rt_opaque>);
+static_assert(chunk_adam<>::can_step<rt_static>);  // the simulated device: the host addresses it
+
+/** Two steps of a two-tensor model on the opaque device, every step placed per @p p; the weights after. */
+template <class Adam>
+std::vector<float> two_steps(static_placement p, float clip) {
+  opaque_device_space dev({.capacity = 1 << 22});
+  host_space host;
+  host_copy_engine copier;
+  rt_opaque rt(dev, host, copier, {}, fixed_chunk_layout({.chunk_elems = 1024, .align_elems = 32}), p);
+  std::vector<param_id> ids;
+  for (int i = 0; i < 2; ++i)
+    ids.push_back(
+        rt.register_param({"t" + std::to_string(i), {700}, dtype::f32, tensor_role::weight}, [i](std::span<float> v) {
+          for (std::size_t k = 0; k < v.size(); ++k) v[k] = 0.01f * float(k % 17 + static_cast<std::size_t>(i));
+        }));
+  rt.finalize();
+  Adam adam({.max_grad_norm = clip});
+  for (int s = 0; s < 2; ++s) {
+    for (auto id : ids) (void)rt.forward(rt.spec(id).name, {id});
+    for (auto id : ids) {
+      auto sc = rt.backward(rt.spec(id).name, {id});
+      for (float& g : sc.grad<float>(id)) g += 0.1f * float(s + 1);
+    }
+    REQUIRE(adam.step(rt, 1e-2f).stepped);
+  }
+  std::vector<float> all;
+  for (auto id : ids) {
+    std::vector<float> v(700);
+    rt.read_tensor(id, chunk_kind::param, v);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "chunk_adam on a device the host cannot address: only with the platform's device kernels (can_step; host "
+    "kernels do not compile there), which step the device-placed chunks with the host-placed ones' bits") {
+  using device_adam = chunk_adam<static_loss_scaler, opaque_device_kernels>;
+  for (const float clip : {0.0f, 1.0f}) {
+    CAPTURE(clip);
+    const auto on_device = two_steps<device_adam>(static_placement::all_device(), clip);
+    const auto on_host = two_steps<device_adam>(static_placement::all_host(), clip);
+    CHECK(on_device == on_host);
+    CHECK(on_device != two_steps<device_adam>(static_placement::all_host(), clip == 0.0f ? 1e-3f : 0.0f));
+  }
+}
+
+}  // namespace chunk_adam_test

@@ -163,6 +163,7 @@ class chunk_adam {
   bool prepare(Runtime& rt, float lr, int micro_batches = 1) {
     if (micro_batches < 1)
       throw config_error("chunk_adam::prepare: micro_batches must be >= 1, got " + std::to_string(micro_batches));
+    require_kernels_for<Runtime>();
     if (pending_)
       throw state_error("chunk_adam::prepare while a step that threw is unfinished: call step() again first");
     early_.reset();
@@ -235,6 +236,7 @@ class chunk_adam {
   optimizer_step_result step(Runtime& rt, float lr, int micro_batches = 1) {
     if (micro_batches < 1)
       throw config_error("chunk_adam::step: micro_batches must be >= 1, got " + std::to_string(micro_batches));
+    require_kernels_for<Runtime>();
     if constexpr (requires { rt.options().sharding; }) {
       // micro_batches counts every rank's (docs/zero.md); each rank's own must not exceed what the
       // runtime was told, or ZeRO's first iteration would reduce after each instead of the last.
@@ -356,7 +358,24 @@ class chunk_adam {
  private:
   template <class Runtime>
   static constexpr bool device_on_host = can_access_v<host_exec, typename Runtime::device_space_type>;
+  template <class Runtime>
+  static constexpr void require_kernels_for() {
+    static_assert(can_step<Runtime>,
+                  "chunk_adam<Scaler, host_adam_kernels> over a runtime whose device the host cannot address (a "
+                  "GPU's): the gradient scan and the device-placed steps read device memory there; use the platform's "
+                  "device kernels, chunk_adam<Scaler, cuda::device_adam_kernels> "
+                  "(chunkstar/cuda/chunk_adam_kernels.cuh, compiled by nvcc)");
+  }
 
+ public:
+  /** @brief Whether these kernels can step @p Runtime's chunks: the host's only where the host
+   *  addresses the device (the simulated one); a GPU's device needs the platform's kernels
+   *  (`cuda::device_adam_kernels`), since gradients and device-stepped chunks live there. step()
+   *  and prepare() refuse to compile otherwise. */
+  template <class Runtime>
+  static constexpr bool can_step = device_on_host<Runtime> || !std::is_same_v<Kernels, host_adam_kernels>;
+
+ private:
   template <class Runtime>
   grad_stats scan_chunk(const void* g, dtype t, std::size_t n, float scale, tier where) const {
     if (where == tier::host || device_on_host<Runtime>)

@@ -126,7 +126,9 @@ class chunk_runtime {
    *  (an input batch before the first scope) counts towards the next iteration's first moment. */
   void* allocate_non_model(std::size_t bytes, std::size_t alignment = 64);
   /** @brief Frees memory from allocate_non_model. The budget of the rest of the moment may rise
-   *  (the trace knows what the moment still allocates), so the next chunks start loading now. */
+   *  (the trace knows what the moment still allocates), so the next chunks start loading now —
+   *  into this memory, possibly: on a device with its own streams (CUDA) free it only once the
+   *  kernels that use it are done. */
   void deallocate_non_model(void* p, std::size_t bytes, std::size_t alignment = 64) noexcept;
   /** @brief @p count elements of non-model memory as an RAII buffer. */
   template <class T>

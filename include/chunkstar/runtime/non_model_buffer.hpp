@@ -14,7 +14,9 @@ namespace chunkstar {
 /** @brief A block of non-model memory on the compute tier, freed on destruction (or `reset()`).
  *  Obtained from a runtime's `allocate_buffer<T>(count)`; valid on the compute tier for work on
  *  the runtime's stream contract (see `chunk_runtime::scope`). Move-only. @tparam Runtime any
- *  runtime with `deallocate_non_model(void*, bytes, alignment)`. */
+ *  runtime with `deallocate_non_model(void*, bytes, alignment)`. On a device the host does not
+ *  wait for (CUDA), destroy or `reset()` it only once the kernels that use it are done: the
+ *  runtime may hand the memory to an arriving chunk at once. */
 template <class T, class Runtime>
 class non_model_buffer {
  public:
