@@ -355,6 +355,14 @@ class chunk_adam {
     early_.reset();
   }
 
+  /** @brief Whether these kernels can step @p Runtime's chunks: the host's only where the host
+   *  addresses the device (the simulated one); a GPU's device needs the platform's kernels
+   *  (`cuda::device_adam_kernels`), since gradients and device-stepped chunks live there. step()
+   *  and prepare() refuse to compile otherwise. */
+  template <class Runtime>
+  static constexpr bool can_step =
+      can_access_v<host_exec, typename Runtime::device_space_type> || !std::is_same_v<Kernels, host_adam_kernels>;
+
  private:
   template <class Runtime>
   static constexpr bool device_on_host = can_access_v<host_exec, typename Runtime::device_space_type>;
@@ -367,15 +375,6 @@ class chunk_adam {
                   "(chunkstar/cuda/chunk_adam_kernels.cuh, compiled by nvcc)");
   }
 
- public:
-  /** @brief Whether these kernels can step @p Runtime's chunks: the host's only where the host
-   *  addresses the device (the simulated one); a GPU's device needs the platform's kernels
-   *  (`cuda::device_adam_kernels`), since gradients and device-stepped chunks live there. step()
-   *  and prepare() refuse to compile otherwise. */
-  template <class Runtime>
-  static constexpr bool can_step = device_on_host<Runtime> || !std::is_same_v<Kernels, host_adam_kernels>;
-
- private:
   template <class Runtime>
   grad_stats scan_chunk(const void* g, dtype t, std::size_t n, float scale, tier where) const {
     if (where == tier::host || device_on_host<Runtime>)
