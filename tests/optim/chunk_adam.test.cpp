@@ -329,9 +329,6 @@ TEST_CASE(
   check_async_steps<bfloat16>(dtype::bf16);
 }
 
-}  // namespace chunk_adam_test
-
-namespace chunk_adam_test {
 namespace {
 
 // The opaque device above (memory the host cannot address, to the runtime: a GPU's; host memory
@@ -354,9 +351,9 @@ struct opaque_device_kernels {
 static_assert(!chunk_adam<>::can_step<rt_opaque>);  // and so step() does not compile (compile_fail/)
 static_assert(chunk_adam<static_loss_scaler, opaque_device_kernels>::can_step<rt_opaque>);
 static_assert(chunk_adam<>::can_step<rt_static>);  // the simulated device: the host addresses it
+using device_adam = chunk_adam<static_loss_scaler, opaque_device_kernels>;
 
 /** Two steps of a two-tensor model on the opaque device, every step placed per @p p; the weights after. */
-template <class Adam>
 std::vector<float> two_steps(static_placement p, float clip) {
   opaque_device_space dev({.capacity = 1 << 22});
   host_space host;
@@ -369,7 +366,7 @@ std::vector<float> two_steps(static_placement p, float clip) {
           for (std::size_t k = 0; k < v.size(); ++k) v[k] = 0.01f * float(k % 17 + static_cast<std::size_t>(i));
         }));
   rt.finalize();
-  Adam adam({.max_grad_norm = clip});
+  device_adam adam({.max_grad_norm = clip});
   for (int s = 0; s < 2; ++s) {
     for (auto id : ids) (void)rt.forward(rt.spec(id).name, {id});
     for (auto id : ids) {
@@ -392,13 +389,12 @@ std::vector<float> two_steps(static_placement p, float clip) {
 TEST_CASE(
     "chunk_adam on a device the host cannot address: only with the platform's device kernels (can_step; host "
     "kernels do not compile there), which step the device-placed chunks with the host-placed ones' bits") {
-  using device_adam = chunk_adam<static_loss_scaler, opaque_device_kernels>;
   for (const float clip : {0.0f, 1.0f}) {
     CAPTURE(clip);
-    const auto on_device = two_steps<device_adam>(static_placement::all_device(), clip);
-    const auto on_host = two_steps<device_adam>(static_placement::all_host(), clip);
+    const auto on_device = two_steps(static_placement::all_device(), clip);
+    const auto on_host = two_steps(static_placement::all_host(), clip);
     CHECK(on_device == on_host);
-    CHECK(on_device != two_steps<device_adam>(static_placement::all_host(), clip == 0.0f ? 1e-3f : 0.0f));
+    CHECK(on_device != two_steps(static_placement::all_host(), clip == 0.0f ? 1e-3f : 0.0f));
   }
 }
 
