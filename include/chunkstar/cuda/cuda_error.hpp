@@ -52,6 +52,26 @@ inline void check(cudaError_t status, const char* call, const char* file, int li
   if (status != cudaSuccess) throw_cuda_failure(status, call, file, line);
 }
 
+/** @brief Throws cuda_error for a device ordinal that cannot be made current (no GPU, no driver, an
+ *  ordinal past the last device): names the ordinal, the failed call, how many devices this process
+ *  sees, and the ways out. The first CUDA call of every device space, stream and copy engine goes
+ *  through `device_guard`, so this is what a program built for CUDA says on a machine without one. */
+[[noreturn]] inline void throw_device_unusable(int device, cudaError_t status, const char* call, const char* file,
+                                               int line) {
+  int devices = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&devices);
+  if (counted != cudaSuccess) devices = 0;
+  (void)cudaGetLastError();
+  throw cuda_error(
+      "CUDA device " + std::to_string(device) + " cannot be used: " + describe_cuda_failure(status, call, file, line) +
+          "; this process sees " + std::to_string(devices) + " CUDA device(s)" +
+          (counted == cudaSuccess ? std::string{}
+                                  : std::string(" (cudaGetDeviceCount: ") + cudaGetErrorName(counted) + ")") +
+          ": run where nvidia-smi lists a GPU and CUDA_VISIBLE_DEVICES includes it, pick an ordinal "
+          "below the count, or build the runtime on the CPU platform (chunkstar::simulated_platform)",
+      status);
+}
+
 }  // namespace detail
 }  // namespace chunkstar::cuda
 

@@ -17,9 +17,14 @@ namespace chunkstar::cuda {
  *  leaves the caller's current device changed. */
 class device_guard {
  public:
+  /** @throws cuda_error naming @p device when it cannot be made current (no GPU, no driver, an
+   *  ordinal past the last device; `detail::throw_device_unusable`). */
   explicit device_guard(int device) {
-    CHUNKSTAR_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) CHUNKSTAR_CUDA_CHECK(cudaSetDevice(device));
+    if (const cudaError_t s = cudaGetDevice(&previous_); s != cudaSuccess)
+      detail::throw_device_unusable(device, s, "cudaGetDevice(&previous)", __FILE__, __LINE__);
+    if (previous_ == device) return;
+    if (const cudaError_t s = cudaSetDevice(device); s != cudaSuccess)
+      detail::throw_device_unusable(device, s, "cudaSetDevice(device)", __FILE__, __LINE__);
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
