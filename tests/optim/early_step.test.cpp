@@ -4,11 +4,15 @@
 // parameter, master and moment after each step equals the run that never called prepare(), with
 // clipping inactive, active on every step and on some, fp16 overflow, accumulation, placements that
 // step on the host and on the device, and an iteration that leaves its trace.
+#include <chunkstar/disk/disk_copy_engine.hpp>
+#include <chunkstar/disk/disk_space.hpp>
+#include <chunkstar/disk/disk_tier.hpp>
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
 #include <chunkstar/placement/static_placement.hpp>
 #include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/early_step_plan.hpp>
 
+#include "support/disk_test_dir.hpp"
 #include "support/runtimes.hpp"
 
 #include <doctest/doctest.h>
@@ -19,6 +23,7 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,6 +172,8 @@ struct run_options {
   std::vector<float> grad_scale = {};  // per step (default 1): the norm each step sees
   int overflow_at = -1;                // a step whose gradients hold an inf (fp16)
   int extra_from = -1;                 // from this step on, backward uses tensor 5 again at its end
+  std::size_t host_blocks = 0;         // > 0: a disk tier under a host of this many chunk lists
+  float step_lr_factor = 1.0f;         // step() gets prepare()'s lr times this
 };
 
 struct result {
@@ -177,11 +184,20 @@ struct result {
 
 template <class T, class Scaler>
 result train(const run_options& o, Scaler scaler) {
+  constexpr std::size_t elems = 512;
   simulated_device_space dev({.capacity = 1 << 22});
-  host_space host;
+  host_space host(o.host_blocks == 0
+                      ? host_space_options{}
+                      : host_space_options{
+                            .capacity = (runtime_options{}.disk_staging_chunks + o.host_blocks) * elems * sizeof(float),
+                            .large_block_threshold = SIZE_MAX});
   host_copy_engine copier;
-  rt_t rt(dev, host, copier, {.param_type = o.type}, fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}),
+  chunkstar::test::scratch_dir dir;
+  disk_space disk({.directory = dir.path(), .capacity = 64 * elems * sizeof(float), .name = "early"});
+  disk_copy_engine disk_io(disk);
+  rt_t rt(dev, host, copier, {.param_type = o.type}, fixed_chunk_layout({.chunk_elems = elems, .align_elems = 32}),
           o.placement);
+  if (o.host_blocks > 0) rt.attach_disk(disk_tier(disk, disk_io));
   std::vector<param_id> ids;
   const std::int64_t sizes[tensors] = {300, 200, 37, 400, 120, 90};
   for (int i = 0; i < tensors; ++i)
@@ -213,7 +229,7 @@ result train(const run_options& o, Scaler scaler) {
       for (int i = tensors - 1; i >= 0; --i) backward(i, "b" + std::to_string(i), s == o.overflow_at && i == 2);
       if (o.extra_from >= 0 && s >= o.extra_from) backward(5, "extra", false);  // after its step may have started
     }
-    out.steps.push_back(opt.step(rt, lr, o.micro_batches));
+    out.steps.push_back(opt.step(rt, lr * o.step_lr_factor, o.micro_batches));
   }
   for (auto k : {chunk_kind::param, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance}) {
     if (!rt.has_list(k)) continue;
@@ -316,6 +332,38 @@ TEST_CASE("early steps: clipping never active, always active, and on some steps 
   }
 }
 
+TEST_CASE("early steps below a disk tier: updates carried over to the next forward take the step's true arguments") {
+  // A host with room for one update's lists at most: the chunks due at the step are carried over
+  // to the next forward, none (or few) started inside backward. Where the step clips, or its lr is
+  // not prepare()'s, what runs later must be the plain step's update, not the speculated one.
+  for (std::size_t blocks : {std::size_t{8}, std::size_t{10}, std::size_t{12}, std::size_t{16}}) {
+    CAPTURE(blocks);
+    SUBCASE("clipping on some steps") {
+      const run_options o{.max_grad_norm = 5.0f,
+                          .steps = 8,
+                          .grad_scale = {0.1f, 0.1f, 0.1f, 10.f, 0.1f, 0.1f, 10.f, 0.1f},
+                          .host_blocks = blocks};
+      same_bits<float>(o);
+      run_options p = o;
+      p.prepare = true;
+      const result r = train<float>(p, static_loss_scaler{});
+      CHECK(r.steps[3].clip_coefficient < 1.0f);                       // speculated after a clean step, then clipped:
+      CHECK(r.steps[3].early_redone == (r.steps[3].early_steps > 0));  // those started redone,
+      CHECK(r.steps[3].carried_steps == 0);                            // none carried over
+      std::size_t carried = 0;
+      for (const auto& step : r.steps) carried += step.carried_steps;
+      CHECK(carried > 0);  // on the clean steps the speculated updates were carried over
+    }
+    SUBCASE("step() with another lr than prepare()'s, clipping kept what undoes it") {
+      same_bits<float>({.max_grad_norm = 1e6f, .host_blocks = blocks, .step_lr_factor = 2.0f});
+    }
+    SUBCASE("an fp16 overflow on a step whose updates were carried over") {
+      same_bits<float16>({.type = dtype::f16, .steps = 6, .overflow_at = 3, .host_blocks = blocks},
+                         dynamic_loss_scaler({.init_scale = 1024.0f, .growth_interval = 100}));
+    }
+  }
+}
+
 TEST_CASE("early steps: an fp16 overflow undoes the speculated chunks and skips the step") {
   const run_options o{.type = dtype::f16, .steps = 6, .overflow_at = 3};
   same_bits<float16>(o, dynamic_loss_scaler({.init_scale = 1024.0f, .growth_interval = 100}));
@@ -361,6 +409,75 @@ TEST_CASE("early steps: an iteration that leaves its trace has the chunk undone,
       CHECK_THROWS_AS((void)rt.backward("bb", {b}), state_error);
     }
     (void)opt.step(rt, 1e-3f);
+  }
+}
+
+TEST_CASE("early steps: an iteration abandoned before its step (a throw in backward) leaves the state of before it") {
+  // b's chunk steps early when "ba" opens; the user's backward then throws. The recovery the runtime
+  // documents for an abandoned iteration, zero_grad() and end_iteration(), must take b's update back
+  // where the speculation kept what undoes it (clipping on), and say so where it did not.
+  const auto lists = [](rt_t& rt, param_id p) {
+    std::vector<float> out;
+    for (auto k : {chunk_kind::param, chunk_kind::momentum, chunk_kind::variance}) {
+      std::vector<float> v(rt.spec(p).numel());
+      rt.read_tensor(p, k, v);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  const auto run = [&](float max_grad_norm) {
+    two_weights w;
+    auto& rt = w.rt;
+    chunk_adam<> opt({.max_grad_norm = max_grad_norm});
+    const auto iteration = [&](bool fail) {
+      { auto f = rt.forward("fa", {w.a}); }
+      { auto f = rt.forward("fb", {w.b}); }
+      {
+        auto g = rt.backward("bb", {w.b});
+        for (auto& x : g.grad<float>(w.b)) x = 0.5f;
+      }
+      auto g = rt.backward("ba", {w.a});  // b's chunk steps early here
+      for (auto& x : g.grad<float>(w.a)) x = 0.25f;
+      if (fail) throw std::runtime_error("the user's backward failed");
+    };
+    for (int s = 0; s < 2; ++s) {  // the trace, then one clean speculated step
+      (void)opt.prepare(rt, 1e-2f);
+      iteration(false);
+      (void)opt.step(rt, 1e-2f);
+    }
+    const std::vector<float> a0 = lists(rt, w.a), b0 = lists(rt, w.b);
+    CHECK(opt.prepare(rt, 1e-2f));
+    CHECK_THROWS_AS(iteration(true), std::runtime_error);
+    CHECK(rt.stepped_early().size() == 1);
+    opt.abandon();
+    struct outcome {
+      bool a_same, b_same;
+    } o{};
+    if (max_grad_norm > 0) {
+      rt.zero_grad();
+      rt.end_iteration();
+    } else {
+      CHECK_THROWS_WITH_AS(rt.undo_early_steps(), doctest::Contains("cannot be undone"), state_error);
+      rt.zero_grad();
+      rt.end_iteration();
+    }
+    o.a_same = lists(rt, w.a) == a0;
+    o.b_same = lists(rt, w.b) == b0;
+    // Training goes on: the next iteration steps as usual.
+    (void)opt.prepare(rt, 1e-2f);
+    iteration(false);
+    CHECK(opt.step(rt, 1e-2f).stepped);
+    return o;
+  };
+  SUBCASE("clipping on: the early update is undone") {
+    const auto o = run(1e6f);
+    CHECK(o.a_same);
+    CHECK(o.b_same);
+  }
+  SUBCASE("nothing kept: the update stands, and undo_early_steps() says why") {
+    const auto o = run(0.0f);
+    CHECK(o.a_same);
+    CHECK_FALSE(o.b_same);
   }
 }
 

@@ -87,6 +87,9 @@ struct optimizer_step_result {
   float loss_scale = 1;         ///< scale the gradients carried
   std::size_t early_steps = 0;  ///< chunks stepped inside backward (prepare()), kept or redone
   bool early_redone = false;    ///< those were undone and stepped again (the norm clipped), or undone (skipped)
+  /// host updates of this step carried over to the next forward (below a disk tier, no room for
+  /// their lists at the step: chunk_runtime::carried_steps), kept exactly as this step's
+  std::size_t carried_steps = 0;
 };
 
 /** @brief Adam/AdamW with loss scaling, clipping and parameter groups, over any chunk_runtime.
@@ -158,7 +161,9 @@ class chunk_adam {
    *  steps in step(); under ZeRO each rank steps its own chunks early, once reduced to it, and with
    *  replicated gradients every chunk once its all-reduce has completed) or where the last step
    *  clipped or overflowed (speculation_advised: this one likely will too); in the first iteration
-   *  (no trace yet) nothing starts early. Every prepare() must be followed by step(). */
+   *  (no trace yet) nothing starts early. Every prepare() must be followed by step(), or the
+   *  iteration abandoned (abandon(), the runtime's zero_grad() and end_iteration(): the early
+   *  updates are undone where they were kept; otherwise they stand). */
   template <class Runtime>
   bool prepare(Runtime& rt, float lr, int micro_batches = 1) {
     if (micro_batches < 1)
@@ -320,11 +325,13 @@ class chunk_adam {
       pending_ = pending{
           r, base, {.step = steps_ + 1, .grad_scale = unscale * r.clip_coefficient, .threads = options_.threads}};
       // The early updates stand where they are exactly this step's: coefficient 1, the same lr and
-      // micro-batches; otherwise they are undone and stepped again (bit for bit the plain step).
+      // micro-batches; otherwise they are undone and stepped again (bit for bit the plain step), and
+      // the chunks still due are not started (nor carried over, below a disk tier) with prepare()'s
+      // arguments: the pass steps them with the step's own, even when none started inside backward.
       const bool same = early_ && r.clip_coefficient == 1.0f && early_->lr == lr && early_->args.step == steps_ + 1 &&
                         early_->micro_batches == micro_batches && early_->args.grad_scale == pending_->args.grad_scale;
-      pending_->early = r.early_steps > 0 && !same ? early_outcome::redo : early_outcome::keep;
-      pending_->result.early_redone = pending_->early == early_outcome::redo;
+      pending_->early = early_ && !same ? early_outcome::redo : early_outcome::keep;
+      pending_->result.early_redone = r.early_steps > 0 && !same;
     }
     const pending p = *pending_;
     using stream_type = typename Runtime::stream_type;
@@ -345,6 +352,7 @@ class chunk_adam {
     last_skipped_ = false;
     optimizer_step_result r = p.result;
     r.stepped = true;
+    if constexpr (requires { rt.carried_steps(); }) r.carried_steps = rt.carried_steps().size();
     return r;
   }
 

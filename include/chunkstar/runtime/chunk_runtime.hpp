@@ -154,7 +154,9 @@ class chunk_runtime {
     });
   }
   /** @brief step() with the update already in the pass's form; the chunks stepped early (see
-   *  arm_early_steps) keep their update or, with `early_outcome::redo`, are undone and stepped again. */
+   *  arm_early_steps) keep their update, and those still due start (or are carried over) with the
+   *  early update; or, with `early_outcome::redo` (the early update's arguments were not this
+   *  step's), the ones stepped are undone and every chunk steps with @p update, none carried over. */
   void step_with(update_ref update, early_outcome early = early_outcome::keep);
 
   /** @brief Steps chunks inside backward, before step(): once a scope has closed after which, by
@@ -180,10 +182,12 @@ class chunk_runtime {
   /** @brief Chunk indices stepped early in this iteration, in order. */
   [[nodiscard]] std::span<const std::uint32_t> stepped_early() const noexcept { return pass_.stepped_early(); }
   /** @brief Chunk indices whose update the last step carried over to the next forward (below a
-   *  disk tier, no room for their lists at the step; not under ZeRO), not started yet: each starts
+   *  disk tier, no room for their lists at the step), not started yet: each starts
    *  as a scope finds room, at the latest when something uses its chunk. */
   [[nodiscard]] std::span<const std::uint32_t> carried_steps() const noexcept { return pass_.carried(); }
-  /** @brief Undoes every early step of this iteration (a step skipped on overflow) and disarms. */
+  /** @brief Undoes every early step of this iteration (a step skipped on overflow) and disarms.
+   *  @throws state_error, changing nothing, where some were taken and nothing kept what undoes them
+   *  (early_steps::undo empty: chunk_adam without clipping and with a static loss scale). */
   void undo_early_steps();
   /** @brief True when a step threw part-way: calling step() again finishes it. */
   [[nodiscard]] bool step_in_progress() const noexcept { return pass_.in_progress(); }
@@ -202,7 +206,9 @@ class chunk_runtime {
   /** @brief Drops every gradient (FREE): the next backward starts from zero (a skipped step, a new accumulation). */
   void zero_grad();
   /** @brief Ends an iteration without a step (after an evaluation pass, a skipped or abandoned
-   *  step): HOLD_AFTER_* tensors return to HOLD and the tracer closes the iteration. */
+   *  step): HOLD_AFTER_* tensors return to HOLD and the tracer closes the iteration. An iteration
+   *  abandoned before its step has its early steps (arm_early_steps) undone where they kept what
+   *  undoes them; otherwise they stand (undo_early_steps() says so). */
   void end_iteration();
 
   /** @brief Starts an untraced section (see untraced_section). */
@@ -630,6 +636,10 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::end_iteration() {
   states_.require_none_in_compute("end_iteration");
   if (level_.untraced) throw state_error("end_iteration() inside an untraced section: close the section first");
+  // An iteration abandoned before its step (an exception in the user's forward or backward): what
+  // its early updates changed goes back where they kept what undoes it; without that, they stand.
+  if (!pass_.in_progress() && pass_.can_undo_early())
+    pass_.undo_all_early(plan_, registry_.specs(), options_.param_type);
   pass_.disarm();
   states_.end_iteration();
   shard_.drop(/*keep_next=*/true);  // those gathered by a step (its chunks' values as they are now)

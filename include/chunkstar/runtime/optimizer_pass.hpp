@@ -259,6 +259,8 @@ class optimizer_pass {
    *  next move and its next wait_user (ZeRO sends it to the other ranks from here: shard_manager::stepped). */
   std::function<void(std::uint32_t)> on_stepped;
   [[nodiscard]] bool armed() const noexcept { return early_.has_value(); }
+  /** @brief Whether the early updates of this iteration can be undone (`early_steps::undo`). */
+  [[nodiscard]] bool can_undo_early() const noexcept { return early_ && early_->undo; }
   /** @brief No more early steps this iteration; those taken stay (and can still be undone). */
   void stop_early() noexcept {
     early_plan_.after.clear();
@@ -285,7 +287,8 @@ class optimizer_pass {
   /** @brief Undoes chunk @p c's early step (a scope about to use it: the iteration left its trace).
    *  @throws state_error when the update cannot be undone. */
   void undo_early(std::uint32_t c, const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
-  /** @brief Undoes every early step (a skipped step) and disarms. */
+  /** @brief Undoes every early step (a skipped step, an abandoned iteration) and disarms.
+   *  @throws state_error, changing nothing, when some were taken and nothing can undo them. */
   void undo_all_early(const chunk_plan& plan, std::span<const tensor_spec> specs, dtype param_type);
 
  private:
@@ -783,6 +786,12 @@ void optimizer_pass<Store, Residency, TracerT>::undo_early(std::uint32_t c, cons
 template <class Store, class Residency, class TracerT>
 void optimizer_pass<Store, Residency, TracerT>::undo_all_early(const chunk_plan& plan,
                                                                std::span<const tensor_spec> specs, dtype param_type) {
+  if (!done_.empty() && !can_undo_early())
+    throw state_error(std::to_string(done_.size()) +
+                      " chunk(s) stepped early in this iteration cannot be undone: nothing kept what undoes them "
+                      "(without clipping and with a static loss scale the optimizer's prepare() keeps nothing, "
+                      "and the update is final). Finish the iteration with step(), or load the last checkpoint; "
+                      "to be able to abandon an iteration after prepare(), clip (max_grad_norm > 0)");
   while (!done_.empty()) undo_early(done_.back(), plan, specs, param_type);
   disarm();
 }
