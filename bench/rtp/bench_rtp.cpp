@@ -15,7 +15,8 @@
 //          R: the rank's replicas (4 lists of the LayerNorms, output biases and positions), S: the
 //          largest shard; 2 S: the weights in transit, 3 S: the gradient buffers of backward (two in
 //          transit and the scratch). Comm: bytes sent per iteration (comm_stats) must equal
-//          iteration_bytes_theory() + the clipping norm's all-reduce of one double, on every rank
+//          iteration_bytes_theory() + the step's all-reduces (its 8 arguments per rank, step_agreement,
+//          and the clipping norm's one double), on every rank
 //          and iteration. ring_wait_s: rtp_gpt::ring_wait_s() per iteration (the time the rotations
 //          waited for shifts their kernels did not hide).
 //   dp:    every rank a full replica (gpt_reference<float>, plus Adam moments: 16 B per parameter),
@@ -232,7 +233,9 @@ void rtp_rank(const setup& s, link_comm& link, rank_out& me) {
   me.peak = m.model_bytes() + m.transient_bytes();
   me.in_use = me.peak;
   me.largest_shard = m.largest_shard_bytes();
-  const std::uint64_t norm_bytes = static_cast<std::uint64_t>(n - 1) * sizeof(double);  // step's clipping all-reduce
+  // The step's all-reduces: its arguments, 8 doubles per rank (step_agreement), and the clipping norm's one.
+  const std::uint64_t norm_bytes =
+      static_cast<std::uint64_t>(n - 1) * (8 * static_cast<std::uint64_t>(n) + 1) * sizeof(double);
   train(s, link, me, [&](int, const int* tokens, const int* targets) {
     m.reset_ring_stats();
     const double loss = m.forward(tokens, targets);
@@ -309,7 +312,8 @@ void zero_rank(const setup& s, link_comm& link, rank_out& me) {
     // A step that gathered the next iteration's first groups: that iteration's first scope agrees
     // that every rank still holds them (an allreduce of one double).
     const std::uint64_t agreed = std::exchange(held, rt.stats().gathers_at_step - r0.gathers_at_step) > 0 ? 1 : 0;
-    return iteration{loss, 0.0, n1 * (units * chunk + (chunks + agreed) * sizeof(double))};
+    // And the step's arguments: 5 doubles per rank (step_agreement).
+    return iteration{loss, 0.0, n1 * (units * chunk + (chunks + agreed + 5 * (n1 + 1)) * sizeof(double))};
   });
   me.whole = rt.model_bytes();
   me.model_bytes = me.whole / static_cast<std::size_t>(n);

@@ -19,8 +19,9 @@
 //            (forward embedding, blocks, head; backward head, blocks, embedding) replayed through
 //            the gather/release/reduce rules of zero/shard_manager.hpp give the gathers G and
 //            reductions R per iteration; each rank then sends and receives
-//            (N-1) x (G x param chunk bytes + R x grad chunk bytes + 8 x padded chunks) bytes (the
-//            last term: the norm's allreduce of one double per chunk). Self-check: equality, on
+//            (N-1) x (G x param chunk bytes + R x grad chunk bytes + 8 x (padded chunks + 5 N)) bytes (the
+//            last term: the norm's allreduce of one double per chunk; 5 N more: each rank's step arguments,
+//            comm/step_agreement.hpp). Self-check: equality, on
 //            every rank and every measured iteration, and G, R equal the runtime's own counts. The
 //            same replay gives the peak of group buffers (N chunks each) plus reduce scratch. It
 //            includes the gathers started a scope ahead (gather_plan.hpp: all of them at the
@@ -370,8 +371,9 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
   }
   finish();
   t.chunks = P;
-  t.bytes_sent = sent + (n - 1) * t.chunks * sizeof(double);  // and the norm: an allreduce of a double per chunk
-  t.bytes_received = received + (n - 1) * t.chunks * sizeof(double);
+  // And the norm: an allreduce of a double per chunk; the step's arguments: one of 5 per rank (step_agreement).
+  t.bytes_sent = sent + (n - 1) * (t.chunks + 5 * n) * sizeof(double);
+  t.bytes_received = received + (n - 1) * (t.chunks + 5 * n) * sizeof(double);
   // A double per moment of the trace: the scopes, and the step's, one per chunk this rank steps.
   if (ahead) t.agreement_bytes_each_way = (n - 1) * (M + P / n) * sizeof(double);
   // The step's gathers for the next iteration: the groups of its first scope.

@@ -449,6 +449,9 @@ TEST_CASE("early steps: an iteration abandoned before its step (a throw in backw
     CHECK(opt.prepare(rt, 1e-2f));
     CHECK_THROWS_AS(iteration(true), std::runtime_error);
     CHECK(rt.stepped_early().size() == 1);
+    // The next iteration's prepare() without ending this one would forget b's update: refused.
+    CHECK_THROWS_WITH_AS(opt.prepare(rt, 1e-2f), doctest::Contains("await its step"), state_error);
+    CHECK(rt.stepped_early().size() == 1);
     opt.abandon();
     struct outcome {
       bool a_same, b_same;

@@ -32,9 +32,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "support/disk_test_dir.hpp"
@@ -557,6 +559,52 @@ TEST_CASE(
     MESSAGE("N = " << n << " resumed in one process: loss " << mean(one.losses.back()) << " (at " << n
                    << " ranks: " << mean(straight.losses.back()) << ")");
   }
+}
+
+TEST_CASE("own model under RTP: a rank stepping with another lr or clipping at a later step stops every rank there") {
+  // sharded_model::step compares every step's arguments across the ranks before its first
+  // collective (step_agreement): one rank's schedule going its own way is a config_error on all.
+  const auto run_with = [](const std::function<void(int rank, int step, adam_hyper&, float& clip)>& vary) {
+    std::vector<std::string> messages(2);
+    std::vector<int> failed_at(2, 0);
+    run_ranks(2, [&](in_process_communicator& comm) {
+      rtp::host_shard_store store;
+      own_model::residual_mlp<in_process_communicator> model(comm, store, cfg);
+      model.init();
+      auto& m = model.state();
+      const auto me = static_cast<std::size_t>(comm.rank());
+      for (int s = 1; s <= 3; ++s) {
+        const micro_batch b = make_batch(s, comm.rank());
+        (void)model.forward(b.tokens.data(), b.targets.data());
+        model.backward(b.tokens.data(), b.targets.data());
+        adam_hyper h = adamw;
+        float clip = 0.5f;
+        vary(comm.rank(), s, h, clip);
+        try {
+          (void)m.step(h, groups, 2, clip);
+        } catch (const config_error& e) {
+          messages[me] = e.what();
+          failed_at[me] = s;
+          break;
+        }
+      }
+    });
+    return std::pair{messages, failed_at};
+  };
+  const auto [none, none_at] = run_with([](int, int, adam_hyper&, float&) {});
+  CHECK(none_at == std::vector<int>{0, 0});
+  const auto [lr, lr_at] = run_with([](int r, int s, adam_hyper& h, float&) {
+    if (r == 1 && s >= 2) h.lr *= 2;
+  });
+  CHECK(lr_at == std::vector<int>{2, 2});
+  CHECK(lr[0] == lr[1]);
+  CHECK(lr[0].find("rtp::sharded_model::step: the ranks' step arguments differ: rank 0 passes lr") !=
+        std::string::npos);
+  const auto [clip, clip_at] = run_with([](int r, int s, adam_hyper&, float& c) {
+    if (r == 0 && s >= 3) c = 0.0f;  // without clipping rank 0 would skip the norm's all-reduce
+  });
+  CHECK(clip_at == std::vector<int>{3, 3});
+  CHECK(clip[1].find("rank 0 passes max_norm 0 but rank 1 passes max_norm 0.5") != std::string::npos);
 }
 
 }  // namespace own_model_test

@@ -280,7 +280,8 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
   // use is the very next moment (kept gathered: only the forward's gathers), and except a group
   // whose next use the look-ahead reaches when it is released (gather_depth 2, the default: at most
   // three moments on, gather_plan::keep); each group's
-  // gradients are reduce-scattered once; the norm is one allreduce of a double per chunk. The
+  // gradients are reduce-scattered once; the norm is one allreduce of a double per chunk; the
+  // step's arguments, one more of 5 doubles per rank (step_agreement). The
   // first iteration with a trace (step 2) adds the ranks' agreement on the gathers ahead: one
   // allreduce of two doubles per moment of the trace (the least and the most depth any rank
   // accepts there: sharding_options::gather_depth's default, 2, agrees in one round when they match).
@@ -298,8 +299,8 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
       std::uint64_t kept = 0;
       for (std::uint64_t k = 0; !keep && k + 1 < used; ++k) kept += (k + 1) * n >= 3;
       const std::uint64_t gathers = keep ? used : 2 * used - 1 - kept, reductions = used;
-      const std::uint64_t theory =
-          (n - 1) * (gathers * chunk_bytes + reductions * chunk_bytes + padded * sizeof(double));
+      const std::uint64_t theory =  // and the step's arguments: 5 per rank (step_agreement)
+          (n - 1) * (gathers * chunk_bytes + reductions * chunk_bytes + (padded + 5 * n) * sizeof(double));
       std::vector<std::vector<comm_stats>> per_iteration(static_cast<std::size_t>(ranks));
       std::vector<runtime_stats> last(static_cast<std::size_t>(ranks));
       std::vector<std::uint64_t> moments(static_cast<std::size_t>(ranks));
@@ -335,7 +336,7 @@ TEST_CASE("ZeRO bytes: what the communicator counts per iteration equals the the
           const std::uint64_t for_next = step == 2 ? (n - 1) * chunk_bytes : (n - 1) * sizeof(double);
           CHECK(d.bytes_sent == theory + agreement + for_next);
           CHECK(d.bytes_received == theory + agreement + for_next);
-          CHECK(d.collectives == gathers + reductions + 1 + 1 + (step == 2 ? 1 : 0));
+          CHECK(d.collectives == gathers + reductions + 1 + 1 + 1 + (step == 2 ? 1 : 0));
         }
     }
   }

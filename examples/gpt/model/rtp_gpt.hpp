@@ -450,7 +450,8 @@ class rtp_gpt {
   }
   step_result step(const chunkstar::adam_hyper& base, const chunkstar::param_groups& groups, int micro_batches,
                    float max_norm = 0.0f) {
-    if (micro_batches < 1) throw chunkstar::config_error("rtp_gpt::step: micro_batches must be >= 1");
+    // No local check first: the step compares its arguments across the ranks before anything
+    // (step_agreement), so a bad one on one rank stops every rank; the store then refuses it.
     const auto r = m_->step(base, groups, micro_batches, max_norm);
     return {r.grad_norm, r.clip_coefficient, r.stepped};
   }

@@ -43,8 +43,9 @@ struct runtime_stats {
   std::uint64_t steps = 0;          ///< optimizer steps completed
   std::uint64_t device_steps = 0;   ///< chunk steps run on the compute tier
   std::uint64_t host_steps = 0;     ///< chunk steps run on the host
-  /// of the host steps, those run inside backward, before the step (chunk_adam::prepare); an early
-  /// step redone in the pass counts twice in host_steps
+  /// of the host steps, those run on the early steps' worker (chunk_adam::prepare): inside
+  /// backward, the last scope's chunks queued by the step, and those it carried over to the next
+  /// forward; an early step redone in the pass counts twice in host_steps
   std::uint64_t early_steps = 0;
   double stall_s = 0;  ///< time the calling thread waited for copies
   /// Loads (and zero fills) that took over the device buffer of an eviction still in flight

@@ -47,6 +47,7 @@
 
 #include <chunkstar/comm/communicator.hpp>
 #include <chunkstar/comm/rank_agreement.hpp>
+#include <chunkstar/comm/step_agreement.hpp>
 #include <chunkstar/core/error.hpp>
 #include <chunkstar/core/tensor_spec.hpp>
 #include <chunkstar/optim/adam.hpp>
@@ -247,6 +248,18 @@ requires(std::is_same_v<store_element_t<Store>, float> ||
    *  working copies refreshed. The learning rate is `hyper.lr`. */
   step_result step(const adam_hyper& hyper, const param_groups& groups, int micro_batches, float max_norm = 0.0f) {
     require_final("step");
+    if (comm_.size() > 1)  // before any collective that depends on them: ranks passing other ones stop together
+      step_agreement("rtp::sharded_model::step",
+                     {{"lr", hyper.lr},
+                      {"beta1", hyper.beta1},
+                      {"beta2", hyper.beta2},
+                      {"eps", hyper.eps},
+                      {"weight_decay", hyper.weight_decay},
+                      {"micro_batches", static_cast<double>(micro_batches)},
+                      {"max_norm", max_norm},
+                      {"the step's number", static_cast<double>(store_.step_count() + 1)}},
+                     comm_.rank(), comm_.size())
+          .run(comm_);
     const auto r = store_.step(hyper, groups, micro_batches, max_norm, [this](double local) {
       if (comm_.size() > 1) comm_.allreduce(std::span<double>(&local, 1), reduce_op::sum);
       return local;

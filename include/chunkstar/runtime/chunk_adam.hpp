@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chunkstar/comm/rank_agreement.hpp>
+#include <chunkstar/comm/step_agreement.hpp>
 #include <chunkstar/optim/adam.hpp>
 #include <chunkstar/optim/clip.hpp>
 #include <chunkstar/optim/grad_check.hpp>
@@ -161,7 +162,8 @@ class chunk_adam {
    *  steps in step(); under ZeRO each rank steps its own chunks early, once reduced to it, and with
    *  replicated gradients every chunk once its all-reduce has completed) or where the last step
    *  clipped or overflowed (speculation_advised: this one likely will too); in the first iteration
-   *  (no trace yet) nothing starts early. Every prepare() must be followed by step(), or the
+   *  (no trace yet) nothing starts early. Not collective: one rank may prepare and another not
+   *  (the same bits). Every prepare() must be followed by step(), or the
    *  iteration abandoned (abandon(), the runtime's zero_grad() and end_iteration(): the early
    *  updates are undone where they were kept; otherwise they stand). */
   template <class Runtime>
@@ -171,6 +173,8 @@ class chunk_adam {
     require_kernels_for<Runtime>();
     if (pending_)
       throw state_error("chunk_adam::prepare while a step that threw is unfinished: call step() again first");
+    if constexpr (requires { rt.require_no_early_steps_pending("chunk_adam::prepare"); })
+      rt.require_no_early_steps_pending("chunk_adam::prepare");
     early_.reset();
     if constexpr (!requires { rt.arm_early_steps(early_steps{}); }) {
       return false;
@@ -239,9 +243,43 @@ class chunk_adam {
    *  exactly once; `abandon()` forgets it instead. */
   template <class Runtime>
   optimizer_step_result step(Runtime& rt, float lr, int micro_batches = 1) {
+    require_kernels_for<Runtime>();
+    // Updates started early with other arguments that nothing kept to undo: refused before anything
+    // changes, so step() with prepare()'s arguments still takes this step.
+    const bool early_refused =
+        !pending_ && early_ && !early_->kept && (early_->lr != lr || early_->micro_batches != micro_batches);
+    const auto refuse_early = [&] {
+      return state_error("chunk_adam::step(lr " + config_value(lr) + ", micro_batches " +
+                         std::to_string(micro_batches) + ") after prepare(lr " + config_value(early_->lr) +
+                         ", micro_batches " + std::to_string(early_->micro_batches) +
+                         "), whose updates started inside backward and cannot be undone: pass step() the lr and "
+                         "micro-batches given to prepare()");
+    };
+    if (!agreed_) {  // before the step's first collective: ranks configured differently stop here, all of them
+      require_agreement(rt.communicator(), configuration(micro_batches), "chunk_adam::step");
+      agreed_ = true;
+    }
+    // Every step's arguments, and whether this rank refuses them, compared across data-parallel
+    // ranks before the first collective or check that could stop one rank alone: ranks that would
+    // step differently all stop here, before anything is updated (the configuration is compared
+    // once, above).
+    if (const int world = rt.communicator().size(); !pending_ && world > 1 && rt.gradients() != gradient_mode::local) {
+      try {
+        step_agreement("chunk_adam::step",
+                       {{"lr", lr},
+                        {"micro_batches", static_cast<double>(micro_batches)},
+                        {"the step's number", static_cast<double>(steps_ + 1)},
+                        {"loss scale", scaler_.scale()},
+                        {"prepare()'s arguments, 1 if usable", early_refused ? 0.0 : 1.0}},
+                       rt.communicator().rank(), world)
+            .run(rt.communicator());
+      } catch (const config_error&) {
+        if (early_refused) throw refuse_early();  // this rank's own reason
+        throw;
+      }
+    }
     if (micro_batches < 1)
       throw config_error("chunk_adam::step: micro_batches must be >= 1, got " + std::to_string(micro_batches));
-    require_kernels_for<Runtime>();
     if constexpr (requires { rt.options().sharding; }) {
       // micro_batches counts every rank's (docs/zero.md); each rank's own must not exceed what the
       // runtime was told, or ZeRO's first iteration would reduce after each instead of the last.
@@ -255,18 +293,7 @@ class chunk_adam {
             std::to_string((micro_batches + world - 1) / world) +
             "), so ZeRO's first iteration reduces each gradient once, after the last, as later ones do");
     }
-    // Updates started early with other arguments that nothing kept to undo: refused before anything
-    // changes, so step() with prepare()'s arguments still takes this step.
-    if (!pending_ && early_ && !early_->kept && (early_->lr != lr || early_->micro_batches != micro_batches))
-      throw state_error("chunk_adam::step(lr " + config_value(lr) + ", micro_batches " + std::to_string(micro_batches) +
-                        ") after prepare(lr " + config_value(early_->lr) + ", micro_batches " +
-                        std::to_string(early_->micro_batches) +
-                        "), whose updates started inside backward and cannot be undone: pass step() the lr and "
-                        "micro-batches given to prepare()");
-    if (!agreed_) {  // before the step's first collective: ranks that would step differently stop here, all of them
-      require_agreement(rt.communicator(), configuration(micro_batches), "chunk_adam::step");
-      agreed_ = true;
-    }
+    if (early_refused) throw refuse_early();
     if (!pending_) {
       optimizer_step_result r;
       r.loss_scale = scaler_.scale();

@@ -185,6 +185,14 @@ class chunk_runtime {
    *  disk tier, no room for their lists at the step), not started yet: each starts
    *  as a scope finds room, at the latest when something uses its chunk. */
   [[nodiscard]] std::span<const std::uint32_t> carried_steps() const noexcept { return pass_.carried(); }
+  /** @brief Throws state_error naming @p what where chunks stepped early in this iteration await
+   *  its step (arming again would forget them: stepped twice, or never undone). */
+  void require_no_early_steps_pending(std::string_view what) const {
+    if (const auto n = pass_.stepped_early().size(); n > 0)
+      throw state_error(std::string(what) + " while " + std::to_string(n) +
+                        " chunk(s) stepped early in this iteration await its step: call step(), or abandon the "
+                        "iteration first (zero_grad(), then end_iteration(), which undoes them where they were kept)");
+  }
   /** @brief Undoes every early step of this iteration (a step skipped on overflow) and disarms.
    *  @throws state_error, changing nothing, where some were taken and nothing kept what undoes them
    *  (early_steps::undo empty: chunk_adam without clipping and with a static loss scale). */
@@ -574,6 +582,7 @@ bool CHUNKSTAR_RUNTIME::arm_early_steps(early_steps e) {
   if ((gradients() == gradient_mode::local && comm_.size() > 1) || !e.update) return false;
   if (pass_.in_progress())
     throw state_error("arm_early_steps() while a step that threw is unfinished: call step() again first");
+  require_no_early_steps_pending("arm_early_steps");
   pass_.arm(std::move(e), shard_.map(), shard_.used_together());
   return true;
 }

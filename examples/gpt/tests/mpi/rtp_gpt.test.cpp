@@ -256,6 +256,8 @@ TEST_CASE(
   // collective for ever. With the collective-sequence check, the failing rank's next collective
   // (a barrier, its "I failed" to the others) differs from the peers' (a shift or an all-reduce),
   // so every rank, the failing one included, gets communication_error naming both at that call.
+  // A bad step argument (micro-batches 0 on one rank) is caught earlier: the step compares its
+  // arguments across the ranks first, and every rank gets the same config_error naming it.
   enum class fault { bad_token, bad_target, no_micro_batches, shift_at_call, shift_in_flight };
   struct fault_case {
     fault kind;
@@ -264,6 +266,7 @@ TEST_CASE(
     int shift;              // for the shift faults: which one after the call starts (0-based)
     const char* own_error;  // what the failing rank's own error says
     const char* peer_call;  // what the peers were calling
+    bool everyone = false;  // a step argument the ranks compare (step_agreement): config_error on all
   };
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -279,7 +282,8 @@ TEST_CASE(
       // the second AdamW iteration's forward, block 1's attention's first shift
       {fault::shift_in_flight, world - 1, iterations + 1, stage::train_forward, 3 * shifts_per_pass, "injected",
        "ring_shift"},
-      {fault::no_micro_batches, 1, iterations, stage::step, 0, "micro_batches must be >= 1", "allreduce(1 x f64"},
+      // the step compares its arguments across the ranks first: every rank stops with the same error
+      {fault::no_micro_batches, 1, iterations, stage::step, 0, "but rank 1 passes micro_batches 0", "", true},
   };
   for (const fault_case& f : cases) {
     CAPTURE(static_cast<int>(f.kind));
@@ -320,6 +324,13 @@ TEST_CASE(
       error = e.what();
     }
     const double seconds = seconds_since(call_start);
+    if (f.everyone) {
+      CHECK(failed_here);
+      CHECK_MESSAGE(own.find(f.own_error) != std::string::npos, own);
+      CHECK_MESSAGE(error.empty(), error);
+      CHECK(seconds < 5.0);
+      continue;
+    }
     CHECK(failed_here == (me == f.rank));
     if (failed_here) CHECK_MESSAGE(own.find(f.own_error) != std::string::npos, own);
     CHECK_MESSAGE(error.find("collective mismatch") != std::string::npos, error);
