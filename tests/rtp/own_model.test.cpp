@@ -524,7 +524,10 @@ TEST_CASE("own model under RTP: a step with other clipping than prepare_step's i
     (void)model.forward(b.tokens.data(), b.targets.data());
     model.backward(b.tokens.data(), b.targets.data());
     if (s > 0) CHECK_THROWS_AS((void)m.step(adamw, groups, 1, 0.5f), state_error);
-    CHECK(m.step(adamw, groups, 1, 0.0f).stepped);  // what prepare_step was given: the step goes on
+    const auto r = m.step(adamw, groups, 1, 0.0f);  // what prepare_step was given: the step goes on
+    CHECK(r.stepped);
+    CHECK((r.early_steps > 0) == (s > 0));  // the result says how many started inside backward
+    CHECK_FALSE(r.early_redone);
   }
   CHECK(rt.stats().early_steps > 0);
 }

@@ -190,7 +190,9 @@ requires(std::is_same_v<T, float> || ShardWideningOps<Ops, T>) class chunk_shard
     return {.grad_norm = r.grad_norm,
             .clip_coefficient = r.clip_coefficient,
             .grad_scale = 1.0f / (r.loss_scale * static_cast<float>(micro_batches)) * r.clip_coefficient,
-            .stepped = r.stepped};
+            .stepped = r.stepped,
+            .early_steps = r.early_steps,
+            .early_redone = r.early_redone};
   }
   /** @brief What to multiply the loss by before a backward (fp16's dynamic scale; 1 otherwise). */
   [[nodiscard]] float loss_scale() const { return opt_ ? opt_->loss_scale() : scaler_.scale(); }

@@ -73,6 +73,8 @@ struct shard_step_result {
   float clip_coefficient = 1;                                   ///< factor the gradients were multiplied by
   float grad_scale = 1;  ///< what every gradient was multiplied by (1 / micro-batches x clip)
   bool stepped = true;   ///< false: skipped (an fp16 overflow), the gradients dropped
+  std::size_t early_steps = 0;  ///< this rank's chunk updates started inside backward (a prepared chunk store)
+  bool early_redone = false;    ///< those were undone and stepped again (the norm clipped) or undone (skipped)
 };
 
 /** @brief The element type of a store's working weights, which its model's rotations carry:

@@ -91,6 +91,8 @@ requires(std::is_same_v<store_element_t<Store>, float> ||
     double grad_norm = 0;        ///< global norm of the averaged gradients, every replica once (NaN without clipping)
     float clip_coefficient = 1;  ///< the factor clipping applied
     bool stepped = true;         ///< false: skipped on an fp16 overflow (on every rank alike)
+    std::size_t early_steps = 0;  ///< this rank's chunk updates started inside backward (prepare_step)
+    bool early_redone = false;    ///< those were undone and stepped again, or undone (a skipped step)
   };
 
   /** @brief A model of tensors @p specs on the ranks of @p comm, its buffers in @p store (not
@@ -265,7 +267,7 @@ requires(std::is_same_v<store_element_t<Store>, float> ||
       return local;
     });
     publish(replica_index_);
-    return {r.grad_norm, r.clip_coefficient, r.stepped};
+    return {r.grad_norm, r.clip_coefficient, r.stepped, r.early_steps, r.early_redone};
   }
   /** @brief What to multiply the loss by before a backward: the store's loss scale (fp16), else 1. */
   [[nodiscard]] float loss_scale() const {
