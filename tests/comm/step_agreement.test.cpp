@@ -104,6 +104,8 @@ outcome train(runtime_options options, chunk_adam_options adam,
         auto b = m.rt.backward("b", {m.w});
         for (float& g : b.grad<float>(m.w)) g = 0.25f;
       }
+      if (options.gradients == gradient_mode::replicated)  // the same on every rank: as if all-reduced
+        for (std::uint32_t c = 0; c < m.rt.plan().num_chunks; ++c) m.rt.gradient_reduced(c);
       try {
         (void)opt.step(m.rt, lr, micro_batches);
       } catch (const config_error& e) {

@@ -173,6 +173,7 @@ TEST_CASE("the gradient norm follows the gradient mode: sharded sums over ranks,
         for (float& g : s.grad<float>(p)) g = 1.0f;  // norm 2 on each rank
       }
       chunk_adam<> opt;
+      if (mode == gradient_mode::replicated) rt.gradient_reduced(0);  // the same on both ranks already
       norms[static_cast<std::size_t>(comm.rank())] = opt.step(rt, 1e-3f).grad_norm;
     });
     CAPTURE(static_cast<int>(mode));
@@ -184,6 +185,43 @@ TEST_CASE("the gradient norm follows the gradient mode: sharded sums over ranks,
   host_copy_engine copier;
   runtime_t<single_process_communicator> rt(dev, host, copier);
   CHECK_THROWS_AS((replicated_gradients<runtime_t<single_process_communicator>>{rt}), config_error);
+}
+
+TEST_CASE(
+    "replicated gradients never all-reduced: the step refuses on every rank instead of letting replicas diverge") {
+  // A trainer that builds the runtime with gradient_mode::replicated and forgets replicated_gradients
+  // (or one chunk of its own all-reduces): each rank would step its own gradients.
+  for (const bool report_some : {false, true}) {
+    std::vector<std::string> messages(2);
+    run_ranks(2, [&](in_process_communicator& comm) {
+      simulated_device_space dev({.capacity = 1 << 20});
+      host_space host;
+      host_copy_engine copier;
+      runtime_t<in_process_communicator> rt(dev, host, copier, comm, {.gradients = gradient_mode::replicated},
+                                            fixed_chunk_layout({.chunk_elems = 64}));
+      const auto p = rt.register_param({"p", {48}, dtype::f32, tensor_role::weight});
+      const auto q = rt.register_param({"q", {48}, dtype::f32, tensor_role::weight});
+      rt.finalize();
+      {
+        auto s = rt.backward("pq", {p, q});
+        for (float& g : s.grad<float>(p)) g = static_cast<float>(comm.rank() + 1);
+        for (float& g : s.grad<float>(q)) g = 1.0f;
+      }
+      if (report_some) rt.gradient_reduced(0);  // chunk 1 (q) forgotten
+      chunk_adam<> opt({.max_grad_norm = 1.0f});
+      try {
+        (void)opt.step(rt, 1e-3f);
+      } catch (const state_error& e) {
+        messages[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    for (const auto& m : messages) {
+      CAPTURE(m);
+      CHECK(m.find(report_some ? "chunk 1's gradient was not all-reduced" : "chunk 0's gradient was not all-reduced") !=
+            std::string::npos);
+      CHECK(m.find("replicated_gradients") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE(

@@ -179,6 +179,10 @@ class chunk_runtime {
     if (reduced_.size() < plan_.num_chunks) reduced_.resize(plan_.num_chunks, 0);
     if (c < reduced_.size()) reduced_[c] = 1;
   }
+  /** @brief With replicated gradients over several ranks, throws state_error unless every
+   *  gradient chunk was reported all-reduced in this iteration (gradient_reduced): a step of local
+   *  gradients would make the replicas diverge silently. step() checks it first. */
+  void require_replicas_reduced() const;
   /** @brief Chunk indices stepped early in this iteration, in order. */
   [[nodiscard]] std::span<const std::uint32_t> stepped_early() const noexcept { return pass_.stepped_early(); }
   /** @brief Chunk indices whose update the last step carried over to the next forward (below a
@@ -548,6 +552,7 @@ void CHUNKSTAR_RUNTIME::step_with(update_ref update, early_outcome early) {
   require_awake("step");
   states_.require_none_in_compute("step");
   if (level_.untraced) throw state_error("step() inside an untraced section: close the section first");
+  require_replicas_reduced();
   shard_.finish_backward();
   if (early == early_outcome::keep) run_early_steps(true);  // those the last scopes made ready
   const double t0 = observer_.now_us();
@@ -560,9 +565,23 @@ void CHUNKSTAR_RUNTIME::step_with(update_ref update, early_outcome early) {
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE
+void CHUNKSTAR_RUNTIME::require_replicas_reduced() const {
+  if (gradients() != gradient_mode::replicated || comm_.size() <= 1) return;
+  for (std::uint32_t c = 0; c < plan_.num_chunks; ++c)
+    if (holds_payload(store_.at({chunk_kind::grad, c}).where) && (c >= reduced_.size() || reduced_[c] == 0))
+      throw state_error("step() over replicated gradients (gradient_mode::replicated) on " +
+                        std::to_string(comm_.size()) + " ranks, but chunk " + std::to_string(c) +
+                        "'s gradient was not all-reduced in this iteration: each rank would step its own "
+                        "gradients and the replicas diverge. Use replicated_gradients (after_backward() after "
+                        "each backward scope, synchronize() before the step), or report your own all-reduce of "
+                        "each chunk with gradient_reduced(c)");
+}
+
+CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::for_each_grad_chunk(function_ref<void(const step_chunk&)> f) {
   // Under ZeRO the last reductions are still in flight here: the chunks already final are visited
   // while they travel, then each reduction's as it lands (a norm's scan hides behind the link).
+  require_replicas_reduced();  // before a norm of local gradients is taken for the global one
   shard_.close_backward();
   std::vector<char> seen(plan_.num_chunks, 0);
   do {
