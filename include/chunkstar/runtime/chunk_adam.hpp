@@ -270,7 +270,7 @@ class chunk_adam {
                         {"micro_batches", static_cast<double>(micro_batches)},
                         {"the step's number", static_cast<double>(steps_ + 1)},
                         {"loss scale", scaler_.scale()},
-                        {"prepare()'s arguments, 1 if usable", early_refused ? 0.0 : 1.0}},
+                        {"prepare() matching (1) or not (0)", early_refused ? 0.0 : 1.0}},
                        rt.communicator().rank(), world)
             .run(rt.communicator());
       } catch (const config_error&) {
