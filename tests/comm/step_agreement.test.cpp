@@ -64,8 +64,7 @@ TEST_CASE("step_agreement::run: alike, nothing; one rank different, the same con
 
 namespace {
 
-using runtime_t =
-    chunk_runtime<fixed_chunk_layout, auto_placement, belady_eviction, warmup_tracer, in_process_communicator>;
+using runtime_t = testing::fixed_group_runtime;
 
 struct model {
   simulated_device_space dev{{.capacity = 1 << 20}};

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
  *  @brief `step_agreement`: the arguments of one optimizer step (learning rate, micro-batches, the
- *         step's number, ...) checked alike on every rank, inside a sum-allreduce of host doubles
- *         the step makes anyway.
+ *         step's number, ...) checked alike on every rank in one sum-allreduce of host doubles
+ *         (`run`), or inside one the caller makes anyway (`fill`, then `check`).
  *
  *  `require_agreement` (rank_agreement.hpp) compares the configuration once; a step's arguments
  *  may change every step (a schedule's lr), and ranks passing different ones would diverge
@@ -15,6 +15,7 @@
 #include <chunkstar/comm/rank_agreement.hpp>
 #include <chunkstar/core/error.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <optional>
@@ -56,7 +57,7 @@ class step_agreement {
   [[nodiscard]] std::size_t slots() const noexcept { return args_.size() * static_cast<std::size_t>(world_); }
   /** @brief This rank's values in its own slots, zeros in the others' (`out.size() == slots()`). */
   void fill(std::span<double> out) const noexcept {
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = 0.0;
+    std::fill(out.begin(), out.end(), 0.0);
     for (std::size_t a = 0; a < args_.size(); ++a)
       out[static_cast<std::size_t>(rank_) * args_.size() + a] = args_[a].value;
   }
