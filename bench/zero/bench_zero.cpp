@@ -275,21 +275,11 @@ comm_theory zero_theory(const gpt::gpt_config& c, const chunk_plan& plan, int ra
   // broadcast from its owner (which holds no buffer for it) and reduced to its owner.
   const std::size_t n = static_cast<std::size_t>(ranks), u = msc ? 1 : n, P = plan.num_chunks, groups = P / u;
   const auto owns = [&](std::size_t chunk) { return chunk % n == static_cast<std::size_t>(rank); };
-  std::vector<std::vector<std::size_t>> stage;  // param indices of each stage, in registration order
-  std::size_t index = 0;
-  for (const auto& layer : gpt::param_layers(c)) {
-    stage.emplace_back();
-    for (std::size_t k = 0; k < layer.tensors.size(); ++k) stage.back().push_back(index++);
-  }
-  const std::vector<std::size_t> head{stage.back()[0], stage.back()[1], stage[0][0]};  // lnf and the tied wte
-  std::vector<std::vector<std::size_t>> moments;
-  moments.push_back(stage[0]);
-  for (int l = 0; l < c.layers; ++l) moments.push_back(stage[static_cast<std::size_t>(l) + 1]);
-  moments.push_back(head);
+  // The scopes chunked_gpt opens (gpt::forward_scopes): forward's in order, then backward's in reverse.
+  const auto scopes = gpt::forward_scopes(c);
+  std::vector<std::vector<std::size_t>> moments(scopes.begin(), scopes.end());
   const std::size_t first_backward = moments.size();
-  moments.push_back(head);
-  for (int l = c.layers - 1; l >= 0; --l) moments.push_back(stage[static_cast<std::size_t>(l) + 1]);
-  moments.push_back(stage[0]);
+  moments.insert(moments.end(), scopes.rbegin(), scopes.rend());
   const std::size_t M = moments.size();
   std::vector<std::vector<bool>> uses(M, std::vector<bool>(P, false));  // uses[m][chunk]
   for (std::size_t m = 0; m < M; ++m)
