@@ -2,12 +2,15 @@
 // step_worker, the thread that runs early optimizer updates: jobs run in order on one thread that
 // is not the caller's, wait() returns once all have run and rethrows the first failure once, and
 // the destructor runs what is queued; a background worker's thread (and the threads it starts)
-// run at the OS's idle priority, the caller's untouched.
+// run at the OS's idle priority, the caller's untouched. next_job, its choice: by priority, a job
+// whose inputs have arrived before one whose have not unless in order.
 #include <chunkstar/runtime/step_worker.hpp>
 
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -52,6 +55,65 @@ TEST_CASE("step_worker: the destructor runs the jobs queued; a worker never give
   CHECK(ran.load() == 20);
   step_worker idle;
   CHECK_NOTHROW(idle.wait());
+}
+
+TEST_CASE(
+    "next_job: the lowest priority, the earliest of equals; a ready one before one still waiting, unless in order") {
+  using W = waiting_job;
+  const std::vector<W> all_ready{{5, 0, true}, {2, 1, true}, {2, 2, true}, {9, 3, true}};
+  CHECK(next_job(all_ready, false) == 1);
+  CHECK(next_job(all_ready, true) == 1);
+  // The first by priority still waits for its inputs: the first ready one in the same order goes.
+  const std::vector<W> top_waits{{5, 0, true}, {2, 1, false}, {7, 2, true}, {3, 3, true}, {3, 4, true}};
+  CHECK(next_job(top_waits, false) == 3);
+  CHECK(next_job(top_waits, true) == 1);  // in order: the first, ready or not
+  // None ready: the first by priority (the worker waits for it).
+  const std::vector<W> none_ready{{4, 0, false}, {1, 1, false}, {1, 2, false}};
+  CHECK(next_job(none_ready, false) == 1);
+  CHECK(next_job(std::vector<W>{{0, 7, false}}, false) == 0);
+  // Equal priorities: submission order decides among the ready ones too.
+  const std::vector<W> equal{{1, 3, false}, {1, 5, true}, {1, 4, true}};
+  CHECK(next_job(equal, false) == 2);
+  CHECK(next_job(equal, true) == 0);
+}
+
+TEST_CASE("step_worker: a job whose inputs have not arrived waits behind ready ones; in order, it does not") {
+  for (const bool in_order : {false, true}) {
+    CAPTURE(in_order);
+    step_worker w;
+    w.in_order(in_order);
+    std::mutex m;
+    std::condition_variable cv;
+    bool release = false;
+    std::atomic<bool> arrived{false};
+    std::vector<int> order;
+    // The first job holds the worker until the others are queued, so that it chooses among all.
+    w.submit([&] {
+      std::unique_lock lock(m);
+      cv.wait(lock, [&] { return release; });
+    });
+    w.submit([&] { order.push_back(0); }, 0, [&] { return arrived.load(); });  // first by priority, not ready
+    w.submit([&] { order.push_back(1); }, 1);
+    w.submit(
+        [&] {
+          order.push_back(2);
+          arrived = true;  // its inputs arrive while the others run
+        },
+        2);
+    {
+      const std::lock_guard lock(m);
+      release = true;
+    }
+    cv.notify_one();
+    w.wait();
+    CHECK(order == (in_order ? std::vector<int>{0, 1, 2} : std::vector<int>{1, 2, 0}));
+    // A ready() that throws counts as not ready; the job still runs.
+    bool ran = false;
+    w.in_order(false);
+    w.submit([&] { ran = true; }, 0, []() -> bool { throw std::runtime_error("cannot tell"); });
+    w.wait();
+    CHECK(ran);
+  }
 }
 
 #if defined(__linux__) && defined(SCHED_IDLE)

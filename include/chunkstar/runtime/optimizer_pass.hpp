@@ -627,6 +627,9 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     last_step_ = now;
     waited_ = {};
   }
+  // From the step on, the next forward reads the updates in priority order and waits for each; the
+  // worker keeps to it (below: inside backward nothing waits yet).
+  if (last) worker_.in_order(true);
   if (!planned_) {
     early_step_inputs in{.step_tier = {},
                          .kept_bytes_per_chunk = early_->kept_bytes_per_chunk,
@@ -673,6 +676,7 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
     due_count_ = due_.size();         // before the job: it reads what waits behind it
     done_.reserve(done_.size() + 1);  // the push below cannot throw once the update is queued
+    if (!last) worker_.in_order(false);  // a new backward's: nothing waits for the order yet
     start_update(c, plan, specs, param_type, early_->update, early_->spends_gradient, last);
     // Queued (not queued: the pass steps it). Joins run on this thread, so it is in done_ before
     // any of them sees the update, which may have changed the chunk: undo covers it.
@@ -705,13 +709,16 @@ void optimizer_pass<Store, Residency, TracerT>::start_update(std::uint32_t c, co
     if (!carried) store_.resolve_disk(id);
   }
   typename Store::pin_set pins(store_, ids);
-  std::vector<typename Store::copy_handle> arrivals;
-  std::vector<disk_copy_handle> reads;
+  struct inputs {  // what the update waits for: shared by the job and the worker's look at it (ready)
+    std::vector<typename Store::copy_handle> arrivals;
+    std::vector<disk_copy_handle> reads;
+  };
+  auto in = std::make_shared<inputs>();
   for (auto id : ids) {
     const auto& s = store_.at(id);
-    if (s.pending) arrivals.push_back(*s.pending);
-    if (s.user_done) arrivals.push_back(*s.user_done);
-    if (s.disk_pending) reads.push_back(s.disk_pending->done);  // a read filling the host buffer
+    if (s.pending) in->arrivals.push_back(*s.pending);
+    if (s.user_done) in->arrivals.push_back(*s.user_done);
+    if (s.disk_pending) in->reads.push_back(s.disk_pending->done);  // a read filling the host buffer
   }
   const step_chunk view = view_of(c, tier::host, plan, specs, param_type);
   auto span = std::make_shared<typename early_job::outcome>();
@@ -720,11 +727,10 @@ void optimizer_pass<Store, Residency, TracerT>::start_update(std::uint32_t c, co
   const std::size_t priority = next_use_of(c);
   jobs_.push_back({c, std::move(pins), span, finished->get_future().share(), release_gradient, priority, carried});
   // Queued by the step, it is due for the next forward even when it starts after the next arm().
-  auto job = [this, arrivals = std::move(arrivals), reads = std::move(reads), view, update, span, finished,
-              by_step]() mutable {
+  auto job = [this, in, view, update, span, finished, by_step]() mutable {
     try {
-      for (auto& h : reads) h.wait();  // a failed read throws here: the chunk is unchanged
-      for (auto& h : arrivals) h.wait();
+      for (auto& h : in->reads) h.wait();  // a failed read throws here: the chunk is unchanged
+      for (auto& h : in->arrivals) h.wait();
       span->begin = std::chrono::steady_clock::now();
       span->started = true;
       step_chunk with_threads = view;  // as many threads as the worker's load and backlog call for
@@ -740,8 +746,14 @@ void optimizer_pass<Store, Residency, TracerT>::start_update(std::uint32_t c, co
       finished->set_exception(std::current_exception());
     }
   };
+  // Ready once its lists are on the host: inside backward the worker starts such an update before
+  // one whose lists are still coming down (step_worker's next_job), rather than idle meanwhile.
+  auto ready = [in] {
+    return std::all_of(in->reads.begin(), in->reads.end(), [](const auto& h) { return h.ready(); }) &&
+           std::all_of(in->arrivals.begin(), in->arrivals.end(), [](const auto& h) { return h.ready(); });
+  };
   try {
-    worker_.submit(std::move(job), priority);
+    worker_.submit(std::move(job), priority, std::move(ready));
   } catch (...) {  // not queued (no thread): nothing runs it, nothing may wait for it
     jobs_.pop_back();
     throw;

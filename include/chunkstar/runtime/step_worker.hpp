@@ -1,20 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 /** @file
- *  @brief `step_worker`: one background thread that runs jobs in the order given — the host
- *         updates of chunks stepped early, so the thread that queues backward's work goes on
- *         while they run (optimizer_pass's early steps) — optionally at the OS's idle priority.
+ *  @brief `step_worker`: one background thread that runs jobs by priority — the host updates of
+ *         chunks stepped early, so the thread that queues backward's work goes on while they run
+ *         (optimizer_pass's early steps) — optionally at the OS's idle priority; and `next_job`,
+ *         its choice of the next job (a pure function).
  */
 #pragma once
 
-#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -23,11 +26,38 @@
 
 namespace chunkstar {
 
-/** @brief Runs jobs one at a time on a thread of its own, started by the first job: of those
- *  waiting, the one with the lowest priority value first, equal ones in the order given (the
- *  early steps pass each chunk's next use, so the update the next forward needs first runs first).
- *  A job that throws does not stop the others; wait() rethrows the first failure. The destructor
- *  waits for the jobs queued and never throws. */
+/** @brief A job waiting on a step_worker, as its choice of the next one sees it. */
+struct waiting_job {
+  std::size_t priority = 0;  ///< lower runs sooner
+  std::size_t order = 0;     ///< submission order: of equal priorities, the earlier first
+  bool ready = true;         ///< its inputs have arrived: it would start without waiting
+};
+
+/** @brief Which of @p waiting (not empty) runs next, as an index: the lowest priority value, the
+ *  earliest of equals; where that one is not ready and @p in_order is false, the first in the same
+ *  order that is — a worker with work that can start does not idle waiting for inputs still on
+ *  their way (an update's lists coming down from the device), and the job passed over is ready by
+ *  the time the other ends. With @p in_order (something waits for the jobs in this order now: the
+ *  step has begun, the next forward reads the updates in it) the lowest value, ready or not. */
+[[nodiscard]] inline std::size_t next_job(std::span<const waiting_job> waiting, bool in_order) noexcept {
+  const auto before = [&](std::size_t a, std::size_t b) {
+    return waiting[a].priority != waiting[b].priority ? waiting[a].priority < waiting[b].priority
+                                                      : waiting[a].order < waiting[b].order;
+  };
+  std::size_t first = 0, first_ready = waiting.size();
+  for (std::size_t i = 0; i < waiting.size(); ++i) {
+    if (before(i, first)) first = i;
+    if (waiting[i].ready && (first_ready == waiting.size() || before(i, first_ready))) first_ready = i;
+  }
+  return in_order || waiting[first].ready || first_ready == waiting.size() ? first : first_ready;
+}
+
+/** @brief Runs jobs one at a time on a thread of its own, started by the first job, in the order
+ *  next_job() chooses: of those waiting, the one with the lowest priority value first, equal ones
+ *  in the order given (the early steps pass each chunk's next use, so the update the next forward
+ *  needs first runs first), unless that one's inputs are still arriving and another's have (see
+ *  in_order()). A job that throws does not stop the others; wait() rethrows the first failure.
+ *  The destructor waits for the jobs queued and never throws. */
 class step_worker {
  public:
   step_worker() = default;
@@ -48,16 +78,22 @@ class step_worker {
     if (thread_.joinable()) thread_.join();
   }
 
-  /** @brief Queues @p job. @throws what starting the thread throws (std::system_error; the job is
-   *  then not queued: nothing runs it). */
-  void submit(std::function<void()> job, std::size_t priority = 0) {
+  /** @brief Queues @p job. @p ready (empty: always) says, without blocking, whether its inputs have
+   *  arrived; it is called on the worker's thread, under the worker's lock, while the job waits.
+   *  @throws what starting the thread throws (std::system_error; the job is then not queued:
+   *  nothing runs it). */
+  void submit(std::function<void()> job, std::size_t priority = 0, std::function<bool()> ready = {}) {
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     {
       const std::lock_guard lock(mutex_);
-      queue_.push_back({priority, submitted_++, std::move(job)});
+      queue_.push_back({priority, submitted_++, std::move(job), std::move(ready)});
     }
     work_.notify_one();
   }
+
+  /** @brief With @p on, jobs start strictly by priority, ready or not (next_job's in_order); off
+   *  (the default), a job whose inputs have arrived goes before one whose inputs have not. */
+  void in_order(bool on) noexcept { in_order_.store(on, std::memory_order_relaxed); }
 
   /** @brief Waits until every job submitted so far has run; rethrows the first failure since the
    *  last wait (once). */
@@ -80,16 +116,16 @@ class step_worker {
   struct job {
     std::size_t priority, order;
     std::function<void()> run;
+    std::function<bool()> ready;
   };
   void loop() {
     if (background_) lower_priority();
     std::unique_lock lock(mutex_);
+    std::vector<waiting_job> waiting;
     for (;;) {
       work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, nothing left
-      const auto next = std::min_element(queue_.begin(), queue_.end(), [](const job& a, const job& b) {
-        return a.priority != b.priority ? a.priority < b.priority : a.order < b.order;
-      });
+      const auto next = queue_.begin() + static_cast<std::ptrdiff_t>(choose(waiting));
       auto run = std::move(next->run);
       queue_.erase(next);
       lock.unlock();
@@ -106,6 +142,26 @@ class step_worker {
     }
   }
 
+  /** next_job() over the queue (a job whose ready() throws counts as not ready); where the list
+   *  cannot be made (no memory), the earliest submitted. Called under the lock. */
+  std::size_t choose(std::vector<waiting_job>& waiting) noexcept {
+    try {
+      waiting.clear();
+      for (const job& j : queue_) {
+        bool ready = true;
+        try {
+          ready = !j.ready || j.ready();
+        } catch (...) {  // cannot tell: it may have to wait
+          ready = false;
+        }
+        waiting.push_back({j.priority, j.order, ready});
+      }
+      return next_job(waiting, in_order_.load(std::memory_order_relaxed));
+    } catch (...) {
+      return 0;  // the earliest submitted
+    }
+  }
+
   /** The calling thread at the idle priority; best effort (an OS that refuses leaves it as it is). */
   static void lower_priority() noexcept {
 #if defined(__linux__) && defined(SCHED_IDLE)
@@ -116,6 +172,7 @@ class step_worker {
   }
 
   bool background_ = false;
+  std::atomic<bool> in_order_{false};
   mutable std::mutex mutex_;
   std::condition_variable work_, idle_;
   std::deque<job> queue_;
