@@ -281,7 +281,7 @@ double disk_bytes(const Runtime& rt) {
 }
 
 /** What alternate() measured: the counted iterations' seconds per mode, the early steps over the
- *  overlapped ones, the disk bytes each mode moved, and the host Adam's passes between rounds. */
+ *  overlapped ones, the disk bytes each mode moved, and the host Adam's pass in each round. */
 struct timed_rounds {
   std::vector<double> seq, ovl, adam;
   double early = 0, seq_disk_bytes = 0, ovl_disk_bytes = 0;
