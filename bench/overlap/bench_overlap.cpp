@@ -246,6 +246,12 @@ class host_adam_probe {
              0);
     return seconds_since(t0);
   }
+  /** max(3, --rounds) passes' seconds (none without chunks). */
+  std::vector<double> passes(const settings& s) {
+    std::vector<double> times;
+    for (int r = 0; r < std::max(3, s.rounds) && !empty(); ++r) times.push_back(pass());
+    return times;
+  }
 
  private:
   struct lists {
@@ -258,10 +264,7 @@ class host_adam_probe {
 /** Seconds of the host Adam of @p chunks chunks: the median of max(3, --rounds) passes. */
 double host_adam_seconds(const settings& s, int chunks) {
   if (chunks == 0) return 0;
-  host_adam_probe probe(s, chunks);
-  std::vector<double> times;
-  for (int r = 0; r < std::max(3, s.rounds); ++r) times.push_back(probe.pass());
-  return median(times);
+  return median(host_adam_probe(s, chunks).passes(s));
 }
 
 struct row {
@@ -387,8 +390,7 @@ int main(int argc, char** argv) {
       double t_row = t;
       const int host_chunks = static_cast<int>(std::lround(h * s.layers));
       host_adam_probe adam(s, host_chunks);
-      std::vector<double> adam_s;  // passes before the rounds and in each
-      for (int k = 0; k < std::max(3, s.rounds) && !adam.empty(); ++k) adam_s.push_back(adam.pass());
+      std::vector<double> adam_s = adam.passes(s);  // before the rounds; then one in each
       // Down: each host chunk's weights and gradient; up: its weights (full duplex: the busier way).
       r.link_s = 2.0 * host_chunks * static_cast<double>(s.chunk_elems) * 4 / s.link_bytes_per_s;
       // Two iterations record and adopt the trace.
