@@ -1054,6 +1054,39 @@ TEST_CASE("scripted platform: a scope closed on a stream holds its chunk's evict
   CHECK(rt.invariant_violations(true).empty());
 }
 
+TEST_CASE("scripted platform: a scope opens at most scopes_ahead scopes ahead of the user's work on a stream") {
+  // A trainer on CUDA closes its scopes on its stream and goes on: without a bound the host would
+  // queue a whole iteration ahead of the device, deciding moves and early steps an iteration early.
+  for (const std::size_t ahead : {std::size_t{0}, std::size_t{1}, std::size_t{2}, unbounded_scopes_ahead}) {
+    CAPTURE(ahead);
+    simulated_device_space dev({.capacity = 1 << 20});
+    host_space host;
+    scripted_copy_engine engine;
+    scripted_rt rt(dev, host, engine, {.optimizer_state = optimizer_state_lists::none(), .scopes_ahead = ahead},
+                   layout(), static_placement::all_device());
+    std::vector<param_id> ps;
+    for (int i = 0; i < 5; ++i) ps.push_back(rt.register_param(spec("p" + std::to_string(i), 256)));
+    rt.finalize();
+    const scripted_stream stream{3};
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      auto s = rt.forward("f" + std::to_string(k), {ps[k]});
+      // Opening scope k waited for the work of every scope before it but the last `ahead`.
+      const auto users = engine.user_handles(stream);
+      REQUIRE(users.size() == k);
+      for (std::size_t i = 0; i < k; ++i) {
+        CAPTURE(k);
+        CAPTURE(i);
+        CHECK(users[i].ready() == (ahead != unbounded_scopes_ahead && i + ahead < k));
+      }
+      s.close(stream);
+    }
+    for (const auto& u : engine.user_handles(stream)) engine.complete(u);
+    engine.release_all();
+    rt.end_iteration();
+    CHECK(rt.invariant_violations(true).empty());
+  }
+}
+
 TEST_CASE("scripted platform: the optimizer step runs after the user's backward work on its chunks (stream contract)") {
   // Backward scopes closed on a stream hand their gradients back with the user's work still
   // running; a step on the device tier (nothing moves) must still not read them before it is done.

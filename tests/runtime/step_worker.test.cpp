@@ -2,8 +2,8 @@
 // step_worker, the thread that runs early optimizer updates: jobs run in order on one thread that
 // is not the caller's, wait() returns once all have run and rethrows the first failure once, and
 // the destructor runs what is queued; a background worker's thread (and the threads it starts)
-// run at the OS's idle priority, the caller's untouched. next_job, its choice: by priority, a job
-// whose inputs have arrived before one whose have not unless in order.
+// run at the OS's idle priority, the caller's untouched. next_job, its choice: by priority among
+// the jobs whose inputs have arrived; where none has, the earliest submitted.
 #include <chunkstar/runtime/step_worker.hpp>
 
 #include <doctest/doctest.h>
@@ -58,62 +58,69 @@ TEST_CASE("step_worker: the destructor runs the jobs queued; a worker never give
 }
 
 TEST_CASE(
-    "next_job: the lowest priority, the earliest of equals; a ready one before one still waiting, unless in order") {
+    "next_job: of the ready jobs the lowest priority, the earliest of equals; none ready, the earliest submitted") {
   using W = waiting_job;
   const std::vector<W> all_ready{{5, 0, true}, {2, 1, true}, {2, 2, true}, {9, 3, true}};
-  CHECK(next_job(all_ready, false) == 1);
-  CHECK(next_job(all_ready, true) == 1);
+  CHECK(next_job(all_ready) == 1);
   // The first by priority still waits for its inputs: the first ready one in the same order goes.
   const std::vector<W> top_waits{{5, 0, true}, {2, 1, false}, {7, 2, true}, {3, 3, true}, {3, 4, true}};
-  CHECK(next_job(top_waits, false) == 3);
-  CHECK(next_job(top_waits, true) == 1);  // in order: the first, ready or not
-  // None ready: the first by priority (the worker waits for it).
-  const std::vector<W> none_ready{{4, 0, false}, {1, 1, false}, {1, 2, false}};
-  CHECK(next_job(none_ready, false) == 1);
-  CHECK(next_job(std::vector<W>{{0, 7, false}}, false) == 0);
+  CHECK(next_job(top_waits) == 3);
+  // None ready: the earliest submitted (its inputs were sent first), not the first by priority.
+  const std::vector<W> none_ready{{4, 2, false}, {1, 1, false}, {1, 3, false}, {6, 0, false}};
+  CHECK(next_job(none_ready) == 3);
+  CHECK(next_job(std::vector<W>{{0, 7, false}}) == 0);
   // Equal priorities: submission order decides among the ready ones too.
   const std::vector<W> equal{{1, 3, false}, {1, 5, true}, {1, 4, true}};
-  CHECK(next_job(equal, false) == 2);
-  CHECK(next_job(equal, true) == 0);
+  CHECK(next_job(equal) == 2);
 }
 
-TEST_CASE("step_worker: a job whose inputs have not arrived waits behind ready ones; in order, it does not") {
-  for (const bool in_order : {false, true}) {
-    CAPTURE(in_order);
-    step_worker w;
-    w.in_order(in_order);
-    std::mutex m;
-    std::condition_variable cv;
-    bool release = false;
-    std::atomic<bool> arrived{false};
-    std::vector<int> order;
-    // The first job holds the worker until the others are queued, so that it chooses among all.
-    w.submit([&] {
-      std::unique_lock lock(m);
-      cv.wait(lock, [&] { return release; });
-    });
-    w.submit([&] { order.push_back(0); }, 0, [&] { return arrived.load(); });  // first by priority, not ready
-    w.submit([&] { order.push_back(1); }, 1);
-    w.submit(
-        [&] {
-          order.push_back(2);
-          arrived = true;  // its inputs arrive while the others run
-        },
-        2);
+TEST_CASE(
+    "step_worker: a job whose inputs have not arrived waits behind ready ones, and none ready, the earliest goes") {
+  step_worker w;
+  std::mutex m;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<bool> arrived{false};
+  std::vector<int> order;
+  const auto hold = [&] {  // holds the worker until the others are queued, so that it chooses among all
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return release; });
+  };
+  const auto go = [&] {
     {
       const std::lock_guard lock(m);
       release = true;
     }
     cv.notify_one();
     w.wait();
-    CHECK(order == (in_order ? std::vector<int>{0, 1, 2} : std::vector<int>{1, 2, 0}));
-    // A ready() that throws counts as not ready; the job still runs.
-    bool ran = false;
-    w.in_order(false);
-    w.submit([&] { ran = true; }, 0, []() -> bool { throw std::runtime_error("cannot tell"); });
-    w.wait();
-    CHECK(ran);
+  };
+  w.submit(hold);
+  w.submit([&] { order.push_back(0); }, 0, [&] { return arrived.load(); });  // first by priority, not ready
+  w.submit([&] { order.push_back(1); }, 1);
+  w.submit(
+      [&] {
+        order.push_back(2);
+        arrived = true;  // its inputs arrive while the others run
+      },
+      2);
+  go();
+  CHECK(order == std::vector<int>{1, 2, 0});
+  // None ready: the one submitted first runs first (and waits for its inputs itself).
+  order.clear();
+  {
+    const std::lock_guard lock(m);
+    release = false;
   }
+  w.submit(hold);
+  w.submit([&] { order.push_back(5); }, 5, [] { return false; });
+  w.submit([&] { order.push_back(0); }, 0, [] { return false; });
+  go();
+  CHECK(order == std::vector<int>{5, 0});
+  // A ready() that throws counts as not ready; the job still runs.
+  bool ran = false;
+  w.submit([&] { ran = true; }, 0, []() -> bool { throw std::runtime_error("cannot tell"); });
+  w.wait();
+  CHECK(ran);
 }
 
 #if defined(__linux__) && defined(SCHED_IDLE)

@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <span>
 #include <string>
@@ -407,6 +408,9 @@ class chunk_runtime {
   std::vector<char> reduced_;           // per chunk: its gradient summed over the ranks this iteration (replicated)
   std::vector<chunk_id> slept_;         // the chunks that were on the device when it went to sleep
   open_scope_names open_;
+  // The user's work of the scopes closed on a stream, oldest first: at most
+  // runtime_options::scopes_ahead of them unfinished once the next scope has opened.
+  std::deque<typename store_type::copy_handle> scopes_running_;
 };
 
 // --- definitions ---------------------------------------------------------------------------------
@@ -776,6 +780,15 @@ typename CHUNKSTAR_RUNTIME::scope CHUNKSTAR_RUNTIME::open_scope(moment_kind kind
   require_finalized(kind == moment_kind::forward ? "forward" : "backward");
   require_awake(kind == moment_kind::forward ? "forward" : "backward");
   std::vector<chunk_id> ids = scope_chunks(plan_, params, kind, name);
+  // The host runs at most scopes_ahead scopes ahead of the user's work: what it decides (moves,
+  // early updates, room) stays near what the device is doing, and so do the buffers it takes. A
+  // failed piece of that work throws here, once, before anything of this scope has happened.
+  while (!scopes_running_.empty() &&
+         (scopes_running_.size() > options_.scopes_ahead || scopes_running_.front().ready())) {
+    const auto oldest = scopes_running_.front();
+    scopes_running_.pop_front();
+    oldest.wait();
+  }
   if (!iteration_open_ && !level_.untraced) {
     tracer_.begin_iteration();
     iteration_open_ = true;
@@ -839,6 +852,7 @@ CHUNKSTAR_RUNTIME_TEMPLATE
 void CHUNKSTAR_RUNTIME::order_after_user(std::span<const chunk_id> ids, const stream_type& stream) {
   const auto done = store_.copier().record(stream);
   for (auto id : ids) store_.order_after_user(id, done);
+  if (options_.scopes_ahead != unbounded_scopes_ahead) scopes_running_.push_back(done);
 }
 
 CHUNKSTAR_RUNTIME_TEMPLATE

@@ -627,9 +627,6 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     last_step_ = now;
     waited_ = {};
   }
-  // From the step on, the next forward reads the updates in priority order and waits for each; the
-  // worker keeps to it (below: inside backward nothing waits yet).
-  if (last) worker_.in_order(true);
   if (!planned_) {
     early_step_inputs in{.step_tier = {},
                          .kept_bytes_per_chunk = early_->kept_bytes_per_chunk,
@@ -676,7 +673,6 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
     due_.erase(due_.begin() + static_cast<std::ptrdiff_t>(i));
     due_count_ = due_.size();         // before the job: it reads what waits behind it
     done_.reserve(done_.size() + 1);  // the push below cannot throw once the update is queued
-    if (!last) worker_.in_order(false);  // a new backward's: nothing waits for the order yet
     start_update(c, plan, specs, param_type, early_->update, early_->spends_gradient, last);
     // Queued (not queued: the pass steps it). Joins run on this thread, so it is in done_ before
     // any of them sees the update, which may have changed the chunk: undo covers it.

@@ -15,6 +15,9 @@
 
 namespace chunkstar {
 
+/** @brief `runtime_options::scopes_ahead` without a bound. */
+inline constexpr std::size_t unbounded_scopes_ahead = static_cast<std::size_t>(-1);
+
 /** @brief Numeric knobs of a runtime (values, not types). */
 struct runtime_options {
   dtype param_type = dtype::f32;            ///< compute precision of params and grads
@@ -32,6 +35,14 @@ struct runtime_options {
   std::size_t disk_staging_chunks = 2;
   std::size_t payload_alignment = 4096;  ///< alignment of chunk payloads (copies and SIMD like it)
   bool timeline = false;                 ///< record a Chrome-trace timeline (see `timeline_recorder()`)
+  /// How many scopes closed on a stream (`scope::close(stream)`) may still have work running when
+  /// the next scope opens; the opening waits on the host for the older ones. The host then decides
+  /// moves, early updates and room near the device's time rather than an iteration ahead of it
+  /// (an early update finding no room, the step carrying it over), and holds the buffers of a few
+  /// scopes ahead, not of all. 0: each scope waits for the last one's work; unbounded_scopes_ahead:
+  /// no bound. Nothing waits on host platforms (their work is done when a scope closes). Measured
+  /// in docs/performance.md ("The host ahead of the device").
+  std::size_t scopes_ahead = 1;
   /// The early steps' updates (arm_early_steps) run at the OS's idle priority (step_worker): the
   /// thread that drives compute takes a core back the moment it wakes, where at normal priority
   /// it waited up to a scheduler slice (measured: docs/performance.md, "The step inside backward").

@@ -7,7 +7,6 @@
  */
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -33,30 +32,29 @@ struct waiting_job {
   bool ready = true;         ///< its inputs have arrived: it would start without waiting
 };
 
-/** @brief Which of @p waiting (not empty) runs next, as an index: the lowest priority value, the
- *  earliest of equals; where that one is not ready and @p in_order is false, the first in the same
- *  order that is — a worker with work that can start does not idle waiting for inputs still on
- *  their way (an update's lists coming down from the device), and the job passed over is ready by
- *  the time the other ends. With @p in_order (something waits for the jobs in this order now: the
- *  step has begun, the next forward reads the updates in it) the lowest value, ready or not. */
-[[nodiscard]] inline std::size_t next_job(std::span<const waiting_job> waiting, bool in_order) noexcept {
+/** @brief Which of @p waiting (not empty) runs next, as an index: of those ready, the lowest
+ *  priority value, the earliest of equals — a worker with work that can start does not idle
+ *  waiting for inputs still on their way (an update's lists coming down from the device); where
+ *  none is ready, the earliest submitted, whose inputs were sent first and, on lanes that copy in
+ *  order, land first (the lowest priority would be the gradient backward makes final last, while
+ *  the one before it lands: measured in docs/performance.md, "The host ahead of the device"). */
+[[nodiscard]] inline std::size_t next_job(std::span<const waiting_job> waiting) noexcept {
   const auto before = [&](std::size_t a, std::size_t b) {
     return waiting[a].priority != waiting[b].priority ? waiting[a].priority < waiting[b].priority
                                                       : waiting[a].order < waiting[b].order;
   };
-  std::size_t first = 0, first_ready = waiting.size();
+  std::size_t earliest = 0, first_ready = waiting.size();
   for (std::size_t i = 0; i < waiting.size(); ++i) {
-    if (before(i, first)) first = i;
+    if (waiting[i].order < waiting[earliest].order) earliest = i;
     if (waiting[i].ready && (first_ready == waiting.size() || before(i, first_ready))) first_ready = i;
   }
-  return in_order || waiting[first].ready || first_ready == waiting.size() ? first : first_ready;
+  return first_ready != waiting.size() ? first_ready : earliest;
 }
 
 /** @brief Runs jobs one at a time on a thread of its own, started by the first job, in the order
  *  next_job() chooses: of those waiting, the one with the lowest priority value first, equal ones
  *  in the order given (the early steps pass each chunk's next use, so the update the next forward
- *  needs first runs first), unless that one's inputs are still arriving and another's have (see
- *  in_order()). A job that throws does not stop the others; wait() rethrows the first failure.
+ *  needs first runs first), of those whose inputs have arrived where any has. A job that throws does not stop the others; wait() rethrows the first failure.
  *  The destructor waits for the jobs queued and never throws. */
 class step_worker {
  public:
@@ -90,10 +88,6 @@ class step_worker {
     }
     work_.notify_one();
   }
-
-  /** @brief With @p on, jobs start strictly by priority, ready or not (next_job's in_order); off
-   *  (the default), a job whose inputs have arrived goes before one whose inputs have not. */
-  void in_order(bool on) noexcept { in_order_.store(on, std::memory_order_relaxed); }
 
   /** @brief Waits until every job submitted so far has run; rethrows the first failure since the
    *  last wait (once). */
@@ -156,7 +150,7 @@ class step_worker {
         }
         waiting.push_back({j.priority, j.order, ready});
       }
-      return next_job(waiting, in_order_.load(std::memory_order_relaxed));
+      return next_job(waiting);
     } catch (...) {
       return 0;  // the earliest submitted
     }
@@ -172,7 +166,6 @@ class step_worker {
   }
 
   bool background_ = false;
-  std::atomic<bool> in_order_{false};
   mutable std::mutex mutex_;
   std::condition_variable work_, idle_;
   std::deque<job> queue_;
