@@ -4,9 +4,13 @@
 // host Adam.
 //
 // The model: --layers layers of one fp32 chunk each (--chunk-mib). The device is modelled: each
-// forward scope "computes" for t, each backward scope for 2t, as time on a device clock that takes
-// no CPU (the host thread sleeps, as a host queuing kernels waits, with a tight timer:
-// bench/modelled_wait.hpp); a step on the device takes its bytes at --hbm-gbs; early updates run on
+// forward scope "computes" for t, each backward scope for 2t, as time on a device stream that takes
+// no CPU: the host queues the work and goes on, closing each scope on that stream as a trainer on
+// CUDA does (modelled_copy_engine::compute and record), so the runtime's host-side work between
+// scopes overlaps the device's as it would there; the host runs up to runtime_options::scopes_ahead
+// scopes ahead (--scopes-ahead) and waits otherwise where the runtime does and at the iteration's
+// end (sleeping with a tight timer: bench/modelled_wait.hpp); a step on the device takes its bytes
+// at --hbm-gbs; early updates run on
 // the threads the runtime chooses for each (early_update_threads, chunk_adam::prepare's default:
 // all cores once the step has begun or where the last iteration's updates needed them, else all but
 // one) or on --early-threads, the step after backward on all; copies take the modelled link's time
@@ -37,6 +41,7 @@
 //   bench_overlap [--layers 24] [--chunk-mib 8] [--fractions 0,0.25,0.5,0.75,1] [--rounds 5]
 //                 [--hbm-gbs 4000] [--link-gbs 55] [--disk-dir DIR] [--disk-host-share 0.5]
 //                 [--zero-gbs 1,0.2] [--zero-fractions 0.5,1] [--no-gather-at-step] [--early-threads N]
+//                 [--scopes-ahead N|unbounded]
 //                 [--json FILE]
 //                 [--plot FILE.png] [--quick]
 #include "../bench_cli.hpp"
@@ -55,6 +60,7 @@
 #include <chunkstar/runtime/chunk_runtime.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -113,6 +119,7 @@ struct settings {
   std::vector<double> zero_gbs;                           // ZeRO rows over 2 ranks at these link speeds
   std::vector<double> zero_fractions = {0.5, 1};          // ... and these host shares
   bool zero_at_step = true;  // sharding_options::gather_at_step (--no-gather-at-step: the first scope gathers)
+  std::optional<std::size_t> scopes_ahead;  // runtime_options::scopes_ahead; none: its default
   int early_threads = 0;  // threads of each early update; 0: the runtime's choice (early_update_threads)
 };
 
@@ -147,6 +154,12 @@ host_space_options host_for(const settings& s, double host_fraction, bool disk) 
   return {.capacity = chunks * s.chunk_elems * 4};
 }
 
+/** @p o with --scopes-ahead where given. */
+runtime_options with_scopes_ahead(runtime_options o, const settings& s) {
+  if (s.scopes_ahead) o.scopes_ahead = *s.scopes_ahead;
+  return o;
+}
+
 /** One process's (or one ZeRO rank's, over @p Comm) model and runtime. */
 template <class Comm = single_process_communicator>
 struct model {
@@ -168,8 +181,8 @@ struct model {
                                                 .capacity = static_cast<std::size_t>(s.layers) * s.chunk_elems * 4 * 5,
                                                 .name = "bench_overlap"})
                        : nullptr),
-        rt(dev, host, copier, comm..., options, fixed_chunk_layout({.chunk_elems = s.chunk_elems}),
-           split_placement{host_fraction}),
+        rt(dev, host, copier, comm..., with_scopes_ahead(options, s),
+           fixed_chunk_layout({.chunk_elems = s.chunk_elems}), split_placement{host_fraction}),
         early_threads(s.early_threads) {
     if (disk) rt.attach_disk(disk->tier());
     for (int i = 0; i < s.layers; ++i) {
@@ -180,16 +193,10 @@ struct model {
     }
     rt.finalize();
   }
-  /** The device's clock: a scope's compute ends @p s after it starts, and starts when the scope
-   *  opens or when the last compute ended, whichever is later (the host queues work; the device
-   *  runs it in order). The host thread sleeps to the end with a tight timer (bench::wait_until:
-   *  a plain sleep's 100 us of lateness per scope would count as compute). */
-  clock_type::time_point device_free{};
-  void compute(double s) {
-    device_free = std::max(device_free, clock_type::now()) +
-                  std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(s));
-    bench::wait_until(device_free);
-  }
+  /** The device's compute, queued on its modelled stream (modelled_copy_engine::compute): the
+   *  host goes on, as it does on CUDA, and waits only where the runtime does (a scope whose weights
+   *  an update or a copy still holds, the step's norm) and at the iteration's end. */
+  void compute(double s) { copier.compute(s); }
   /** One iteration; forward scopes compute @p t each, backward ones 2t. Returns its seconds. */
   double iteration(double t, bool overlap, double hbm) {
     const auto t0 = clock_type::now();
@@ -201,45 +208,62 @@ struct model {
                          const step_chunk& c) { update(c, hbm, nullptr, fixed > 0 ? fixed : c.threads); },
            .undo = {},
            .spends_gradient = true});  // as chunk_adam's without clipping: nothing reads it after
+    // Each scope is closed on the device's stream, as a trainer on CUDA closes its scopes: the
+    // runtime orders the chunks' later moves after the compute, and the host does not wait for it.
     for (std::size_t i = 0; i < ids.size(); ++i) {
       auto s = rt.forward(names[i], {ids[i]});
       compute(t);
+      s.close(host_stream{});
     }
     for (std::size_t i = ids.size(); i-- > 0;) {
       auto s = rt.backward(names[i], {ids[i]});
       s.template grad<float>(ids[i])[0] = 1e-3f;  // the gradient is written (its chunk materialised, as a kernel would)
       compute(2 * t);
+      s.close(host_stream{});
     }
     double device_steps = 0;
     rt.step([hbm, &device_steps](const step_chunk& c) { update(c, hbm, &device_steps); });
-    compute(device_steps);  // the device's steps run on its clock, after its backward
+    compute(device_steps);        // the device's steps run on its stream, after its backward
+    copier.synchronize_device();  // the iteration ends when the device's work has (as reading the loss waits)
     return seconds_since(t0);
   }
 };
 
 /** The host Adam of @p chunks chunks, each in memory of its own (as the step's are: one chunk's
- *  lists fit a cache, every chunk's do not); pass() times one update of every chunk. */
+ *  lists fit a cache, every chunk's do not) and of the kind the runtime's are (a default
+ *  host_space's: 2 MiB pages, pre-faulted; with 4 KiB pages the Adam runs up to a fifth slower);
+ *  pass() times one update of every chunk. */
 class host_adam_probe {
  public:
-  host_adam_probe(const settings& s, int chunks) : elems_(s.chunk_elems), all_(static_cast<std::size_t>(chunks)) {
-    for (auto& l : all_) {
-      l.p.assign(elems_, 0.01f);
-      l.g.assign(elems_, 1e-3f);
-      l.m.assign(elems_, 0.0f);
-      l.v.assign(elems_, 0.0f);
+  host_adam_probe(const settings& s, int chunks) : elems_(s.chunk_elems) {
+    lists_.reserve(static_cast<std::size_t>(chunks));
+    for (int c = 0; c < chunks; ++c) {
+      lists_.push_back({});
+      for (float*& l : lists_.back()) {
+        l = static_cast<float*>(host_.allocate(bytes(), 4096));
+        std::fill(l, l + elems_, 0.0f);
+      }
+      std::fill(lists_.back()[0], lists_.back()[0] + elems_, 0.01f);  // p
+      std::fill(lists_.back()[1], lists_.back()[1] + elems_, 1e-3f);  // g
     }
   }
-  [[nodiscard]] bool empty() const noexcept { return all_.empty(); }
+  host_adam_probe(const host_adam_probe&) = delete;
+  host_adam_probe& operator=(const host_adam_probe&) = delete;
+  ~host_adam_probe() {
+    for (auto& l : lists_)
+      for (float* p : l) host_.deallocate(p, bytes(), 4096);
+  }
+  [[nodiscard]] bool empty() const noexcept { return lists_.empty(); }
   double pass() {
     const auto t0 = clock_type::now();
-    for (auto& l : all_)
+    for (auto& l : lists_)
       update(step_chunk{.index = 0,
                         .where = tier::host,
                         .elems = elems_,
-                        .param = l.p.data(),
-                        .grad = l.g.data(),
-                        .momentum = l.m.data(),
-                        .variance = l.v.data(),
+                        .param = l[0],
+                        .grad = l[1],
+                        .momentum = l[2],
+                        .variance = l[3],
                         .tensors = {},
                         .slots = {},
                         .specs = {}},
@@ -254,11 +278,10 @@ class host_adam_probe {
   }
 
  private:
-  struct lists {
-    std::vector<float> p, g, m, v;
-  };
+  [[nodiscard]] std::size_t bytes() const noexcept { return elems_ * sizeof(float); }
   std::size_t elems_;
-  std::vector<lists> all_;
+  host_space host_;
+  std::vector<std::array<float*, 4>> lists_;  // p, g, m, v
 };
 
 /** Seconds of the host Adam of @p chunks chunks: the median of max(3, --rounds) passes. */
@@ -281,6 +304,15 @@ struct row {
 template <class Runtime>
 double disk_bytes(const Runtime& rt) {
   return static_cast<double>(rt.stats().bytes_to_disk + rt.stats().bytes_from_disk);
+}
+
+/** Overlapped iterations before any is counted: the host holds more chunks at once with the early
+ *  steps than without (lists coming down ahead of their updates), and a fresh host buffer of a
+ *  chunk costs tens of milliseconds on these VMs (first touch), once: the rounds measure the
+ *  steady state. */
+template <class Model>
+void warm_overlapped(Model& m, double t, double hbm) {
+  for (int w = 0; w < 3; ++w) (void)m.iteration(t, true, hbm);
 }
 
 /** What alternate() measured: the counted iterations' seconds per mode, the early steps over the
@@ -335,7 +367,10 @@ int main(int argc, char** argv) {
     else if (a == "--zero-fractions") s.zero_fractions = bench::parse_number_list(a, next());
     else if (a == "--no-gather-at-step") s.zero_at_step = false;
     else if (a == "--early-threads") s.early_threads = std::stoi(next());
-    else if (a == "--json") json = next();
+    else if (a == "--scopes-ahead") {
+      const std::string v = next();
+      s.scopes_ahead = v == "unbounded" ? unbounded_scopes_ahead : static_cast<std::size_t>(std::stoul(v));
+    } else if (a == "--json") json = next();
     else if (a == "--plot") plot = next();
     else if (a == "--quick") {
       s.layers = 6;
@@ -347,7 +382,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_overlap [--layers N] [--chunk-mib X] [--fractions 0,0.5,1] [--rounds N] "
                    "[--hbm-gbs X] [--link-gbs X] [--disk-dir DIR] [--disk-host-share X] [--zero-gbs 1,0.2] "
-                   "[--zero-fractions 0.5,1] [--no-gather-at-step] [--early-threads N] [--json FILE] "
+                   "[--zero-fractions 0.5,1] [--no-gather-at-step] [--early-threads N] [--scopes-ahead N|unbounded] "
+                   "[--json FILE] "
                    "[--plot FILE.png] [--quick]\n");
       return 2;
     }
@@ -395,6 +431,7 @@ int main(int argc, char** argv) {
       r.link_s = 2.0 * host_chunks * static_cast<double>(s.chunk_elems) * 4 / s.link_bytes_per_s;
       // Two iterations record and adopt the trace.
       for (int w = 0; w < 2; ++w) (void)m.iteration(t_row, false, s.hbm_bytes_per_s);
+      warm_overlapped(m, t_row, s.hbm_bytes_per_s);
       if (with_disk) {  // the disk's share of a sequential iteration; the compute balanced against it
         const double before = disk_bytes(m.rt);
         const auto read0 = m.rt.stats().bytes_from_disk;
@@ -439,6 +476,7 @@ int main(int argc, char** argv) {
         model<link_comm> m(s, h, false, {.sharding = {.enabled = true, .gather_at_step = s.zero_at_step}}, link);
         double t_rank = t;
         for (int w = 0; w < 2; ++w) (void)m.iteration(t_rank, false, s.hbm_bytes_per_s);
+        warm_overlapped(m, t_rank, s.hbm_bytes_per_s);
         const double l0 = link.modelled_seconds();
         (void)m.iteration(t_rank, false, s.hbm_bytes_per_s);
         link_s[me] = link.modelled_seconds() - l0;
