@@ -54,8 +54,9 @@ struct waiting_job {
 /** @brief Runs jobs one at a time on a thread of its own, started by the first job, in the order
  *  next_job() chooses: of those waiting, the one with the lowest priority value first, equal ones
  *  in the order given (the early steps pass each chunk's next use, so the update the next forward
- *  needs first runs first), of those whose inputs have arrived where any has. A job that throws does not stop the others; wait() rethrows the first failure.
- *  The destructor waits for the jobs queued and never throws. */
+ *  needs first runs first), of those whose inputs have arrived where any has. A job that throws
+ *  does not stop the others; wait() rethrows the first failure. The destructor waits for the jobs
+ *  queued and never throws. */
 class step_worker {
  public:
   step_worker() = default;
