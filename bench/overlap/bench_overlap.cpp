@@ -237,14 +237,14 @@ class host_adam_probe {
  public:
   host_adam_probe(const settings& s, int chunks) : elems_(s.chunk_elems) {
     lists_.reserve(static_cast<std::size_t>(chunks));
+    constexpr std::array<float, 4> initial{0.01f, 1e-3f, 0.0f, 0.0f};  // p, g, m, v
     for (int c = 0; c < chunks; ++c) {
       lists_.push_back({});
-      for (float*& l : lists_.back()) {
+      for (std::size_t k = 0; k < initial.size(); ++k) {
+        float*& l = lists_.back()[k];
         l = static_cast<float*>(host_.allocate(bytes(), 4096));
-        std::fill(l, l + elems_, 0.0f);
+        std::fill(l, l + elems_, initial[k]);
       }
-      std::fill(lists_.back()[0], lists_.back()[0] + elems_, 0.01f);  // p
-      std::fill(lists_.back()[1], lists_.back()[1] + elems_, 1e-3f);  // g
     }
   }
   host_adam_probe(const host_adam_probe&) = delete;

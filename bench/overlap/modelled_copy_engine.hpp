@@ -70,22 +70,10 @@ class modelled_copy_engine {
   }
   /** An event on the device's stream: ready once the compute queued so far is done. */
   [[nodiscard]] host_copy_handle record(host_stream) {
-    std::chrono::steady_clock::time_point t;
-    {
-      const std::lock_guard lock(device_mutex_);
-      t = device_free_;
-    }
-    return enqueue(device_, [t] { wait_until(t); });
+    return enqueue(device_, [t = device_free()] { wait_until(t); });
   }
   /** Waits on the host for the device's queued compute (as reading the loss does). */
-  void synchronize_device() {
-    std::chrono::steady_clock::time_point t;
-    {
-      const std::lock_guard lock(device_mutex_);
-      t = device_free_;
-    }
-    wait_until(t);
-  }
+  void synchronize_device() { wait_until(device_free()); }
   void synchronize() {
     for (std::size_t d = 0; d < lanes_.size(); ++d) enqueue(static_cast<copy_direction>(d), [] {}).wait();
   }
@@ -131,6 +119,11 @@ class modelled_copy_engine {
     return h;
   }
 
+  /** When the compute queued so far ends. */
+  std::chrono::steady_clock::time_point device_free() {
+    const std::lock_guard lock(device_mutex_);
+    return device_free_;
+  }
   std::array<lane*, copy_direction_count + 1> all_lanes() {
     std::array<lane*, copy_direction_count + 1> all{};
     for (std::size_t d = 0; d < lanes_.size(); ++d) all[d] = &lanes_[d];
