@@ -148,6 +148,41 @@ TEST_CASE(
   CHECK(early_load_of(0.0, 0.0, 2) == fits);
 }
 
+TEST_CASE(
+    "order_due_updates: inside backward, finished gradients first; then, and at the step alone, the next forward's "
+    "first") {
+  // Backward closed chunk 7's scope, then 4's, then 2's (the device is still computing 2's and 4's);
+  // chunk 5 waited from before for room. The next forward reads chunk c at moment c.
+  const auto next_use = [](std::uint32_t c) { return std::size_t{c}; };
+  const auto computed = [](std::uint32_t c) { return c == 7 || c == 5; };
+  std::vector<std::uint32_t> due{7, 4, 5, 2};
+  order_due_updates(due, next_use, computed, false);
+  CHECK(due == std::vector<std::uint32_t>{5, 7, 2, 4});
+  due = {7, 4, 5, 2};
+  order_due_updates(due, next_use, computed, true);
+  CHECK(due == std::vector<std::uint32_t>{2, 4, 5, 7});
+  // Nothing computed yet, or everything (a host platform: its handles are ready): next use alone.
+  const auto none = [](std::uint32_t) { return false; };
+  const auto all = [](std::uint32_t) { return true; };
+  for (const bool at_step : {false, true}) {
+    due = {7, 4, 5, 2};
+    order_due_updates(due, next_use, none, at_step);
+    CHECK(due == std::vector<std::uint32_t>{2, 4, 5, 7});
+    due = {7, 4, 5, 2};
+    order_due_updates(due, next_use, all, at_step);
+    CHECK(due == std::vector<std::uint32_t>{2, 4, 5, 7});
+  }
+  // Equal next uses (a chunk read twice, never) keep the order they became due in.
+  const auto same = [](std::uint32_t) { return std::size_t{1}; };
+  due = {9, 3, 8};
+  const auto not_3 = [](std::uint32_t c) { return c != 3; };
+  order_due_updates(due, same, not_3, false);
+  CHECK(due == std::vector<std::uint32_t>{9, 8, 3});
+  due.clear();
+  order_due_updates(due, next_use, computed, false);
+  CHECK(due.empty());
+}
+
 TEST_CASE("speculation_advised: always when nothing can undo the step, else after a clean step") {
   CHECK(speculation_advised(false, true, true));
   CHECK(speculation_advised(true, false, false));

@@ -2,9 +2,10 @@
 /** @file
  *  @brief `plan_early_steps`: which chunks' optimizer steps may start inside backward, and after
  *         which moment — a pure function of one traced iteration —, `speculation_advised`,
- *         whether this iteration should speculate at all (a pure function of the last step), and
+ *         whether this iteration should speculate at all (a pure function of the last step),
  *         `early_update_threads`, the host threads of one early update (of the worker's load,
- *         `early_load_of`, and backlog).
+ *         `early_load_of`, and backlog), and `order_due_updates`, which of the updates due
+ *         starts first.
  *
  *  A chunk's step may start once nothing in the iteration reads or adds to it before the
  *  optimizer: after the last moment that uses its gradient (all micro-batches' contributions are
@@ -135,6 +136,20 @@ enum class early_load {
   const bool all =
       stepping || load == early_load::exceeds || blocked > 0 || (load == early_load::unknown && queued > 0);
   return static_cast<int>(all ? hardware : hardware - 1);
+}
+
+/** @brief Orders @p due (chunk indices whose early update is due, in the order they became due),
+ *  in place, as they should start: the one the next forward reads first (@p next_use: its moment
+ *  there) before the others, so that where the host has room for few at once (below a disk tier)
+ *  those left waiting are the ones it reads last. Inside backward (@p at_step false), before that,
+ *  those whose gradient the user's work has finished (@p computed): their lists come down at once,
+ *  whereas one the device still computes holds the copy lane behind that work (its copies are
+ *  ordered after it), and the room it takes stays idle meanwhile. At the step, next use alone: the
+ *  next forward's first chunks must not be the ones left without room. Stable. */
+template <class NextUse, class Computed>
+void order_due_updates(std::span<std::uint32_t> due, NextUse&& next_use, Computed&& computed, bool at_step) {
+  std::stable_sort(due.begin(), due.end(), [&](std::uint32_t a, std::uint32_t b) { return next_use(a) < next_use(b); });
+  if (!at_step) std::stable_partition(due.begin(), due.end(), [&](std::uint32_t c) { return computed(c); });
 }
 
 /** @brief Whether to speculate this iteration: always where nothing can undo a step (no clipping,

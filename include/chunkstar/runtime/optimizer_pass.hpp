@@ -639,10 +639,20 @@ void optimizer_pass<Store, Residency, TracerT>::run_early(std::size_t closed, co
   }
   for (; cursor_ <= closed && cursor_ < early_plan_.after.size(); ++cursor_)
     for (const std::uint32_t c : early_plan_.at(cursor_)) due_.push_back(c);
-  // What the next forward reads first starts first: where room holds few updates at once (below
-  // a disk tier) those left waiting are the ones it reads last, and the last to start overlap it.
-  std::stable_sort(due_.begin(), due_.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return next_use_of(a) < next_use_of(b); });
+  // What the next forward reads first starts first (those left waiting are the ones it reads
+  // last, and the last to start overlap it); inside backward, gradients the device has finished
+  // before those it still computes (a copy of one of those would hold the lane).
+  order_due_updates(
+      due_, [&](std::uint32_t c) { return next_use_of(c); },
+      [&](std::uint32_t c) {
+        const auto& g = store_.at({chunk_kind::grad, c});
+        try {
+          return !g.user_done || g.user_done->ready();
+        } catch (...) {  // a failed piece of the user's work: its copy reports it
+          return false;
+        }
+      },
+      last);
   for (std::size_t i = 0; i < due_.size();) {
     const std::uint32_t c = due_[i];
     if (stepped_early(c) || !holds_payload(store_.at({chunk_kind::grad, c}).where)) {
