@@ -74,6 +74,7 @@ class chunked_session {
     runtime_options ro{.param_type = type,
                        .prefetch_depth = static_cast<std::size_t>(o.prefetch),
                        .timeline = !o.trace.empty(),
+                       .scopes_ahead = scopes_ahead_of(o),
                        .gradients = o.parallel == "replicated" ? gradient_mode::replicated : gradient_mode::local,
                        .sharding = {.enabled = o.parallel == "zero",
                                     .keep_gathered = o.keep_gathered,

@@ -98,7 +98,8 @@ class rtp_session {
     rt_.emplace(memory_->device, memory_->host, memory_->copier, one_ref_,
                 runtime_options{.param_type = dtype_of_v<T>,
                                 .prefetch_depth = static_cast<std::size_t>(o.prefetch),
-                                .timeline = !o.trace.empty()},
+                                .timeline = !o.trace.empty(),
+                                .scopes_ahead = scopes_ahead_of(o)},
                 layout, placement);
     if (disk_) rt_->attach_disk(disk_->tier());
     rt_->require_admitted(need);

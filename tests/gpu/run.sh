@@ -122,28 +122,32 @@ if [[ -x $train_exe ]]; then
     done
   done
   # The optimizer step inside backward against the step after it (#31), side by side: fp32 at a
-  # 10% budget (most chunks stepped on the host), no clipping (every iteration speculates). The
+  # 10% budget (most chunks stepped on the host), no clipping (every iteration speculates); with
+  # it, how far the host runs ahead of the GPU (--scopes-ahead 0 and 2 beside the default 1). The
   # losses must be the same to the last printed digit; summarize.py prints the tokens/s of each.
-  for overlap in on off; do
+  for run in on:1 off:1 on:0 on:2; do
+    overlap=${run%:*} ahead=${run#*:}
     name=overlap_$overlap
+    [[ $ahead == 1 ]] || name=${name}_ahead$ahead
     start=$SECONDS
     if timeout 180 "$train_exe" "${train_args[@]}" --precision fp32 --device-budget 10% --clip 0 \
-          --overlap-step "$overlap" >"$out/$name.log" 2>&1; then
+          --overlap-step "$overlap" --scopes-ahead "$ahead" >"$out/$name.log" 2>&1; then
       note "$name: passed in $((SECONDS - start)) s: $(grep -m1 '^chunks:' "$out/$name.log" | sed 's/.*optimizer/optimizer/')"
     else
       note "$name: FAILED (rc=$?) in $((SECONDS - start)) s (see $name.log)"
       failed=1
     fi
   done
-  if [[ -s $out/overlap_on.log && -s $out/overlap_off.log ]]; then
-    if cmp -s <(grep -E '^step ' "$out/overlap_on.log" | sed -E 's/ [|] +[0-9]+ tok[/]s.*//') \
+  for name in overlap_on overlap_on_ahead0 overlap_on_ahead2; do
+    [[ -s $out/$name.log && -s $out/overlap_off.log ]] || continue
+    if cmp -s <(grep -E '^step ' "$out/$name.log" | sed -E 's/ [|] +[0-9]+ tok[/]s.*//') \
               <(grep -E '^step ' "$out/overlap_off.log" | sed -E 's/ [|] +[0-9]+ tok[/]s.*//'); then
-      note "overlap on/off: the same losses"
+      note "$name against overlap_off: the same losses"
     else
-      note "overlap on/off: losses DIFFER (see overlap_on.log, overlap_off.log)"
+      note "$name against overlap_off: losses DIFFER (see $name.log, overlap_off.log)"
       failed=1
     fi
-  fi
+  done
   # ZeRO and RTP on the GPU: 2 MPI ranks sharing it (MPI through pinned host buffers), where this
   # machine has an MPI; the losses must follow the one-process fp32 run at 100% within fp32 tolerance.
   for mode in zero rtp; do

@@ -64,9 +64,10 @@ def trainer_runs(out):
 
 
 def overlap_runs(out):
-    """train_gpt with the optimizer step inside backward (overlap_on.log) and after it (overlap_off.log)."""
+    """train_gpt with the optimizer step inside backward (overlap_on.log; with --scopes-ahead 0 and 2,
+    overlap_on_ahead0.log and overlap_on_ahead2.log) and after it (overlap_off.log)."""
     runs = {}
-    for mode in ("on", "off"):
+    for mode in ("on", "off", "on_ahead0", "on_ahead2"):
         path = os.path.join(out, "overlap_%s.log" % mode)
         if not os.path.exists(path):
             continue
@@ -136,6 +137,12 @@ def main():
               "chunk steps inside backward), off %.0f: on/off %.2f; losses %s"
               % (on["tokens_per_s"], on.get("inside_backward", "?"), on.get("host_steps", "?"), off["tokens_per_s"],
                  on["tokens_per_s"] / off["tokens_per_s"], "the same" if on["losses"] == off["losses"] else "DIFFER"))
+        for ahead in ("0", "2"):
+            r = ov.get("on_ahead" + ahead, {})
+            if "tokens_per_s" in r:
+                print("  --scopes-ahead %s (default 1): %.0f tokens/s, %.2f of the default's; losses %s"
+                      % (ahead, r["tokens_per_s"], r["tokens_per_s"] / on["tokens_per_s"],
+                         "the same" if r["losses"] == off["losses"] else "DIFFER"))
     if results["bench"]:
         print("\nGPU benchmark (bench_gpu_cuda): achieved against the limit measured in the same run")
         print(f"{'name':<18} {'GB/s':>9} {'limit GB/s':>11} {'ratio':>7}  limit")

@@ -99,6 +99,12 @@ inline void add_train_options(CLI::App& app, train_options& o) {
                  "uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it");
   app.add_flag("--disk-verify", o.disk_verify,
                "Checksum (CRC32C) every chunk written to disk and verify it when read back");
+  app.add_option("--scopes-ahead", o.scopes_ahead,
+                 "How many scopes closed on the compute stream may still be running when the next opens (with "
+                 "--device cuda; the simulated device's work is done when a scope closes): 0 waits for each scope's "
+                 "kernels before the next scope's moves and early steps are decided, unbounded never waits (the host "
+                 "then decides an iteration ahead of the GPU). Default 1: docs/performance.md, \"The host ahead of "
+                 "the device\". The same bits at every value");
   app.add_option("--overlap-step", o.overlap_step,
                  "Start each host-stepped chunk's optimizer step inside backward, once its gradient is final "
                  "(speculative where clipping or fp16 could undo it; the same bits either way): on, off, or auto "

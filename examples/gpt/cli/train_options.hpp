@@ -16,8 +16,10 @@
 #include <chunkstar/core/units.hpp>
 #include <chunkstar/optim/lr_schedule.hpp>
 #include <chunkstar/runtime/memory_plan.hpp>
+#include <chunkstar/runtime/runtime_options.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -72,6 +74,7 @@ struct train_options {
   std::string disk_engine = "auto";  // uring, pool (pread/pwrite threads) or auto: io_uring where the kernel allows it
   bool disk_verify = false;          // checksum every chunk written to disk and verify it when read back
   std::string overlap_step = "auto";  // the optimizer step inside backward (chunk_adam::prepare): on, off, auto
+  std::string scopes_ahead = "1";     // scopes the host may queue ahead of the device's work: N or unbounded
   std::int64_t sleep_after = 0;       // put the training state to sleep after this step (0: never)
   double sleep_for = 1.0;             // for this many seconds
 };
@@ -330,6 +333,20 @@ int launched_processes(Env env) {
   return 1;
 }
 
+/** @brief --scopes-ahead as runtime_options::scopes_ahead: a count (0 to 1024) or unbounded.
+ *  @throws chunkstar::config_error naming the option otherwise. */
+inline std::size_t scopes_ahead_of(const train_options& o) {
+  if (o.scopes_ahead == "unbounded") return chunkstar::unbounded_scopes_ahead;
+  std::size_t n = 0;
+  const char* end = o.scopes_ahead.data() + o.scopes_ahead.size();
+  const auto [p, ec] = std::from_chars(o.scopes_ahead.data(), end, n);
+  if (o.scopes_ahead.empty() || ec != std::errc{} || p != end || n > 1024)
+    detail::bad_option("--scopes-ahead", "'" + o.scopes_ahead +
+                                             "' is neither a count of scopes from 0 to 1024 nor 'unbounded' (1, the "
+                                             "default, lets the host queue one scope ahead of the device)");
+  return n;
+}
+
 /** @brief Throws config_error unless the global --batch splits evenly over @p ranks ranks, and
  *  unless several ranks (processes a launcher started, for --parallel none) have a mode to share. */
 inline void validate_ranks(const train_options& o, int ranks) {
@@ -373,6 +390,7 @@ inline void validate_options(const train_options& o, const gpt_config& cfg) {
   detail::require_one_of("--schedule", o.schedule, {"cosine", "constant"});
   detail::require_one_of("--parallel", o.parallel, {"none", "zero", "replicated", "rtp"});
   detail::require_one_of("--overlap-step", o.overlap_step, {"auto", "on", "off"});
+  (void)scopes_ahead_of(o);                                  // N or unbounded
   if (o.parallel == "none" || o.parallel == "replicated") {  // ZeRO's options: nothing is gathered here
     const auto zero_only = [&](const char* option) {
       detail::bad_option(option, "applies to --parallel zero (it decides how ZeRO gathers), not to --parallel " +

@@ -65,6 +65,16 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
     o.min_lr = 9;
   });  // unused by constant
   check([](gpt::train_options& o) { o.parallel = "rtp"; });
+  for (const char* ahead : {"0", "2", "1024", "unbounded"})
+    check([&](gpt::train_options& o) { o.scopes_ahead = ahead; });
+  {
+    gpt::train_options o;
+    CHECK(gpt::scopes_ahead_of(o) == chunkstar::runtime_options{}.scopes_ahead);  // the library's default
+    o.scopes_ahead = "unbounded";
+    CHECK(gpt::scopes_ahead_of(o) == chunkstar::unbounded_scopes_ahead);
+    o.scopes_ahead = "0";
+    CHECK(gpt::scopes_ahead_of(o) == 0);
+  }
   for (const char* p : {"bf16", "fp16"})  // 16-bit shards rotate
     check([&](gpt::train_options& o) {
       o.parallel = "rtp";
@@ -122,6 +132,11 @@ TEST_CASE("defaults and ordinary runs pass; every bad option is a config_error t
       {"--prefetch", [](auto& o) { o.prefetch = -1; }},
       {"--chunk-elems", [](auto& o) { o.chunk_elems = -1; }},
       {"--policy", [](auto& o) { o.policy = "fastest"; }},
+      {"--scopes-ahead", [](auto& o) { o.scopes_ahead = "-1"; }},
+      {"--scopes-ahead", [](auto& o) { o.scopes_ahead = "1025"; }},
+      {"--scopes-ahead", [](auto& o) { o.scopes_ahead = "2x"; }},
+      {"--scopes-ahead", [](auto& o) { o.scopes_ahead = ""; }},
+      {"--scopes-ahead", [](auto& o) { o.scopes_ahead = "forever"; }},
       {"--schedule", [](auto& o) { o.schedule = "linear"; }},
       {"--precision", [](auto& o) { o.precision = "fp8"; }},
       {"--device-budget", [](auto& o) { o.device_budget = "lots"; }},
