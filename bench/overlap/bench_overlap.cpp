@@ -326,9 +326,9 @@ struct timed_rounds {
  *  not counted: they pay for the mode before (early updates run on into the next iteration's
  *  forward; below a disk tier, the Adam state the sequential step sent down to make room comes back
  *  in the second: debug prints showed one list read there per round, 11 MB an iteration counted,
- *  none after), and, with @p adam, a pass of the host Adam in each round: this VM's memory bandwidth drifts
- *  by a quarter within a run, so the resource an iteration is held against is measured in the same
- *  minutes as the iteration. */
+ *  none after), and, with @p adam, a pass of the host Adam in each round: this VM's memory
+ *  bandwidth drifts by a quarter within a run, so the resource an iteration is held against is
+ *  measured in the same minutes as the iteration. */
 template <class Model>
 timed_rounds alternate(Model& m, int rounds, double t, double hbm, host_adam_probe* adam = nullptr) {
   timed_rounds out;
