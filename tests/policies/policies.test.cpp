@@ -392,6 +392,48 @@ TEST_CASE("static placement fractions and auto placement margins") {
   CHECK(a.optimizer_tier(in, 0) == tier::host);
 }
 
+TEST_CASE("auto placement: the turn's first chunks step on the device where the room at the step holds their state") {
+  // No margin (1000 - 800 peak activations - 200 param and grad chunks), but the activations are
+  // gone at the step: 1000 - 0 - 200 = 800, 80% of it holds 640 / 80 = 8 chunks' state.
+  placement_inputs in{.device_capacity = 1000,
+                      .trace_ready = true,
+                      .non_model_peak_max = 800,
+                      .non_model_peak_step = 0,
+                      .total_chunk_bytes = 1000,
+                      .compute_chunk_bytes = 200,
+                      .step_chunk_bytes = 100,
+                      .num_chunks = 10};
+  const auto tiers = [&](const auto_placement& a) {
+    std::string t;
+    for (std::size_t c = 0; c < in.num_chunks; ++c) t += a.optimizer_tier(in, c) == tier::device ? 'd' : 'h';
+    return t;
+  };
+  CHECK(chunks_of_state_fitting(in, in.non_model_peak_max, 0.8) == 0);
+  CHECK(chunks_of_state_fitting(in, in.non_model_peak_step, 0.8) == 8);
+  CHECK(tiers(auto_placement{}) == "ddhhhhhhhh");  // turn_chunks = 2
+  CHECK(tiers(auto_placement{.turn_chunks = 0}) == "hhhhhhhhhh");
+  CHECK(tiers(auto_placement{.turn_chunks = 20}) == "ddddddddhh");  // no more than the room holds
+  // 100 left at the step: its 80% holds one chunk's state.
+  in.non_model_peak_step = 700;
+  CHECK(tiers(auto_placement{}) == "dhhhhhhhhh");
+  in.non_model_peak_step = 750;  // 50: none
+  CHECK(tiers(auto_placement{}) == "hhhhhhhhhh");
+  // A margin that already keeps more than turn_chunks decides alone; one that keeps fewer is topped up.
+  in.non_model_peak_step = 0;
+  in.non_model_peak_max = 300;  // margin 500 -> 400 / 80 = 5 kept
+  CHECK(tiers(auto_placement{}) == "dddddhhhhh");
+  in.non_model_peak_max = 700;  // margin 100 -> 80 / 80 = 1 kept, topped up to 2 by the turn
+  CHECK(tiers(auto_placement{}) == "ddhhhhhhhh");
+  // Without state to keep (plain SGD) any room holds every chunk; without a trace, all on the host.
+  in.step_chunk_bytes = 20;
+  in.non_model_peak_max = 800;
+  CHECK(tiers(auto_placement{}) == "ddhhhhhhhh");
+  in.non_model_peak_max = 300;
+  CHECK(tiers(auto_placement{}) == "dddddddddd");
+  in.trace_ready = false;
+  CHECK(tiers(auto_placement{}) == "hhhhhhhhhh");
+}
+
 namespace {
 struct steps_on_disk {  // a tier the optimizer cannot run on
   std::size_t chunk_budget(const placement_inputs& in) const { return in.device_capacity / 2; }

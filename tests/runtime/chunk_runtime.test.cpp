@@ -4,6 +4,7 @@
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
 #include <chunkstar/placement/static_placement.hpp>
 #include <chunkstar/runtime/assemblies.hpp>
+#include <chunkstar/runtime/chunk_adam.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
 #include <chunkstar/tracer/null_tracer.hpp>
 
@@ -479,6 +480,95 @@ TEST_CASE_TEMPLATE("prefetch replays the demand path: the same bytes and victims
       CHECK(bel_on_params == bel_params);  // and the same bits
       CHECK(lru_on_params == bel_params);
     }
+  }
+}
+
+namespace {
+
+struct turn_run {
+  std::vector<float> lists;                 // param, master, momentum, variance of every layer
+  std::vector<std::uint64_t> device_steps;  // per iteration
+  std::vector<tier> state_at_forward_peak;  // chunk 0's momentum, once an iteration, at the last forward scope
+  std::size_t peak = 0, capacity = 0;
+};
+
+/** Six bf16 layers of one chunk each (1 KiB weights, 1 KiB gradients, 6 KiB of Adam state: master,
+ *  momentum, variance), trained with chunk_adam (prepare() when @p early); each forward scope
+ *  allocates 4 KiB of activations, freed in its backward. The device holds the param and grad
+ *  chunks, the activations' peak and 1 KiB: no margin, but at the step, with the activations
+ *  gone, room for three chunks' state; a larger @p capacity where given. */
+template <class Placement>
+turn_run train_turn(Placement placement, bool early, std::size_t capacity = 0) {
+  constexpr std::size_t KiB = 1024, act = 4 * KiB;
+  constexpr int layers = 6, steps = 5;
+  turn_run out;
+  out.capacity = capacity ? capacity : layers * (2 * KiB + act) + KiB;
+  simulated_device_space dev({.capacity = out.capacity});
+  host_space host;
+  host_copy_engine copier;
+  chunk_runtime<fixed_chunk_layout, Placement> rt(dev, host, copier, {.param_type = dtype::bf16},
+                                                  fixed_chunk_layout({.chunk_elems = 512, .align_elems = 32}),
+                                                  placement);
+  std::vector<param_id> w;
+  for (int l = 0; l < layers; ++l)
+    w.push_back(
+        rt.register_param({"l" + std::to_string(l), {500}, dtype::bf16, tensor_role::weight}, [l](std::span<float> v) {
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.05f * static_cast<float>(i + 7 * l));
+        }));
+  rt.finalize();
+  chunk_adam<> opt(chunk_adam_options{.hyper = {.weight_decay = 0.01f}, .max_grad_norm = 1.0f});
+  for (int it = 0; it < steps; ++it) {
+    const auto before = rt.stats().device_steps;
+    if (early) (void)opt.prepare(rt, 1e-2f);
+    std::vector<void*> acts;
+    for (int l = 0; l < layers; ++l) {
+      auto s = rt.forward("f" + std::to_string(l), {w[static_cast<std::size_t>(l)]});
+      acts.push_back(rt.allocate_non_model(act));
+      if (l == layers - 1) out.state_at_forward_peak.push_back(rt.where({chunk_kind::momentum, 0}));
+    }
+    for (int l = layers - 1; l >= 0; --l) {
+      auto s = rt.backward("b" + std::to_string(l), {w[static_cast<std::size_t>(l)]});
+      auto g = s.template grad<bfloat16>(w[static_cast<std::size_t>(l)]);
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = from_float<bfloat16>(0.3f * std::cos(0.11f * static_cast<float>(i) + static_cast<float>(l + 5 * it)));
+      rt.deallocate_non_model(acts.back(), act);
+      acts.pop_back();
+    }
+    (void)opt.step(rt, 1e-2f);
+    out.device_steps.push_back(rt.stats().device_steps - before);
+  }
+  for (auto k : {chunk_kind::param, chunk_kind::master, chunk_kind::momentum, chunk_kind::variance})
+    for (auto id : w) {
+      std::vector<float> v(500);
+      rt.read_tensor(id, k, v);
+      out.lists.insert(out.lists.end(), v.begin(), v.end());
+    }
+  out.peak = dev.peak();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "auto placement's turn: the chunks the next forward reads first step on the device, their state "
+    "comes up for the step and leaves for the activations, the same bits") {
+  const turn_run reference = train_turn(static_placement::all_device(), false, std::size_t{1} << 20);
+  CHECK(reference.device_steps.back() == 6);
+  for (const bool early : {false, true}) {
+    CAPTURE(early);
+    const turn_run turn = train_turn(auto_placement{}, early);
+    const turn_run host = train_turn(auto_placement{.turn_chunks = 0}, early);
+    CHECK(turn.lists == reference.lists);  // bitwise: where a step runs never changes a number
+    CHECK(host.lists == reference.lists);
+    // Untraced first iteration: all on the host; from the second step on, the first two chunks
+    // (the room at the step holds three chunks' state; turn_chunks = 2) step on the device.
+    CHECK(turn.device_steps == std::vector<std::uint64_t>{0, 2, 2, 2, 2});
+    CHECK(host.device_steps == std::vector<std::uint64_t>{0, 0, 0, 0, 0});
+    // The state went back down when the next forward's activations needed the room: at the last
+    // forward scope the params (6 KiB) and chunks 0 and 1's state (12 KiB) would not fit beside the
+    // activations (24 KiB) in 37 KiB.
+    for (const tier t : turn.state_at_forward_peak) CHECK(t != tier::device);
+    CHECK(turn.peak <= turn.capacity);
   }
 }
 

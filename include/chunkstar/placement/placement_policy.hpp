@@ -27,6 +27,7 @@ struct placement_inputs {
   std::size_t non_model_peak_here = 0;      ///< recorded peak during this moment
   std::size_t non_model_peak_next = 0;      ///< recorded peak during the next moment
   std::size_t non_model_peak_max = 0;       ///< recorded peak over the iteration
+  std::size_t non_model_peak_step = 0;      ///< recorded peak during the optimizer step (activations are gone)
   std::size_t total_chunk_bytes = 0;        ///< every chunk of every list
   std::size_t compute_chunk_bytes = 0;      ///< the param and grad lists (what forward/backward touch)
   std::size_t step_chunk_bytes = 0;         ///< one chunk index across all lists (what one step needs)
@@ -55,6 +56,20 @@ concept PlacementPolicy = requires(const P& p, const placement_inputs& in, std::
 /** @brief `device_capacity - non_model`, saturating at zero. */
 constexpr std::size_t room_after(std::size_t capacity, std::size_t non_model) noexcept {
   return capacity > non_model ? capacity - non_model : 0;
+}
+
+/** @brief How many chunks' optimizer state fits @p share of the room the compute tier has beside
+ *  @p non_model bytes and every param and grad chunk: a chunk stepped there adds only its state
+ *  (master, momentum, variance: a step's chunk bytes less its param and grad share). Without
+ *  state, any room holds every chunk (the largest size_t); without room, none. */
+constexpr std::size_t chunks_of_state_fitting(const placement_inputs& in, std::size_t non_model,
+                                              double share) noexcept {
+  const std::size_t room = room_after(room_after(in.device_capacity, non_model), in.compute_chunk_bytes);
+  const std::size_t compute_per_chunk = in.num_chunks ? in.compute_chunk_bytes / in.num_chunks : 0;
+  const std::size_t state = in.step_chunk_bytes > compute_per_chunk ? in.step_chunk_bytes - compute_per_chunk : 0;
+  if (room == 0 || state == 0) return room == 0 ? 0 : static_cast<std::size_t>(-1);
+  const double fits = static_cast<double>(room) * (share < 0 ? 0 : share > 1 ? 1 : share) / static_cast<double>(state);
+  return static_cast<std::size_t>(fits);
 }
 
 }  // namespace chunkstar

@@ -194,6 +194,8 @@ class residency_manager {
 
   /** The trace's highest non-model peak; recomputed only when the trace or a recorded peak changed. */
   [[nodiscard]] std::size_t trace_peak_max() const;
+  /** @brief The traced non-model peak over the optimizer step's moments (0 if it has none). */
+  [[nodiscard]] std::size_t trace_peak_step() const;
 
   /** Fills candidates_ with the chunks @p eligible accepts, next uses measured from @p reference. */
   template <class Eligible>
@@ -230,7 +232,7 @@ class residency_manager {
   std::size_t staging_ = 0;
   std::vector<std::size_t> step_moment_;  // per chunk index: the moment of its host-side step (note_step), or never
   std::vector<std::size_t> moment_step_;  // per moment: the chunk index stepped on the host then, or never
-  mutable std::size_t peak_max_ = 0;
+  mutable std::size_t peak_max_ = 0, peak_step_ = 0;  // trace_peak_max, trace_peak_step
   mutable std::pair<std::size_t, std::size_t> peak_max_key_{never, never};
 };
 
@@ -248,6 +250,7 @@ placement_inputs residency_manager<P, Placement, Eviction, TracerT>::inputs(std:
         m == tracer_.current_moment() ? tracer_.non_model_peak_from(m, level_.changes) : tracer_.non_model_peak(m);
     in.non_model_peak_next = tracer_.non_model_peak(m + 1);
     in.non_model_peak_max = trace_peak_max();
+    in.non_model_peak_step = trace_peak_step();
   }
   for (auto k : all_chunk_kinds) {
     if (!store_.has(k)) continue;
@@ -536,11 +539,20 @@ std::size_t residency_manager<P, Placement, Eviction, TracerT>::trace_peak_max()
   const auto st = tracer_.stats();
   const std::pair<std::size_t, std::size_t> key{st.traces, st.memory_divergences};
   if (key != peak_max_key_) {
-    peak_max_ = 0;
-    for (std::size_t i = 0; i < tracer_.num_moments(); ++i) peak_max_ = std::max(peak_max_, tracer_.non_model_peak(i));
+    peak_max_ = peak_step_ = 0;
+    for (std::size_t i = 0; i < tracer_.num_moments(); ++i) {
+      peak_max_ = std::max(peak_max_, tracer_.non_model_peak(i));
+      if (tracer_.kind_of(i) == moment_kind::optimizer) peak_step_ = std::max(peak_step_, tracer_.non_model_peak(i));
+    }
     peak_max_key_ = key;
   }
   return peak_max_;
+}
+
+template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>
+std::size_t residency_manager<P, Placement, Eviction, TracerT>::trace_peak_step() const {
+  (void)trace_peak_max();  // both from one pass over the trace
+  return peak_step_;
 }
 
 template <Platform P, PlacementPolicy Placement, EvictionStrategy Eviction, Tracer TracerT>

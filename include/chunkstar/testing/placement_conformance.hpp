@@ -46,8 +46,9 @@ inline std::string describe_inputs(const placement_inputs& in) {
          v(in.device_capacity) + ", non_model_now " + v(in.non_model_now) + ", trace_ready " +
          (in.trace_ready ? "true" : "false") + ", non_model_peak_here " + v(in.non_model_peak_here) +
          ", non_model_peak_next " + v(in.non_model_peak_next) + ", non_model_peak_max " + v(in.non_model_peak_max) +
-         ", total_chunk_bytes " + v(in.total_chunk_bytes) + ", compute_chunk_bytes " + v(in.compute_chunk_bytes) +
-         ", step_chunk_bytes " + v(in.step_chunk_bytes) + ", num_chunks " + v(in.num_chunks) + "}";
+         ", non_model_peak_step " + v(in.non_model_peak_step) + ", total_chunk_bytes " + v(in.total_chunk_bytes) +
+         ", compute_chunk_bytes " + v(in.compute_chunk_bytes) + ", step_chunk_bytes " + v(in.step_chunk_bytes) +
+         ", num_chunks " + v(in.num_chunks) + "}";
 }
 
 /** @brief Inputs as the runtime fills them (peaks within capacity or not, chunk bytes consistent). */
@@ -61,6 +62,7 @@ inline placement_inputs random_placement_inputs(conformance_rng& rng) {
   in.non_model_peak_here = in.non_model_now + rng.below(100);
   in.non_model_peak_next = rng.below(in.device_capacity);
   in.non_model_peak_max = std::max(in.non_model_peak_here, in.non_model_peak_next) + rng.below(50);
+  in.non_model_peak_step = rng.below(in.non_model_peak_max + 1);
   in.num_chunks = 1 + rng.below(20);
   in.step_chunk_bytes = 16 + rng.below(1000);
   in.compute_chunk_bytes = in.num_chunks * in.step_chunk_bytes / (2 + rng.below(3));
@@ -84,6 +86,7 @@ inline placement_inputs edge_placement_inputs(conformance_rng& rng) {
   in.non_model_peak_here = pick();
   in.non_model_peak_next = pick();
   in.non_model_peak_max = pick();
+  in.non_model_peak_step = pick();
   in.total_chunk_bytes = pick();
   in.compute_chunk_bytes = pick();
   in.step_chunk_bytes = pick();
