@@ -18,7 +18,12 @@
 // business). The chunks of the last --fractions share of layers step on the host with
 // the real SIMD Adam (threads: OpenMP's default). The compute per iteration is calibrated to the host
 // Adam of every chunk (the balanced case, where hiding matters most), so compute = host Adam at a
-// host fraction of 1.
+// host fraction of 1. Each forward scope allocates its layer's activations (--activations of a
+// chunk's bytes) from the runtime, freed by its backward scope; the device holds every param and
+// grad chunk, the state of the chunks stepped there and the activations' peak, one chunk to spare
+// (device_for): at a host fraction of 1 no chunk's state fits beside the activations, but the first
+// --turn-chunks' fit at the step, once they are gone, and step there (split_placement's turn, as
+// auto_placement's); that row runs again without the turn, in the same run.
 //
 // Per host fraction, in one run, rounds alternating the two modes (3 iterations counted each, after
 // one that is not): the iteration with the step
@@ -26,8 +31,9 @@
 // the runtime's worker thread once the trace says its gradient is final); the host Adam the row
 // is held against is the median of passes before the rounds and in each (measured in the same
 // minutes as the iterations: this VM's memory bandwidth drifts within a run). Reported:
-// iteration / max(compute, host Adam) for both, and the practicality figure: the all-on-device
-// iteration (host fraction 0, overlap off) / this iteration.
+// iteration / max(compute, host Adam, link) for both (the link: the busier way's bytes per
+// iteration, measured), and the practicality figure: the all-on-device iteration (host fraction 0,
+// overlap off) / this iteration.
 // With --disk-dir, each host fraction above 0 runs again with a disk tier there (this machine's real
 // disk, through the runtime's disk engine) under a host that holds --disk-host-share of the host-
 // stepped chunks' lists: the Adam state of the others lives on the disk. The disk's limits are
@@ -41,7 +47,7 @@
 //   bench_overlap [--layers 24] [--chunk-mib 8] [--fractions 0,0.25,0.5,0.75,1] [--rounds 5]
 //                 [--hbm-gbs 4000] [--link-gbs 55] [--disk-dir DIR] [--disk-host-share 0.5]
 //                 [--zero-gbs 1,0.2] [--zero-fractions 0.5,1] [--no-gather-at-step] [--early-threads N]
-//                 [--scopes-ahead N|unbounded]
+//                 [--scopes-ahead N|unbounded] [--activations 0.5] [--turn-chunks 2]
 //                 [--json FILE]
 //                 [--plot FILE.png] [--quick]
 #include "../bench_cli.hpp"
@@ -56,6 +62,7 @@
 
 #include <chunkstar/layout/fixed_chunk_layout.hpp>
 #include <chunkstar/optim/adam.hpp>
+#include <chunkstar/placement/auto_placement.hpp>
 #include <chunkstar/placement/placement_policy.hpp>
 #include <chunkstar/runtime/chunk_runtime.hpp>
 
@@ -84,17 +91,26 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-/** Every chunk fits the (modelled) device; the last `host_fraction` of chunk indices step on the
- *  host (their lists visit the host for the step), the rest on the device. */
+/** The last `host_fraction` of chunk indices step on the host (their Adam state lives there; their
+ *  lists visit the host for the step), the rest on the device, where their state lives; and, as
+ *  auto_placement does (its turn), the first `turn_chunks` step on the device whatever the fraction
+ *  where the room at the step holds their state. Budgets as auto_placement's (the tide). */
 struct split_placement {
   double host_fraction = 1.0;
+  std::size_t turn_chunks = auto_placement{}.turn_chunks;
   [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {
-    return room_after(in.device_capacity, in.non_model_now);
+    return auto_placement{}.chunk_budget(in);
   }
   [[nodiscard]] tier optimizer_tier(const placement_inputs& in, std::size_t c) const noexcept {
-    const auto device_chunks =
-        static_cast<std::size_t>(std::lround((1.0 - host_fraction) * static_cast<double>(in.num_chunks)));
-    return c < device_chunks ? tier::device : tier::host;
+    const std::size_t turn =
+        in.trace_ready
+            ? std::min(chunks_of_state_fitting(in, in.non_model_peak_step, auto_placement{}.margin_use), turn_chunks)
+            : 0;
+    return c < std::max(device_chunks(host_fraction, in.num_chunks), turn) ? tier::device : tier::host;
+  }
+  /** The chunks whose state lives on the device at @p host_fraction. */
+  [[nodiscard]] static std::size_t device_chunks(double host_fraction, std::size_t chunks) noexcept {
+    return static_cast<std::size_t>(std::lround((1.0 - host_fraction) * static_cast<double>(chunks)));
   }
   [[nodiscard]] static constexpr std::string_view name() noexcept { return "split"; }
 };
@@ -121,6 +137,8 @@ struct settings {
   bool zero_at_step = true;  // sharding_options::gather_at_step (--no-gather-at-step: the first scope gathers)
   std::optional<std::size_t> scopes_ahead;  // runtime_options::scopes_ahead; none: its default
   int early_threads = 0;  // threads of each early update; 0: the runtime's choice (early_update_threads)
+  double activations = 0.5;  // each layer's activations, a share of its chunk's bytes (--activations)
+  std::size_t turn_chunks = auto_placement{}.turn_chunks;  // split_placement's (--turn-chunks)
 };
 
 /** One chunk's Adam update: real on the host; on the device, modelled time added to @p device_s
@@ -154,6 +172,20 @@ host_space_options host_for(const settings& s, double host_fraction, bool disk) 
   return {.capacity = chunks * s.chunk_elems * 4};
 }
 
+/** Bytes of one layer's activations: allocated by its forward scope, freed by its backward one. */
+std::size_t overlap_activation_bytes(const settings& s) {
+  return static_cast<std::size_t>(s.activations * static_cast<double>(s.chunk_elems * 4));
+}
+
+/** A device as small as @p host_fraction allows: every param and grad chunk, the Adam state of the
+ *  chunks stepped there (split_placement), the activations' peak and one chunk to spare. So at
+ *  the host fraction 1 there is no room for any chunk's state beside the activations, but room at
+ *  the step, once they are gone (split_placement's turn). */
+std::size_t device_for(const settings& s, double host_fraction) {
+  const std::size_t chunk = s.chunk_elems * 4, n = static_cast<std::size_t>(s.layers);
+  return (2 * n + 2 * split_placement::device_chunks(host_fraction, n) + 1) * chunk + n * overlap_activation_bytes(s);
+}
+
 /** @p o with --scopes-ahead where given. */
 runtime_options with_scopes_ahead(runtime_options o, const settings& s) {
   if (s.scopes_ahead) o.scopes_ahead = *s.scopes_ahead;
@@ -171,9 +203,13 @@ struct model {
   std::vector<param_id> ids;
   std::vector<std::string> names;  // scope names: one per layer, forward and backward alike
   int early_threads;               // 0: the runtime's choice per update
+  std::size_t activation_bytes;    // each forward scope's, held till its backward scope
+  std::vector<non_model_buffer<std::byte, runtime_over<Comm>>> activations;
+  /** On a device of @p device_capacity bytes, split_placement{host_fraction, turn_chunks}. */
   template <class... CommArg>
-  model(const settings& s, double host_fraction, bool with_disk, runtime_options options, CommArg&... comm)
-      : dev({.capacity = static_cast<std::size_t>(s.layers) * s.chunk_elems * 4 * 6}),
+  model(const settings& s, double host_fraction, std::size_t turn_chunks, std::size_t device_capacity, bool with_disk,
+        runtime_options options, CommArg&... comm)
+      : dev({.capacity = device_capacity}),
         host(host_for(s, host_fraction, with_disk)),
         copier(copy_model{.bandwidth_bytes_per_s = s.link_bytes_per_s, .latency_s = 10e-6}, s.hbm_bytes_per_s),
         disk(with_disk ? std::make_unique<owned_disk_tier>(
@@ -182,8 +218,10 @@ struct model {
                                                 .name = "bench_overlap"})
                        : nullptr),
         rt(dev, host, copier, comm..., with_scopes_ahead(options, s),
-           fixed_chunk_layout({.chunk_elems = s.chunk_elems}), split_placement{host_fraction}),
-        early_threads(s.early_threads) {
+           fixed_chunk_layout({.chunk_elems = s.chunk_elems}), split_placement{host_fraction, turn_chunks}),
+        early_threads(s.early_threads),
+        activation_bytes(overlap_activation_bytes(s)),
+        activations(static_cast<std::size_t>(s.layers)) {
     if (disk) rt.attach_disk(disk->tier());
     for (int i = 0; i < s.layers; ++i) {
       names.push_back("layer" + std::to_string(i));
@@ -212,6 +250,7 @@ struct model {
     // runtime orders the chunks' later moves after the compute, and the host does not wait for it.
     for (std::size_t i = 0; i < ids.size(); ++i) {
       auto s = rt.forward(names[i], {ids[i]});
+      if (activation_bytes > 0) activations[i] = rt.template allocate_buffer<std::byte>(activation_bytes);
       compute(t);
       s.close(host_stream{});
     }
@@ -220,6 +259,7 @@ struct model {
       s.template grad<float>(ids[i])[0] = 1e-3f;  // the gradient is written (its chunk materialised, as a kernel would)
       compute(2 * t);
       s.close(host_stream{});
+      activations[i].reset();  // nothing reads them on the modelled device
     }
     double device_steps = 0;
     rt.step([hbm, &device_steps](const step_chunk& c) { update(c, hbm, &device_steps); });
@@ -293,7 +333,8 @@ double host_adam_seconds(const settings& s, int chunks) {
 struct row {
   double host_fraction = 0, compute_s = 0, host_adam_s = 0, link_s = 0, sequential_s = 0, overlapped_s = 0;
   double sequential_ratio = 0, overlapped_ratio = 0, practicality_sequential = 0, practicality_overlapped = 0;
-  double early_steps_per_iteration = 0;
+  double early_steps_per_iteration = 0, device_steps_per_iteration = 0;  // overlapped iterations
+  std::size_t turn_chunks = 0;                                           // split_placement's
   bool disk = false;    // a row with the disk tier
   double zero_gbs = 0;  // > 0: a ZeRO row, 2 ranks over a link of this speed (GB/s)
   double disk_s = 0;    // the sequential mode's disk bytes per iteration at the disk's limits
@@ -319,7 +360,8 @@ void warm_overlapped(Model& m, double t, double hbm) {
  *  overlapped ones, the disk bytes each mode moved, and the host Adam's pass in each round. */
 struct timed_rounds {
   std::vector<double> seq, ovl, adam;
-  double early = 0, seq_disk_bytes = 0, ovl_disk_bytes = 0;
+  double early = 0, ovl_device_steps = 0, seq_disk_bytes = 0, ovl_disk_bytes = 0;
+  double seq_link_bytes = 0, ovl_link_bytes = 0;  // the busier way's, summed over the counted iterations
 };
 
 /** @p rounds rounds alternating the modes, each 5 iterations of one mode of which the first two are
@@ -337,11 +379,14 @@ timed_rounds alternate(Model& m, int rounds, double t, double hbm, host_adam_pro
       // After the sequential iterations: no early update of the last overlapped ones still runs.
       if (overlap && adam) out.adam.push_back(adam->pass());
       for (int i = 0; i < 2; ++i) (void)m.iteration(t, overlap, hbm);
-      const auto before = m.rt.stats().early_steps;
+      const auto before = m.rt.stats();
       const double bytes0 = disk_bytes(m.rt);
       for (int i = 0; i < 3; ++i) (overlap ? out.ovl : out.seq).push_back(m.iteration(t, overlap, hbm));
       (overlap ? out.ovl_disk_bytes : out.seq_disk_bytes) += disk_bytes(m.rt) - bytes0;
-      if (overlap) out.early += static_cast<double>(m.rt.stats().early_steps - before);
+      if (overlap) out.early += static_cast<double>(m.rt.stats().early_steps - before.early_steps);
+      if (overlap) out.ovl_device_steps += static_cast<double>(m.rt.stats().device_steps - before.device_steps);
+      (overlap ? out.ovl_link_bytes : out.seq_link_bytes) += static_cast<double>(std::max(
+          m.rt.stats().bytes_to_device - before.bytes_to_device, m.rt.stats().bytes_to_host - before.bytes_to_host));
     }
   return out;
 }
@@ -369,6 +414,8 @@ int main(int argc, char** argv) {
     else if (a == "--zero-fractions") s.zero_fractions = bench::parse_number_list(a, next());
     else if (a == "--no-gather-at-step") s.zero_at_step = false;
     else if (a == "--early-threads") s.early_threads = std::stoi(next());
+    else if (a == "--activations") s.activations = std::stod(next());
+    else if (a == "--turn-chunks") s.turn_chunks = static_cast<std::size_t>(std::stoul(next()));
     else if (a == "--scopes-ahead") {
       const std::string v = next();
       s.scopes_ahead = v == "unbounded" ? unbounded_scopes_ahead : static_cast<std::size_t>(std::stoul(v));
@@ -385,13 +432,14 @@ int main(int argc, char** argv) {
                    "usage: bench_overlap [--layers N] [--chunk-mib X] [--fractions 0,0.5,1] [--rounds N] "
                    "[--hbm-gbs X] [--link-gbs X] [--disk-dir DIR] [--disk-host-share X] [--zero-gbs 1,0.2] "
                    "[--zero-fractions 0.5,1] [--no-gather-at-step] [--early-threads N] [--scopes-ahead N|unbounded] "
+                   "[--activations X] [--turn-chunks N] "
                    "[--json FILE] "
                    "[--plot FILE.png] [--quick]\n");
       return 2;
     }
   }
-  if (s.layers < 2 || s.rounds < 1 || s.chunk_elems == 0)
-    throw config_error("bench_overlap: --layers >= 2, --rounds >= 1 and --chunk-mib > 0, please");
+  if (s.layers < 2 || s.rounds < 1 || s.chunk_elems == 0 || !(s.activations >= 0))
+    throw config_error("bench_overlap: --layers >= 2, --rounds >= 1, --chunk-mib > 0 and --activations >= 0, please");
 
   // The modelled compute: as long as every chunk's host Adam (the balanced case).
   const double compute = host_adam_seconds(s, s.layers);
@@ -415,53 +463,67 @@ int main(int argc, char** argv) {
 
   std::vector<row> rows;
   double all_on_device = 0;
+  // One row: host fraction h, the turn's chunks (split_placement), with or without the disk tier.
+  const auto measure_row = [&](double h, std::size_t turn, bool with_disk) {
+    model<> m(s, h, turn, device_for(s, h), with_disk, {});
+    row r;
+    r.disk = with_disk;
+    r.host_fraction = h;
+    r.turn_chunks = turn;
+    r.compute_s = compute;
+    double t_row = t;
+    const int host_chunks = static_cast<int>(std::lround(h * s.layers));
+    host_adam_probe adam(s, host_chunks);
+    std::vector<double> adam_s = adam.passes(s);  // before the rounds; then one in each
+    // Down: each host chunk's weights and gradient; up: its weights (full duplex: the busier way);
+    // the turn's chunks send their Adam state instead. Measured: the busier way's bytes per
+    // iteration, the larger of the two modes'.
+    // Two iterations record and adopt the trace.
+    for (int w = 0; w < 2; ++w) (void)m.iteration(t_row, false, s.hbm_bytes_per_s);
+    warm_overlapped(m, t_row, s.hbm_bytes_per_s);
+    if (with_disk) {  // the disk's share of a sequential iteration; the compute balanced against it
+      const double before = disk_bytes(m.rt);
+      const auto read0 = m.rt.stats().bytes_from_disk;
+      (void)m.iteration(t_row, false, s.hbm_bytes_per_s);
+      const double read = static_cast<double>(m.rt.stats().bytes_from_disk - read0);
+      r.disk_s = limits->seconds(read, disk_bytes(m.rt) - before - read);
+      r.compute_s = std::max(compute, r.disk_s);
+      t_row = r.compute_s / (3.0 * s.layers);
+    }
+    const timed_rounds got = alternate(m, s.rounds, t_row, s.hbm_bytes_per_s, adam.empty() ? nullptr : &adam);
+    adam_s.insert(adam_s.end(), got.adam.begin(), got.adam.end());
+    r.host_adam_s = adam_s.empty() ? 0 : median(adam_s);
+    r.link_s = std::max(got.seq_link_bytes / static_cast<double>(got.seq.size()),
+                        got.ovl_link_bytes / static_cast<double>(got.ovl.size())) /
+               s.link_bytes_per_s;
+    r.early_steps_per_iteration = got.early / static_cast<double>(got.ovl.size());
+    r.device_steps_per_iteration = got.ovl_device_steps / static_cast<double>(got.ovl.size());
+    r.disk_mb_sequential = got.seq_disk_bytes / static_cast<double>(got.seq.size()) / 1e6;
+    r.disk_mb_overlapped = got.ovl_disk_bytes / static_cast<double>(got.ovl.size()) / 1e6;
+    r.sequential_s = median(got.seq);
+    r.overlapped_s = median(got.ovl);
+    const double slowest = std::max({r.compute_s, r.host_adam_s, r.link_s, r.disk_s});
+    r.sequential_ratio = r.sequential_s / slowest;
+    r.overlapped_ratio = r.overlapped_s / slowest;
+    if (h == 0 && !with_disk) all_on_device = r.sequential_s;
+    rows.push_back(r);
+  };
   for (const bool with_disk : {false, true}) {
     if (with_disk && s.disk_dir.empty()) break;
     if (with_disk) measure_disk();
     for (const double h : s.fractions) {
       if (with_disk && h == 0) continue;  // no host-stepped state: nothing for the disk to hold
-      model<> m(s, h, with_disk, {});
-      row r;
-      r.disk = with_disk;
-      r.host_fraction = h;
-      r.compute_s = compute;
-      double t_row = t;
-      const int host_chunks = static_cast<int>(std::lround(h * s.layers));
-      host_adam_probe adam(s, host_chunks);
-      std::vector<double> adam_s = adam.passes(s);  // before the rounds; then one in each
-      // Down: each host chunk's weights and gradient; up: its weights (full duplex: the busier way).
-      r.link_s = 2.0 * host_chunks * static_cast<double>(s.chunk_elems) * 4 / s.link_bytes_per_s;
-      // Two iterations record and adopt the trace.
-      for (int w = 0; w < 2; ++w) (void)m.iteration(t_row, false, s.hbm_bytes_per_s);
-      warm_overlapped(m, t_row, s.hbm_bytes_per_s);
-      if (with_disk) {  // the disk's share of a sequential iteration; the compute balanced against it
-        const double before = disk_bytes(m.rt);
-        const auto read0 = m.rt.stats().bytes_from_disk;
-        (void)m.iteration(t_row, false, s.hbm_bytes_per_s);
-        const double read = static_cast<double>(m.rt.stats().bytes_from_disk - read0);
-        r.disk_s = limits->seconds(read, disk_bytes(m.rt) - before - read);
-        r.compute_s = std::max(compute, r.disk_s);
-        t_row = r.compute_s / (3.0 * s.layers);
-      }
-      const timed_rounds got = alternate(m, s.rounds, t_row, s.hbm_bytes_per_s, adam.empty() ? nullptr : &adam);
-      adam_s.insert(adam_s.end(), got.adam.begin(), got.adam.end());
-      r.host_adam_s = adam_s.empty() ? 0 : median(adam_s);
-      r.early_steps_per_iteration = got.early / static_cast<double>(got.ovl.size());
-      r.disk_mb_sequential = got.seq_disk_bytes / static_cast<double>(got.seq.size()) / 1e6;
-      r.disk_mb_overlapped = got.ovl_disk_bytes / static_cast<double>(got.ovl.size()) / 1e6;
-      r.sequential_s = median(got.seq);
-      r.overlapped_s = median(got.ovl);
-      const double slowest = std::max({r.compute_s, r.host_adam_s, r.link_s, r.disk_s});
-      r.sequential_ratio = r.sequential_s / slowest;
-      r.overlapped_ratio = r.overlapped_s / slowest;
-      if (h == 0 && !with_disk) all_on_device = r.sequential_s;
-      rows.push_back(r);
+      measure_row(h, s.turn_chunks, with_disk);
+      // Every chunk's state on the host: the same without the turn, in the same run.
+      if (h == 1 && s.turn_chunks > 0) measure_row(h, 0, with_disk);
     }
   }
   // ZeRO rows: 2 in-process ranks, collectives over a modelled link (bench/zero/modelled_link.hpp);
   // each rank steps the chunks it owns, inside backward once reduced to it. The link resource is
   // its modelled seconds per sequential iteration; the compute is balanced against the larger of
-  // that and the host Adam of a rank's share.
+  // that and the host Adam of a rank's share. A rank's device holds what it gathers with room to
+  // spare, so the host fraction is the split's alone (no turn: its state would stay up).
+  const std::size_t zero_device = static_cast<std::size_t>(s.layers) * s.chunk_elems * 4 * 6;
   for (const double gbs : s.zero_gbs)
     for (const double h : s.zero_fractions) {
       constexpr int ranks = 2;
@@ -475,7 +537,8 @@ int main(int argc, char** argv) {
       run_ranks(ranks, [&](in_process_communicator& comm) {
         const auto me = static_cast<std::size_t>(comm.rank());
         link_comm link(comm, {.bandwidth_bytes_per_s = gbs * 1e9, .latency_s = 10e-6});
-        model<link_comm> m(s, h, false, {.sharding = {.enabled = true, .gather_at_step = s.zero_at_step}}, link);
+        model<link_comm> m(s, h, 0, zero_device, false,
+                           {.sharding = {.enabled = true, .gather_at_step = s.zero_at_step}}, link);
         double t_rank = t;
         for (int w = 0; w < 2; ++w) (void)m.iteration(t_rank, false, s.hbm_bytes_per_s);
         warm_overlapped(m, t_rank, s.hbm_bytes_per_s);
@@ -505,22 +568,24 @@ int main(int argc, char** argv) {
       r.overlapped_ratio = r.overlapped_s / slowest;
       rows.push_back(r);
     }
-  std::printf("%-9s %10s %11s %8s %8s %14s %14s %9s %9s %8s %8s %7s\n", "host", "compute ms", "host Adam ms", "link ms",
-              "disk ms", "sequential ms", "overlapped ms", "seq/max", "ovl/max", "pract seq", "pract ovl", "early");
+  std::printf("%-9s %4s %10s %11s %8s %8s %14s %14s %9s %9s %8s %8s %7s %7s\n", "host", "turn", "compute ms",
+              "host Adam ms", "link ms", "disk ms", "sequential ms", "overlapped ms", "seq/max", "ovl/max", "pract seq",
+              "pract ovl", "early", "device");
   std::vector<bench::json_record> records;
-  std::string dat, disk_dat;
+  std::string dat, disk_dat, no_turn_dat;
   for (auto& r : rows) {
     if (all_on_device > 0 && !r.disk && r.zero_gbs == 0) {
       r.practicality_sequential = all_on_device / r.sequential_s;
       r.practicality_overlapped = all_on_device / r.overlapped_s;
     }
-    std::printf("%-9s %10.1f %11.1f %8.1f %8.1f %14.1f %14.1f %9.3f %9.3f %8.2f %8.2f %7.1f\n",
+    std::printf("%-9s %4zu %10.1f %11.1f %8.1f %8.1f %14.1f %14.1f %9.3f %9.3f %8.2f %8.2f %7.1f %7.1f\n",
                 (std::to_string(r.host_fraction).substr(0, 4) + (r.disk ? " disk" : "") +
                  (r.zero_gbs > 0 ? " zero " + std::to_string(r.zero_gbs).substr(0, 3) : ""))
                     .c_str(),
-                r.compute_s * 1e3, r.host_adam_s * 1e3, r.link_s * 1e3, r.disk_s * 1e3, r.sequential_s * 1e3,
-                r.overlapped_s * 1e3, r.sequential_ratio, r.overlapped_ratio, r.practicality_sequential,
-                r.practicality_overlapped, r.early_steps_per_iteration);
+                r.turn_chunks, r.compute_s * 1e3, r.host_adam_s * 1e3, r.link_s * 1e3, r.disk_s * 1e3,
+                r.sequential_s * 1e3, r.overlapped_s * 1e3, r.sequential_ratio, r.overlapped_ratio,
+                r.practicality_sequential, r.practicality_overlapped, r.early_steps_per_iteration,
+                r.device_steps_per_iteration);
     records.push_back(bench::json_record()
                           .num("host_fraction", r.host_fraction)
                           .num("compute_s", r.compute_s)
@@ -533,6 +598,9 @@ int main(int argc, char** argv) {
                           .num("practicality_sequential", r.practicality_sequential)
                           .num("practicality_overlapped", r.practicality_overlapped)
                           .num("early_steps_per_iteration", r.early_steps_per_iteration)
+                          .num("device_steps_per_iteration", r.device_steps_per_iteration)
+                          .num("turn_chunks", static_cast<double>(r.turn_chunks))
+                          .num("activation_share", r.zero_gbs > 0 ? 0.0 : s.activations)
                           .num("disk", r.disk ? 1 : 0)
                           .num("zero_link_gbs", r.zero_gbs)
                           .num("disk_s", r.disk_s)
@@ -544,14 +612,20 @@ int main(int argc, char** argv) {
                           .num("chunk_bytes", static_cast<double>(s.chunk_elems) * 4)
                           .num("rounds", s.rounds));
     if (r.zero_gbs > 0) continue;  // the table and JSON only
+    if (r.turn_chunks == 0 && s.turn_chunks > 0) {  // the comparison without the turn: points of its own
+      no_turn_dat += std::to_string(r.host_fraction) + " " + std::to_string(r.overlapped_ratio) + "\n";
+      continue;
+    }
     (r.disk ? disk_dat : dat) += std::to_string(r.host_fraction) + " " + std::to_string(r.sequential_ratio) + " " +
                                  std::to_string(r.overlapped_ratio) + "\n";
   }
   if (disk_dat.empty()) disk_dat = "0 NaN NaN\n";
+  if (no_turn_dat.empty()) no_turn_dat = "0 NaN\n";
   std::printf(
       "\nseq/max, ovl/max: the iteration over max(compute, host Adam, link, disk), the step after backward and "
-      "inside it (target <= 1.10; <= 1.15 with the disk); pract: the all-on-device iteration over this one; disk "
-      "MB per iteration, sequential / overlapped:");
+      "inside it (target <= 1.10; <= 1.15 with the disk); turn: the first chunks stepped on the device where the "
+      "room at the step holds their state (split_placement, as auto_placement); device: steps there per overlapped "
+      "iteration; pract: the all-on-device iteration over this one; disk MB per iteration, sequential / overlapped:");
   for (const auto& r : rows)
     if (r.disk) std::printf(" %.2f: %.0f / %.0f;", r.host_fraction, r.disk_mb_sequential, r.disk_mb_overlapped);
   std::printf("\n");
@@ -560,12 +634,13 @@ int main(int argc, char** argv) {
     return bench::run_gnuplot(
         "bench_overlap", plot,
         "set title 'Iteration over max(compute, host Adam, link, disk): the step after backward and inside "
-        "it'\nset xlabel 'share of chunks stepped on the host'\nset ylabel 'iteration / slowest "
+        "it'\nset xlabel 'share of chunks whose Adam state lives on the host'\nset ylabel 'iteration / slowest "
         "resource'\nset yrange [0:*]\nset key top left\nset grid\nplot '@DIR@/overlap.dat' using "
         "1:2 with linespoints lw 2 title 'step after backward', '' using 1:3 with linespoints "
         "lw 2 title 'step inside backward (early steps)', '@DIR@/disk.dat' using 1:2 with linespoints lw 2 dt 3 "
         "title 'after backward, disk tier', '' using 1:3 with linespoints lw 2 dt 3 title 'inside backward, disk "
-        "tier', 1.10 with lines dt 2 title 'target 1.10'\n",
-        {{"overlap.dat", dat}, {"disk.dat", disk_dat}}, "1000,600");
+        "tier', '@DIR@/no_turn.dat' using 1:2 with points pt 6 ps 2 title 'inside backward, no turn (disk too)', 1.10 "
+        "with lines dt 2 title 'target 1.10'\n",
+        {{"overlap.dat", dat}, {"disk.dat", disk_dat}, {"no_turn.dat", no_turn_dat}}, "1000,600");
   return 0;
 }
