@@ -16,6 +16,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -432,6 +433,12 @@ TEST_CASE("auto placement: the turn's first chunks step on the device where the 
   CHECK(tiers(auto_placement{}) == "dddddddddd");
   in.trace_ready = false;
   CHECK(tiers(auto_placement{}) == "hhhhhhhhhh");
+  // More chunks than a size_t counts: saturates (a double of 2^64 would not convert).
+  in.device_capacity = std::numeric_limits<std::size_t>::max();
+  in.compute_chunk_bytes = 0;
+  in.step_chunk_bytes = 1;
+  CHECK(chunks_of_state_fitting(in, 0, 1.0) == std::numeric_limits<std::size_t>::max());
+  CHECK(chunks_of_state_fitting(in, 0, -1.0) == 0);
 }
 
 namespace {

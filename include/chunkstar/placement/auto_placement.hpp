@@ -28,7 +28,7 @@ namespace chunkstar {
 struct auto_placement {
   double margin_use = 0.8;  ///< share of the margin given to optimizer state (headroom for fragmentation)
   /// Chunk indices stepped on the compute tier where the room at the step allows, margin or not (0:
-  /// the margin alone decides). 2 measured: bench_overlap's all-host row, 1.11 -> 1.02.
+  /// the margin alone decides). 2 measured: bench_overlap's all-host row, 1.08-1.14 -> 1.01-1.05.
   std::size_t turn_chunks = 2;
 
   [[nodiscard]] std::size_t chunk_budget(const placement_inputs& in) const noexcept {

@@ -12,6 +12,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <limits>
 #include <string_view>
 
 namespace chunkstar {
@@ -67,9 +68,10 @@ constexpr std::size_t chunks_of_state_fitting(const placement_inputs& in, std::s
   const std::size_t room = room_after(room_after(in.device_capacity, non_model), in.compute_chunk_bytes);
   const std::size_t compute_per_chunk = in.num_chunks ? in.compute_chunk_bytes / in.num_chunks : 0;
   const std::size_t state = in.step_chunk_bytes > compute_per_chunk ? in.step_chunk_bytes - compute_per_chunk : 0;
-  if (room == 0 || state == 0) return room == 0 ? 0 : static_cast<std::size_t>(-1);
+  constexpr std::size_t all = std::numeric_limits<std::size_t>::max();
+  if (room == 0 || state == 0) return room == 0 ? 0 : all;
   const double fits = static_cast<double>(room) * (share < 0 ? 0 : share > 1 ? 1 : share) / static_cast<double>(state);
-  return static_cast<std::size_t>(fits);
+  return fits >= static_cast<double>(all) ? all : static_cast<std::size_t>(fits);  // 2^64 would not convert
 }
 
 }  // namespace chunkstar
