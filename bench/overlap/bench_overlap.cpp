@@ -475,9 +475,6 @@ int main(int argc, char** argv) {
     const int host_chunks = static_cast<int>(std::lround(h * s.layers));
     host_adam_probe adam(s, host_chunks);
     std::vector<double> adam_s = adam.passes(s);  // before the rounds; then one in each
-    // Down: each host chunk's weights and gradient; up: its weights (full duplex: the busier way);
-    // the turn's chunks send their Adam state instead. Measured: the busier way's bytes per
-    // iteration, the larger of the two modes'.
     // Two iterations record and adopt the trace.
     for (int w = 0; w < 2; ++w) (void)m.iteration(t_row, false, s.hbm_bytes_per_s);
     warm_overlapped(m, t_row, s.hbm_bytes_per_s);
@@ -493,6 +490,9 @@ int main(int argc, char** argv) {
     const timed_rounds got = alternate(m, s.rounds, t_row, s.hbm_bytes_per_s, adam.empty() ? nullptr : &adam);
     adam_s.insert(adam_s.end(), got.adam.begin(), got.adam.end());
     r.host_adam_s = adam_s.empty() ? 0 : median(adam_s);
+    // The link: down, each host chunk's weights and gradient, up its weights (full duplex: the
+    // busier way counts), the turn's chunks' Adam state both ways instead; measured, the larger of
+    // the two modes' bytes per iteration.
     r.link_s = std::max(got.seq_link_bytes / static_cast<double>(got.seq.size()),
                         got.ovl_link_bytes / static_cast<double>(got.ovl.size())) /
                s.link_bytes_per_s;
@@ -600,7 +600,7 @@ int main(int argc, char** argv) {
                           .num("early_steps_per_iteration", r.early_steps_per_iteration)
                           .num("device_steps_per_iteration", r.device_steps_per_iteration)
                           .num("turn_chunks", static_cast<double>(r.turn_chunks))
-                          .num("activation_share", r.zero_gbs > 0 ? 0.0 : s.activations)
+                          .num("activation_share", s.activations)
                           .num("disk", r.disk ? 1 : 0)
                           .num("zero_link_gbs", r.zero_gbs)
                           .num("disk_s", r.disk_s)
